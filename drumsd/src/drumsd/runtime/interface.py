@@ -1,0 +1,184 @@
+"""The seam between the control plane and the Linux runtime.
+
+The control plane (API, records, leases, admission, gates) talks to desktops only through
+`SlotRuntime`. The Linux implementation lives in `drumsd.runtime.linux_runtime`; an in-memory one
+serves the unit tests of the control plane only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SlotLimits:
+    """Resource limits of one slot, from the config."""
+
+    vcpus: float = 1.0
+    memory_mib: int = 2048
+    swap_mib: int = 0
+    pids_max: int = 1024
+    tmpfs_mib: int = 1024
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """A checkpoint on disk: `dir/images` (CRIU images), `dir/upper` (the upper-layer snapshot
+    taken while the tree was frozen), `dir/meta.json`."""
+
+    id: str
+    dir: Path
+    lower: Path
+    image_sha256: str
+    upper_sha256: str | None = None
+    profile: str = "hardened"
+
+
+@dataclass(frozen=True)
+class SlotHandle:
+    """What the runtime knows about one running slot; persisted in the slot's record."""
+
+    slot_id: str
+    init_pid: int
+    init_starttime: int  # /proc/<pid>/stat field 22: identity across pid reuse
+    root: Path  # the overlay root, host side
+    upper: Path  # the upper layer dir, host side
+    checkpoint_id: str
+    cgroups: Mapping[str, str] = field(default_factory=dict)  # controller -> cgroup dir
+    namespaces: Mapping[str, int] = field(default_factory=dict)  # ns name -> inode
+    restore_s: float = 0.0
+    attempts: int = 1
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    action_type: str
+    elapsed_s: float
+    output: CommandResult | None = None
+
+
+@dataclass(frozen=True)
+class SlotFacts:
+    """Evidence for the gates, read from the OS (cgroup files, /proc, mountinfo)."""
+
+    alive: bool
+    init_identity_ok: bool
+    limits_in_force: Mapping[str, Any]
+    mounts: Sequence[str]
+    net_links: Sequence[str]
+    namespaces: Mapping[str, int]
+    oom_kills: int
+    pids: Sequence[int]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class RuntimeError_(Exception):
+    """A runtime failure with a stable code (restore_failed, not_quiescent, action_failed,
+    invalid_request, timeout, runtime_error) and a message that says what to do next."""
+
+    def __init__(self, code: str, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+@runtime_checkable
+class SlotRuntime(Protocol):
+    """Every operation on desktops. All methods are trio-async and cancel-safe: a cancelled
+    restore leaves nothing behind (its cleanup runs shielded)."""
+
+    async def restore(
+        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        """Create: fresh upper from the checkpoint's snapshot, overlay, cgroups, CRIU restore,
+        wait until the guest agent answers. Retried up to max_attempts before any task ran."""
+        ...
+
+    async def reset(
+        self, handle: SlotHandle, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        """Kill the tree, fresh upper, restore the checkpoint again (a new episode)."""
+        ...
+
+    async def destroy(self, slot_id: str) -> None:
+        """Idempotent: no process, mount, cgroup, tmpfs or temp file of the slot remains."""
+        ...
+
+    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome: ...
+
+    async def screenshot(self, handle: SlotHandle) -> bytes: ...
+
+    async def capture(
+        self, handle: SlotHandle, checkpoint_id: str, dest: Path
+    ) -> CheckpointRef:
+        """Dump the running tree (left running) and snapshot the upper layer while frozen."""
+        ...
+
+    async def branch(
+        self,
+        handle: SlotHandle,
+        source: CheckpointRef,
+        child_ids: Sequence[str],
+        limits: SlotLimits,
+    ) -> list[SlotHandle]:
+        """Restore len(child_ids) children of `source` (a prefork/capture of `handle`) at once."""
+        ...
+
+    async def quiescent(
+        self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
+    ) -> bool: ...
+
+    async def exec_user(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        """Run a command inside the slot as the desktop user."""
+        ...
+
+    async def exec_trusted(
+        self, handle: SlotHandle, command: str, timeout_s: float
+    ) -> CommandResult:
+        """Trusted provisioning: run a root-needing task step inside the slot's namespaces,
+        never by handing the desktop user root."""
+        ...
+
+    async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes: ...
+
+    async def write_file(
+        self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True
+    ) -> None: ...
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        """Gate evidence for this slot, read from the OS."""
+        ...
+
+    async def wait_exit(self, handle: SlotHandle) -> None:
+        """Return when the slot's init has exited (pidfd)."""
+        ...
+
+    async def make_template(
+        self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path
+    ) -> CheckpointRef:
+        """Cold-boot the image in a slot, wait until drawn and quiescent, dump it."""
+        ...
+
+    async def adopt(self, handle: SlotHandle) -> bool:
+        """After a daemon restart: True if the slot is alive and is the same process tree
+        (supervision resumed), False if it is gone (the caller then destroys it)."""
+        ...
+
+    async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
+        """Remove mounts, cgroups and state dirs of slots not in `live_slot_ids`; return what
+        was cleaned."""
+        ...

@@ -1,0 +1,441 @@
+"""Wire models of the drumsd API, shared by the daemon and the SDK.
+
+These are the only shapes that cross the HTTP boundary. The daemon converts its core records to
+and from them, so internal state never leaks into the API. Python 3.9 compatible (the SDK's floor).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import Enum
+from typing import Any, Dict, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WireModel(BaseModel):
+    """Strict on input (unknown fields are an error), stable on output."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseModel(BaseModel):
+    """Tolerant on input so an older SDK can read a newer daemon's answers."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class ErrorCode(str, Enum):
+    """Stable error codes; each maps to one HTTP status and one SDK exception class."""
+
+    unauthorized = "unauthorized"
+    not_found = "not_found"
+    env_gone = "env_gone"
+    invalid_request = "invalid_request"
+    overloaded = "overloaded"
+    state_dir_full = "state_dir_full"
+    not_quiescent = "not_quiescent"
+    quarantined = "quarantined"
+    restore_failed = "restore_failed"
+    checker_failed = "checker_failed"
+    conflict = "conflict"
+    invalid_episode = "invalid_episode"
+    unsupported_task = "unsupported_task"
+    action_failed = "action_failed"
+    timeout = "timeout"
+    runtime_error = "runtime_error"
+    shutting_down = "shutting_down"
+
+
+ERROR_STATUS: Dict[str, int] = {
+    "unauthorized": 401,
+    "not_found": 404,
+    "env_gone": 410,
+    "invalid_request": 422,
+    "overloaded": 429,
+    "state_dir_full": 507,
+    "not_quiescent": 409,
+    "quarantined": 423,
+    "restore_failed": 502,
+    "checker_failed": 502,
+    "conflict": 409,
+    "invalid_episode": 409,
+    "unsupported_task": 422,
+    "action_failed": 422,
+    "timeout": 504,
+    "runtime_error": 503,
+    "shutting_down": 503,
+}
+
+
+class ErrorBody(ResponseModel):
+    code: str
+    message: str
+    detail: Dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorEnvelope(ResponseModel):
+    error: ErrorBody
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+ACTION_TYPES = (
+    "pyautogui",
+    "click",
+    "double_click",
+    "right_click",
+    "move",
+    "drag",
+    "scroll",
+    "type",
+    "key",
+    "hotkey",
+    "wait",
+    "execute",
+    "done",
+    "fail",
+)
+
+
+class Action(WireModel):
+    """One agent action. `pyautogui` carries code; the rest are structured.
+
+    Coordinates are screen pixels (1920x1080 by default). `execute` runs a command as the desktop
+    user. `done` and `fail` are the terminal actions (OSWorld's DONE and FAIL).
+    """
+
+    type: Literal[
+        "pyautogui",
+        "click",
+        "double_click",
+        "right_click",
+        "move",
+        "drag",
+        "scroll",
+        "type",
+        "key",
+        "hotkey",
+        "wait",
+        "execute",
+        "done",
+        "fail",
+    ]
+    code: Optional[str] = Field(default=None, description="pyautogui code (type=pyautogui)")
+    x: Optional[int] = Field(default=None, ge=0, le=16384)
+    y: Optional[int] = Field(default=None, ge=0, le=16384)
+    to_x: Optional[int] = Field(default=None, ge=0, le=16384, description="drag target x")
+    to_y: Optional[int] = Field(default=None, ge=0, le=16384, description="drag target y")
+    button: Optional[Literal["left", "middle", "right"]] = None
+    clicks: Optional[int] = Field(default=None, ge=-100, le=100, description="scroll amount")
+    dx: Optional[int] = Field(default=None, ge=-100, le=100)
+    text: Optional[str] = Field(default=None, max_length=100_000)
+    key: Optional[str] = Field(default=None, max_length=64)
+    keys: Optional[List[str]] = Field(default=None, max_length=8)
+    seconds: Optional[float] = Field(default=None, ge=0, le=60)
+    command: Optional[Union[str, List[str]]] = None
+    timeout_s: Optional[float] = Field(default=None, gt=0, le=600)
+
+
+class StepRequest(WireModel):
+    """A step: pyautogui code as a string, or an action object."""
+
+    action: Union[str, Action]
+    screenshot: bool = Field(default=False, description="also return a PNG (base64) after the step")
+
+
+class CommandOutput(ResponseModel):
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+
+class StepResult(ResponseModel):
+    slot: str
+    episode: int
+    action_type: str
+    elapsed_s: float
+    actions: int = Field(description="actions taken in this episode, this one included")
+    terminal: Optional[Literal["done", "fail"]] = None
+    output: Optional[CommandOutput] = None
+    screenshot_png_b64: Optional[str] = None
+
+
+# --- slots ------------------------------------------------------------------------------------
+
+
+class SlotState(str, Enum):
+    creating = "creating"
+    ready = "ready"
+    busy = "busy"
+    quarantined = "quarantined"
+    failed = "failed"
+    destroyed = "destroyed"
+
+
+TaskRef = Union[str, Dict[str, Any]]
+
+
+class SlotCreate(WireModel):
+    """Create a slot from an image's template checkpoint or a saved state, optionally on a task."""
+
+    image: Optional[str] = Field(default=None, description="image profile name or checkpoint id")
+    from_state: Optional[str] = Field(default=None, description="a saved checkpoint id")
+    task: Optional[TaskRef] = Field(default=None, description="task id, JSON path or inline task")
+    idle_timeout_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+    ttl_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+    labels: Dict[str, str] = Field(default_factory=dict)
+
+
+class Slot(ResponseModel):
+    id: str
+    state: SlotState
+    checkpoint: str
+    image: Optional[str] = None
+    episode: int = 0
+    episode_id: Optional[str] = None
+    parent: Optional[str] = None
+    task_id: Optional[str] = None
+    created_at: datetime
+    last_used_at: datetime
+    expires_at: Optional[datetime] = None
+    idle_timeout_s: float
+    ttl_s: Optional[float] = None
+    quarantine_reason: Optional[str] = None
+    valid: Optional[bool] = Field(default=None, description="None while gates are pending")
+    profile: str = "hardened"
+    labels: Dict[str, str] = Field(default_factory=dict)
+
+
+class SlotList(ResponseModel):
+    slots: List[Slot]
+
+
+class Destroyed(ResponseModel):
+    id: str
+    destroyed: bool = True
+    already: bool = False
+
+
+# --- gates ------------------------------------------------------------------------------------
+
+
+class GateStatus(str, Enum):
+    passed = "pass"
+    failed = "fail"
+    pending = "pending"
+
+
+class GateResult(ResponseModel):
+    name: str
+    status: GateStatus
+    evidence: Dict[str, Any] = Field(default_factory=dict)
+    checked_at: Optional[datetime] = None
+
+
+class GateReport(ResponseModel):
+    slot: str
+    episode: int
+    episode_id: str
+    profile: str
+    gates: List[GateResult]
+    valid: Optional[bool] = Field(description="True when every gate passed; None while pending")
+    failed: List[str] = Field(default_factory=list)
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+
+
+class CheckpointKind(str, Enum):
+    template = "template"
+    saved = "saved"
+    prefork = "prefork"
+
+
+class Checkpoint(ResponseModel):
+    id: str
+    kind: CheckpointKind
+    image: Optional[str] = None
+    image_sha256: Optional[str] = None
+    source_slot: Optional[str] = None
+    created_at: datetime
+    last_used_at: Optional[datetime] = None
+    expires_at: Optional[datetime] = None
+    size_mib: float = 0.0
+    upper_sha256: Optional[str] = None
+    task_id: Optional[str] = None
+    profile: str = "hardened"
+
+
+class CheckpointList(ResponseModel):
+    checkpoints: List[Checkpoint]
+
+
+class CheckpointAdopt(WireModel):
+    """Adopt a checkpoint directory made outside this daemon (drumsd layout, see docs)."""
+
+    path: str
+    kind: Literal["template", "saved"] = "saved"
+    image: Optional[str] = None
+
+
+class CaptureRequest(WireModel):
+    idle_timeout_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+    ttl_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+
+
+class BranchRequest(WireModel):
+    n: int = Field(ge=1, le=64)
+    prefork: Optional[str] = Field(default=None, description="a prefork checkpoint to restore from")
+    idle_timeout_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+    ttl_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+
+
+class BranchResult(ResponseModel):
+    parent: str
+    children: List[Slot]
+    checkpoint: str
+    elapsed_s: float
+
+
+class PreforkRequest(WireModel):
+    idle_timeout_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
+
+
+class QuiescentRequest(WireModel):
+    window_s: Optional[float] = Field(default=None, gt=0, le=60)
+    timeout_s: Optional[float] = Field(default=None, gt=0, le=600)
+
+
+class QuiescentResult(ResponseModel):
+    slot: str
+    quiescent: bool
+    waited_s: float
+
+
+# --- tasks and verify -------------------------------------------------------------------------
+
+
+class TaskLoad(WireModel):
+    task: TaskRef
+
+
+class TaskInfo(ResponseModel):
+    id: str
+    instruction: str = ""
+    source: Optional[str] = None
+    domain: Optional[str] = None
+    supported: bool
+    reason: Optional[str] = None
+
+
+class TaskList(ResponseModel):
+    tasks: List[TaskInfo]
+
+
+class TaskLoaded(ResponseModel):
+    slot: str
+    task: TaskInfo
+    setup_s: float
+
+
+class VerifyRequest(WireModel):
+    timeout_s: Optional[float] = Field(default=None, gt=0, le=3600)
+
+
+class Audit(ResponseModel):
+    flags: List[str] = Field(default_factory=list)
+    checker_s: Optional[float] = None
+    error_class: Optional[str] = None
+    second_score: Optional[float] = None
+    redundant_score: Optional[float] = None
+    scope: Dict[str, Any] = Field(default_factory=dict)
+
+
+class VerifyResult(ResponseModel):
+    slot: str
+    episode: int
+    task_id: Optional[str] = None
+    score: Optional[float] = None
+    valid: bool
+    verdict: str = Field(description="valid | invalid | quarantined | pending")
+    invalid_reasons: List[str] = Field(default_factory=list)
+    failed_gates: List[str] = Field(default_factory=list)
+    checker_error: Optional[str] = None
+    audit: Audit = Field(default_factory=Audit)
+    trusted: Optional[bool] = None
+    last_action: Optional[str] = None
+    actions: int = 0
+
+
+class QuarantineRequest(WireModel):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+# --- health and metrics -----------------------------------------------------------------------
+
+
+class AdmissionState(ResponseModel):
+    enabled: bool
+    admitting: bool
+    reason: Optional[str] = None
+    mem_available_mib: Optional[float] = None
+    mem_total_mib: Optional[float] = None
+    psi_memory_some_avg10: Optional[float] = None
+    state_free_mib: Optional[float] = None
+    sampled_at: Optional[datetime] = None
+
+
+class SpaceState(ResponseModel):
+    path: str
+    free_mib: float
+    total_mib: float
+    free_pct: float
+
+
+class Health(ResponseModel):
+    status: Literal["ok", "degraded"]
+    version: str
+    profile: str
+    slots_by_state: Dict[str, int]
+    checkpoints: List[Checkpoint]
+    admission: AdmissionState
+    crash_watch: Dict[str, Any] = Field(default_factory=dict)
+    state_dir: Optional[SpaceState] = None
+    journal_dir: Optional[SpaceState] = None
+    forgotten_gib: float = 0.0
+    pools: Dict[str, Any] = Field(default_factory=dict)
+    ksm: Dict[str, Any] = Field(default_factory=dict)
+    warnings: List[str] = Field(default_factory=list)
+
+
+class LatencySummary(ResponseModel):
+    count: int
+    p50: Optional[float] = None
+    p90: Optional[float] = None
+    p99: Optional[float] = None
+    mean: Optional[float] = None
+    max: Optional[float] = None
+
+
+class Metrics(ResponseModel):
+    window_started_at: datetime
+    window_s: float
+    latencies: Dict[str, LatencySummary]
+    episodes_by_verdict: Dict[str, int]
+    failures_by_class: Dict[str, int]
+    counters: Dict[str, float] = Field(default_factory=dict)
+    cost: Dict[str, Optional[float]] = Field(default_factory=dict)
+
+
+class SlotMetrics(ResponseModel):
+    slot: str
+    episode: int
+    actions: int
+    latencies: Dict[str, LatencySummary]
+    memory_mib: Optional[float] = None
+    cpu_s: Optional[float] = None
+    pids: Optional[int] = None

@@ -60,7 +60,6 @@ HOST_RUNTIME_PACKAGES: tuple[str, ...] = (
     "zstd",
     "ca-certificates",
     "procps",
-    "rsync",
 )
 
 # A source-only entry: `deb-src` never offers binary packages, so nothing on the host can be
@@ -111,13 +110,23 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _run(argv: Sequence[str], progress: Progress, *, cwd: Path | None = None,
-         env: dict[str, str] | None = None, quiet: bool = True) -> None:
+def _run(
+    argv: Sequence[str],
+    progress: Progress,
+    *,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    quiet: bool = True,
+) -> None:
     """Run a command; on failure raise with its tail of output so the operator sees why."""
     progress(f"$ {' '.join(argv)}")
     proc = subprocess.run(
-        list(argv), cwd=cwd, env=env, text=True,
-        stdout=subprocess.PIPE if quiet else None, stderr=subprocess.STDOUT if quiet else None,
+        list(argv),
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE if quiet else None,
+        stderr=subprocess.STDOUT if quiet else None,
     )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout or "").splitlines()[-30:])
@@ -148,8 +157,7 @@ def ensure_apt_packages(packages: Sequence[str], progress: Progress = print) -> 
     progress(f"apt: installing {len(missing)} package(s): {' '.join(missing)}")
     env = _apt_env()
     _run(["apt-get", "update", "-q"], progress, env=env)
-    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], progress,
-         env=env)
+    _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], progress, env=env)
 
 
 def _ensure_sid_source_entry(progress: Progress) -> bool:
@@ -172,8 +180,12 @@ def _fetch_tarball(paths: CriuPaths, progress: Progress) -> Path:
         if added or not _apt_knows_sid_criu():
             _run(["apt-get", "update", "-q"], progress, env=_apt_env())
         with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
-            _run(["apt-get", "source", "--download-only", "-q", f"criu/sid"], progress,
-                 cwd=Path(tmp), env=_apt_env())
+            _run(
+                ["apt-get", "source", "--download-only", "-q", "criu/sid"],
+                progress,
+                cwd=Path(tmp),
+                env=_apt_env(),
+            )
             fetched = Path(tmp) / CRIU_TARBALL
             if not fetched.exists():
                 raise HostPrepError(
@@ -219,8 +231,9 @@ def _point_link(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
-def ensure_criu(cache_root: Path = DEFAULT_CACHE_ROOT, progress: Progress = print,
-                link: Path = CRIU_LINK) -> Path:
+def ensure_criu(
+    cache_root: Path = DEFAULT_CACHE_ROOT, progress: Progress = print, link: Path = CRIU_LINK
+) -> Path:
     """Return the path of the pinned CRIU binary, building and linking it only if needed.
 
     The binary lives at <cache_root>/criu/<version>-<sha12>/criu and `link` points at it. A host
@@ -268,8 +281,12 @@ def criu_check(binary: Path) -> tuple[bool, str]:
     return proc.returncode == 0 and "Looks good" in out, out
 
 
-def prepare_host(profile: str = "base", cache_root: Path = DEFAULT_CACHE_ROOT,
-                 progress: Progress = print, build_images: bool = True) -> None:
+def prepare_host(
+    profile: str = "base",
+    cache_root: Path = DEFAULT_CACHE_ROOT,
+    progress: Progress = print,
+    build_images: bool = True,
+) -> None:
     """Everything a host needs before `drumsd serve`: packages, CRIU, the desktop image."""
     started = time.monotonic()
     progress("host: checking apt packages")
@@ -293,16 +310,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Prepare this host for drumsd: CRIU 4.2.1 and a desktop image.",
     )
     parser.add_argument("--profile", default="base", help="image profile to build (base, office)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE_ROOT,
-                        help="cache root (default /var/cache/drums)")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE_ROOT,
+        help="cache root (default /var/cache/drums)",
+    )
     parser.add_argument("--criu-only", action="store_true", help="build CRIU but no image")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("host preparation needs root (apt, debootstrap, /usr/local/sbin)", file=sys.stderr)
         return 2
     try:
-        prepare_host(args.profile, args.cache, build_images=not args.criu_only,
-                     progress=lambda m: print(m, flush=True))
+        prepare_host(
+            args.profile,
+            args.cache,
+            build_images=not args.criu_only,
+            progress=lambda m: print(m, flush=True),
+        )
     except HostPrepError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

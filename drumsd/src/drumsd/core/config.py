@@ -1,0 +1,266 @@
+"""The drumsd configuration file: one pydantic model, the single source of every default.
+
+Pure: parsing and validation only. Checking the token file's mode and creating directories are
+OS effects and live in `drumsd.serve_checks`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=30 * 86400)]
+
+
+class Block(BaseModel):
+    """Every block rejects unknown keys so a typo is an error, not a silent default."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class QuiesceConfig(Block):
+    """When a process tree counts as quiescent (before a dump, or on request)."""
+
+    window_s: float = Field(default=1.0, gt=0, le=60, description="no activity for this long")
+    timeout_s: float = Field(default=30.0, gt=0, le=600, description="give up after this long")
+    poll_ms: int = Field(default=50, ge=5, le=5000, description="sampling interval")
+    max_attempts: int = Field(default=3, ge=1, le=20, description="dump retries when not quiet")
+    events: bool = Field(default=True, description="also watch process events (fork/exec)")
+
+
+class AdmissionConfig(Block):
+    """Refuse create, capture and fork (429 overloaded) before the host runs out."""
+
+    enabled: bool = True
+    min_available_pct: float = Field(default=8.0, ge=0, le=100)
+    min_available_mib: int = Field(default=4096, ge=0)
+    env_mib: int = Field(default=1024, ge=1, description="fallback cost of one new slot")
+    capture_mib: int = Field(default=2048, ge=1, description="cost of one capture or prefork")
+    max_memory_psi_some_avg10: float = Field(default=10.0, ge=0, le=100)
+    min_state_free_mib: int = Field(default=8192, ge=0)
+    sample_interval_s: float = Field(default=1.0, gt=0, le=60)
+
+
+class LeaseConfig(Block):
+    """Idle timeouts and time-to-live of slots and saved states; null TTL means none."""
+
+    env_idle_timeout_s: PositiveSeconds = 1800.0
+    env_ttl_s: PositiveSeconds | None = None
+    state_idle_timeout_s: PositiveSeconds = 1800.0
+    state_ttl_s: PositiveSeconds | None = None
+    reap_interval_s: float = Field(default=15.0, gt=0, le=3600)
+
+
+class RetentionConfig(Block):
+    """What a destroyed slot leaves in `forgotten_dir`."""
+
+    mode: Literal["failures_full", "keep_all"] = "failures_full"
+    summary_max_gib: float = Field(default=2.0, gt=0)
+    full_max_gib: float = Field(default=10.0, gt=0)
+    forgotten_warn_gib: float = Field(default=8.0, gt=0)
+
+
+class TasksConfig(Block):
+    """Where tasks come from and where their setup steps and checkers run (never as root)."""
+
+    dirs: list[Path] = Field(default_factory=list, description="OSWorld-format task directories")
+    assets_dir: Path | None = Field(default=None, description="files upload_file may send")
+    cache_dir: Path = Field(
+        default=Path("/var/cache/drums/task-cache"),
+        description="downloads, as <cache>/<task id>/<file name>",
+    )
+    verifier_dirs: list[Path] = Field(
+        default_factory=list, description="root-owned dirs of installed drums_verifier modules"
+    )
+    checker_venv: Path | None = Field(
+        default=None, description="virtualenv with OSWorld's metrics; built on demand if null"
+    )
+    checker_uid: int = Field(default=65534, ge=1, description="unprivileged uid of checkers")
+    checker_gid: int = Field(default=65534, ge=1)
+    setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    eval_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    client_password: str = Field(default="password", description="{CLIENT_PASSWORD}")
+    screen_width: int = Field(default=1920, ge=320, le=8192)
+    screen_height: int = Field(default=1080, ge=200, le=8192)
+
+
+class SparesConfig(Block):
+    """Warm spares: restored ahead of time, parked frozen, claimed by create/reset/branch."""
+
+    enabled: bool = True
+    per_checkpoint: int = Field(default=2, ge=0, le=64)
+    per_host: int = Field(default=16, ge=0, le=1024)
+    max_age_s: float = Field(default=1800.0, gt=0)
+
+
+class KsmConfig(Block):
+    """Kernel same-page merging across slots (a cross-slot timing side channel: one tenant)."""
+
+    enabled: bool = True
+    pages_to_scan: int = Field(default=1000, ge=1, le=100_000)
+    sleep_millisecs: int = Field(default=20, ge=1, le=10_000)
+
+
+class Config(Block):
+    """The whole drumsd config file. Field order is the order `check-config` prints."""
+
+    listen: str = Field(default="127.0.0.1:7070", description="host:port of the API")
+    allow_remote: bool = Field(default=False, description="permit a non-loopback listen")
+    token_file: Path = Field(description="bearer token, 32+ characters, mode 0600")
+    profile: Literal["hardened", "trusted"] = Field(
+        default="hardened", description="trusted = --trusted-unhardened: trusted code only"
+    )
+    state_dir: Path = Field(default=Path("/run/drums"), description="tmpfs for slots")
+    journal_dir: Path = Field(default=Path("/var/lib/drums/journal"))
+    lower: Path | None = Field(default=None, description="the default desktop image root")
+    image_sha256: str | None = Field(default=None, description="expected hash of `lower`")
+    images_dir: Path = Field(
+        default=Path("/var/cache/drums/images"), description="built images, found by profile"
+    )
+    default_image: str = Field(default="base", description="profile used when none is named")
+    criu: Path = Field(default=Path("/usr/local/sbin/criu"))
+    vcpus: float = Field(default=1.0, gt=0, le=256)
+    memory_mib: int = Field(default=2048, ge=128, le=1_048_576)
+    swap_mib: int = Field(default=0, ge=0, le=1_048_576)
+    pids_max: int = Field(default=1024, ge=16, le=1_000_000)
+    tmpfs_mib: int = Field(default=1024, ge=16, le=1_048_576, description="slot upper + /tmp")
+    port_base: int = Field(default=17000, ge=1024, le=65000)
+    slot_range: tuple[int, int] = Field(default=(100, 2000))
+    max_concurrent_restores: int = Field(default=4, ge=1, le=256)
+    natural_exits: list[str] = Field(
+        default_factory=list, description="process names whose exit is expected"
+    )
+    alive_after_s: float = Field(default=5.0, ge=0, le=600)
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    warm_upper: bool = Field(default=True, description="prepare the next upper layer ahead")
+    async_kill: bool = Field(default=True, description="kill a reset's old tree in background")
+    restore_cpu_boost: bool = Field(default=True, description="lift the cpu quota while restoring")
+    prefork_max_age_s: float = Field(default=120.0, gt=0)
+    crash_watch: bool = Field(default=True, description="refuse to start without proc events")
+    host_usd_per_hour: float = Field(default=0.0, ge=0)
+    quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    forgotten_dir: Path = Field(default=Path("/var/lib/drums/forgotten"))
+    forgotten_max_gib: float = Field(default=20.0, gt=0)
+    state_min_free_mib: int = Field(default=1024, ge=0)
+    state_warn_free_pct: float = Field(default=15.0, ge=0, le=100)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    spares: SparesConfig = Field(default_factory=SparesConfig)
+    ksm: KsmConfig = Field(default_factory=KsmConfig)
+    drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_host_port(cls, value: str) -> str:
+        listen_host_port(value)
+        return value
+
+    @field_validator("image_sha256")
+    @classmethod
+    def _sha256_is_hex(cls, value: str | None) -> str | None:
+        if value is not None and (
+            len(value) != 64 or any(c not in "0123456789abcdef" for c in value)
+        ):
+            raise ValueError("must be 64 lowercase hex characters (a sha256)")
+        return value
+
+    @field_validator("slot_range")
+    @classmethod
+    def _slot_range_ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        low, high = value
+        if not 1 <= low < high <= 65535:
+            raise ValueError("must be [low, high] with 1 <= low < high <= 65535")
+        return value
+
+    @model_validator(mode="after")
+    def _remote_needs_consent(self) -> Config:
+        host, _ = listen_host_port(self.listen)
+        if not is_loopback(host) and not self.allow_remote:
+            raise ValueError(
+                f"listen {self.listen!r} is not loopback: set allow_remote: true to serve "
+                "other hosts (and put TLS in front)"
+            )
+        return self
+
+
+def listen_host_port(listen: str) -> tuple[str, int]:
+    """Split `host:port` (IPv6 as `[::1]:7070`); ValueError says what is wrong."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{listen!r} must be host:port, e.g. 127.0.0.1:7070")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port {port_text!r} in {listen!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} in {listen!r} is out of range 0-65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ConfigError(Exception):
+    """Every problem in a config file, each naming its key."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        super().__init__(f"{path}: " + "; ".join(problems))
+        self.path = path
+        self.problems = problems
+
+
+def config_from_text(text: str, source: str = "<config>") -> Config:
+    """Parse JSON text into a Config, or raise ConfigError listing every problem."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            source, [f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"]
+        ) from None
+    return config_from_dict(raw, source)
+
+
+def config_from_dict(raw: Any, source: str = "<config>") -> Config:
+    if not isinstance(raw, dict):
+        raise ConfigError(source, ["the top level must be a JSON object"])
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(source, [describe_error(err) for err in exc.errors()]) from None
+
+
+def describe_error(err: Any) -> str:
+    key = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{key}: unknown key (check the spelling; see `drumsd check-config --defaults`)"
+    if err["type"] == "missing":
+        return f"{key}: required, and missing"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{key}: {message}"
+
+
+def effective_config_json(config: Config) -> str:
+    return json.dumps(config.model_dump(mode="json"), indent=2)
+
+
+def defaults_json() -> str:
+    """Every default, for docs and the Nix module's drift check."""
+    example = Config.model_validate({"token_file": "/etc/drums/token"})
+    data = example.model_dump(mode="json")
+    data.pop("token_file")
+    return json.dumps(data, indent=2)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One idempotent set-up of a fresh Debian 12 host for drums: apt packages, CRIU 4.2.1, the desktop
+# image(s), and the Python workspace in .venv. Heavy artifacts are cached under /var/cache/drums
+# keyed by content hash, so a rerun on the same machine takes seconds.
+#   scripts/setup.sh [PROFILE...]   (default: base)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profiles=("${@:-base}")
+step() { printf '\n==> [setup %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "scripts/setup.sh: run as root (drums mounts overlays, makes namespaces and runs CRIU)" >&2
+    exit 1
+fi
+
+step "Python workspace (.venv, uv)"
+command -v uv >/dev/null || python3 -m pip install --quiet --root-user-action=ignore uv
+uv sync --frozen --all-packages --group dev --quiet || uv sync --all-packages --group dev
+export PATH="$PWD/.venv/bin:$PATH"
+
+step "host packages, CRIU and images: ${profiles[*]}"
+bash scripts/prepare-host.sh "${profiles[@]}"
+step "done"

@@ -1,0 +1,94 @@
+"""The exec helper: joins a slot's cgroups (and opts into KSM), then execs criu or stage 1.
+
+A Python `preexec_fn` is unsafe in a threaded daemon, so the joining happens in a tiny program that
+runs between fork and the real exec. Restored or booted tasks inherit the cgroups and the
+`PR_SET_MEMORY_MERGE` flag. It is C compiled once into the cache dir; without a C compiler an
+equivalent `python -S -c` (about 15 ms slower) stands in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+C_SOURCE = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+static void join(const char *procs) {
+    int fd = open(procs, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || dprintf(fd, "%d\n", getpid()) < 0) {
+        fprintf(stderr, "drums-exec: cannot join cgroup %s: %m\n", procs);
+        _exit(126);
+    }
+    close(fd);
+}
+
+int main(int argc, char **argv) {
+    int i = 1, ksm = 0;
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) { i++; break; }
+        if (!strcmp(argv[i], "-k")) { ksm = 1; continue; }
+        if (!strcmp(argv[i], "-c") && i + 1 < argc) { join(argv[++i]); continue; }
+        fprintf(stderr, "usage: drums-exec [-k] [-c cgroup.procs]... -- prog args\n");
+        return 2;
+    }
+    if (i >= argc) { fprintf(stderr, "drums-exec: no program\n"); return 2; }
+    if (ksm && prctl(67 /* PR_SET_MEMORY_MERGE */, 1, 0, 0, 0) != 0)
+        fprintf(stderr, "drums-exec: PR_SET_MEMORY_MERGE failed: %m (KSM off for this slot)\n");
+    execv(argv[i], argv + i);
+    fprintf(stderr, "drums-exec: exec %s: %m\n", argv[i]);
+    return 127;
+}
+"""
+
+PY_SOURCE = (
+    "import os,sys,ctypes\n"
+    "a=sys.argv[1:];i=0;k=0\n"
+    "while a[i]!='--':\n"
+    " if a[i]=='-k':k=1;i+=1\n"
+    " else:\n"
+    "  f=os.open(a[i+1],os.O_WRONLY);os.write(f,b'%d\\n'%os.getpid());os.close(f);i+=2\n"
+    "if k:ctypes.CDLL(None).prctl(67,1,0,0,0)\n"
+    "os.execv(a[i+1],a[i+1:])\n"
+)
+
+
+def ensure_exec_helper(cache_dir: Path) -> Path | None:
+    """Compile the helper into `cache_dir` (keyed by its source hash); None without a compiler."""
+    digest = hashlib.sha256(C_SOURCE.encode()).hexdigest()[:12]
+    binary = cache_dir / f"drums-exec-{digest}"
+    if binary.exists():
+        return binary
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    src = cache_dir / f"drums-exec-{digest}.c"
+    src.write_text(C_SOURCE)
+    tmp = binary.with_suffix(f".tmp{os.getpid()}")
+    proc = subprocess.run([cc, "-O2", "-o", str(tmp), str(src)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling {src} failed: {proc.stderr.strip()}")
+    os.replace(tmp, binary)
+    return binary
+
+
+def helper_argv(
+    helper: Path | None, procs_files: Sequence[Path], ksm: bool, command: Sequence[str]
+) -> list[str]:
+    """argv that joins `procs_files`, sets KSM if asked, then execs `command` (absolute path)."""
+    opts: list[str] = ["-k"] if ksm else []
+    for f in procs_files:
+        opts += ["-c", str(f)]
+    prefix = [str(helper)] if helper else [sys.executable, "-S", "-c", PY_SOURCE]
+    return [*prefix, *opts, "--", *command]

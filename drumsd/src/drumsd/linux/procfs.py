@@ -1,0 +1,77 @@
+"""Reading /proc: process identity (pid + starttime), tree activity for quiescence, namespaces."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+NAMESPACES = ("pid", "mnt", "net", "ipc", "uts", "user", "cgroup")
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    ticks: int  # utime + stime
+    starttime: int
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse /proc/<pid>/stat; comm may hold spaces and parentheses, so split at the last ')'."""
+    head, _, rest = text.rpartition(")")
+    pid_s, _, comm = head.partition(" (")
+    f = rest.split()
+    # f[0] is field 3 (state); utime/stime are fields 14/15, starttime field 22.
+    return ProcStat(int(pid_s), comm, f[0], int(f[1]), int(f[11]) + int(f[12]), int(f[19]))
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    try:
+        return parse_stat(Path(f"/proc/{pid}/stat").read_text())
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return None
+
+
+def starttime(pid: int) -> int | None:
+    st = read_stat(pid)
+    return st.starttime if st else None
+
+
+def is_same_process(pid: int, start: int) -> bool:
+    st = read_stat(pid)
+    return st is not None and st.starttime == start and st.state not in ("Z", "X")
+
+
+def activity(pids: Iterable[int]) -> tuple[tuple[int, str, int], ...]:
+    """A signature of what the tree is doing: unchanged over a window means quiescent."""
+    sig = []
+    for pid in sorted(pids):
+        st = read_stat(pid)
+        if st is not None:
+            sig.append((pid, st.state, st.ticks))
+    return tuple(sig)
+
+
+def namespaces(pid: int | str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for ns in NAMESPACES:
+        try:
+            out[ns] = os.stat(f"/proc/{pid}/ns/{ns}").st_ino
+        except OSError:
+            pass
+    return out
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
+            out += [int(x) for x in text.split()]
+    except OSError:
+        pass
+    return out

@@ -1,0 +1,165 @@
+"""Unit tests of the pure parts of drumsd.linux: cgroup plans and drivers on temp dirs, mount plans,
+/proc parsing and the exec helper. No root needed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from drumsd.linux import cgroups, criu, mounts, procfs
+from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv
+from drumsd.runtime.interface import SlotLimits
+
+LIMITS = SlotLimits(vcpus=1.5, memory_mib=512, pids_max=300, tmpfs_mib=64)
+
+
+def test_limit_writes_v1_and_v2() -> None:
+    v1 = {(w.controller, w.file): w.value for w in cgroups.limit_writes_v1(LIMITS)}
+    assert v1[("memory", "memory.limit_in_bytes")] == str(512 * 1024 * 1024)
+    assert v1[("cpu", "cpu.cfs_quota_us")] == "150000"
+    assert v1[("pids", "pids.max")] == "300"
+    v2 = {(w.controller, w.file): w.value for w in cgroups.limit_writes_v2(LIMITS)}
+    assert v2[("cpu", "cpu.max")] == "150000 100000"
+    assert v2[("memory", "memory.max")] == str(512 * 1024 * 1024)
+    assert v2[("memory", "memory.oom.group")] == "1"
+
+
+def test_parse_proc_cgroup_and_mounts() -> None:
+    text = "9:name=systemd:/\n8:pids:/\n4:memory:/a/b\n1:cpu,cpuacct:/c\n0::/d\n"
+    parsed = cgroups.parse_proc_cgroup(text)
+    assert parsed["memory"] == "/a/b" and parsed["cpu"] == "/c" and parsed[""] == "/d"
+    mi = (
+        "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
+        "31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+        "32 25 0:28 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    )
+    v1, v2 = cgroups.parse_cgroup_mounts(mi)
+    assert v1["memory"] == Path("/sys/fs/cgroup/memory")
+    assert v1["cpu"] == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert v2 == Path("/sys/fs/cgroup/unified")
+
+
+def _fake_v1(tmp: Path) -> cgroups.CgroupV1:
+    mounts_ = {c: tmp / c for c in cgroups.V1_CONTROLLERS}
+    for m in mounts_.values():
+        m.mkdir()
+    return cgroups.CgroupV1(mounts_, {"memory": "/daemon/x", "cpu": "/"})
+
+
+def test_v1_driver_writes_limits_under_daemon_path(tmp_path: Path) -> None:
+    drv = _fake_v1(tmp_path)
+    dirs = drv.create("s1", LIMITS)
+    assert dirs["memory"] == str(tmp_path / "memory/daemon/x/drums/s1")
+    assert dirs["cpu"] == str(tmp_path / "cpu/drums/s1")
+    assert Path(dirs["memory"], "memory.limit_in_bytes").read_text() == str(512 << 20)
+    assert Path(dirs["pids"], "pids.max").read_text() == "300"
+    Path(dirs["memory"], "memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
+    )
+    assert drv.oom_kills(dirs) == 3
+    drv.set_cpu(dirs, None)
+    assert Path(dirs["cpu"], "cpu.cfs_quota_us").read_text() == "-1"
+    assert drv.slot_names() == ["s1"]
+    Path(dirs["pids"], "cgroup.procs").write_text("")
+    assert drv.pids(dirs) == []
+
+
+def test_v1_driver_requires_all_controllers(tmp_path: Path) -> None:
+    with pytest.raises(cgroups.CgroupError, match="freezer"):
+        cgroups.CgroupV1({"memory": tmp_path, "cpu": tmp_path, "pids": tmp_path}, {})
+
+
+def test_v2_driver_prepare_and_create(tmp_path: Path) -> None:
+    base = tmp_path / "svc"
+    base.mkdir()
+    (base / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (base / "cgroup.procs").write_text("4242\n")
+    drv = cgroups.CgroupV2(tmp_path, "/svc")
+    drv.prepare()
+    assert (base / "daemon" / "cgroup.procs").read_text() == "4242"
+    assert (base / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    dirs = drv.create("s2", LIMITS)
+    d = Path(dirs["unified"])
+    assert (d / "cpu.max").read_text() == "150000 100000"
+    assert (d / "pids.max").read_text() == "300"
+    (d / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n")
+    assert drv.oom_kills(dirs) == 1
+    assert drv.procs_files(dirs) == [d / "cgroup.procs"]
+    assert drv.slot_names() == ["s2"]
+
+
+def test_v2_prepare_refuses_without_controllers(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu\n")
+    with pytest.raises(cgroups.CgroupError, match="Delegate=yes"):
+        cgroups.CgroupV2(tmp_path, "/").prepare()
+
+
+def test_slot_mount_plan_is_an_overlay_on_a_tmpfs() -> None:
+    paths = mounts.SlotPaths.of(Path("/st"), "s1")
+    plan = mounts.plan_rw(paths, 256) + mounts.plan_overlay(paths, [Path("/img/root")])
+    text = mounts.render(plan)
+    assert "mount -t tmpfs drums-rw /st/slots/s1/rw -o size=256m,mode=755" in text
+    assert (
+        "lowerdir=/img/root,upperdir=/st/slots/s1/rw/upper,workdir=/st/slots/s1/rw/work,"
+        "index=on,nfs_export=on" in text
+    )
+    kinds = [op.kind for op in mounts.plan_teardown(paths)]
+    assert kinds == ["umount", "umount"]
+
+
+def test_stage1_plan_has_private_minimal_dev_and_pivots_last() -> None:
+    plan = mounts.plan_stage1("/r", 64)
+    assert plan[0].kind == "make_rprivate"
+    assert plan[-1].kind == "pivot_root" and plan[-1].target == "/r"
+    nodes = {op.target: op.dev for op in plan if op.kind == "mknod"}
+    assert nodes["/r/dev/null"] == (1, 3) and len(nodes) == 6
+    pts = next(op for op in plan if op.fstype == "devpts")
+    assert "newinstance" in (pts.data or "") and "ptmxmode=0666" in (pts.data or "")
+    assert any(op.target == "/r/tmp" and op.fstype == "tmpfs" for op in plan)
+
+
+def test_parse_stat_with_spaces_in_comm() -> None:
+    line = "123 (a b) c) S 1 123 123 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0 9999 1000 50"
+    st = procfs.parse_stat(line)
+    assert (st.pid, st.comm, st.state, st.ppid, st.ticks, st.starttime) == (
+        123, "a b) c", "S", 1, 12, 9999)
+    me = procfs.read_stat(os.getpid())
+    assert me is not None and procfs.is_same_process(os.getpid(), me.starttime)
+    assert not procfs.is_same_process(os.getpid(), me.starttime + 1)
+
+
+def test_criu_argv() -> None:
+    dump = criu.dump_argv(Path("/c"), 42, Path("/ck/images"), Path("/ck/s.sh"), leave_running=True)
+    assert dump[:4] == ["/c", "dump", "-t", "42"]
+    assert "--leave-running" in dump and "--network-lock" in dump and "--file-locks" in dump
+    rest = criu.restore_argv(Path("/c"), Path("/ck/images"), Path("/w"), Path("/root"),
+                             Path("/w/pid"))
+    for flag in ("--restore-detached", "--restore-sibling", "--manage-cgroups=ignore"):
+        assert flag in rest
+    script = criu.action_script(Path("/up per"), Path("/dest"))
+    assert "post-dump" in script and "'/up per'/." in script
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this host")
+def test_exec_helper_joins_files_then_execs(tmp_path: Path) -> None:
+    helper = ensure_exec_helper(tmp_path)
+    assert helper is not None and ensure_exec_helper(tmp_path) == helper
+    a, b = tmp_path / "a.procs", tmp_path / "b.procs"
+    a.touch()
+    b.touch()
+    argv = helper_argv(helper, [a, b], False, ["/bin/sh", "-c", "echo $$"])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    assert a.read_text().strip() == out == b.read_text().strip()
+    bad = helper_argv(helper, [tmp_path / "missing/x"], False, ["/bin/true"])
+    assert subprocess.run(bad, capture_output=True).returncode == 126
+
+
+def test_python_exec_helper_fallback(tmp_path: Path) -> None:
+    a = tmp_path / "a.procs"
+    a.touch()
+    argv = helper_argv(None, [a], False, ["/bin/sh", "-c", "echo $$"])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+    assert a.read_text().strip() == out

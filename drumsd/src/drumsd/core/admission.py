@@ -1,0 +1,109 @@
+"""Admission decisions: admit or refuse create, capture and fork from a host sample.
+
+A refusal names the limit that would be crossed, and carries a Retry-After hint; nothing starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from drumsd.core.config import AdmissionConfig
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """What the admission sampler read; None where the host cannot say (e.g. no PSI)."""
+
+    taken_at: float
+    mem_available_mib: float | None
+    mem_total_mib: float | None
+    psi_memory_some_avg10: float | None
+    state_free_mib: float | None
+    state_total_mib: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    admit: bool
+    limit: str | None = None  # the config key whose threshold refused
+    reason: str | None = None
+    retry_after_s: float = 0.0
+
+
+ADMIT = Decision(admit=True)
+
+
+def decide(
+    sample: HostSample | None, config: AdmissionConfig, cost_mib: float, *, pending_mib: float = 0
+) -> Decision:
+    """Would starting an operation costing `cost_mib` (plus `pending_mib` already admitted and
+    not yet visible in the sample) keep the host above every configured floor?"""
+    if not config.enabled:
+        return ADMIT
+    if sample is None:
+        return Decision(
+            False, "admission", "no host sample yet; retry in a second", retry_after_s=1.0
+        )
+    need = cost_mib + pending_mib
+    if sample.mem_available_mib is not None:
+        after = sample.mem_available_mib - need
+        if after < config.min_available_mib:
+            return Decision(
+                False,
+                "admission.min_available_mib",
+                f"MemAvailable {sample.mem_available_mib:.0f} MiB minus {need:.0f} MiB would go "
+                f"below admission.min_available_mib={config.min_available_mib}; destroy idle "
+                "slots or retry later",
+                retry_after_s=5.0,
+            )
+        if sample.mem_total_mib:
+            pct = 100.0 * after / sample.mem_total_mib
+            if pct < config.min_available_pct:
+                return Decision(
+                    False,
+                    "admission.min_available_pct",
+                    f"MemAvailable would be {pct:.1f}% of RAM, below "
+                    f"admission.min_available_pct={config.min_available_pct:g}",
+                    retry_after_s=5.0,
+                )
+    if (
+        sample.psi_memory_some_avg10 is not None
+        and sample.psi_memory_some_avg10 > config.max_memory_psi_some_avg10
+    ):
+        return Decision(
+            False,
+            "admission.max_memory_psi_some_avg10",
+            f"memory pressure (PSI some avg10) is {sample.psi_memory_some_avg10:.1f}, above "
+            f"admission.max_memory_psi_some_avg10={config.max_memory_psi_some_avg10:g}",
+            retry_after_s=10.0,
+        )
+    if sample.state_free_mib is not None and sample.state_free_mib < config.min_state_free_mib:
+        return Decision(
+            False,
+            "admission.min_state_free_mib",
+            f"state dir has {sample.state_free_mib:.0f} MiB free, below "
+            f"admission.min_state_free_mib={config.min_state_free_mib}; delete saved states",
+            retry_after_s=30.0,
+        )
+    return ADMIT
+
+
+def state_space_warnings(
+    sample: HostSample | None, min_free_mib: int, warn_free_pct: float
+) -> list[str]:
+    if sample is None or sample.state_free_mib is None:
+        return []
+    warnings = []
+    if sample.state_free_mib < min_free_mib:
+        warnings.append(
+            f"state dir has {sample.state_free_mib:.0f} MiB free, below state_min_free_mib="
+            f"{min_free_mib}: captures are refused"
+        )
+    if sample.state_total_mib:
+        pct = 100.0 * sample.state_free_mib / sample.state_total_mib
+        if pct < warn_free_pct:
+            warnings.append(
+                f"state dir is {100 - pct:.0f}% full (warn below state_warn_free_pct="
+                f"{warn_free_pct:g}% free)"
+            )
+    return warnings

@@ -1,0 +1,228 @@
+"""The gate framework: gate names, pure judges from runtime facts, and the episode verdict.
+
+Judges take plain data (the `SlotFacts` fields as a mapping, the facts at episode start, the
+checkpoint's recorded hash, the host's namespaces) and return (status, evidence). The supervisor
+reads facts from the runtime, calls the judges, stores the results in the slot record, and
+quarantines the slot when any gate fails.
+
+Keys of `SlotFacts.extra` the judges read (the runtime fills them):
+  lock_applied: bool          hardening lock in force in the restored tree
+  guest_ready: bool           the guest agent answers
+  upper_sha256: str           hash of the restored upper layer at episode start
+  expected_mounts: list[str]  the mount table this slot must have (else taken from the handle)
+  proc_names: {pid: name}     names of `pids`, to apply natural_exits
+  crash_exits: [ {pid, name, signal} ]  crash-signal exits seen by the proc connector
+  crash_watch: bool           False when the runtime has no process-events connector
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GATES = (
+    "lock_applied",
+    "cgroup",
+    "init_identity",
+    "mount_table",
+    "netns",
+    "guest_ready",
+    "state_hash",
+    "isolation",
+    "alive_after_resume",
+    "no_oom_kill",
+    "no_app_crash",
+    "not_quarantined",
+)
+
+# Judged once at episode start (the rest again whenever facts are read).
+START_GATES = (
+    "lock_applied",
+    "cgroup",
+    "init_identity",
+    "mount_table",
+    "netns",
+    "guest_ready",
+    "state_hash",
+    "isolation",
+)
+ISOLATED_NAMESPACES = ("pid", "mnt", "net", "ipc", "uts")
+
+PASS, FAIL, PENDING = "pass", "fail", "pending"
+
+Judgement = tuple[str, dict[str, Any]]
+
+
+def judge_lock_applied(facts: Mapping[str, Any], profile: str) -> Judgement:
+    if profile == "trusted":
+        return PASS, {"profile": "trusted", "note": "no hardening lock in the trusted profile"}
+    applied = facts["extra"].get("lock_applied")
+    if applied is None:
+        return FAIL, {"reason": "the runtime did not report lock_applied"}
+    return (PASS if applied else FAIL), {"lock_applied": bool(applied)}
+
+
+def judge_cgroup(facts: Mapping[str, Any], expected: Mapping[str, Any]) -> Judgement:
+    """Each expected limit (memory_mib, pids_max, vcpus, swap_mib) the runtime reports must be
+    in force; an empty report fails (limits unknown)."""
+    in_force = dict(facts["limits_in_force"])
+    if not in_force:
+        return FAIL, {"reason": "no cgroup limits reported in force"}
+    wrong = {}
+    for key, want in expected.items():
+        if key in in_force and not _close(in_force[key], want):
+            wrong[key] = {"want": want, "have": in_force[key]}
+    if wrong:
+        return FAIL, {"wrong": wrong}
+    return PASS, {"in_force": in_force}
+
+
+def _close(have: Any, want: Any) -> bool:
+    try:
+        return abs(float(have) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
+    except (TypeError, ValueError):
+        return have == want
+
+
+def judge_init_identity(facts: Mapping[str, Any]) -> Judgement:
+    ok = bool(facts["init_identity_ok"])
+    return (PASS if ok else FAIL), {"init_identity_ok": ok, "alive": bool(facts["alive"])}
+
+
+def judge_mount_table(facts: Mapping[str, Any], expected: Sequence[str] | None) -> Judgement:
+    expected = facts["extra"].get("expected_mounts", expected)
+    if expected is None:
+        return FAIL, {"reason": "the runtime reported no expected mount table"}
+    have, want = set(facts["mounts"]), set(expected)
+    if have != want:
+        return FAIL, {"unexpected": sorted(have - want), "missing": sorted(want - have)}
+    return PASS, {"mounts": len(have)}
+
+
+def judge_netns(facts: Mapping[str, Any], host_namespaces: Mapping[str, int]) -> Judgement:
+    links = sorted(facts["net_links"])
+    net = facts["namespaces"].get("net")
+    if net is None or net == host_namespaces.get("net"):
+        return FAIL, {"reason": "slot shares the host's network namespace", "net": net}
+    if links != ["lo"]:
+        return FAIL, {"links": links, "reason": "a slot's namespace must have only lo"}
+    return PASS, {"links": links, "net": net}
+
+
+def judge_guest_ready(facts: Mapping[str, Any]) -> Judgement:
+    ready = facts["extra"].get("guest_ready")
+    if ready is None:
+        # restore() returns only after the agent answered, so a live tree means it was ready.
+        ready = bool(facts["alive"])
+    return (PASS if ready else FAIL), {"guest_ready": bool(ready)}
+
+
+def judge_state_hash(facts: Mapping[str, Any], recorded: str | None) -> Judgement:
+    restored = facts["extra"].get("upper_sha256")
+    if recorded is None:
+        return FAIL, {"reason": "the checkpoint has no recorded upper_sha256"}
+    if restored is None:
+        return FAIL, {"reason": "the runtime did not report the restored upper hash"}
+    if restored != recorded:
+        return FAIL, {"recorded": recorded, "restored": restored}
+    return PASS, {"upper_sha256": restored}
+
+
+def judge_isolation(
+    facts: Mapping[str, Any],
+    host_namespaces: Mapping[str, int],
+    other_slots: Mapping[str, Mapping[str, int]],
+) -> Judgement:
+    mine = facts["namespaces"]
+    problems = []
+    for ns in ISOLATED_NAMESPACES:
+        inode = mine.get(ns)
+        if inode is None:
+            problems.append(f"{ns}: not reported")
+        elif host_namespaces.get(ns) == inode:
+            problems.append(f"{ns}: same as the host")
+        else:
+            for other_id, theirs in other_slots.items():
+                if theirs.get(ns) == inode:
+                    problems.append(f"{ns}: shared with slot {other_id}")
+    if problems:
+        return FAIL, {"problems": problems}
+    return PASS, {"namespaces": {ns: mine.get(ns) for ns in ISOLATED_NAMESPACES}}
+
+
+def judge_alive_after_resume(
+    facts: Mapping[str, Any], baseline: Mapping[str, Any], natural_exits: Sequence[str]
+) -> Judgement:
+    """Every process of the tree at ready is still alive, except those named in natural_exits."""
+    if not facts["alive"]:
+        return FAIL, {"reason": "the slot's init is gone"}
+    start_names: dict[str, str] = {str(k): v for k, v in baseline.get("proc_names", {}).items()}
+    start_pids = {int(p) for p in baseline.get("pids", [])}
+    now_pids = {int(p) for p in facts["pids"]}
+    gone = sorted(start_pids - now_pids)
+    unexpected = [
+        {"pid": pid, "name": start_names.get(str(pid))}
+        for pid in gone
+        if start_names.get(str(pid)) not in natural_exits
+    ]
+    if unexpected:
+        return FAIL, {"exited": unexpected}
+    return PASS, {"pids": len(now_pids), "natural_exits": len(gone)}
+
+
+def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> Judgement:
+    kills = int(facts["oom_kills"]) - int(baseline.get("oom_kills", 0))
+    return (PASS if kills <= 0 else FAIL), {"oom_kills": max(0, kills)}
+
+
+def judge_no_app_crash(facts: Mapping[str, Any], crash_watch: bool) -> Judgement:
+    crashes = list(facts["extra"].get("crash_exits", []))
+    if crashes:
+        return FAIL, {"crash_exits": crashes}
+    if not crash_watch or facts["extra"].get("crash_watch") is False:
+        return PASS, {"watched": False, "note": "crash_watch off: crashes are not observed"}
+    return PASS, {"watched": True}
+
+
+def judge_not_quarantined(quarantine_reason: str | None) -> Judgement:
+    if quarantine_reason:
+        return FAIL, {"reason": quarantine_reason}
+    return PASS, {}
+
+
+def episode_valid(statuses: Mapping[str, str]) -> bool | None:
+    """True when every gate passed, False when one failed, None while any is pending."""
+    values = [statuses.get(name, PENDING) for name in GATES]
+    if FAIL in values:
+        return False
+    if PENDING in values:
+        return None
+    return True
+
+
+def failed_gates(statuses: Mapping[str, str]) -> list[str]:
+    return [name for name in GATES if statuses.get(name) == FAIL]
+
+
+def verdict(statuses: Mapping[str, str], quarantined: bool) -> str:
+    """valid | invalid | quarantined | pending"""
+    if quarantined:
+        return "quarantined"
+    valid = episode_valid(statuses)
+    return {True: "valid", False: "invalid", None: "pending"}[valid]
+
+
+def quarantine_reason(statuses: Mapping[str, str], evidence: Mapping[str, Any]) -> str | None:
+    """The reason recorded when a gate failure quarantines a slot."""
+    failed = [g for g in failed_gates(statuses) if g != "not_quarantined"]
+    if not failed:
+        return None
+    first = failed[0]
+    return f"gate {first} failed: {_short(evidence.get(first, {}))}" + (
+        f" (and {', '.join(failed[1:])})" if len(failed) > 1 else ""
+    )
+
+
+def _short(evidence: Any) -> str:
+    text = str(evidence)
+    return text if len(text) <= 200 else text[:197] + "..."

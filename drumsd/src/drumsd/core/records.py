@@ -1,0 +1,189 @@
+"""Slot and checkpoint records: what the journal stores, with a status enum and pure checks.
+
+Every operation is refresh -> check -> effect -> save; the checks here say whether an operation
+may start from a record's current status, and raise a typed error naming the status otherwise.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from drumsd.core.errors import DrumsdError
+
+
+class SlotStatus(StrEnum):
+    creating = "creating"  # record written, restore not yet answered
+    ready = "ready"
+    busy = "busy"  # a long operation (reset, capture) holds the slot
+    quarantined = "quarantined"
+    failed = "failed"  # restore failed or the process tree is gone; destroy to clean up
+    destroyed = "destroyed"
+
+
+LIVE_STATUSES = frozenset(
+    {SlotStatus.creating, SlotStatus.ready, SlotStatus.busy, SlotStatus.quarantined}
+)
+
+
+class CheckpointKind(StrEnum):
+    template = "template"
+    saved = "saved"
+    prefork = "prefork"
+
+
+class Record(BaseModel):
+    """Records tolerate unknown keys so an older daemon can read a newer journal."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    rev: int = 0  # bumped on every save; the journal keeps the highest
+    created_at: float
+    last_used_at: float
+    idle_timeout_s: float | None = None
+    ttl_s: float | None = None
+
+
+class GateEntry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    status: str = "pending"  # pass | fail | pending
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    checked_at: float | None = None
+
+
+class SlotRecord(Record):
+    status: SlotStatus = SlotStatus.creating
+    checkpoint: str
+    image: str | None = None
+    parent: str | None = None
+    profile: str = "hardened"
+    labels: dict[str, str] = Field(default_factory=dict)
+    episode: int = 0
+    episode_id: str = ""
+    episode_started_at: float | None = None
+    actions: int = 0
+    last_action: str | None = None
+    terminal: str | None = None  # done | fail, the episode's terminal action
+    task_id: str | None = None
+    task: dict[str, Any] | None = None
+    gates: list[GateEntry] = Field(default_factory=list)
+    baseline: dict[str, Any] = Field(default_factory=dict)  # facts at episode start
+    quarantine_reason: str | None = None
+    failure: str | None = None
+    handle: dict[str, Any] | None = None  # the runtime's SlotHandle, as JSON
+    destroyed_at: float | None = None
+    verdicts: list[str] = Field(default_factory=list)  # verdict of each finished episode
+
+
+class CheckpointRecord(Record):
+    kind: CheckpointKind
+    dir: str
+    lower: str = ""
+    image: str | None = None
+    image_sha256: str = ""
+    upper_sha256: str | None = None
+    source_slot: str | None = None
+    source_episode: int | None = None
+    source_actions: int | None = None  # the slot's action count when dumped (prefork reuse)
+    task_id: str | None = None
+    task: dict[str, Any] | None = None
+    profile: str = "hardened"
+    size_mib: float = 0.0
+    ready: bool = False  # false until the dump finished; unready ones are cleaned on start
+
+
+def _refuse(record: SlotRecord, operation: str) -> DrumsdError:
+    if record.status is SlotStatus.destroyed:
+        return DrumsdError(
+            "env_gone",
+            f"slot {record.id} was destroyed; create a new slot",
+            slot=record.id,
+        )
+    if record.status is SlotStatus.quarantined:
+        return DrumsdError(
+            "quarantined",
+            f"slot {record.id} is quarantined ({record.quarantine_reason}); release and reset it, "
+            "or destroy it",
+            slot=record.id,
+            reason=record.quarantine_reason,
+        )
+    if record.status is SlotStatus.failed:
+        return DrumsdError(
+            "env_gone",
+            f"slot {record.id} failed ({record.failure}); destroy it and create a new one",
+            slot=record.id,
+            failure=record.failure,
+        )
+    return DrumsdError(
+        "conflict",
+        f"slot {record.id} is {record.status.value}; {operation} needs a ready slot, retry shortly",
+        slot=record.id,
+        status=record.status.value,
+    )
+
+
+def check_can_step(record: SlotRecord) -> None:
+    if record.status is not SlotStatus.ready:
+        raise _refuse(record, "step")
+
+
+def check_can_observe(record: SlotRecord) -> None:
+    """Screenshots and metrics of a quarantined slot stay available for debugging."""
+    if record.status not in (SlotStatus.ready, SlotStatus.quarantined):
+        raise _refuse(record, "screenshot")
+
+
+def check_can_reset(record: SlotRecord) -> None:
+    if record.status is SlotStatus.quarantined:
+        raise _refuse(record, "reset")
+    if record.status is not SlotStatus.ready:
+        raise _refuse(record, "reset")
+
+
+def check_can_fork(record: SlotRecord) -> None:
+    if record.status is not SlotStatus.ready:
+        raise _refuse(record, "branch")
+
+
+def check_can_capture(record: SlotRecord) -> None:
+    if record.status is not SlotStatus.ready:
+        raise _refuse(record, "capture")
+
+
+def check_can_verify(record: SlotRecord) -> None:
+    if record.status is not SlotStatus.ready:
+        raise _refuse(record, "verify")
+
+
+def check_can_quarantine(record: SlotRecord) -> None:
+    if record.status not in (SlotStatus.ready, SlotStatus.quarantined, SlotStatus.busy):
+        raise _refuse(record, "quarantine")
+
+
+def check_can_release(record: SlotRecord) -> None:
+    if record.status is not SlotStatus.quarantined:
+        raise DrumsdError(
+            "conflict",
+            f"slot {record.id} is {record.status.value}, not quarantined; nothing to release",
+            slot=record.id,
+        )
+
+
+def check_is_known(record: SlotRecord | None, slot_id: str) -> SlotRecord:
+    if record is None:
+        raise DrumsdError("not_found", f"no slot {slot_id!r}; list slots with GET /v1/slots")
+    return record
+
+
+def check_not_destroyed(record: SlotRecord) -> None:
+    if record.status is SlotStatus.destroyed:
+        raise _refuse(record, "this")
+
+
+def is_live(record: SlotRecord) -> bool:
+    return record.status in LIVE_STATUSES

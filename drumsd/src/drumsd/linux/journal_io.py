@@ -1,0 +1,133 @@
+"""The journal on disk: one JSON file per record, written atomically, and `events.jsonl`.
+
+Layout of journal_dir:
+  slots/<id>.json         the slot record (temp file, fsync, rename, fsync of the directory)
+  checkpoints/<id>.json   the checkpoint record
+  events.jsonl            one JSON event per state change, fsync'd; compacted on start
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from drumsd.core.journal import Event, JournalState, RecordKind, fold, parse_event_lines
+
+_DIRS: dict[str, str] = {"slot": "slots", "checkpoint": "checkpoints"}
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Readers see the old content or the new one, never a torn file, even after a crash."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class Journal:
+    """Blocking file I/O; the supervisor calls it from a worker thread or inline (small files)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.events_path = root / "events.jsonl"
+        self._seq = 0
+        for sub in _DIRS.values():
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    def record_path(self, kind: RecordKind, record_id: str) -> Path:
+        return self.root / _DIRS[kind] / f"{record_id}.json"
+
+    def save(self, kind: RecordKind, record: dict[str, Any], event: str, now: float) -> None:
+        """Write the record file, then log the change (either alone is enough to recover)."""
+        write_atomic(
+            self.record_path(kind, record["id"]),
+            json.dumps(record, separators=(",", ":")).encode(),
+        )
+        self.append(Event(seq=0, ts=now, kind=kind, id=record["id"], event=event, record=record))
+
+    def delete(self, kind: RecordKind, record_id: str, event: str, now: float) -> None:
+        self.append(Event(seq=0, ts=now, kind=kind, id=record_id, event=event, record=None))
+        path = self.record_path(kind, record_id)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        fsync_dir(path.parent)
+
+    def append(self, event: Event) -> None:
+        self._seq += 1
+        line = event.model_copy(update={"seq": self._seq}).model_dump_json() + "\n"
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _record_files(self) -> Iterator[tuple[RecordKind, dict[str, Any]]]:
+        for kind, sub in _DIRS.items():
+            for path in sorted((self.root / sub).glob("*.json")):
+                try:
+                    yield kind, json.loads(path.read_text())  # type: ignore[misc]
+                except (OSError, json.JSONDecodeError):
+                    continue  # a torn temp never has this name; a broken file: events win
+
+    def load(self) -> JournalState:
+        """Fold record files and events; also remove temp files left by a crash."""
+        for sub in _DIRS.values():
+            for tmp in (self.root / sub).glob(".*.tmp-*"):
+                tmp.unlink(missing_ok=True)
+        lines: list[str] = []
+        if self.events_path.exists():
+            lines = self.events_path.read_text(errors="replace").splitlines()
+        events, skipped = parse_event_lines(lines)
+        state = fold(self._record_files(), events)
+        state.skipped_lines += skipped
+        self._seq = state.last_seq
+        return state
+
+    def compact(self, events: list[Event]) -> None:
+        """Replace events.jsonl by a snapshot, and make the record files match it."""
+        data = "".join(e.model_dump_json() + "\n" for e in events).encode()
+        write_atomic(self.events_path, data)
+        self._seq = max([self._seq, *(e.seq for e in events)])
+        keep = {(e.kind, e.id) for e in events}
+        for kind, sub in _DIRS.items():
+            for path in (self.root / sub).glob("*.json"):
+                if (kind, path.stem) not in keep:
+                    path.unlink(missing_ok=True)
+        for e in events:
+            if e.record is not None:
+                path = self.record_path(e.kind, e.id)
+                want = json.dumps(e.record, separators=(",", ":")).encode()
+                if not path.exists() or path.read_bytes() != want:
+                    write_atomic(path, want)
+
+    def events_of(self, record_id: str) -> list[str]:
+        """The raw event lines of one record (for the forgotten archive)."""
+        if not self.events_path.exists():
+            return []
+        needle = f'"id":"{record_id}"'
+        return [
+            ln for ln in self.events_path.read_text(errors="replace").splitlines() if needle in ln
+        ]
+
+
+def journal_state_empty() -> JournalState:
+    return JournalState()

@@ -1,0 +1,86 @@
+"""The knobs of the drums taskset, its tasks and its tool servers, as verifiers config classes.
+
+Where a field lives decides who can read it: the taskset config is read at load time and by the
+fork-group env; the task config rides to every rollout and to the per-rollout tool servers
+(`--env.taskset.task.*`); the tool server config is the subset a tool server process needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import verifiers.v1 as vf
+from pydantic import Field
+from pydantic_config import BaseConfig
+
+ToolStyle = Literal["drums", "scalecua", "hybrid"]
+DEFAULT_URL = "http://127.0.0.1:7070"
+DEFAULT_TOKEN_FILE = Path("/etc/drums/token")
+
+
+class DaemonConfig(BaseConfig):
+    """How to reach drumsd. The token is read from `token_file` at use, never stored here."""
+
+    url: str = DEFAULT_URL
+    token_file: Path = DEFAULT_TOKEN_FILE
+
+    def token(self) -> str:
+        try:
+            return self.token_file.read_text().strip()
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot read the drumsd token from {self.token_file} ({exc.strerror}); set "
+                "--env.taskset.task.daemon.token-file to a readable file holding the token"
+            ) from exc
+
+
+class DesktopToolsConfig(vf.ToolsetConfig):
+    """What a per-rollout tool server needs: where the daemon is and how to show the screen."""
+
+    daemon: DaemonConfig = DaemonConfig()
+    screenshot_scale: float = Field(1.0, gt=0, le=1)
+    """Screenshots are resized by this factor before the model sees them; the model's
+    coordinates are mapped back to screen pixels by the same factor."""
+    step_timeout_s: float = Field(60.0, gt=0)
+    shell_timeout_s: float = Field(60.0, gt=0, le=600)
+
+
+class DrumsTaskConfig(vf.TaskConfig):
+    """Per-rollout behaviour (`--env.taskset.task.*`)."""
+
+    daemon: DaemonConfig = DaemonConfig()
+    tool_style: ToolStyle = "drums"
+    max_turns: int = Field(30, ge=1)
+    """The rollout stops after this many model turns (a `@vf.stop`)."""
+    screenshot_scale: float = Field(1.0, gt=0, le=1)
+    wait_valid_timeout_s: float = Field(120.0, gt=0)
+    verify_timeout_s: float = Field(300.0, gt=0)
+    idle_timeout_s: float = Field(900.0, gt=0)
+    """Backstop lease: the daemon reaps an env nobody touched for this long, even if this
+    process died without closing it."""
+
+    def tools_config(self) -> DesktopToolsConfig:
+        return DesktopToolsConfig(daemon=self.daemon, screenshot_scale=self.screenshot_scale)
+
+
+class DrumsTasksetConfig(vf.TasksetConfig):
+    """Where the tasks come from and how an episode is shaped (`--env.taskset.*`)."""
+
+    task: DrumsTaskConfig = DrumsTaskConfig()
+    task_ids: list[str] = Field(default_factory=list)
+    """Task ids the daemon knows (`GET /v1/tasks`); `["*"]` takes every supported one."""
+    task_dir: Path | None = None
+    """A directory of OSWorld-format task JSON files (searched recursively)."""
+    tasks_jsonl: Path | None = None
+    """A task factory's `tasks.jsonl`: one task per line."""
+    fork_n: int = Field(1, ge=1, le=64)
+    """With N > 1 one episode plays `prefix` on a parent desktop, forks N children and runs
+    one agent per child; the N traces are the comparison group (use group_size = 1)."""
+    prefix: list[dict] = Field(default_factory=list)
+    """Actions (drumsd action dicts) played on the parent before the fork."""
+    settle_s: float = Field(1.0, ge=0)
+    """Pause after the prefix so the desktop settles before it is forked."""
+    visual_window: int = Field(3, ge=1)
+    """Only the last K screenshots stay images in the model's context (drums-verifiers
+    harness); older ones become a short text placeholder."""

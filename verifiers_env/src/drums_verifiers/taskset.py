@@ -1,0 +1,53 @@
+"""The `drums-verifiers` taskset: drums tasks as verifiers tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import verifiers.v1 as vf
+
+from drums_verifiers import sources
+from drums_verifiers.config import DrumsTasksetConfig
+from drums_verifiers.task import SYSTEM_PROMPTS, DrumsTask, DrumsTaskData
+
+
+def daemon_tasks(config: DrumsTasksetConfig) -> list[dict[str, Any]]:
+    """The daemon's task list, through the SDK's sync client (load() is synchronous)."""
+    from drums_verifiers.desktop import field, sdk
+
+    daemon = config.task.daemon
+    with sdk().connect(url=daemon.url, token=daemon.token()) as client:
+        tasks = client.tasks()
+    return [t if isinstance(t, dict) else {
+        "id": field(t, "id"), "instruction": field(t, "instruction", ""),
+        "supported": field(t, "supported", True), "reason": field(t, "reason")} for t in tasks]
+
+
+class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
+    def refs(self) -> Iterator[sources.TaskRef]:
+        cfg = self.config
+        if not (cfg.task_ids or cfg.task_dir or cfg.tasks_jsonl):
+            raise ValueError(
+                "drums-verifiers has no tasks: set --env.taskset.task-ids (daemon task ids, or "
+                "'*'), --env.taskset.task-dir (OSWorld JSON) or --env.taskset.tasks-jsonl")
+        if cfg.task_ids:
+            yield from sources.from_daemon_ids(cfg.task_ids, daemon_tasks(cfg))
+        if cfg.task_dir:
+            yield from sources.read_task_dir(cfg.task_dir)
+        if cfg.tasks_jsonl:
+            yield from sources.read_tasks_jsonl(cfg.tasks_jsonl)
+
+    def load(self) -> Iterator[DrumsTask]:
+        cfg = self.config
+        for ref in self.refs():
+            data = DrumsTaskData(
+                id=ref.id,
+                name=ref.id,
+                prompt=ref.instruction or f"Complete drums task {ref.id}.",
+                system_prompt=SYSTEM_PROMPTS[cfg.task.tool_style],
+                drums_task=ref.ref,
+                instruction=ref.instruction,
+                visual_window=cfg.visual_window,
+            )
+            yield DrumsTask(data, cfg.task)

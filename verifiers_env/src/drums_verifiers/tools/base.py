@@ -1,0 +1,115 @@
+"""What every tool style shares: a handle on the rollout's desktop, one action, the result.
+
+A tool server is its own process, started per rollout. It learns the desktop from the rollout
+state (`env_id`, synced before each call) and attaches to it through the SDK. A daemon failure
+ends the episode (`state.env_failed`, which the task's stop condition reads); a bad argument is
+only the model's mistake and comes back as text it can act on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import verifiers.v1 as vf
+from mcp_types import CallToolResult, ImageContent, TextContent
+
+from drums_verifiers import actions, desktop
+from drums_verifiers.config import DesktopToolsConfig
+from drums_verifiers.task import DrumsState
+
+log = logging.getLogger("drums_verifiers.tools")
+RECOVERABLE_CODES = ("invalid_request", "action_failed")
+
+
+def text_result(text: str, error: bool = False) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=error)
+
+
+class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
+    TOOL_PREFIX = "computer"
+
+    def __init__(self, config: DesktopToolsConfig) -> None:
+        super().__init__(config)
+        self._client: Any = None
+        self._envs: dict[str, Any] = {}
+
+    async def _env(self) -> Any:
+        env_id = self.state.env_id
+        if not env_id:
+            raise RuntimeError("the rollout has no desktop yet (state.env_id is empty)")
+        if env_id not in self._envs:
+            if self._client is None:
+                self._client = await desktop.open_client(self.config.daemon)
+                self._exit_stack.push_async_callback(desktop.aclose_client, self._client)
+            self._envs[env_id] = await desktop.attach_env(self._client, env_id)
+        return self._envs[env_id]
+
+    def screen(self) -> actions.Screen:
+        width, height = self.state.screen
+        return actions.Screen(width, height, self.config.screenshot_scale)
+
+    def cursor(self) -> tuple[int, int] | None:
+        c = self.state.cursor
+        return (c[0], c[1]) if c else None
+
+    async def screenshot_content(self, env: Any) -> ImageContent:
+        obs = await desktop.observe(env)
+        png = actions.scale_png(obs.png, self.config.screenshot_scale)
+        return vf_image(png)
+
+    async def act(self, build: Any, *, screenshot: bool = True) -> CallToolResult:
+        """Run one action built by `build()` (which may raise BadAction) and report it."""
+        state = self.state
+        if state.env_failed:
+            return text_result(f"the desktop is gone ({state.env_failed}); the episode is over",
+                               error=True)
+        if state.terminal:
+            return text_result(f"the episode already ended with {state.terminal}", error=True)
+        try:
+            action = build()
+        except actions.BadAction as exc:
+            return text_result(f"error: {exc}", error=True)
+        try:
+            env = await self._env()
+            result = await desktop.step(env, action)
+            shot = await self.screenshot_content(env) if screenshot else None
+        except Exception as exc:
+            if desktop.is_drums_error(exc) and desktop.error_code(exc) in RECOVERABLE_CODES:
+                return text_result(f"error: the desktop refused the action: {exc}", error=True)
+            if not desktop.is_drums_error(exc):
+                raise
+            state.env_failed = f"{desktop.error_code(exc) or type(exc).__name__}: {exc}"
+            log.warning("env=%s failed during %s: %s", state.env_id, action["type"], exc)
+            return text_result(f"the desktop failed ({state.env_failed}); the episode is over",
+                               error=True)
+        kind = action["type"]
+        state.actions[kind] = state.actions.get(kind, 0) + 1
+        cursor = actions.cursor_after(action, self.cursor())
+        state.cursor = list(cursor) if cursor else None
+        if kind in ("done", "fail"):
+            state.terminal = kind
+        lines = [actions.describe(action)]
+        output = desktop.field(result, "output")
+        if output is not None:
+            lines.append(command_output(output))
+        content: list[Any] = [TextContent(type="text", text="\n".join(lines))]
+        if shot is not None:
+            content.append(shot)
+        return CallToolResult(content=content)
+
+
+def vf_image(png: bytes) -> ImageContent:
+    import base64
+
+    return ImageContent(type="image", data=base64.b64encode(png).decode(), mime_type="image/png")
+
+
+def command_output(output: Any) -> str:
+    code = desktop.field(output, "returncode")
+    out = desktop.field(output, "stdout", "") or ""
+    err = desktop.field(output, "stderr", "") or ""
+    text = f"exit code {code}\n{out}"
+    if err:
+        text += f"\nstderr:\n{err}"
+    return text[-20_000:]

@@ -45,7 +45,9 @@ from ._routes import Timeouts as Timeouts
 from ._version import __version__ as __version__
 from .models import Action as Action
 from .models import Checkpoint as Checkpoint
-from .models import Checkpoint as SavedState
 from .models import GateReport as GateReport
 from .models import StepResult as StepResult
 from .models import VerifyResult as VerifyResult
+
+# What env.save() returns: a checkpoint of kind "saved".
+SavedState = Checkpoint

@@ -357,10 +357,14 @@ class AsyncEnv(EnvBase):
                 if not keep_state:
                     await self._client._delete_states([state.id])
 
-    async def verify(self, *, strict: bool = True, timeout: Optional[float] = None) -> m.VerifyResult:
+    async def verify(
+        self, *, strict: bool = True, timeout: Optional[float] = None
+    ) -> m.VerifyResult:
         """Run the checker; strict=True raises InvalidEpisode / CheckerFailed instead of
         returning something that is not a trainable reward."""
-        result = await self._send(routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t))
+        result = await self._send(
+            routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t)
+        )
         return verify_outcome(result, strict)
 
     async def metrics(self) -> m.SlotMetrics:
@@ -391,7 +395,9 @@ class AsyncEnv(EnvBase):
             await self._send(routes.destroy_slot(self.id, self._t.default_s))
         except DrumsError as error:
             if not is_already_gone(error):
-                log.warning("could not destroy env %s: %s", self.id, error, extra={"env_id": self.id})
+                log.warning(
+                    "could not destroy env %s: %s", self.id, error, extra={"env_id": self.id}
+                )
                 return error
         self.closed = True
         self._client._forget_env(self.id)

@@ -72,10 +72,14 @@ def task_ref(task: TaskArg) -> m.TaskRef:
             except (OSError, ValueError) as exc:
                 raise InvalidRequest(f"task file {path} is not readable JSON: {exc}") from exc
             if not isinstance(loaded, dict):
-                raise InvalidRequest(f"task file {path} holds a {type(loaded).__name__}, not an object")
+                raise InvalidRequest(
+                    f"task file {path} holds a {type(loaded).__name__}, not an object"
+                )
             return loaded
         if isinstance(task, os.PathLike):
-            raise InvalidRequest(f"task file {path} does not exist; pass an existing path or a task id")
+            raise InvalidRequest(
+                f"task file {path} does not exist; pass an existing path or a task id"
+            )
     return str(task)
 
 
@@ -158,7 +162,9 @@ class BaseClient(Generic[E]):
             timeout=timeout,
         )
 
-    def _retry_delay(self, call: Call[Any], response: httpx.Response, attempt: int) -> Optional[float]:
+    def _retry_delay(
+        self, call: Call[Any], response: httpx.Response, attempt: int
+    ) -> Optional[float]:
         """Seconds to wait before sending `call` again, or None to take this answer as final."""
         if response.status_code != 429:
             return None
@@ -175,9 +181,7 @@ class BaseClient(Generic[E]):
         return delay
 
     def _finish(self, call: Call[T], response: httpx.Response, attempts: int) -> T:
-        log.debug(
-            "%s -> %d", call.what, response.status_code, extra={"env_id": call.env_id}
-        )
+        log.debug("%s -> %d", call.what, response.status_code, extra={"env_id": call.env_id})
         if response.is_success:
             try:
                 return call.parse(response)
@@ -230,7 +234,9 @@ def is_already_gone(error: DrumsError) -> bool:
 
 def gate_verdict(report: m.GateReport, env_id: str) -> Optional[m.GateReport]:
     """The report when every gate passed, None while some are pending; a failed gate raises."""
-    failed = list(report.failed) or [g.name for g in report.gates if g.status == m.GateStatus.failed]
+    failed = list(report.failed) or [
+        g.name for g in report.gates if g.status == m.GateStatus.failed
+    ]
     if failed or report.valid is False:
         evidence = {g.name: g.evidence for g in report.gates if g.name in failed}
         raise InvalidEpisode(

@@ -35,8 +35,8 @@ from ._config import Secret
 from ._exceptions import DrumsError, Timeout, foreign_errors
 from ._observation import Observation
 from ._retry import RetryPolicy
-from ._shield import sigint_held
 from ._routes import Call, StateRef, Timeouts
+from ._shield import sigint_held
 
 log = logging.getLogger("drums")
 T = TypeVar("T")
@@ -305,14 +305,18 @@ class Env(EnvBase):
         with foreign_errors(what="fork", env_id=self.id, timeout_s=0):
             request = m.BranchRequest(n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = self._client._adopt_state(
-            self._send(routes.prefork(self.id, m.PreforkRequest(idle_timeout_s=idle_timeout_s), self._t))
+            self._send(
+                routes.prefork(self.id, m.PreforkRequest(idle_timeout_s=idle_timeout_s), self._t)
+            )
         )
         children: List[Env] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
             result = self._send(routes.branch(self.id, request, self._t))
             children = [
-                self._client._adopt_env(Env(self._client, s, owned=True, instruction=self._instruction))
+                self._client._adopt_env(
+                    Env(self._client, s, owned=True, instruction=self._instruction)
+                )
                 for s in result.children
             ]
             yield Forked(children, state, result.elapsed_s)
@@ -354,11 +358,15 @@ class Env(EnvBase):
         remaining = deadline - time.monotonic()
         try:
             if remaining <= 0:
-                raise Timeout("cleanup deadline passed before this env was destroyed", env_id=self.id)
+                raise Timeout(
+                    "cleanup deadline passed before this env was destroyed", env_id=self.id
+                )
             self._send(routes.destroy_slot(self.id, min(self._t.default_s, remaining)))
         except DrumsError as error:
             if not is_already_gone(error):
-                log.warning("could not destroy env %s: %s", self.id, error, extra={"env_id": self.id})
+                log.warning(
+                    "could not destroy env %s: %s", self.id, error, extra={"env_id": self.id}
+                )
                 return error
         self.closed = True
         self._client._forget_env(self.id)

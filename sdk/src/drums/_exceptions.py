@@ -61,7 +61,8 @@ class DrumsError(Exception):
         return f"[{self.code}] {self.message}{where}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(code={self.code!r}, env_id={self.env_id!r}, message={self.message!r})"
+        name = type(self).__name__
+        return f"{name}(code={self.code!r}, env_id={self.env_id!r}, message={self.message!r})"
 
 
 class ConnectionFailed(DrumsError):
@@ -254,7 +255,9 @@ def foreign_errors(*, what: str, env_id: Optional[str], timeout_s: float) -> Ite
             env_id=env_id,
         ) from exc
     except httpx.HTTPError as exc:
-        raise ConnectionFailed(f"{what}: HTTP error {type(exc).__name__}: {exc}", env_id=env_id) from exc
+        raise ConnectionFailed(
+            f"{what}: HTTP error {type(exc).__name__}: {exc}", env_id=env_id
+        ) from exc
     except pydantic.ValidationError as exc:
         raise InvalidRequest(
             f"{what}: invalid arguments: {_first_errors(exc)}", env_id=env_id

@@ -21,7 +21,9 @@ class RetryPolicy:
     max_s: float = 30.0  # no single wait is longer than this, whatever Retry-After says
     jitter: float = 0.1  # +-10% so many clients told the same Retry-After do not return together
 
-    def delay_s(self, attempt: int, retry_after: Optional[str], rand: float = 0.5) -> Optional[float]:
+    def delay_s(
+        self, attempt: int, retry_after: Optional[str], rand: float = 0.5
+    ) -> Optional[float]:
         """Seconds to wait before retry number `attempt + 1`, or None when out of retries.
 
         `rand` in [0, 1) is the jitter draw (0.5 means none); tests pass it to be deterministic.

@@ -25,7 +25,9 @@ class Timeouts:
     default_s: float = 30.0  # lists, gates, screenshots, destroy, quarantine ...
     restore_s: float = 180.0  # create, reset, fork, save, load_task: CRIU plus task setup
     verify_s: float = 600.0  # the checker runs twice, plus a redundant checker and a scope scan
-    margin_s: float = 15.0  # added to a deadline the daemon itself enforces (action, verify, quiesce)
+    margin_s: float = (
+        15.0  # added to a deadline the daemon itself enforces (action, verify, quiesce)
+    )
     cleanup_s: float = 30.0  # destroying everything on exit, in total
 
 

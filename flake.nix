@@ -1,0 +1,95 @@
+{
+  description = "drums: many isolated, resettable, forkable Linux desktops on one host (CRIU)";
+
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-25.11";
+
+  outputs =
+    { self, nixpkgs }:
+    let
+      # CRIU and the slots' namespaces are Linux-only; VM tests need KVM on x86_64 or aarch64.
+      systems = [
+        "x86_64-linux"
+        "aarch64-linux"
+      ];
+      forAllSystems =
+        f:
+        nixpkgs.lib.genAttrs systems (
+          system:
+          f system (
+            import nixpkgs {
+              inherit system;
+              overlays = [ self.overlays.default ];
+            }
+          )
+        );
+    in
+    {
+      overlays.default = import ./nix/overlay.nix;
+
+      packages = forAllSystems (
+        system: pkgs: {
+          inherit (pkgs)
+            drumsd
+            drums-sdk
+            drums-verifiers
+            drums-tasks
+            ;
+          criu = pkgs.drums-criu;
+          desktop-image = pkgs.drums-desktop-image;
+          default = pkgs.drumsd;
+        }
+      );
+
+      # nix run .#drumsd -- serve --config /etc/drums/drumsd.json
+      apps = forAllSystems (
+        system: pkgs: rec {
+          drumsd = {
+            type = "app";
+            program = "${pkgs.drumsd}/bin/drumsd";
+          };
+          default = drumsd;
+        }
+      );
+
+      devShells = forAllSystems (
+        system: pkgs: {
+          default = pkgs.mkShell {
+            # The packages' own Python dependencies (propagated), without installing drums itself:
+            # the shellHook puts the checkout's sources first on PYTHONPATH.
+            inputsFrom = [
+              pkgs.drumsd
+              pkgs.drums-tasks
+            ];
+            packages = [
+              pkgs.python3Packages.pytest
+              pkgs.python3Packages.pytest-trio
+              pkgs.python3Packages.hypothesis
+              pkgs.drums-criu
+              pkgs.uv
+              pkgs.ruff
+              pkgs.nixfmt
+              pkgs.curl
+            ];
+            shellHook = ''
+              export PYTHONPATH="$PWD/drumsd/src:$PWD/sdk/src:$PWD/taskfactory/src:$PWD/verifiers_env/src''${PYTHONPATH:+:$PYTHONPATH}"
+            '';
+          };
+        }
+      );
+
+      # Nix 2.8 rejects a bare path here ("module must be a function or an attribute set").
+      nixosModules.drumsd = import ./nixos-modules/drumsd.nix;
+      nixosModules.default = self.nixosModules.drumsd;
+
+      checks = forAllSystems (
+        system: pkgs:
+        import ./vm-tests {
+          inherit pkgs;
+          drumsModule = self.nixosModules.drumsd;
+          drumsOverlay = self.overlays.default;
+        }
+      );
+
+      formatter = forAllSystems (system: pkgs: pkgs.nixfmt);
+    };
+}

@@ -1,0 +1,34 @@
+# CRIU 4.2.1 on top of nixpkgs' criu derivation (the build recipe stays nixpkgs'; only the source
+# changes). 4.2.1 is the first release that dumps TCP/UDP sockets on Linux >= 6.16, and the version
+# proven to checkpoint and restore drums desktops (see docs/nix.md, "CRIU").
+{ criu, fetchzip }:
+criu.overrideAttrs (
+  old:
+  let
+    version = "4.2.1";
+  in
+  {
+    inherit version;
+    # The tag's source archive from the CRIU project's GitHub release v4.2.1. The hash is the NAR
+    # hash of the unpacked tree (what fetchzip checks), computed on a drums host from Debian's
+    # criu_4.2.1.orig.tar.xz, whose file sha256 29ec0ee0...19f6725b9 matches sid's .dsc. It
+    # equals this archive's tree only if Debian's orig tarball is that archive recompressed,
+    # which is how Debian's watch file fetches it; docs/nix.md says what was verified where.
+    src = fetchzip {
+      url = "https://github.com/checkpoint-restore/criu/archive/refs/tags/v${version}.tar.gz";
+      hash = "sha256-Njk3RNxmKiFEu5nnVuY16XaJQxkgBL2hf7YU5XFh67Y=";
+    };
+    # nixpkgs' postPatch bakes its own version into the Makefile's head-name; keep ours.
+    postPatch =
+      builtins.replaceStrings [ "head-name = ${old.version}.0" ] [ "head-name = ${version}.0" ]
+        (old.postPatch or "");
+    passthru = (old.passthru or { }) // {
+      # The Debian source tarball of the same release, for hosts that fetch from Debian mirrors
+      # (flat sha256 of the file; verified on a drums host).
+      debianOrigTarball = {
+        url = "mirror://debian/pool/main/c/criu/criu_${version}.orig.tar.xz";
+        hash = "sha256-KewO4J4pZHn+cEjICYDo7x0GhNCwIEwrEB3+oZ9nJbk=";
+      };
+    };
+  }
+)

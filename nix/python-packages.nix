@@ -1,0 +1,108 @@
+# The four Python distributions of the drums workspace, built from this checkout with
+# pyproject = true (hatchling). The dependency lists mirror each pyproject.toml;
+# tests/nix/test_nix_python_deps.py fails when the two disagree.
+{ lib, python3Packages }:
+let
+  ps = python3Packages;
+
+  # Only pyproject.toml and src/: caches, tests and venvs never enter the store.
+  sourceOf =
+    dir:
+    lib.fileset.toSource {
+      root = dir;
+      fileset = lib.fileset.unions [
+        (dir + "/pyproject.toml")
+        (dir + "/src")
+      ];
+    };
+
+  meta = {
+    license = lib.licenses.asl20;
+    platforms = lib.platforms.linux;
+  };
+
+  drums-sdk = ps.buildPythonPackage {
+    pname = "drums-sdk";
+    version = "0.1.0";
+    pyproject = true;
+    src = sourceOf ../sdk;
+    build-system = [ ps.hatchling ];
+    dependencies = [
+      ps.httpx
+      ps.pydantic
+      ps.anyio
+    ];
+    optional-dependencies.image = [ ps.pillow ];
+    pythonImportsCheck = [ "drums" ];
+    meta = meta // {
+      description = "Python client for drumsd: isolated, resettable, forkable Linux desktops";
+    };
+  };
+
+  drumsd = ps.buildPythonApplication {
+    pname = "drumsd";
+    version = "0.1.0";
+    pyproject = true;
+    src = sourceOf ../drumsd;
+    build-system = [ ps.hatchling ];
+    dependencies = [
+      drums-sdk
+      ps.trio
+      ps.quart-trio
+      ps.quart
+      ps.hypercorn
+      ps.pydantic
+    ]
+    ++ ps.hypercorn.optional-dependencies.trio;
+    pythonImportsCheck = [ "drumsd" ];
+    meta = meta // {
+      description = "drums host daemon: CRIU-restored Linux desktops as RL environments";
+      mainProgram = "drumsd";
+    };
+  };
+
+  drums-tasks = ps.buildPythonPackage {
+    pname = "drums-tasks";
+    version = "0.1.0";
+    pyproject = true;
+    src = sourceOf ../taskfactory;
+    build-system = [ ps.hatchling ];
+    dependencies = [
+      ps.openpyxl
+      ps.python-docx
+      ps.python-pptx
+      ps.pillow
+    ];
+    optional-dependencies.validate = [ drums-sdk ];
+    pythonImportsCheck = [ "drums_tasks" ];
+    meta = meta // {
+      description = "Seeded desktop task factory with checkers, oracles and a live validator";
+    };
+  };
+
+  # `verifiers` (0.4.x) and its dependency tree (prime-*, renderers, mcp 2) are not in nixpkgs.
+  # This package is a plugin for that library: it is built without it and meant for a Python
+  # environment that already has verifiers (a trainer's own env, or an overlay that adds it).
+  drums-verifiers = ps.buildPythonPackage {
+    pname = "drums-verifiers";
+    version = "0.1.0";
+    pyproject = true;
+    src = sourceOf ../verifiers_env;
+    build-system = [ ps.hatchling ];
+    dependencies = [ drums-sdk ] ++ lib.optional (ps ? verifiers) ps.verifiers;
+    pythonRemoveDeps = lib.optional (!(ps ? verifiers)) "verifiers";
+    # Importing drums_verifiers needs verifiers; check the SDK side only.
+    pythonImportsCheck = [ "drums" ];
+    meta = meta // {
+      description = "drums desktops as environments for verifiers and prime-rl";
+    };
+  };
+in
+{
+  inherit
+    drumsd
+    drums-sdk
+    drums-tasks
+    drums-verifiers
+    ;
+}

@@ -1,0 +1,341 @@
+# services.drumsd: the drums host daemon (CRIU-restored Linux desktops) as a NixOS service.
+#
+# Settings follow RFC 42: `settings` is the daemon's JSON config file. Its typed options and their
+# defaults are generated from drumsd's config model (./drumsd-settings.nix, by
+# nix/generate_settings_options.py); anything else is freeform and still checked at build time by
+# `drumsd check-config`, which names any unknown key.
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+let
+  cfg = config.services.drumsd;
+  jsonFormat = pkgs.formats.json { };
+
+  settingsOptions = import ./drumsd-settings.nix { inherit lib jsonFormat; };
+
+  # The listen port, for the firewall; `listen` is host:port (IPv6 as [::1]:7070).
+  listenParts = lib.splitString ":" cfg.settings.listen;
+  listenPort = lib.toInt (lib.last listenParts);
+  listenHost = lib.removeSuffix ":${lib.last listenParts}" cfg.settings.listen;
+  loopbackHosts = [
+    "127.0.0.1"
+    "localhost"
+    "[::1]"
+    "::1"
+  ];
+  listenIsLoopback = lib.elem listenHost loopbackHosts || lib.hasPrefix "127." listenHost;
+
+  isStorePath = p: lib.hasPrefix "${builtins.storeDir}/" (toString p);
+
+  unvalidatedConfig = jsonFormat.generate "drumsd-unchecked.json" cfg.settings;
+
+  # Like the prometheus module's promtool check: the daemon itself validates the file at build
+  # time, so a typo in `settings` fails `nixos-rebuild` instead of the service at boot.
+  configFile =
+    pkgs.runCommand "drumsd.json"
+      {
+        nativeBuildInputs = [ cfg.package ];
+        preferLocalBuild = true;
+      }
+      ''
+        if ! drumsd check-config ${unvalidatedConfig} > check.out 2>&1; then
+          cat check.out >&2
+          echo "services.drumsd.settings: drumsd check-config rejected the generated config;" \
+            "fix the keys named above" >&2
+          exit 1
+        fi
+        cp ${unvalidatedConfig} $out
+      '';
+
+  # The token is made on the host at first start, never in the store (the store is
+  # world-readable). umask 077 makes it 0600 from its first byte; mv makes it appear whole.
+  ensureToken = pkgs.writeShellScript "drumsd-ensure-token" ''
+    set -eu
+    umask 077
+    token=${lib.escapeShellArg cfg.tokenFile}
+    if [ ! -e "$token" ]; then
+      mkdir -p "$(dirname "$token")"
+      tmp="$(mktemp "$token.XXXXXX")"
+      head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$tmp"
+      mv "$tmp" "$token"
+      echo "drumsd: created a new API token in $token (mode 0600)"
+    fi
+  '';
+
+  stateDir = cfg.settings.state_dir;
+
+  # Where the image tarball is unpacked: one directory per store path, so a new image never
+  # changes a root that running slots and checkpoints still use.
+  imageRoot =
+    if cfg.image == null then
+      null
+    else
+      "/var/lib/drums/nix-images/${builtins.substring 0 32 (baseNameOf cfg.image)}/root";
+
+  unpackImage = pkgs.writeShellScript "drumsd-unpack-image" ''
+    set -eu
+    dest=${lib.escapeShellArg imageRoot}
+    if [ -d "$dest" ]; then
+      exit 0
+    fi
+    parent="$(dirname "$dest")"
+    mkdir -p "$parent"
+    chmod 0755 "$parent"
+    tmp="$(mktemp -d "$parent/.unpack.XXXXXX")"
+    trap 'rm -rf "$tmp"' EXIT
+    echo "drumsd-image: unpacking ${toString cfg.image}/root.tar into $dest"
+    tar -x -p --numeric-owner -f ${toString cfg.image}/root.tar -C "$tmp"
+    chmod 0755 "$tmp"
+    # rename is atomic: a root exists whole or not at all.
+    mv -T "$tmp" "$dest"
+    trap - EXIT
+  '';
+in
+{
+  options.services.drumsd = {
+    enable = lib.mkEnableOption "drumsd, the drums host daemon of CRIU-restored Linux desktops";
+
+    package = lib.mkOption {
+      type = lib.types.package;
+      default =
+        pkgs.drumsd
+          or (throw "services.drumsd.package: pkgs.drumsd does not exist; add drums' overlay (nixpkgs.overlays = [ drums.overlays.default ]) or set services.drumsd.package");
+      defaultText = lib.literalExpression "pkgs.drumsd";
+      description = "The drumsd package (its `drumsd` command serves and checks the config).";
+    };
+
+    criuPackage = lib.mkOption {
+      type = lib.types.package;
+      default =
+        pkgs.drums-criu
+          or (throw "services.drumsd.criuPackage: pkgs.drums-criu does not exist; add drums' overlay or set services.drumsd.criuPackage to a CRIU >= 4.2");
+      defaultText = lib.literalExpression "pkgs.drums-criu";
+      description = ''
+        CRIU used for every dump and restore. It must be 4.2 or newer: 4.1 cannot dump TCP/UDP
+        sockets on Linux >= 6.16. Wired in as `settings.criu` and put on the unit's PATH.
+      '';
+    };
+
+    image = lib.mkOption {
+      type = lib.types.nullOr lib.types.package;
+      default = pkgs.drums-desktop-image or null;
+      defaultText = lib.literalExpression "pkgs.drums-desktop-image";
+      description = ''
+        The desktop image: a package with `root.tar` (nix/desktop-image.nix), unpacked once by
+        drumsd-image.service into /var/lib/drums/nix-images/<hash>/root (tar keeps the owners the
+        store cannot) and used read-only as the lower layer of every slot. Wired in as
+        `settings.lower`. null leaves `settings.lower` to you.
+      '';
+    };
+
+    tokenFile = lib.mkOption {
+      type = lib.types.pathWith {
+        inStore = false;
+        absolute = true;
+      };
+      default = "/var/lib/drums/token";
+      description = ''
+        File holding the API bearer token (32+ characters, mode 0600). Created with a random
+        token at first start if absent. Never a store path: the store is world-readable.
+      '';
+    };
+
+    stateTmpfsSize = lib.mkOption {
+      type = lib.types.strMatching "[0-9]+[kKmMgG%]?";
+      default = "50%";
+      example = "16G";
+      description = ''
+        Size of the tmpfs mounted at `settings.state_dir` that holds the slots' upper layers and
+        checkpoints (a tmpfs `size=` value: bytes, k/m/g suffix, or % of RAM).
+      '';
+    };
+
+    openFirewall = lib.mkOption {
+      type = lib.types.bool;
+      default = false;
+      description = ''
+        Open the API port of `settings.listen` in the firewall. Needs a non-loopback `listen`
+        and `settings.allow_remote = true`; put TLS in front of the daemon.
+      '';
+    };
+
+    settings = lib.mkOption {
+      default = { };
+      description = ''
+        drumsd's config file (`drumsd serve --config`), as Nix. Typed options carry the config
+        model's defaults; other keys pass through and are validated at build time.
+      '';
+      type = lib.types.submodule {
+        freeformType = jsonFormat.type;
+        options = settingsOptions;
+      };
+    };
+
+    configFile = lib.mkOption {
+      type = lib.types.path;
+      readOnly = true;
+      default = configFile;
+      defaultText = lib.literalMD "the checked JSON rendering of `settings`";
+      description = "The generated and `check-config`-validated config file.";
+    };
+  };
+
+  config = lib.mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = !isStorePath cfg.tokenFile;
+        message = "services.drumsd.tokenFile (${toString cfg.tokenFile}) is in the Nix store, which every user can read; use a path such as /var/lib/drums/token.";
+      }
+      {
+        assertion = lib.versionAtLeast (lib.getVersion cfg.criuPackage) "4.2";
+        message = "services.drumsd.criuPackage is CRIU ${lib.getVersion cfg.criuPackage}; drums needs >= 4.2 (4.1 cannot dump sockets on Linux >= 6.16). Use pkgs.drums-criu from drums' overlay.";
+      }
+      {
+        assertion = listenIsLoopback || cfg.settings.allow_remote;
+        message = "services.drumsd.settings.listen = \"${cfg.settings.listen}\" is not loopback; set services.drumsd.settings.allow_remote = true (and put TLS in front) to serve other hosts.";
+      }
+      {
+        assertion = !cfg.openFirewall || !listenIsLoopback;
+        message = "services.drumsd.openFirewall opens port ${toString listenPort}, but settings.listen (${cfg.settings.listen}) is loopback; listen on an external address with allow_remote = true, or leave openFirewall off.";
+      }
+      {
+        assertion = lib.hasPrefix "/" stateDir && !isStorePath stateDir;
+        message = "services.drumsd.settings.state_dir (${stateDir}) must be an absolute path outside the Nix store: a tmpfs is mounted there.";
+      }
+      {
+        assertion = !lib.hasPrefix "${stateDir}/" "${cfg.settings.journal_dir}/";
+        message = "services.drumsd.settings.journal_dir (${cfg.settings.journal_dir}) is inside state_dir (${stateDir}), a tmpfs: the journal must outlive a reboot. Put it under /var/lib.";
+      }
+    ];
+
+    # Paths the module owns: mkDefault so a user's own setting still wins.
+    services.drumsd.settings = {
+      token_file = toString cfg.tokenFile;
+      criu = lib.mkDefault "${cfg.criuPackage}/bin/criu";
+      lower = lib.mkIf (cfg.image != null) (lib.mkDefault imageRoot);
+    };
+
+    environment.systemPackages = [
+      cfg.package
+      cfg.criuPackage
+    ];
+
+    # Linux >= 4.19 in nixpkgs always has CHECKPOINT_RESTORE; the feature flag states the need
+    # (and turns it on for older kernels), as nixpkgs' programs.criu does.
+    boot.kernel.features.criu = true;
+    boot.kernelModules = [ "overlay" ];
+    # PSI feeds admission control (memory some avg10); explicit in case a kernel defaults it off.
+    boot.kernelParams = [ "psi=1" ];
+    boot.kernel.sysctl = {
+      # Every desktop runs Xvfb, a window manager and apps with inotify watches.
+      "fs.inotify.max_user_instances" = lib.mkDefault 8192;
+      "fs.inotify.max_user_watches" = lib.mkDefault 1048576;
+      # Each restored tree brings its own pid namespace and tens of processes.
+      "kernel.pid_max" = lib.mkDefault 4194304;
+    };
+
+    # KSM merges identical pages of restored desktops (about 77% measured); drumsd opts the
+    # criu process in with PR_SET_MEMORY_MERGE, the kernel's scanner must run.
+    hardware.ksm = lib.mkIf cfg.settings.ksm.enabled {
+      enable = true;
+      sleep = lib.mkDefault cfg.settings.ksm.sleep_millisecs;
+    };
+
+    networking.firewall.allowedTCPPorts = lib.mkIf cfg.openFirewall [ listenPort ];
+
+    # The slots' upper layers and checkpoints live on this tmpfs. It is a separate mount unit, not
+    # the service's: a daemon crash or restart keeps it, and the restarted daemon adopts slots.
+    systemd.mounts = [
+      {
+        description = "drumsd slot state (tmpfs)";
+        what = "tmpfs";
+        where = stateDir;
+        type = "tmpfs";
+        options = "mode=0700,size=${cfg.stateTmpfsSize}";
+      }
+    ];
+
+    systemd.tmpfiles.settings."10-drumsd" =
+      lib.genAttrs
+        [
+          cfg.settings.journal_dir
+          cfg.settings.forgotten_dir
+          cfg.settings.images_dir
+          cfg.settings.tasks.cache_dir
+          (dirOf (toString cfg.tokenFile))
+        ]
+        (_: {
+          d = {
+            mode = "0700";
+            user = "root";
+            group = "root";
+          };
+        });
+
+    systemd.services.drumsd-image = lib.mkIf (cfg.image != null) {
+      description = "Unpack the drums desktop image into the slots' lower layer";
+      before = [ "drumsd.service" ];
+      requiredBy = [ "drumsd.service" ];
+      path = [
+        pkgs.gnutar
+        pkgs.coreutils
+      ];
+      serviceConfig = {
+        Type = "oneshot";
+        RemainAfterExit = true;
+        ExecStart = unpackImage;
+      };
+    };
+
+    systemd.services.drumsd = {
+      description = "drums host daemon (CRIU-restored desktops)";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" ] ++ lib.optional (cfg.image != null) "drumsd-image.service";
+      unitConfig.RequiresMountsFor = [
+        stateDir
+        cfg.settings.journal_dir
+      ];
+      # CRIU and the tools the runtime shells out to, like incus puts criu on its PATH.
+      path = [
+        cfg.criuPackage
+        pkgs.util-linux
+        pkgs.iproute2
+        pkgs.coreutils
+        pkgs.procps
+      ];
+      restartTriggers = [ configFile ];
+      serviceConfig = {
+        Type = "exec";
+        ExecStartPre = [ ensureToken ];
+        ExecStart = "${lib.getExe' cfg.package "drumsd"} serve --config ${configFile}";
+        Restart = "on-failure";
+        RestartSec = "2s";
+        # drumsd manages the cgroups of its slots itself, below its own (cgroup v2 delegation).
+        Delegate = "yes";
+        # Only the daemon is stopped with the unit; slots in the delegated subtree keep running
+        # and the restarted daemon adopts or cleans them (journal reconcile). SIGTERM drains.
+        KillMode = "process";
+        TimeoutStopSec = "30s";
+        # Hundreds of desktops: their processes are counted below this unit.
+        TasksMax = "infinity";
+        # CRIU restores processes with many open files.
+        LimitNOFILE = 1048576;
+        # New files (journal records, checkpoints) are private to root.
+        UMask = "0077";
+        # Hardening that is deliberately NOT set (each would break slots; see docs/nix.md):
+        # any option that gives the unit a private mount namespace (ProtectSystem, ProtectHome,
+        # PrivateTmp, PrivateDevices, ProtectKernel*, ReadWritePaths): slot mounts must live in
+        # the host namespace so a restarted daemon sees and cleans them. Seccomp-based options
+        # (SystemCallFilter, LockPersonality, MemoryDenyWriteExecute, RestrictNamespaces,
+        # RestrictRealtime, RestrictSUIDSGID, ProtectHostname, ProtectClock): filters are
+        # inherited by every restored desktop, and CRIU itself needs ptrace, clone3 with
+        # namespaces, personality and executable mappings. NoNewPrivileges: inherited by slots
+        # and irreversible. CapabilityBoundingSet: CRIU restores the dumped capability sets
+        # and fails when the bounding set lacks one. DevicePolicy: slots mknod their /dev.
+      };
+    };
+  };
+}

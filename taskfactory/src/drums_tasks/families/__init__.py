@@ -1,0 +1,22 @@
+"""Task families, registered by app module."""
+
+from __future__ import annotations
+
+import importlib
+
+from .registry import FAMILIES, Family
+
+APP_MODULES = ("calc", "writer", "impress", "chromium", "gimp", "files", "multi")
+
+
+def load_all() -> dict[str, Family]:
+    for m in APP_MODULES:
+        try:
+            importlib.import_module(f"{__name__}.{m}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{m}":
+                raise
+    return FAMILIES
+
+
+__all__ = ["FAMILIES", "Family", "load_all"]

@@ -1,0 +1,307 @@
+"""Verify with a reward audit: the score, and how far to trust it.
+
+The audit runs the same checker calls a second time (`nondeterministic` when the answers differ),
+the task's redundant checker (`redundant_disagree`), a scan of the slot's upper layer against the
+task's scope manifest (`scope_violation`, or `scope_unchecked` without a manifest), and reports
+the checker's timing and error class (`checker_crash`, `checker_timeout`). The audit never changes
+the score or the validity; `trusted` sums it up: true only for a valid episode with a score and no
+flag, false when something is wrong, null when something is unknown.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import trio
+from pydantic import BaseModel, Field
+
+from .checker import CheckerCall
+from .evaluate import (
+    Evaluation,
+    PreparedMetric,
+    RunChecker,
+    Scoring,
+    default_runner,
+    evaluate,
+    prepare_metrics,
+    redundant_evaluator,
+    score_prepared,
+)
+from .getters import GetterError
+from .model import ScopeManifest, Task, TaskContext
+from .setup import SlotAccess
+
+# Flags that mean "this reward is wrong or unproven"; scope_unchecked only means "not looked at".
+UNKNOWN_FLAGS = frozenset({"scope_unchecked"})
+
+
+class EpisodeFacts(BaseModel):
+    """What the daemon knows about the episode being verified."""
+
+    valid: bool | None = None  # every gate passed (None: not judged yet)
+    last_action: str | None = None  # "DONE", "FAIL" or the last action's kind
+    upper_dir: Path | None = None  # host path of the slot's overlay upper layer
+    lower_dir: Path | None = None  # host path of the image root (to tell new directories)
+    run_dir: Path | None = None  # the episode's task cache dir (execute stdout=..., cache_file)
+    label: str = ""  # "slot=… episode=…" for logs
+
+
+class ScopeReport(BaseModel):
+    checked: bool
+    reason: str | None = None
+    roots: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+    violations: list[str] = Field(default_factory=list)
+    seeds_intact: list[str] = Field(default_factory=list)
+
+
+class Audit(BaseModel):
+    flags: list[str] = Field(default_factory=list)
+    error_class: str | None = None
+    checker_s: float | None = None
+    getters_s: float | None = None
+    postconfig_s: float | None = None
+    second_score: float | None = None
+    redundant_score: float | None = None
+    redundant_error: str | None = None
+    scope: ScopeReport
+    metrics: list[dict[str, Any]] = Field(default_factory=list)
+    reason: str | None = None
+
+
+class VerifyResult(BaseModel):
+    score: float | None
+    valid: bool | None
+    checker_error: str | None
+    audit: Audit
+    trusted: bool | None
+
+
+# ---- scope scan ------------------------------------------------------------------------------
+
+
+def _is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _is_opaque(path: Path) -> bool:
+    for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def allowed(path: str, globs: list[str]) -> bool:
+    """fnmatch over the whole slot path ('*' also crosses '/'); 'dir/**' covers dir itself."""
+    for pattern in globs:
+        if fnmatch.fnmatchcase(path, pattern):
+            return True
+        if pattern.endswith("/**") and path == pattern[:-3]:
+            return True
+    return False
+
+
+def scan_scope(
+    upper_dir: Path, manifest: ScopeManifest, lower_dir: Path | None = None
+) -> ScopeReport:
+    """Files under the manifest's roots that the episode changed, and those outside `allow`.
+
+    A change is anything present in the upper layer under a root: a new or modified file or
+    symlink, a deletion (whiteout), an opaque directory, or a directory the image did not have
+    (when lower_dir is given). A seeded file whose content still has its seeded hash is not a
+    change. Paths are as seen inside the slot.
+    """
+    changed: list[str] = []
+    seeds_intact: list[str] = []
+    for root in manifest.roots:
+        base = upper_dir / root.lstrip("/")
+        if not base.exists():
+            continue
+        for dirpath, dirs, files in os.walk(base):
+            here = Path(dirpath)
+            slot_dir = "/" + str(here.relative_to(upper_dir))
+            if here != base and (
+                _is_opaque(here)
+                or (lower_dir is not None and not (lower_dir / slot_dir.lstrip("/")).exists())
+            ):
+                changed.append(slot_dir + "/")
+            for name in sorted([*files, *(d for d in dirs if (here / d).is_symlink())]):
+                full = here / name
+                slot_path = f"{slot_dir.rstrip('/')}/{name}"
+                st = os.lstat(full)
+                if _is_whiteout(st):
+                    changed.append(slot_path)
+                    continue
+                seed = manifest.seeded.get(slot_path)
+                if seed is not None and stat.S_ISREG(st.st_mode) and _sha256(full) == seed:
+                    seeds_intact.append(slot_path)
+                    continue
+                changed.append(slot_path)
+    violations = [p for p in changed if not allowed(p.rstrip("/"), manifest.allow)]
+    return ScopeReport(
+        checked=True,
+        roots=list(manifest.roots),
+        changed=sorted(changed),
+        violations=sorted(violations),
+        seeds_intact=sorted(seeds_intact),
+    )
+
+
+def _scope(task: Task, episode: EpisodeFacts) -> ScopeReport:
+    manifest = task.scope
+    if manifest is None:
+        return ScopeReport(checked=False, reason="the task has no scope manifest")
+    if episode.upper_dir is None or not episode.upper_dir.is_dir():
+        return ScopeReport(checked=False, reason="no upper layer to scan for this slot")
+    return scan_scope(episode.upper_dir, manifest, episode.lower_dir)
+
+
+# ---- verify ----------------------------------------------------------------------------------
+
+
+def _differs(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is not b
+    return abs(a - b) > 1e-9
+
+
+def _flag_for(error_class: str | None) -> str | None:
+    if error_class == "timeout":
+        return "checker_timeout"
+    if error_class in ("crash", "runner"):
+        return "checker_crash"
+    return None
+
+
+def trusted_verdict(valid: bool | None, score: float | None, flags: list[str]) -> bool | None:
+    """True only for a valid episode with a score and no flag; None when something is unknown."""
+    if valid is False or score is None or any(f not in UNKNOWN_FLAGS for f in flags):
+        return False
+    if valid is None or flags:
+        return None
+    return True
+
+
+def _with_check(prepared: list[PreparedMetric], check: str) -> list[PreparedMetric]:
+    out = []
+    for item in prepared:
+        call = item.call
+        if call is not None:
+            call = CheckerCall(
+                request={**call.request, "check": check},
+                files=call.files,
+                module_dir=call.module_dir,
+            )
+        out.append(replace(item, call=call))
+    return out
+
+
+async def _redundant(
+    task: Task,
+    evaluation: Evaluation,
+    access: SlotAccess,
+    ctx: TaskContext,
+    run: RunChecker,
+    run_dir: Path | None,
+) -> Scoring | str | None:
+    found = redundant_evaluator(task)
+    if found is None:
+        return None
+    ev, check = found
+    if check is not None:
+        # drums_verifier: the alternative check over the very same inputs.
+        return await score_prepared(_with_check(evaluation.prepared, check), ev.conj, run)
+    try:
+        prepared = await prepare_metrics(
+            ev, task, access, ctx, run_dir=run_dir, prefix="redundant-"
+        )
+    except GetterError as exc:
+        return f"redundant checker's getter failed: {exc}"
+    return await score_prepared(prepared, ev.conj, run)
+
+
+async def verify(
+    task: Task,
+    access: SlotAccess,
+    ctx: TaskContext,
+    episode: EpisodeFacts,
+    run: RunChecker | None = None,
+) -> VerifyResult:
+    """Score the task on the slot and audit the score. Never raises for a checker's failure.
+
+    `run` runs one checker call; by default a process in the checker venv (`ctx.checker`).
+    """
+    if run is None:
+        run = default_runner(ctx)
+    evaluation = await evaluate(
+        task,
+        access,
+        ctx,
+        run,
+        last_action=episode.last_action,
+        run_dir=episode.run_dir,
+        label=episode.label,
+    )
+    flags: list[str] = []
+    first_flag = _flag_for(evaluation.error_class)
+    if first_flag:
+        flags.append(first_flag)
+    audit = Audit(
+        scope=ScopeReport(checked=False),
+        error_class=evaluation.error_class,
+        checker_s=evaluation.scoring.checker_s if evaluation.scoring else None,
+        getters_s=evaluation.getters_s,
+        postconfig_s=evaluation.postconfig_s,
+        reason=evaluation.reason,
+        metrics=[vars(m) for m in evaluation.scoring.metrics] if evaluation.scoring else [],
+    )
+    if evaluation.scoring is not None and evaluation.score is not None:
+        second = await score_prepared(evaluation.prepared, evaluation.conj, run)
+        audit.second_score = second.score
+        second_flag = _flag_for(second.error_class)
+        if second_flag and second_flag not in flags:
+            flags.append(second_flag)
+        if _differs(evaluation.score, second.score):
+            flags.append("nondeterministic")
+        redundant = await _redundant(task, evaluation, access, ctx, run, episode.run_dir)
+        if isinstance(redundant, str):
+            audit.redundant_error = redundant
+            flags.append("redundant_disagree")
+        elif redundant is not None:
+            audit.redundant_score = redundant.score
+            audit.redundant_error = redundant.error
+            if _differs(evaluation.score, redundant.score):
+                flags.append("redundant_disagree")
+    audit.scope = await trio.to_thread.run_sync(_scope, task, episode)
+    if not audit.scope.checked:
+        flags.append("scope_unchecked")
+    elif audit.scope.violations:
+        flags.append("scope_violation")
+    audit.flags = flags
+    checker_error = (
+        f"{evaluation.error_class}: {evaluation.error}" if evaluation.error_class else None
+    )
+    return VerifyResult(
+        score=evaluation.score,
+        valid=episode.valid,
+        checker_error=checker_error,
+        audit=audit,
+        trusted=trusted_verdict(episode.valid, evaluation.score, flags),
+    )

@@ -1,0 +1,192 @@
+"""Running one checker call: a throw-away process in the checker venv, as an unprivileged uid.
+
+Each call gets a fresh scratch directory with copies of its inputs (metrics write next to their
+inputs or into the working directory), a deadline after which its whole process group is killed,
+and its stdout kept apart from the answer (checker_runner.py writes the answer to the original
+stdout and sends every print to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .getters import FileArg, XlsxLastRow
+from .model import NOBODY, CheckerEnv
+
+log = logging.getLogger("drumsd.tasks.checker")
+
+__all__ = ["NOBODY", "CheckerCall", "CheckerEnv", "CheckerOutcome", "run_checker"]
+
+
+@dataclass
+class CheckerOutcome:
+    score: float | None
+    error_class: str | None = None  # crash | timeout | unsupported | bad_request | runner
+    error: str | None = None
+    duration_s: float = 0.0
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error_class is None and self.score is not None
+
+
+@dataclass
+class CheckerCall:
+    """One metric or drums_verifier call, with its inputs encoded for the runner."""
+
+    request: dict[str, Any]
+    files: dict[str, bytes] = field(default_factory=dict)
+    module_dir: Path | None = None  # drums_verifier: copied into the scratch dir
+
+
+def encode_value(value: Any, files: dict[str, bytes]) -> Any:
+    """A getter value as JSON for the runner; file contents go to `files` (name -> bytes)."""
+    if isinstance(value, FileArg):
+        if value.data is None:
+            return {"__drums_file__": None}
+        files[value.name] = value.data
+        return {"__drums_file__": value.name}
+    if isinstance(value, XlsxLastRow):
+        encode_value(value.file, files)
+        return {"__drums_xlsx_last_row__": value.file.name}
+    if isinstance(value, list | tuple):
+        return [encode_value(item, files) for item in value]
+    if isinstance(value, dict):
+        return {str(k): encode_value(v, files) for k, v in value.items()}
+    return value
+
+
+def metric_call(func: str, args: list[Any], options: dict[str, Any] | None) -> CheckerCall:
+    files: dict[str, bytes] = {}
+    request = {
+        "kind": "metric",
+        "func": func,
+        "args": [encode_value(arg, files) for arg in args],
+        "kwargs": encode_value(options or {}, files),
+    }
+    return CheckerCall(request=request, files=files)
+
+
+def verifier_call(
+    module_dir: Path, module: str, check: str, args: list[Any], options: dict[str, Any] | None
+) -> CheckerCall:
+    files: dict[str, bytes] = {}
+    request = {
+        "kind": "drums_verifier",
+        "module": module,
+        "check": check,
+        "args": [encode_value(arg, files) for arg in args],
+        "kwargs": encode_value(options or {}, files),
+    }
+    return CheckerCall(request=request, files=files, module_dir=module_dir)
+
+
+def _prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str, Any]]:
+    env.scratch_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="drums-check-", dir=env.scratch_root))
+    request = dict(call.request)
+    for name, data in call.files.items():
+        target = (scratch / name).resolve()
+        if scratch not in target.parents:
+            raise ValueError(f"checker input name {name!r} escapes the scratch directory")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    if call.module_dir is not None:
+        copy = scratch / "_verifier"
+        shutil.copytree(call.module_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        request["module_dir"] = str(copy)
+    if os.geteuid() == 0:
+        for dirpath, _dirs, names in os.walk(scratch):
+            os.chown(dirpath, env.uid, env.gid)
+            for name in names:
+                os.chown(os.path.join(dirpath, name), env.uid, env.gid)
+    return scratch, request
+
+
+def _checker_env(scratch: Path) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(scratch),
+        "TMPDIR": str(scratch),
+        "LANG": "C.UTF-8",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYMUPDF_MESSAGE": "fd:2",
+        "MPLCONFIGDIR": str(scratch),
+    }
+
+
+async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> CheckerOutcome:
+    """Run one checker call with a deadline; never raises for the checker's own failures."""
+    started = time.monotonic()
+    scratch, request = await trio.to_thread.run_sync(_prepare_scratch, call, env)
+    as_other = os.geteuid() == 0
+    result: Any = None
+    timed_out = False
+
+    async def kill_group(process: trio.Process) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    try:
+        with trio.move_on_after(timeout_s) as scope:
+            result = await trio.run_process(
+                [str(env.python), str(env.runner)],
+                stdin=json.dumps(request).encode(),
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                cwd=str(scratch),
+                env=_checker_env(scratch),
+                start_new_session=True,
+                deliver_cancel=kill_group,
+                **({"user": env.uid, "group": env.gid, "extra_groups": []} if as_other else {}),
+            )
+        timed_out = scope.cancelled_caught
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+    duration = round(time.monotonic() - started, 3)
+    if timed_out:
+        return CheckerOutcome(
+            score=None,
+            error_class="timeout",
+            error=f"the checker did not answer within {timeout_s} s and was killed",
+            duration_s=duration,
+        )
+    stderr_tail = result.stderr.decode(errors="replace")[-2000:]
+    try:
+        answer = json.loads(result.stdout)
+    except ValueError:
+        return CheckerOutcome(
+            score=None,
+            error_class="crash",
+            error=f"the checker process died without an answer (exit {result.returncode})",
+            duration_s=duration,
+            stderr_tail=stderr_tail,
+        )
+    if answer.get("ok"):
+        return CheckerOutcome(
+            score=float(answer["score"]), duration_s=duration, stderr_tail=stderr_tail
+        )
+    return CheckerOutcome(
+        score=None,
+        error_class=answer.get("error_class", "crash"),
+        error=answer.get("error"),
+        duration_s=duration,
+        stderr_tail=(answer.get("traceback") or "") + stderr_tail,
+    )

@@ -1,0 +1,525 @@
+"""OSWorld-format tasks: the pydantic model, loading, placeholders and what this host supports.
+
+Pure: reads task files and the local caches, never a slot. `support()` answers before any slot is
+touched whether a task can run here and, when not, names the reason (a missing cached file, a
+googledrive/login/proxy task, a metric whose library is missing, a getter drums does not have).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+@dataclass(frozen=True)
+class MetricCatalog:
+    """What the probe found: exported metric names and why some cannot run here."""
+
+    exported: dict[str, str] = field(default_factory=dict)  # name -> metric module
+    unsupported: dict[str, str] = field(default_factory=dict)  # name -> reason
+
+    def why_unsupported(self, func: str) -> str | None:
+        if func in self.unsupported:
+            return f"metric {func!r} is unsupported here: {self.unsupported[func]}"
+        if func not in self.exported:
+            return f"metric {func!r} is not one of desktop-env's exported metric functions"
+        return None
+
+
+NOBODY = 65534
+
+
+@dataclass(frozen=True)
+class CheckerEnv:
+    """Where and as whom checker processes run."""
+
+    python: Path  # the checker venv's python
+    runner: Path  # checker_runner.py inside the venv
+    uid: int = NOBODY
+    gid: int = NOBODY
+    scratch_root: Path = Path("/tmp")
+
+
+class TaskError(ValueError):
+    """A task could not be found or read; the message says which and why."""
+
+
+class Step(BaseModel):
+    """One setup or postconfig step: {"type": ..., "parameters": {...}}."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScopeManifest(BaseModel):
+    """Which files a solution may change: roots to watch, files setup seeded, allowed globs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    roots: list[str]
+    seeded: dict[str, str] = Field(default_factory=dict)  # slot path -> sha256 of the seed
+    allow: list[str] = Field(default_factory=list)
+
+
+class Evaluator(BaseModel):
+    """OSWorld's evaluator block, plus drums' `drums_verifier` fields and `redundant`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    func: str | list[str]
+    conj: str = "and"
+    result: dict[str, Any] | list[dict[str, Any]] | None = None
+    expected: dict[str, Any] | list[dict[str, Any] | None] | None = None
+    options: dict[str, Any] | list[dict[str, Any] | None] | None = None
+    postconfig: list[Step] = Field(default_factory=list)
+    # drums_verifier: a checker function in an installed verifier module directory.
+    module: str | None = None
+    check: str | None = None
+    check_alt: str | None = None
+    scope: ScopeManifest | None = None
+    # A second, independently written checker over the same slot (the audit compares them).
+    redundant: dict[str, Any] | None = None
+
+    @field_validator("conj")
+    @classmethod
+    def _known_conj(cls, value: str) -> str:
+        if value not in ("and", "or"):
+            raise ValueError(f"conj must be 'and' or 'or', not {value!r}")
+        return value
+
+    @property
+    def funcs(self) -> list[str]:
+        return self.func if isinstance(self.func, list) else [self.func]
+
+    @property
+    def is_infeasible(self) -> bool:
+        return self.func == "infeasible"
+
+    @property
+    def is_drums_verifier(self) -> bool:
+        return self.func == "drums_verifier"
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    instruction: str = ""
+    snapshot: str | None = None
+    config: list[Step] = Field(default_factory=list)
+    evaluator: Evaluator
+    proxy: bool = False
+    related_apps: list[str] = Field(default_factory=list)
+    source_path: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def scope(self) -> ScopeManifest | None:
+        if self.evaluator.scope is not None:
+            return self.evaluator.scope
+        raw = (self.model_extra or {}).get("scope")
+        return ScopeManifest.model_validate(raw) if raw is not None else None
+
+    @property
+    def infeasible(self) -> bool:
+        return self.evaluator.is_infeasible
+
+
+class TaskContext(BaseModel):
+    """What the task bridge needs to know about this host and its desktops."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    task_dirs: list[Path] = Field(default_factory=list)
+    cache_dir: Path = Path("/var/cache/drums/osworld-files")
+    assets_dir: Path = Path("/var/lib/drums/task-assets")
+    verifier_dirs: list[Path] = Field(default_factory=list)
+    # What OSWorld's placeholders become. The password is not a secret of the slot: drums never
+    # gives the desktop user sudo, root steps run through trusted provisioning instead.
+    client_password: str = "password"
+    screen_width: int = 1920
+    screen_height: int = 1080
+    user_home: str = "/home/user"
+    # OSWorld tasks name Google Chrome; the desktops run Chromium.
+    chrome_command: list[str] = Field(
+        default_factory=lambda: ["chromium", "--no-sandbox", "--remote-debugging-port=1337"]
+    )
+    chrome_profile_dir: str = "~/.config/chromium"
+    devtools_port: int = 1337
+    python_command: str = "python3"
+    timezone: str = "UTC"
+    # Features the slot exposes beyond SlotAccess's core ("terminal_output", "accessibility_tree").
+    capabilities: frozenset[str] = frozenset()
+    metrics: MetricCatalog | None = None  # None: the checker venv is not built yet
+    checker: CheckerEnv | None = None  # how checker processes run (None: no checker venv)
+    step_timeout_s: float = 60.0
+    open_timeout_s: float = 60.0
+    setup_timeout_s: float = 600.0
+    getter_timeout_s: float = 60.0
+    eval_timeout_s: float = 120.0
+
+
+SUPPORTED_STEPS = frozenset(
+    {
+        "execute",
+        "command",
+        "launch",
+        "open",
+        "sleep",
+        "activate_window",
+        "close_window",
+        "chrome_open_tabs",
+        "chrome_close_tabs",
+        "update_browse_history",
+        "upload_file",
+        "download",
+        "drums_files",
+    }
+)
+UNSUPPORTED_STEPS = {
+    "googledrive": "googledrive task: needs a Google account and the network",
+    "login": "login task: needs a live web account",
+    "proxy": "proxy task: needs OSWorld's proxy pool and the network",
+}
+
+PLACEHOLDERS = (
+    "{CLIENT_PASSWORD}",
+    "{SCREEN_WIDTH_HALF}",
+    "{SCREEN_HEIGHT_HALF}",
+    "{SCREEN_WIDTH}",
+    "{SCREEN_HEIGHT}",
+)
+
+
+def placeholder_values(ctx: TaskContext) -> dict[str, str]:
+    return {
+        "{CLIENT_PASSWORD}": ctx.client_password,
+        "{SCREEN_WIDTH_HALF}": str(ctx.screen_width // 2),
+        "{SCREEN_HEIGHT_HALF}": str(ctx.screen_height // 2),
+        "{SCREEN_WIDTH}": str(ctx.screen_width),
+        "{SCREEN_HEIGHT}": str(ctx.screen_height),
+    }
+
+
+def fill_placeholders(value: Any, ctx: TaskContext) -> Any:
+    """Replace OSWorld's placeholders in a string or in each string of a list."""
+    if isinstance(value, list):
+        return [fill_placeholders(item, ctx) for item in value]
+    if not isinstance(value, str):
+        return value
+    for key, replacement in placeholder_values(ctx).items():
+        value = value.replace(key, replacement)
+    return value
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def parse_task(data: dict[str, Any], source: Path | None = None) -> Task:
+    try:
+        task = Task.model_validate(data)
+    except ValidationError as exc:
+        where = f" in {source}" if source else ""
+        raise TaskError(f"not a valid OSWorld task{where}: {exc}") from exc
+    task.source_path = source
+    return task
+
+
+def load_task_file(path: Path) -> Task:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise TaskError(f"cannot read task file {path}: {exc}") from exc
+    except ValueError as exc:
+        raise TaskError(f"task file {path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TaskError(f"task file {path} holds a {type(data).__name__}, not a task object")
+    return parse_task(data, path)
+
+
+def iter_task_files(task_dirs: list[Path]) -> Iterator[Path]:
+    for directory in task_dirs:
+        if directory.is_dir():
+            yield from sorted(directory.rglob("*.json"))
+
+
+def list_tasks(task_dirs: list[Path]) -> tuple[list[Task], dict[Path, str]]:
+    """Every task under the directories, and the files that are not tasks (with why)."""
+    tasks: list[Task] = []
+    broken: dict[Path, str] = {}
+    for path in iter_task_files(task_dirs):
+        try:
+            tasks.append(load_task_file(path))
+        except TaskError as exc:
+            broken[path] = str(exc)
+    return tasks, broken
+
+
+def find_task(task_id: str, task_dirs: list[Path]) -> Task:
+    """The task with this id; the file named `<id>.json` is tried first, then every file."""
+    for path in iter_task_files(task_dirs):
+        if path.stem == task_id:
+            task = load_task_file(path)
+            if task.id == task_id:
+                return task
+    for path in iter_task_files(task_dirs):
+        try:
+            task = load_task_file(path)
+        except TaskError:
+            continue
+        if task.id == task_id:
+            return task
+    dirs = ", ".join(map(str, task_dirs)) or "(no task_dirs configured)"
+    raise TaskError(f"no task with id {task_id!r} under {dirs}")
+
+
+def resolve_task(ref: str | dict[str, Any] | Path, task_dirs: list[Path]) -> Task:
+    """A task given inline (dict), by JSON path, or by id from the task directories."""
+    if isinstance(ref, dict):
+        return parse_task(ref)
+    if isinstance(ref, Path) or ref.endswith(".json") or "/" in ref:
+        return load_task_file(Path(ref))
+    return find_task(ref, task_dirs)
+
+
+# ---- cached files and assets -----------------------------------------------------------------
+
+
+def url_file_name(url: str) -> str:
+    return unquote(PurePosixPath(urlparse(url).path).name)
+
+
+def cached_download(task: Task, url: str, dest_path: str | None, ctx: TaskContext) -> Path | None:
+    """Where a download/cloud_file lives in the local cache, or None when it is not there."""
+    names = [url_file_name(url)]
+    if dest_path:
+        names.append(PurePosixPath(dest_path).name)
+    for name in names:
+        candidate = ctx.cache_dir / task.id / name
+        if name and candidate.is_file():
+            return candidate
+    return None
+
+
+def cache_slot_for(task: Task, url: str, ctx: TaskContext) -> Path:
+    return ctx.cache_dir / task.id / url_file_name(url)
+
+
+def asset_path(local_path: str, ctx: TaskContext) -> Path | None:
+    """A file for upload_file, only from inside the configured assets directory."""
+    root = ctx.assets_dir.resolve()
+    candidate = Path(local_path)
+    candidate = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    if candidate != root and root not in candidate.parents:
+        return None
+    return candidate
+
+
+def task_asset(task: Task, src: str, ctx: TaskContext) -> Path | None:
+    """A file of drums_files: `<assets_dir>/<task id>/<src>`, never outside that directory."""
+    root = (ctx.assets_dir / task.id).resolve()
+    candidate = (root / src).resolve()
+    if root not in candidate.parents:
+        return None
+    return candidate
+
+
+# ---- support ---------------------------------------------------------------------------------
+
+# Getter types drums implements (evaluate.py); the ones needing a slot feature name it.
+SUPPORTED_GETTERS = frozenset(
+    {
+        "vm_file",
+        "vm_command_line",
+        "vm_command_error",
+        "list_directory",
+        "rule",
+        "rule_relativeTime",
+        "cache_file",
+        "cloud_file",
+        "content_from_vm_file",
+        "gimp_config_file",
+        "vscode_config",
+        "time_diff_range",
+        # Chrome profile getters, reading Chromium's profile
+        "profile_name",
+        "enable_do_not_track",
+        "default_search_engine",
+        "chrome_language",
+        "chrome_font_size",
+        "enabled_experiments",
+        "new_startup_page",
+        "data_delete_automacally",
+        "enable_enhanced_safety_browsing",
+        "enable_safe_browsing",
+        "bookmarks",
+        "history",
+        "cookie_data",
+        "find_unpacked_extension_path",
+        "find_installed_extension_name",
+        "open_tabs_info",
+    }
+)
+GETTERS_NEEDING = {
+    "vm_terminal_output": "terminal_output",
+    "accessibility_tree": "accessibility_tree",
+}
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _getter_reason(getter: dict[str, Any] | None, task: Task, ctx: TaskContext) -> str | None:
+    if not getter:
+        return None
+    kind = getter.get("type")
+    if kind in GETTERS_NEEDING:
+        feature = GETTERS_NEEDING[kind]
+        if feature not in ctx.capabilities:
+            return f"getter {kind!r} needs the slot feature {feature!r}, which this desktop lacks"
+        return None
+    if kind == "googledrive_file":
+        return UNSUPPORTED_STEPS["googledrive"]
+    if kind not in SUPPORTED_GETTERS:
+        return f"getter {kind!r} is not implemented by drums"
+    if kind == "cloud_file":
+        urls = _as_list(getter.get("path"))
+        dests = _as_list(getter.get("dest"))
+        for i, url in enumerate(urls):
+            dest = dests[i] if i < len(dests) else None
+            if cached_download(task, url, dest, ctx) is None:
+                return f"expected file not in the cache: {cache_slot_for(task, url, ctx)}"
+    return None
+
+
+def _step_reason(step: Step, task: Task, ctx: TaskContext) -> str | None:
+    if step.type in UNSUPPORTED_STEPS:
+        return UNSUPPORTED_STEPS[step.type]
+    if step.type not in SUPPORTED_STEPS:
+        return f"setup step type {step.type!r} is not implemented by drums"
+    params = step.parameters
+    if step.type == "download":
+        for item in params.get("files", []):
+            if cached_download(task, item["url"], item.get("path"), ctx) is None:
+                return f"download not in the cache: {cache_slot_for(task, item['url'], ctx)}"
+    elif step.type == "upload_file":
+        for item in params.get("files", []):
+            path = asset_path(item["local_path"], ctx)
+            if path is None:
+                return (
+                    f"upload_file {item['local_path']!r} is outside the assets dir {ctx.assets_dir}"
+                )
+            if not path.is_file():
+                return f"upload_file source missing: {path}"
+    elif step.type == "drums_files":
+        for item in params.get("files", []):
+            path = task_asset(task, item["src"], ctx)
+            if path is None or not path.is_file():
+                return f"task asset missing: {ctx.assets_dir / task.id / item['src']}"
+    return None
+
+
+def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
+    """Whether this host can run and score the task, and if not, the first reason why."""
+    reason = _support_reason(task, ctx)
+    return reason is None, reason
+
+
+def _support_reason(task: Task, ctx: TaskContext) -> str | None:
+    if task.proxy:
+        return UNSUPPORTED_STEPS["proxy"]
+    for step in [*task.config, *task.evaluator.postconfig]:
+        reason = _step_reason(step, task, ctx)
+        if reason:
+            return reason
+    ev = task.evaluator
+    if ev.is_infeasible:
+        return None
+    getters = [*_as_list(ev.result), *_as_list(ev.expected)]
+    if ev.redundant:
+        getters += [*_as_list(ev.redundant.get("result")), *_as_list(ev.redundant.get("expected"))]
+    for getter in getters:
+        reason = _getter_reason(getter, task, ctx)
+        if reason:
+            return reason
+    if ev.is_drums_verifier:
+        if not ev.module or not ev.check:
+            return "drums_verifier evaluator needs 'module' and 'check'"
+        if find_verifier_module(ev.module, ctx) is None:
+            dirs = ", ".join(map(str, ctx.verifier_dirs)) or "(no verifier_dirs configured)"
+            return f"verifier module {ev.module!r} not found under {dirs}"
+        return None
+    funcs = list(ev.funcs)
+    if ev.redundant:
+        funcs += _as_list(ev.redundant.get("func"))
+    for func in funcs:
+        if ctx.metrics is None:
+            return "the checker venv is not built yet (drumsd builds it at start)"
+        reason = ctx.metrics.why_unsupported(func)
+        if reason:
+            return reason
+    return _shape_reason(ev)
+
+
+def _shape_reason(ev: Evaluator) -> str | None:
+    """A func list needs result (and expected/options, when given) lists of the same length."""
+    if not isinstance(ev.func, list):
+        if isinstance(ev.result, list):
+            return "evaluator has one func but a list of results"
+        return None
+    n = len(ev.func)
+    for name in ("result", "expected", "options"):
+        value = getattr(ev, name)
+        if value is not None and value != [] and value != {}:
+            if not isinstance(value, list) or len(value) != n:
+                return f"evaluator lists {n} funcs but {name} is not a list of {n}"
+    return None
+
+
+def find_verifier_module(module: str, ctx: TaskContext) -> Path | None:
+    """The directory holding a drums verifier module (`<dir>/<module>.py` or a package)."""
+    top = module.split(".")[0]
+    for directory in ctx.verifier_dirs:
+        if (directory / f"{top}.py").is_file() or (directory / top / "__init__.py").is_file():
+            return directory
+    return None
+
+
+class TaskSupport(BaseModel):
+    """One row of `GET /v1/tasks`."""
+
+    id: str
+    path: str | None = None
+    instruction: str = ""
+    supported: bool
+    reason: str | None = None
+
+
+def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
+    """Every task under the configured directories with whether it runs here (and why not)."""
+    tasks, broken = list_tasks(ctx.task_dirs)
+    rows = []
+    for task in tasks:
+        ok, reason = support(task, ctx)
+        rows.append(
+            TaskSupport(
+                id=task.id,
+                path=str(task.source_path) if task.source_path else None,
+                instruction=task.instruction,
+                supported=ok,
+                reason=reason,
+            )
+        )
+    for path, why in broken.items():
+        rows.append(TaskSupport(id=path.stem, path=str(path), supported=False, reason=why))
+    return rows

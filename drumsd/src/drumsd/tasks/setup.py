@@ -1,0 +1,675 @@
+"""Setup and postconfig steps: a pure plan of small operations, applied to a slot through a seam.
+
+`plan_steps()` turns a task's OSWorld steps into `Operation` records (printable, testable without
+a slot); `apply_operations()` runs them through `SlotAccess`, each under its own deadline and the
+whole under the setup deadline. Steps that OSWorld runs with `sudo -S` become `RunTrusted`: the
+sudo and password plumbing is stripped and the command goes through drumsd's trusted provisioning,
+so the desktop user never gets root or a password.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shlex
+import sqlite3
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+import trio
+
+from .model import (
+    Step,
+    Task,
+    TaskContext,
+    asset_path,
+    cache_slot_for,
+    cached_download,
+    fill_placeholders,
+    task_asset,
+)
+
+log = logging.getLogger("drumsd.tasks.setup")
+
+
+class WindowInfo(TypedDict, total=False):
+    id: str  # an X window id as wmctrl prints it, e.g. "0x03a00007"
+    title: str
+    wm_class: str
+
+
+@runtime_checkable
+class SlotAccess(Protocol):
+    """How the task bridge acts on one slot. The slot runtime implements it.
+
+    Every method takes or has a deadline and raises `TimeoutError` past it; commands that run
+    but fail are answered with their exit code, not an exception.
+    """
+
+    async def exec_user(
+        self, argv_or_shell: list[str] | str, timeout_s: float
+    ) -> tuple[int, str, str]:
+        """Run as the desktop user inside the slot (DISPLAY, HOME set); a str runs via `sh -c`.
+
+        Returns (exit code, stdout, stderr) decoded as UTF-8 with replacement.
+        """
+        ...
+
+    async def exec_trusted(self, shell: str, timeout_s: float) -> tuple[int, str, str]:
+        """Run a shell command as root inside the slot through trusted provisioning."""
+        ...
+
+    async def read_file(self, path: str) -> bytes:
+        """A file of the slot (absolute path, seen from inside); FileNotFoundError if absent."""
+        ...
+
+    async def write_file(self, path: str, data: bytes, owner_user: bool = True) -> None:
+        """Write a file in the slot, creating parent directories; owned by the desktop user
+        unless owner_user is False (then root)."""
+        ...
+
+    async def step(self, action: dict[str, Any]) -> None:
+        """One GUI action dict, as the step API takes it."""
+        ...
+
+    async def windows(self) -> list[WindowInfo]:
+        """The desktop's top-level windows."""
+        ...
+
+    async def screenshot(self) -> bytes:
+        """PNG of the desktop."""
+        ...
+
+
+class SetupError(RuntimeError):
+    """A setup or postconfig step failed; `.report` holds what ran before it."""
+
+    def __init__(self, message: str, report: SetupReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+# ---- operations (the plan) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunUser:
+    command: list[str] | str
+    timeout_s: float
+    background: bool = False
+    until: dict[str, Any] | None = None
+    stdout_name: str | None = None  # OSWorld's execute(stdout=...): saved in the run dir
+    stderr_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RunTrusted:
+    shell: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    path: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class WindowAction:
+    action: str  # "activate" or "close"
+    name: str
+    strict: bool = False
+    by_class: bool = False
+
+
+@dataclass(frozen=True)
+class ChromeTabs:
+    action: str  # "open" or "close"
+    urls: tuple[str, ...]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class UpdateHistory:
+    items: tuple[tuple[str, str, float], ...]  # (url, title, seconds ago)
+    history_path: str
+    template: Path | None
+
+
+@dataclass(frozen=True)
+class PutFile:
+    source: Path  # on the host: the download cache, the assets dir or a task's assets
+    dest: str
+    owner_user: bool = True
+
+
+Operation = (
+    RunUser | RunTrusted | Sleep | OpenFile | WindowAction | ChromeTabs | UpdateHistory | PutFile
+)
+
+
+@dataclass
+class OperationRecord:
+    index: int
+    kind: str
+    summary: str
+    ok: bool
+    duration_s: float
+    rc: int | None = None
+    detail: str | None = None
+
+
+@dataclass
+class SetupReport:
+    records: list[OperationRecord] = field(default_factory=list)
+    seeded: dict[str, str] = field(default_factory=dict)  # slot path -> sha256 written by setup
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(record.ok for record in self.records)
+
+
+# ---- planning (pure) -------------------------------------------------------------------------
+
+_SUDO_PIPE = re.compile(r"echo\s+(?:'[^']*'|\"[^\"]*\"|\S+)\s*\|\s*sudo\s+(?:-\S+\s+)*")
+_SUDO_WORD = re.compile(r"(^|[;&|(]\s*)sudo\s+(?:-\S+\s+)*")
+_BROWSERS = ("google-chrome", "google-chrome-stable", "chrome")
+
+
+def _expand_home(shell: str, ctx: TaskContext) -> str:
+    # Root's shell would expand ~ to /root; OSWorld's commands mean the desktop user's home.
+    return re.sub(r"(?<![\w/])~(?=/|\s|$)", ctx.user_home, shell)
+
+
+def strip_sudo(command: list[str] | str, ctx: TaskContext) -> str | None:
+    """The root part of a command that uses sudo, as a shell string; None when it needs no root."""
+    if isinstance(command, list):
+        if not command or command[0] != "sudo":
+            return None
+        rest = list(command[1:])
+        while rest and rest[0].startswith("-"):
+            rest.pop(0)
+        return _expand_home(shlex.join(rest), ctx)
+    if not re.search(r"(^|[;&|(\s])sudo\s", command):
+        return None
+    stripped = _SUDO_PIPE.sub("", command)
+    stripped = _SUDO_WORD.sub(r"\1", stripped).strip()
+    return _expand_home(stripped, ctx)
+
+
+def _browser_argv(argv: list[str], ctx: TaskContext) -> list[str]:
+    if argv and argv[0] in _BROWSERS:
+        flags = {arg.split("=", 1)[0] for arg in ctx.chrome_command[1:]}
+        extra = [arg for arg in argv[1:] if arg.split("=", 1)[0] not in flags]
+        return [*ctx.chrome_command, *extra]
+    if argv and argv[0] in ("pkill", "killall") and argv[-1] in _BROWSERS:
+        return [*argv[:-1], PurePosixPath(ctx.chrome_command[0]).name]
+    if argv and argv[0] == "python":
+        return [ctx.python_command, *argv[1:]]
+    return argv
+
+
+def translate_command(command: list[str] | str, shell: bool, ctx: TaskContext) -> list[str] | str:
+    """Placeholders filled; Chrome mapped to the slot's Chromium; `python` to its python3."""
+    command = fill_placeholders(command, ctx)
+    if isinstance(command, str) and not shell:
+        command = command.split()
+    if isinstance(command, list):
+        return _browser_argv(list(command), ctx)
+    for browser in _BROWSERS:
+        command = re.sub(
+            rf"(?<![\w-]){re.escape(browser)}(?![\w-])", shlex.join(ctx.chrome_command), command
+        )
+    return command
+
+
+def _plan_one(step: Step, task: Task, ctx: TaskContext) -> list[Operation]:
+    p = step.parameters
+    t = ctx.step_timeout_s
+    kind = step.type
+    if kind in ("execute", "command"):
+        shell = bool(p.get("shell", False))
+        command = translate_command(p["command"], shell, ctx)
+        root_part = strip_sudo(command, ctx)
+        if root_part is not None:
+            return [RunTrusted(shell=root_part, timeout_s=t)]
+        return [
+            RunUser(
+                command=command,
+                timeout_s=t,
+                until=p.get("until") or None,
+                stdout_name=p.get("stdout") or None,
+                stderr_name=p.get("stderr") or None,
+            )
+        ]
+    if kind == "launch":
+        shell = bool(p.get("shell", False))
+        command = translate_command(p["command"], shell, ctx)
+        root_part = strip_sudo(command, ctx)
+        if root_part is not None:
+            return [RunTrusted(shell=f"({root_part}) >/dev/null 2>&1 &", timeout_s=t)]
+        return [RunUser(command=command, timeout_s=t, background=True)]
+    if kind == "open":
+        return [OpenFile(path=fill_placeholders(p["path"], ctx), timeout_s=ctx.open_timeout_s)]
+    if kind == "sleep":
+        return [Sleep(seconds=float(p["seconds"]))]
+    if kind in ("activate_window", "close_window"):
+        return [
+            WindowAction(
+                action="activate" if kind == "activate_window" else "close",
+                name=p["window_name"],
+                strict=bool(p.get("strict", False)),
+                by_class=bool(p.get("by_class", False)),
+            )
+        ]
+    if kind == "chrome_open_tabs":
+        return [ChromeTabs("open", tuple(p["urls_to_open"]), timeout_s=max(t, 90.0))]
+    if kind == "chrome_close_tabs":
+        return [ChromeTabs("close", tuple(p["urls_to_close"]), timeout_s=max(t, 90.0))]
+    if kind == "update_browse_history":
+        items = tuple(
+            (h["url"], h.get("title", ""), float(h.get("visit_time_from_now_in_seconds", 0)))
+            for h in p.get("history", [])
+        )
+        template = next(
+            (
+                path
+                for path in (
+                    ctx.cache_dir / task.id / "history_empty.sqlite",
+                    ctx.cache_dir / "history_empty.sqlite",
+                )
+                if path.is_file()
+            ),
+            None,
+        )
+        history = f"{_profile_dir(ctx)}/Default/History"
+        return [UpdateHistory(items=items, history_path=history, template=template)]
+    if kind == "download":
+        ops: list[Operation] = []
+        for item in p.get("files", []):
+            source = cached_download(task, item["url"], item.get("path"), ctx)
+            if source is None:
+                raise SetupError(
+                    f"download not in the cache: {cache_slot_for(task, item['url'], ctx)}; put the"
+                    " file there (drums never downloads at setup time)"
+                )
+            ops.append(PutFile(source=source, dest=_home_path(item["path"], ctx)))
+        return ops
+    if kind == "upload_file":
+        ops = []
+        for item in p.get("files", []):
+            source = asset_path(item["local_path"], ctx)
+            if source is None:
+                raise SetupError(
+                    f"upload_file {item['local_path']!r} is outside the assets dir {ctx.assets_dir}"
+                )
+            ops.append(PutFile(source=source, dest=_home_path(item["path"], ctx)))
+        return ops
+    if kind == "drums_files":
+        ops = []
+        for item in p.get("files", []):
+            source = task_asset(task, item["src"], ctx)
+            if source is None:
+                raise SetupError(
+                    f"task asset {item['src']!r} is outside {ctx.assets_dir / task.id}"
+                )
+            ops.append(
+                PutFile(
+                    source=source,
+                    dest=_home_path(item["path"], ctx),
+                    owner_user=bool(item.get("owner_user", True)),
+                )
+            )
+        return ops
+    raise SetupError(f"setup step type {kind!r} is not supported by drums (task {task.id})")
+
+
+def _home_path(path: str, ctx: TaskContext) -> str:
+    return ctx.user_home + path[1:] if path.startswith("~") else path
+
+
+def _profile_dir(ctx: TaskContext) -> str:
+    return _home_path(ctx.chrome_profile_dir, ctx)
+
+
+def plan_steps(steps: list[Step], task: Task, ctx: TaskContext) -> list[Operation]:
+    """The concrete operations for a list of steps. Raises SetupError naming an unusable step."""
+    ops: list[Operation] = []
+    for index, step in enumerate(steps):
+        try:
+            ops.extend(_plan_one(step, task, ctx))
+        except KeyError as exc:
+            raise SetupError(f"step {index + 1} ({step.type}) lacks the parameter {exc}") from exc
+    return ops
+
+
+# ---- applying operations ---------------------------------------------------------------------
+
+
+def _summary(op: Operation) -> str:
+    if isinstance(op, RunUser | RunTrusted):
+        cmd = op.command if isinstance(op, RunUser) else op.shell
+        text = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        return text[:200]
+    if isinstance(op, PutFile):
+        return f"{op.source} -> {op.dest}"
+    if isinstance(op, ChromeTabs):
+        return f"{op.action} {len(op.urls)} tab(s)"
+    if isinstance(op, WindowAction):
+        return f"{op.action} {op.name!r}"
+    if isinstance(op, OpenFile):
+        return op.path
+    if isinstance(op, Sleep):
+        return f"{op.seconds} s"
+    return type(op).__name__
+
+
+def _background_shell(command: list[str] | str) -> str:
+    inner = command if isinstance(command, str) else shlex.join(command)
+    # setsid -f: the launched program leaves the exec's session and outlives it; no pipes held.
+    return f"setsid -f sh -c {shlex.quote(inner)} >/dev/null 2>&1 </dev/null"
+
+
+def _until_met(until: dict[str, Any], rc: int, out: str, err: str) -> bool:
+    return (
+        ("returncode" in until and rc == until["returncode"])
+        or ("stdout" in until and until["stdout"] in out)
+        or ("stderr" in until and until["stderr"] in err)
+    )
+
+
+async def _run_user(op: RunUser, access: SlotAccess, run_dir: Path | None) -> tuple[int, str, str]:
+    if op.background:
+        return await access.exec_user(_background_shell(op.command), op.timeout_s)
+    failures = 0
+    with trio.fail_after(op.timeout_s * (3 if op.until else 1)):
+        while True:
+            rc, out, err = await access.exec_user(op.command, op.timeout_s)
+            if run_dir is not None and op.stdout_name:
+                (run_dir / op.stdout_name).write_text(out)
+            if run_dir is not None and op.stderr_name:
+                (run_dir / op.stderr_name).write_text(err)
+            if not op.until or _until_met(op.until, rc, out, err):
+                return rc, out, err
+            failures += 1
+            if failures >= 5 and rc != 0:
+                return rc, out, err
+            await trio.sleep(0.3)
+
+
+def match_window(
+    windows: list[WindowInfo], name: str, strict: bool, by_class: bool
+) -> WindowInfo | None:
+    """OSWorld's rule: title (or WM class) equal when strict, else a case-blind substring."""
+    for window in windows:
+        value = window.get("wm_class" if by_class else "title", "") or ""
+        if (value == name) if strict else (name.lower() in value.lower()):
+            return window
+    return None
+
+
+async def _window_action(op: WindowAction, access: SlotAccess, timeout_s: float) -> tuple[int, str]:
+    window = match_window(await access.windows(), op.name, op.strict, op.by_class)
+    if window is None:
+        # OSWorld's server answers 404 and its setup goes on; so do we, with a record.
+        return 1, f"no window matching {op.name!r}"
+    flag = "-a" if op.action == "activate" else "-c"
+    xdo = "windowactivate" if op.action == "activate" else "windowclose"
+    wid = window["id"]
+    rc, _out, err = await access.exec_user(
+        f"wmctrl -i {flag} {shlex.quote(wid)} || xdotool {xdo} {shlex.quote(str(int(wid, 0)))}",
+        timeout_s,
+    )
+    return rc, err.strip() or f"window {wid} {window.get('title', '')!r}"
+
+
+async def _open_file(op: OpenFile, access: SlotAccess) -> tuple[int, str]:
+    rc, _out, err = await access.exec_user(_background_shell(["xdg-open", op.path]), 10.0)
+    if rc != 0:
+        raise SetupError(f"could not start xdg-open {op.path}: {err.strip()}")
+    name = PurePosixPath(op.path).name
+    deadline = trio.current_time() + op.timeout_s
+    # Like OSWorld's server: the step is done when a window shows the file's name.
+    while trio.current_time() < deadline:
+        if match_window(await access.windows(), name, strict=False, by_class=False):
+            return 0, f"window for {name} is up"
+        await trio.sleep(0.5)
+    raise SetupError(f"open {op.path}: no window showing {name!r} after {op.timeout_s:.0f} s")
+
+
+_CHROME_TABS_SCRIPT = r"""
+import json, sys, time, urllib.request, urllib.parse
+action, port = sys.argv[1], int(sys.argv[2])
+urls, wait_s = json.loads(sys.argv[3]), float(sys.argv[4])
+base = "http://127.0.0.1:%d" % port
+def call(path, method="GET"):
+    req = urllib.request.Request(base + path, method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body[:1] in (b"[", b"{") else body
+deadline = time.time() + wait_s
+while True:
+    try:
+        pages = [t for t in call("/json/list") if t.get("type") == "page"]
+        break
+    except Exception as e:
+        if time.time() > deadline:
+            sys.exit("DevTools endpoint %s not reachable: %s" % (base, e))
+        time.sleep(0.5)
+def norm(u):
+    p = urllib.parse.urlparse(u if "://" in u else "http://" + u)
+    host = p.netloc.lower().removeprefix("www.")
+    return host + (p.path.rstrip("/") or "")
+if action == "open":
+    for url in urls:
+        call("/json/new?" + urllib.parse.quote(url, safe=":/?&=%#"), method="PUT")
+    if urls and pages:
+        call("/json/close/" + pages[0]["id"])
+else:
+    for url in urls:
+        for page in pages:
+            if norm(page.get("url", "")) == norm(url):
+                call("/json/close/" + page["id"])
+                pages.remove(page)
+                break
+print(json.dumps([p.get("url") for p in call("/json/list") if p.get("type") == "page"]))
+"""
+
+
+async def _chrome_tabs(op: ChromeTabs, access: SlotAccess, ctx: TaskContext) -> tuple[int, str]:
+    argv = [
+        ctx.python_command,
+        "-c",
+        _CHROME_TABS_SCRIPT,
+        op.action,
+        str(ctx.devtools_port),
+        json.dumps(list(op.urls)),
+        str(max(op.timeout_s - 15.0, 5.0)),
+    ]
+    rc, out, err = await access.exec_user(argv, op.timeout_s)
+    if rc != 0:
+        raise SetupError(f"chrome_{op.action}_tabs failed (exit {rc}): {err.strip()[-500:]}")
+    return rc, out.strip()[-500:]
+
+
+def _chrome_time(seconds_ago: float) -> int:
+    # Chromium counts microseconds since 1601-01-01.
+    visit = datetime.now() - timedelta(seconds=seconds_ago)
+    return int((visit - datetime(1601, 1, 1)).total_seconds() * 1_000_000)
+
+
+def rewrite_history(db_path: Path, items: tuple[tuple[str, str, float], ...]) -> None:
+    """Empty a Chromium History database and insert the given visits (what OSWorld's step does)."""
+    conn = sqlite3.connect(db_path)
+    try:
+        conn.execute("DELETE FROM visits")
+        conn.execute("DELETE FROM urls")
+        for url, title, seconds_ago in items:
+            stamp = _chrome_time(seconds_ago)
+            cur = conn.execute(
+                "INSERT INTO urls (url, title, visit_count, typed_count, last_visit_time, hidden)"
+                " VALUES (?, ?, 1, 0, ?, 0)",
+                (url, title, stamp),
+            )
+            conn.execute(
+                "INSERT INTO visits (url, visit_time, from_visit, transition, segment_id,"
+                " visit_duration) VALUES (?, ?, 0, 805306368, 0, 0)",
+                (cur.lastrowid, stamp),
+            )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def _update_history(op: UpdateHistory, access: SlotAccess) -> tuple[int, str]:
+    try:
+        data = await access.read_file(op.history_path)
+    except FileNotFoundError:
+        if op.template is None:
+            raise SetupError(
+                f"update_browse_history: the slot has no {op.history_path} and no"
+                " history_empty.sqlite is in the cache; start Chromium once in the image"
+            ) from None
+        data = op.template.read_bytes()
+    with tempfile.TemporaryDirectory(prefix="drums-history-") as tmp:
+        db = Path(tmp) / "History"
+        db.write_bytes(data)
+        await trio.to_thread.run_sync(rewrite_history, db, op.items)
+        await access.write_file(op.history_path, db.read_bytes(), owner_user=True)
+    return 0, f"{len(op.items)} visit(s) in {op.history_path}"
+
+
+async def apply_operation(
+    op: Operation,
+    access: SlotAccess,
+    ctx: TaskContext,
+    report: SetupReport,
+    run_dir: Path | None,
+) -> OperationRecord:
+    started = time.monotonic()
+    index = len(report.records)
+    rc: int | None = None
+    detail: str | None = None
+    ok = True
+    if isinstance(op, RunUser):
+        rc, out, err = await _run_user(op, access, run_dir)
+        detail = (err or out).strip()[-500:] or None
+    elif isinstance(op, RunTrusted):
+        rc, out, err = await access.exec_trusted(op.shell, op.timeout_s)
+        detail = (err or out).strip()[-500:] or None
+        ok = rc == 0
+    elif isinstance(op, Sleep):
+        await trio.sleep(op.seconds)
+    elif isinstance(op, OpenFile):
+        rc, detail = await _open_file(op, access)
+    elif isinstance(op, WindowAction):
+        rc, detail = await _window_action(op, access, ctx.step_timeout_s)
+    elif isinstance(op, ChromeTabs):
+        rc, detail = await _chrome_tabs(op, access, ctx)
+    elif isinstance(op, UpdateHistory):
+        rc, detail = await _update_history(op, access)
+    elif isinstance(op, PutFile):
+        data = op.source.read_bytes()
+        with trio.fail_after(ctx.step_timeout_s):
+            await access.write_file(op.dest, data, owner_user=op.owner_user)
+        report.seeded[op.dest] = hashlib.sha256(data).hexdigest()
+        detail = f"{len(data)} bytes"
+    record = OperationRecord(
+        index=index,
+        kind=type(op).__name__,
+        summary=_summary(op),
+        ok=ok,
+        duration_s=round(time.monotonic() - started, 3),
+        rc=rc,
+        detail=detail,
+    )
+    report.records.append(record)
+    return record
+
+
+async def apply_operations(
+    ops: list[Operation],
+    access: SlotAccess,
+    ctx: TaskContext,
+    *,
+    run_dir: Path | None = None,
+    label: str = "",
+) -> SetupReport:
+    """Run the operations in order; a failed root step or a timeout stops with SetupError.
+
+    OSWorld ignores a failing user command (it only logs it), so do we: its exit code is in the
+    report. A step past its deadline, or the whole list past `ctx.setup_timeout_s`, is an error.
+    """
+    report = SetupReport()
+    started = time.monotonic()
+    try:
+        with trio.fail_after(ctx.setup_timeout_s):
+            for op in ops:
+                try:
+                    record = await apply_operation(op, access, ctx, report, run_dir)
+                except (TimeoutError, trio.TooSlowError) as exc:
+                    raise SetupError(
+                        f"{label}step {len(report.records) + 1} timed out: {_summary(op)}", report
+                    ) from exc
+                except SetupError as exc:
+                    exc.report = report
+                    raise
+                log.info(
+                    "task step %s %s rc=%s %.3fs %s",
+                    record.index + 1,
+                    record.kind,
+                    record.rc,
+                    record.duration_s,
+                    label,
+                )
+                if not record.ok:
+                    raise SetupError(
+                        f"{label}step {record.index + 1} ({record.kind}) failed with exit"
+                        f" {record.rc}: {record.summary}: {record.detail}",
+                        report,
+                    )
+    except (TimeoutError, trio.TooSlowError) as exc:
+        raise SetupError(
+            f"{label}setup took longer than {ctx.setup_timeout_s:.0f} s", report
+        ) from exc
+    finally:
+        report.duration_s = round(time.monotonic() - started, 3)
+    return report
+
+
+async def run_setup(
+    task: Task,
+    access: SlotAccess,
+    ctx: TaskContext,
+    *,
+    run_dir: Path | None = None,
+    label: str = "",
+) -> SetupReport:
+    """Run a task's `config` steps on a slot, before its episode starts."""
+    ops = plan_steps(task.config, task, ctx)
+    return await apply_operations(ops, access, ctx, run_dir=run_dir, label=label)
+
+
+async def run_postconfig(
+    task: Task,
+    access: SlotAccess,
+    ctx: TaskContext,
+    *,
+    run_dir: Path | None = None,
+    label: str = "",
+) -> SetupReport:
+    """Run the evaluator's `postconfig` steps (verify runs them before the getters)."""
+    ops = plan_steps(task.evaluator.postconfig, task, ctx)
+    return await apply_operations(ops, access, ctx, run_dir=run_dir, label=label)

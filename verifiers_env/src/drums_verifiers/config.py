@@ -25,9 +25,11 @@ class DaemonConfig(BaseConfig):
     url: str = DEFAULT_URL
     token_file: Path = DEFAULT_TOKEN_FILE
 
-    def token(self) -> str:
+    def check_token_file(self) -> None:
+        """Fail early, naming the setting, instead of deep inside the SDK."""
         try:
-            return self.token_file.read_text().strip()
+            with self.token_file.open():
+                pass
         except OSError as exc:
             raise RuntimeError(
                 f"cannot read the drumsd token from {self.token_file} ({exc.strerror}); set "

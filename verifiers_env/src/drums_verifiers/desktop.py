@@ -77,7 +77,8 @@ class Observation:
 async def open_client(daemon: DaemonConfig) -> Any:
     """An SDK AsyncClient for `daemon`; the caller owns it and must `aclose_client` it."""
     drums = sdk()
-    client = await resolve(drums.aconnect(url=daemon.url, token=daemon.token()))
+    daemon.check_token_file()
+    client = await resolve(drums.aconnect(url=daemon.url, token_file=str(daemon.token_file)))
     enter = getattr(client, "__aenter__", None)
     if enter is not None:
         client = await enter() or client
@@ -136,7 +137,8 @@ async def verify(env: Any, timeout_s: float) -> Any:
 
 
 async def close_env(env: Any) -> None:
-    await resolve(env.close())
+    close = getattr(env, "aclose", None) or env.close
+    await resolve(close())
 
 
 def fork(env: Any, n: int) -> Any:

@@ -17,7 +17,8 @@ def daemon_tasks(config: DrumsTasksetConfig) -> list[dict[str, Any]]:
     from drums_verifiers.desktop import field, sdk
 
     daemon = config.task.daemon
-    with sdk().connect(url=daemon.url, token=daemon.token()) as client:
+    daemon.check_token_file()
+    with sdk().connect(url=daemon.url, token_file=str(daemon.token_file)) as client:
         tasks = client.tasks()
     return [t if isinstance(t, dict) else {
         "id": field(t, "id"), "instruction": field(t, "instruction", ""),

@@ -176,7 +176,7 @@ class FakeDaemon:
         pending = slot.gate_polls <= slot.fake.get("pending_gate_polls", 0)
         gates = [
             {"name": g, "status": "pending" if pending and g == "alive_after_resume" else (
-                "failed" if g in slot.failed_gates else "passed"), "evidence": {}}
+                "fail" if g in slot.failed_gates else "pass"), "evidence": {}}
             for g in GATES
         ]
         return {"slot": slot.id, "episode": slot.episode, "episode_id": f"{slot.id}-e1",

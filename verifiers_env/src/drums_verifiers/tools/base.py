@@ -73,16 +73,10 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         try:
             env = await self._env()
             result = await desktop.step(env, action)
-            shot = await self.screenshot_content(env) if screenshot else None
         except Exception as exc:
             if desktop.is_drums_error(exc) and desktop.error_code(exc) in RECOVERABLE_CODES:
                 return text_result(f"error: the desktop refused the action: {exc}", error=True)
-            if not desktop.is_drums_error(exc):
-                raise
-            state.env_failed = f"{desktop.error_code(exc) or type(exc).__name__}: {exc}"
-            log.warning("env=%s failed during %s: %s", state.env_id, action["type"], exc)
-            return text_result(f"the desktop failed ({state.env_failed}); the episode is over",
-                               error=True)
+            return self.failed(exc, action["type"])
         kind = action["type"]
         state.actions[kind] = state.actions.get(kind, 0) + 1
         cursor = actions.cursor_after(action, self.cursor())
@@ -94,9 +88,22 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         if output is not None:
             lines.append(command_output(output))
         content: list[Any] = [TextContent(type="text", text="\n".join(lines))]
-        if shot is not None:
-            content.append(shot)
+        if screenshot:
+            try:
+                content.append(await self.screenshot_content(env))
+            except Exception as exc:
+                return self.failed(exc, "screenshot")
         return CallToolResult(content=content)
+
+    def failed(self, exc: Exception, during: str) -> CallToolResult:
+        """A daemon or desktop failure: the episode is over (the task's stop reads this)."""
+        if not desktop.is_drums_error(exc):
+            raise exc
+        state = self.state
+        state.env_failed = f"{desktop.error_code(exc) or type(exc).__name__}: {exc}"
+        log.warning("env=%s failed during %s: %s", state.env_id, during, exc)
+        return text_result(f"the desktop failed ({state.env_failed}); the episode is over",
+                           error=True)
 
 
 def vf_image(png: bytes) -> ImageContent:

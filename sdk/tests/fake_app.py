@@ -162,7 +162,7 @@ class FakeDaemon:
 
     def dispatch(self, scope: Scope, body: bytes) -> Tuple[int, bytes, str]:
         method, path = scope["method"], scope["path"]
-        for route_method, pattern, handler in self.routes:
+        for route_method, pattern, handler in self.routes:  # noqa: B007 (used after the loop)
             match = pattern.fullmatch(path)
             if match and route_method == method:
                 break

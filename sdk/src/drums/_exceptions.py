@@ -12,9 +12,9 @@
     │   ├── UnsupportedTask     the host cannot run this task (the reason says why)
     │   └── ActionFailed        the desktop could not perform the action
     ├── Conflict                409: the env's state forbids this now
-    │   ├── NotQuiescent        the process tree did not settle in time
-    │   └── InvalidEpisode      a gate failed: the episode must not be trained on
-    ├── Quarantined             423: the env is out of service (release() then reset())
+    │   └── NotQuiescent        the process tree did not settle in time
+    ├── InvalidEpisode          409: a gate failed: the episode must not be trained on
+    │   └── Quarantined         423: the env is out of service (release() then reset())
     ├── Overloaded              429: the host refuses more work (after the SDK's retries)
     ├── StateDirFull            507: no room for another slot or saved state
     ├── RestoreFailed           502: CRIU could not restore the desktop
@@ -113,7 +113,7 @@ class NotQuiescent(Conflict):
     default_code = "not_quiescent"
 
 
-class InvalidEpisode(Conflict):
+class InvalidEpisode(DrumsError):
     """The episode is invalid (a gate failed): its reward must not be trained on.
 
     `failed_gates` names the gates, `invalid_reasons` says why, `verdict` is the daemon's word.
@@ -134,7 +134,10 @@ class InvalidEpisode(Conflict):
         return self.detail.get("verdict")
 
 
-class Quarantined(DrumsError):
+class Quarantined(InvalidEpisode):
+    """A quarantined env's episode is invalid by definition (its not_quarantined gate failed), so
+    `except InvalidEpisode` catches both: drop the episode, then release() and reset()."""
+
     default_code = "quarantined"
 
 

@@ -1,0 +1,67 @@
+"""The drums quickstart: one episode on an OSWorld task, forked into 4 copies.
+
+    python examples/first_episode.py [--task ID_OR_JSON_PATH] [--out DIR]
+
+Needs a running `drumsd serve` (DRUMS_URL, default http://127.0.0.1:7070) and its token
+(DRUMS_TOKEN, or DRUMS_TOKEN_FILE, default /etc/drums/token). Everything it creates is destroyed
+when it ends, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import drums
+
+TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"  # OSWorld: rename ~/Desktop/todo_list_Jan_1
+SOLUTION = {"type": "execute", "command": "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"}
+
+
+def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float | None]:
+    """Create, observe, act, fork into 4, verify each copy, save a state. Returns the scores."""
+    out.mkdir(parents=True, exist_ok=True)
+    with client.create(task=task) as env:
+        env.wait_valid(timeout=60)  # every gate passed: the desktop is sound
+        obs = env.observe()
+        (out / "start.png").write_bytes(obs.png)
+        print(f"env {env.id}: {obs.instruction}")
+
+        env.step("pyautogui.moveTo(960, 540)")  # pyautogui code ...
+        env.step({"type": "click", "x": 960, "y": 540})  # ... or an action dict
+
+        scores: dict[str, float | None] = {}
+        with env.fork(4) as children:  # 4 copies of this desktop, as it is now
+            for i, child in enumerate(children):
+                if i % 2 == 0:  # half of them solve the task
+                    child.step(SOLUTION)
+                (out / f"child{i}.png").write_bytes(child.observe().png)
+                try:
+                    scores[child.id] = child.verify().score  # strict: a reward you may train on
+                except drums.InvalidEpisode as err:  # a gate failed: drop, never train on it
+                    print(f"  {child.id}: dropped ({err})")
+                    scores[child.id] = None
+                print(f"  {child.id}: score {scores[child.id]}")
+        # the children and their prefork state are gone here
+
+        state = env.save()  # deleted when the client closes; save(keep=True) outlives it
+        with client.create(from_state=state) as copy:
+            print(f"saved {state.id} ({state.size_mib:.0f} MiB); restored it as {copy.id}")
+    print(f"screenshots in {out}")
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default=TASK, help="OSWorld task id, or a task JSON file")
+    parser.add_argument("--out", type=Path, default=Path("out/first_episode"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with drums.connect() as client:
+        first_episode(client, args.task, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

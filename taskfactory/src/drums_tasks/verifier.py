@@ -316,6 +316,7 @@ def csv_rows_raw(paths: Paths, options: Options) -> float:
 #   paragraphs [..]: the exact list of non-empty body paragraph texts
 #   contains [..], absent [..]: substrings of the whole text
 #   bold [..]: paragraphs (by exact text) whose every non-blank run is bold
+#   not_bold [..]: paragraphs (by exact text) with no bold run
 #   styles {text: style name}: paragraph style, compared case- and space-insensitively
 #   upper [..]: paragraphs that must read in capitals (typed, or the caps character attribute)
 #   cells [[table, row, col, text], ...]: table cells (docx only)
@@ -346,6 +347,10 @@ def _judge_text_doc(paras: list[_Para], cells: list[list[list[str]]], options: O
         p = by_text.get(t)
         runs = [r for r in p.runs if r[0].strip()] if p else []
         if not runs or not all(r[1] for r in runs):
+            return False
+    for t in options.get("not_bold", []):
+        p = by_text.get(t)
+        if p is None or any(r[1] for r in p.runs if r[0].strip()):
             return False
     for t, style in options.get("styles", {}).items():
         p = by_text.get(t)

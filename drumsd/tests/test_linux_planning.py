@@ -110,8 +110,8 @@ def test_slot_mount_plan_is_an_overlay_on_a_tmpfs() -> None:
     assert kinds == ["umount", "umount"]
 
 
-def test_stage1_plan_has_private_minimal_dev_and_pivots_last() -> None:
-    plan = mounts.plan_stage1("/r", 64)
+def test_stage1_plan_without_userns_makes_a_minimal_dev_and_pivots_last() -> None:
+    plan = mounts.plan_stage1("/r", 64, userns=False)
     assert plan[0].kind == "make_rprivate"
     assert plan[-1].kind == "pivot_root" and plan[-1].target == "/r"
     nodes = {op.target: op.dev for op in plan if op.kind == "mknod"}
@@ -119,6 +119,26 @@ def test_stage1_plan_has_private_minimal_dev_and_pivots_last() -> None:
     pts = next(op for op in plan if op.fstype == "devpts")
     assert "newinstance" in (pts.data or "") and "ptmxmode=0666" in (pts.data or "")
     assert any(op.target == "/r/tmp" and op.fstype == "tmpfs" for op in plan)
+
+
+def test_stage1_plan_in_userns_binds_root_and_makes_no_nodes() -> None:
+    plan = mounts.plan_stage1("/r", 64, userns=True)
+    assert plan[1].kind == "mount" and plan[1].source == plan[1].target == "/r"
+    assert not [op for op in plan if op.kind == "mknod"]
+    assert not [op for op in plan if op.target == "/r/dev" and op.kind == "mount"]
+    assert any(op.fstype == "devpts" for op in plan)
+    assert plan[-1].kind == "pivot_root"
+
+
+def test_mountinfo_helpers() -> None:
+    mi = (
+        "1 0 8:1 / / rw - ext4 /dev/vda rw\n"
+        "2 1 0:5 / /st/slots/a/rw rw - tmpfs drums-rw rw\n"
+        "3 1 0:6 / /st/slots/a/root rw - overlay drums-root rw\n"
+        "4 1 0:7 / /st/slots/ab rw - tmpfs x rw\n"
+    )
+    assert mounts.mounts_under(Path("/st/slots/a"), mi) == ["/st/slots/a/root", "/st/slots/a/rw"]
+    assert mounts.fs_type_of(Path("/st/slots/a/rw/upper"), mi) == "tmpfs"
 
 
 def test_parse_stat_with_spaces_in_comm() -> None:

@@ -109,7 +109,8 @@ def plan_rw(paths: SlotPaths, tmpfs_mib: int) -> list[MountOp]:
             str(paths.rw),
             source="drums-rw",
             fstype="tmpfs",
-            flags=sc.MS_NOSUID | sc.MS_NODEV,
+            # not nodev: overlay opens the image's /dev nodes through its upper mount.
+            flags=sc.MS_NOSUID,
             data=f"size={tmpfs_mib}m,mode=755",
         ),
         MountOp("mkdir", str(paths.upper)),
@@ -133,20 +134,29 @@ def plan_teardown(paths: SlotPaths) -> list[MountOp]:
     return [MountOp("umount", str(paths.root)), MountOp("umount", str(paths.rw))]
 
 
-def plan_stage1(root: str, tmpfs_mib: int) -> list[MountOp]:
+def plan_stage1(root: str, tmpfs_mib: int, userns: bool = True) -> list[MountOp]:
     """Inside the slot's new mount namespace, before pivot_root into `root`. Nothing of the host
-    stays visible: CRIU refuses a tree that holds host mounts or fds."""
+    stays visible: CRIU refuses a tree that holds host mounts or fds.
+
+    In a user namespace (`userns`), mknod is impossible, so the image's own /dev nodes (made by
+    debootstrap, on the host-mounted overlay) serve; the inherited root mount is locked, so it is
+    bound onto itself first or pivot_root fails with EINVAL. Without one, /dev is a tmpfs with the
+    six nodes made here."""
     dev = f"{root}/dev"
-    ops: list[MountOp] = [
-        MountOp("make_rprivate", "/"),
+    ops: list[MountOp] = [MountOp("make_rprivate", "/")]
+    if userns:
+        ops.append(MountOp("mount", root, source=root, flags=sc.MS_BIND | sc.MS_REC))
+    ops += [
         MountOp("mkdir", f"{root}/proc"),
         MountOp("mount", f"{root}/proc", source="proc", fstype="proc",
                 flags=sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC),
         MountOp("mkdir", dev),
-        MountOp("mount", dev, source="drums-dev", fstype="tmpfs",
-                flags=sc.MS_NOSUID | sc.MS_NOEXEC, data="size=64k,mode=755"),
     ]
-    ops += [MountOp("mknod", f"{dev}/{n}", mode=0o666, dev=(ma, mi)) for n, ma, mi in DEVICES]
+    if not userns:
+        ops.append(MountOp("mount", dev, source="drums-dev", fstype="tmpfs",
+                           flags=sc.MS_NOSUID | sc.MS_NOEXEC, data="size=64k,mode=755"))
+        ops += [MountOp("mknod", f"{dev}/{n}", mode=0o666, dev=(ma, mi))
+                for n, ma, mi in DEVICES]
     ops += [
         MountOp("mkdir", f"{dev}/pts"),
         MountOp("mount", f"{dev}/pts", source="devpts", fstype="devpts",
@@ -156,7 +166,8 @@ def plan_stage1(root: str, tmpfs_mib: int) -> list[MountOp]:
         MountOp("mount", f"{dev}/shm", source="shm", fstype="tmpfs",
                 flags=sc.MS_NOSUID | sc.MS_NODEV, data=f"size={tmpfs_mib}m,mode=1777"),
     ]
-    ops += [MountOp("symlink", f"{dev}/{name}", source=to) for name, to in DEV_LINKS]
+    if not userns:
+        ops += [MountOp("symlink", f"{dev}/{name}", source=to) for name, to in DEV_LINKS]
     ops += [
         MountOp("mkdir", f"{root}/tmp", mode=0o1777),
         MountOp("mount", f"{root}/tmp", source="tmp", fstype="tmpfs",
@@ -201,3 +212,38 @@ def apply(plan: Iterable[MountOp]) -> None:
             except OSError as exc:
                 if exc.errno not in (22, 2):  # EINVAL: not a mount point; ENOENT: gone
                     raise
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace(
+        "\\134", "\\"
+    )
+
+
+def parse_mountinfo(text: str) -> list[tuple[str, str]]:
+    """mountinfo -> [(mount point, fs type)] in mount order."""
+    out: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if sep:
+            out.append((_unescape(left.split()[4]), right.split()[0]))
+    return out
+
+
+def mounts_under(prefix: Path, mountinfo: str | None = None) -> list[str]:
+    """Host mount points at or below `prefix`, deepest (latest) first: the order to unmount."""
+    text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+    p = str(prefix).rstrip("/")
+    hits = [m for m, _ in parse_mountinfo(text) if m == p or m.startswith(p + "/")]
+    return list(reversed(hits))
+
+
+def fs_type_of(path: Path, mountinfo: str | None = None) -> str:
+    """The fs type of the mount holding `path` (longest matching mount point wins)."""
+    text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+    target = str(path.resolve())
+    best, kind = "", "unknown"
+    for m, fstype in parse_mountinfo(text):
+        if (target == m or target.startswith(m.rstrip("/") + "/")) and len(m) >= len(best):
+            best, kind = m, fstype
+    return kind

@@ -75,3 +75,26 @@ def children(pid: int) -> list[int]:
     except OSError:
         pass
     return out
+
+
+def ns_pids(pid: int) -> list[int]:
+    """NSpid of /proc/<pid>/status: the pid in each nested pid namespace, outermost first."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return [int(x) for x in line.split()[1:]]
+    except OSError:
+        pass
+    return []
+
+
+def find_ns_init(root: int) -> int | None:
+    """The first descendant of `root` that is pid 1 of a nested pid namespace."""
+    todo = [root]
+    while todo:
+        pid = todo.pop(0)
+        nspids = ns_pids(pid)
+        if len(nspids) > 1 and nspids[-1] == 1:
+            return pid
+        todo += children(pid)
+    return None

@@ -1,10 +1,13 @@
 """Stage 1: pid 1 of a cold-booted slot, before the desktop's own init.
 
-Run as `unshare --pid --fork --mount --net --ipc --uts --propagation private python -m
-drumsd.linux.stage1 --root R ...` (never `--kill-child`: a slot must outlive a daemon crash so a
-restarted daemon can adopt it). It makes the slot's mounts private, mounts proc, a minimal /dev and
-/tmp, pivots into the overlay root, brings lo up, closes every inherited fd and execs the desktop
-init. Nothing of the host (mounts, fds) stays in the tree, which is what lets CRIU dump it.
+Run as `python -m drumsd.linux.stage1 --root R ...`: it enters an identity-mapped user namespace
+(ids stay the host's, but criu gets every capability over the tree, including the
+CAP_SYS_RESOURCE this kind of VM withholds from root and criu needs to read the desktop user's
+rlimits) and new mount, pid, net, ipc and uts namespaces, never with a parent-death signal: a
+slot must outlive a daemon crash so a restarted daemon can adopt it. As pid 1 it makes the mounts
+private, mounts proc, devpts and tmpfs /dev/shm and /tmp, pivots into the overlay root, brings lo
+up, closes every inherited fd and execs the desktop init. Nothing of the host (mounts, fds) stays
+in the tree, which is what lets CRIU dump it.
 """
 
 from __future__ import annotations
@@ -31,20 +34,65 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hostname", default="drums")
     p.add_argument("--init", default=DESKTOP_INIT)
     p.add_argument("--log", default="/var/log/desktop-init.log", help="inside the slot")
+    p.add_argument("--no-userns", action="store_true",
+                   help="no user namespace: /dev becomes a tmpfs with mknod'ed nodes")
     p.add_argument("--dry-run", action="store_true", help="print the mount plan and exit")
     return p.parse_args(argv)
 
 
+IDENTITY_MAP = "0 0 4294967295\n"
+NS_FLAGS = (syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWNET
+            | syscalls.CLONE_NEWIPC | syscalls.CLONE_NEWUTS)
+
+
+def _wait_and_exit(pid: int) -> None:
+    """An ancestor of the slot init: wait for the child, exit with its status (never returns)."""
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def enter_namespaces(userns: bool) -> None:
+    """Return in pid 1 of fresh mount/pid/net/ipc/uts namespaces (inside a fresh identity-mapped
+    user namespace when `userns`); the ancestors wait and exit with its status. No parent-death
+    signal anywhere: the slot outlives a daemon crash."""
+    if userns:
+        ready_r, ready_w = os.pipe()
+        mapped_r, mapped_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(ready_r)
+            os.close(mapped_w)
+            syscalls.unshare(syscalls.CLONE_NEWUSER)
+            os.write(ready_w, b"u")
+            if os.read(mapped_r, 1) != b"m":
+                os._exit(111)
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+        else:
+            os.close(ready_w)
+            os.close(mapped_r)
+            os.read(ready_r, 1)
+            # No newuidmap here: the (privileged) parent writes the maps itself.
+            with open(f"/proc/{child}/uid_map", "w") as f:
+                f.write(IDENTITY_MAP)
+            with open(f"/proc/{child}/gid_map", "w") as f:
+                f.write(IDENTITY_MAP)
+            os.write(mapped_w, b"m")
+            _wait_and_exit(child)
+    syscalls.unshare(NS_FLAGS)
+    init = os.fork()
+    if init != 0:
+        _wait_and_exit(init)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    plan = mounts.plan_stage1(args.root, args.tmpfs_mib)
+    plan = mounts.plan_stage1(args.root, args.tmpfs_mib, userns=not args.no_userns)
     if args.dry_run:
         print(mounts.render(plan))
         return 0
     if os.getpid() != 1:
-        print("stage1 must run as pid 1 of a new pid namespace (unshare --pid --fork)",
-              file=sys.stderr)
-        return 2
+        enter_namespaces(userns=not args.no_userns)
     os.setsid()  # the session leader must be inside the pid namespace for CRIU
     mounts.apply(plan)
     syscalls.sethostname(args.hostname)

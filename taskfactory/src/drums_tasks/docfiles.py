@@ -121,3 +121,37 @@ def image_bytes(image, fmt: str = "PNG") -> bytes:  # PIL.Image.Image
     else:
         image.save(buf, "PNG", optimize=False, compress_level=6)
     return buf.getvalue()
+
+
+def odp_bytes(slides: list[list[str]]) -> bytes:
+    """A minimal ODF presentation: one page per entry, each line a text box paragraph."""
+    ns = (
+        f'{_ODF_NS} xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" '
+        'xmlns:svg="urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0"'
+    )
+    pages = ""
+    for i, lines in enumerate(slides):
+        boxes = "".join(
+            f'<draw:frame svg:x="1cm" svg:y="{2 + 3 * j}cm" svg:width="20cm" svg:height="2cm">'
+            f"<draw:text-box><text:p>{escape(line)}</text:p></draw:text-box></draw:frame>"
+            for j, line in enumerate(lines)
+        )
+        pages += f'<draw:page draw:name="page{i + 1}">{boxes}</draw:page>'
+    content = (
+        f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {ns} '
+        f'office:version="1.2"><office:body><office:presentation>{pages}</office:presentation>'
+        "</office:body></office:document-content>"
+    )
+    mime = "application/vnd.oasis.opendocument.presentation"
+    manifest = (
+        '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
+        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+        f'<manifest:file-entry manifest:full-path="/" manifest:version="1.2" '
+        f'manifest:media-type="{mime}"/>'
+        '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
+        "</manifest:manifest>"
+    )
+    return _zip_entries(
+        [("mimetype", mime.encode()), ("content.xml", content.encode()),
+         ("META-INF/manifest.xml", manifest.encode())]
+    )

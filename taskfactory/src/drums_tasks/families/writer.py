@@ -386,14 +386,21 @@ def odt_replace(rng: random.Random) -> TaskSpec:
 
 def pdf_of(lines: list[str]) -> bytes:
     """A real one-page PDF with these lines (simulated export; only tests call it)."""
+    return pdf_pages([lines])
+
+
+def pdf_pages(pages: list[list[str]]) -> bytes:
+    """A real PDF, one page per entry (simulated exports; only tests call it, so PyMuPDF is
+    needed by the tests, not by the build)."""
     import pymupdf
 
     doc = pymupdf.open()
-    page = doc.new_page()
-    y = 72
-    for line in lines:
-        page.insert_text((72, y), line, fontsize=11)
-        y += 16
+    for lines in pages:
+        page = doc.new_page()
+        y = 72
+        for line in lines:
+            page.insert_text((72, y), line, fontsize=11)
+            y += 16
     data = doc.tobytes(garbage=0, deflate=True)
     doc.close()
     return data

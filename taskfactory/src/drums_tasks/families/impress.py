@@ -1,0 +1,292 @@
+"""LibreOffice Impress families: edit slide text in a seeded pptx, or convert the deck.
+
+The keyboard oracle: Home (first slide), Page Down per slide, Tab selects the slide's objects in
+z-order (title first, then the body), Enter starts text editing, Ctrl+A selects the object's text.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, replace
+
+from pptx import Presentation
+
+from ..actions import Action, activate_window, execute, hotkey, office_save, press, wait, write
+from ..docfiles import odp_bytes, pptx_bytes
+from ..spec import Solution, TaskSpec
+from . import content
+from .registry import family
+from .writer import _convert_solution, pdf_pages
+
+DOCS = "/home/user/Documents"
+DESKTOP = "/home/user/Desktop"
+LOCKS = f"{DOCS}/.~lock.*#"
+STEMS = ["deck", "slides", "pitch", "kickoff", "review_deck", "all_hands"]
+ODP_MIME = "application/vnd.oasis.opendocument.presentation"
+
+
+@dataclass(frozen=True)
+class Slide:
+    title: str
+    body: list[str]
+
+
+def pptx_of(slides: list[Slide]) -> bytes:
+    prs = Presentation()
+    layout = prs.slide_layouts[1]  # Title and Content: title placeholder first, then the body
+    for s in slides:
+        sl = prs.slides.add_slide(layout)
+        sl.shapes.title.text = s.title
+        tf = sl.placeholders[1].text_frame
+        tf.text = s.body[0]
+        for line in s.body[1:]:
+            tf.add_paragraph().text = line
+    return pptx_bytes(prs)
+
+
+def make_deck(rng: random.Random) -> list[Slide]:
+    n = rng.randint(3, 6)
+    titles = [o.replace("the ", "").capitalize() for o in content.pick(rng, content.OBJECTS, n)]
+    return [Slide(t, content.sentences(rng, rng.randint(1, 3))) for t in titles]
+
+
+def to_object(slide: int, obj: int) -> list[Action]:
+    steps: list[Action] = [press("escape"), press("escape"), press("home")]
+    if slide:
+        steps.append(press("pagedown", slide))
+    steps += [press("tab", obj + 1), press("enter"), hotkey("ctrl", "a")]
+    return steps
+
+
+def retype(slide: int, obj: int, text: str) -> list[Action]:
+    """Replace the text of object `obj` (0 title, 1 body) of slide `slide`."""
+    lines = text.split("\n")
+    steps = to_object(slide, obj)
+    for i, line in enumerate(lines):
+        if i:
+            steps.append(press("enter"))
+        steps.append(write(line))
+    return [*steps, press("escape"), press("escape")]
+
+
+def impress_solution(name: str, path: str, gui: list[Action], deck: list[Slide] | None,
+                     why: str = "") -> Solution:
+    fname = path.rsplit("/", 1)[1]
+    acts: list[Action] = [activate_window(re.escape(fname)), wait(0.5), *gui]
+    if deck is not None:
+        acts += office_save()
+    data = pptx_of(deck) if deck is not None else None
+    return Solution(name, acts, lambda _i: {path: data} if data else {}, why)
+
+
+def impress_spec(rng: random.Random, instruction: str, path: str, deck: list[Slide],
+                 options: dict, oracle: Solution, near: list[Solution]) -> TaskSpec:
+    decoy = f"{DOCS}/README.txt"
+    dest = path.rsplit("/", 1)[1]
+    return TaskSpec(
+        family="",
+        app="libreoffice_impress",
+        instruction=instruction,
+        files={path: pptx_of(deck), decoy: ("Slides for the team.\n" + content.sentence(rng)
+                                            + "\n").encode()},
+        launch=[{"type": "open", "parameters": {"path": path}},
+                {"type": "sleep", "parameters": {"seconds": 4}}],
+        results=[(path, dest)],
+        check="pptx_text",
+        check_alt="pptx_text_raw",
+        options={"file": dest, **options},
+        roots=[DOCS],
+        allow=[path, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=decoy,
+    )
+
+
+def _path(rng: random.Random, ext: str = "pptx") -> str:
+    return f"{DOCS}/{content.filename(rng, STEMS, ext)}"
+
+
+def _with(deck: list[Slide], i: int, **kw) -> list[Slide]:
+    return [replace(s, **kw) if j == i else s for j, s in enumerate(deck)]
+
+
+def _title_task(rng: random.Random, make_title, describe) -> TaskSpec:
+    deck = make_deck(rng)
+    k = rng.randint(0, len(deck) - 2)
+    old = deck[k].title
+    new = make_title(rng, old)
+    path = _path(rng)
+    instr = describe(path, k, old, new)
+    want = _with(deck, k, title=new)
+    gui = retype(k, 0, new)
+    oracle = impress_solution("oracle", path, gui, want)
+    near = [
+        impress_solution("next_slide", path, retype(k + 1, 0, new), _with(deck, k + 1, title=new),
+                         why="edits the next slide's title"),
+        impress_solution("into_body", path, retype(k, 1, new), _with(deck, k, body=[new]),
+                         why="types into the body, not the title"),
+        impress_solution("typo", path, retype(k, 0, new[:-1]), _with(deck, k, title=new[:-1]),
+                         why="last character missing"),
+        impress_solution("not_saved", path, gui, None, why="edits, never saves"),
+    ]
+    opts = {"titles": [s.title for s in want]}
+    return impress_spec(rng, instr, path, deck, opts, oracle, near)
+
+
+@family("impress_edit_title", "libreoffice_impress")
+def edit_title(rng: random.Random) -> TaskSpec:
+    return _title_task(
+        rng,
+        lambda r, old: r.choice(["Updated", "Revised", "Final", "Draft"]) + " " + old.lower(),
+        lambda path, k, old, new: (
+            f"In the presentation {path}, change the title of slide {k + 1} (\"{old}\") to "
+            f"\"{new}\" and save it in PowerPoint format."
+        ),
+    )
+
+
+@family("impress_uppercase_title", "libreoffice_impress")
+def uppercase_title(rng: random.Random) -> TaskSpec:
+    return _title_task(
+        rng,
+        lambda r, old: old.upper(),
+        lambda path, k, old, new: (
+            f"In {path}, rewrite the title of slide {k + 1} (\"{old}\") in capital letters and "
+            "save the presentation in PowerPoint format."
+        ),
+    )
+
+
+@family("impress_title_suffix", "libreoffice_impress")
+def title_suffix(rng: random.Random) -> TaskSpec:
+    suffix = rng.choice([" (draft)", " - v2", " 2025", " - final"])
+    return _title_task(
+        rng,
+        lambda r, old: old + suffix,
+        lambda path, k, old, new: (
+            f"In {path}, append \"{suffix}\" to the title of slide {k + 1} so that it reads "
+            f"\"{new}\", then save the presentation in PowerPoint format."
+        ),
+    )
+
+
+@family("impress_edit_body", "libreoffice_impress")
+def edit_body(rng: random.Random) -> TaskSpec:
+    deck = make_deck(rng)
+    k = rng.randint(0, len(deck) - 2)
+    new = content.sentence(rng)
+    path = _path(rng)
+    old = deck[k].body
+    instr = (
+        f"In {path}, replace the text in the content box of slide {k + 1} (\"{deck[k].title}\") "
+        f"with the single line \"{new}\" and save the presentation in PowerPoint format."
+    )
+    want = _with(deck, k, body=[new])
+    gui = retype(k, 1, new)
+    oracle = impress_solution("oracle", path, gui, want)
+    near = [
+        impress_solution("next_slide", path, retype(k + 1, 1, new), _with(deck, k + 1, body=[new]),
+                         why="edits the next slide"),
+        impress_solution("into_title", path, retype(k, 0, new), _with(deck, k, title=new),
+                         why="replaces the title instead"),
+        impress_solution("kept_old_lines", path, retype(k, 1, "\n".join([*old, new])),
+                         _with(deck, k, body=[*old, new]), why="adds the line, keeps the old"),
+        impress_solution("not_saved", path, gui, None, why="edits, never saves"),
+    ]
+    opts = {"titles": [s.title for s in deck], "slide_contains": {str(k): [new]},
+            "absent": old}
+    return impress_spec(rng, instr, path, deck, opts, oracle, near)
+
+
+def _deck_files(rng: random.Random) -> tuple[list[Slide], list[Slide], str, str, str]:
+    deck, other = make_deck(rng), make_deck(rng)
+    path = _path(rng)
+    stem = path.rsplit("/", 1)[1][:-5]
+    return deck, other, path, f"{DOCS}/old_{stem}.pptx", stem
+
+
+def _convert_spec(rng: random.Random, instr: str, deck: list[Slide], other: list[Slide],
+                  path: str, other_path: str, out: str, dest: str, check: str, check_alt: str,
+                  options: dict, oracle: Solution, near: list[Solution]) -> TaskSpec:
+    decoy = f"{DOCS}/README.txt"
+    return TaskSpec(
+        family="",
+        app="libreoffice_impress",
+        instruction=instr,
+        files={path: pptx_of(deck), other_path: pptx_of(other),
+               decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode()},
+        launch=[{"type": "open", "parameters": {"path": path}},
+                {"type": "sleep", "parameters": {"seconds": 4}}],
+        results=[(out, dest)],
+        check=check,
+        check_alt=check_alt,
+        options={"file": dest, **options} if "docs" not in options else options,
+        roots=[DOCS],
+        allow=[out, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=decoy,
+    )
+
+
+@family("impress_export_pdf", "libreoffice_impress")
+def export_pdf(rng: random.Random) -> TaskSpec:
+    deck, other, path, other_path, stem = _deck_files(rng)
+    out = f"{DOCS}/{stem}.pdf"
+    instr = f"Export the presentation {path} to PDF as {out} (one page per slide)."
+
+    def pages(d: list[Slide]) -> list[list[str]]:
+        return [[s.title, *s.body] for s in d]
+
+    oracle = _convert_solution("oracle", path, "pdf", DOCS, out, lambda: pdf_pages(pages(deck)), "")
+    near = [
+        _convert_solution("wrong_folder", path, "pdf", DESKTOP, f"{DESKTOP}/{stem}.pdf",
+                          lambda: pdf_pages(pages(deck)), "PDF on the Desktop"),
+        Solution("other_deck", [*_convert_solution("x", other_path, "pdf", "/tmp", "", None,
+                                                   "").actions,
+                                execute(["cp", f"/tmp/old_{stem}.pdf", out])],
+                 lambda _i: {out: pdf_pages(pages(other))}, "exports the old deck"),
+        Solution("pptx_renamed", [execute(["cp", path, out])], lambda i: {out: i[path]},
+                 "copies the pptx under a .pdf name"),
+        Solution("first_slide_only", [execute(["sh", "-c", "true"])],
+                 lambda _i: {out: pdf_pages(pages(deck[:1]))},
+                 "a PDF of the first slide only (e.g. printed the current slide)"),
+    ]
+    near[-1].actions = [
+        execute(["soffice", "-env:UserInstallation=file:///tmp/drums-oracle-lo", "--headless",
+                 "--convert-to", 'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}',
+                 "--outdir", DOCS, path]),
+        wait(1.0),
+    ]
+    opts = {"docs": [{"file": "out.pdf", "pages": len(deck),
+                      "contains": [s.title for s in deck] + [s.body[0] for s in deck]}]}
+    return _convert_spec(rng, instr, deck, other, path, other_path, out, "out.pdf", "pdf_text",
+                         "pdf_text_fitz", opts, oracle, near)
+
+
+@family("impress_pptx_to_odp", "libreoffice_impress")
+def pptx_to_odp(rng: random.Random) -> TaskSpec:
+    deck, other, path, other_path, stem = _deck_files(rng)
+    out = f"{DOCS}/{stem}.odp"
+    instr = f"Save a copy of the presentation {path} in OpenDocument format as {out}."
+
+    def odp(d: list[Slide]) -> bytes:
+        return odp_bytes([[s.title, *s.body] for s in d])
+
+    oracle = _convert_solution("oracle", path, "odp", DOCS, out, lambda: odp(deck), "")
+    near = [
+        _convert_solution("wrong_folder", path, "odp", DESKTOP, f"{DESKTOP}/{stem}.odp",
+                          lambda: odp(deck), "copy on the Desktop"),
+        Solution("other_deck", [*_convert_solution("x", other_path, "odp", "/tmp", "", None,
+                                                   "").actions,
+                                execute(["cp", f"/tmp/old_{stem}.odp", out])],
+                 lambda _i: {out: odp(other)}, "converts the old deck"),
+        Solution("pptx_renamed", [execute(["cp", path, out])], lambda i: {out: i[path]},
+                 "copies the pptx under an .odp name"),
+    ]
+    everything = [s.title for s in deck] + [b for s in deck for b in s.body]
+    opts = {"contains": everything, "mimetype": ODP_MIME}
+    return _convert_spec(rng, instr, deck, other, path, other_path, out, "out.odp", "odf_text",
+                         "odf_text_raw", opts, oracle, near)

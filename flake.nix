@@ -86,7 +86,6 @@
         import ./vm-tests {
           inherit pkgs;
           drumsModule = self.nixosModules.drumsd;
-          drumsOverlay = self.overlays.default;
         }
       );
 

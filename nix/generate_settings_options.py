@@ -8,7 +8,7 @@ default; this script renders it as two checked-in Nix files so the module cannot
 
 Run from the repository root with drumsd importable:
   PYTHONPATH=drumsd/src .venv/bin/python nix/generate_settings_options.py          # write
-  PYTHONPATH=drumsd/src .venv/bin/python nix/generate_settings_options.py --check  # CI: exit 1 on drift
+  PYTHONPATH=drumsd/src .venv/bin/python nix/generate_settings_options.py --check  # 1 on drift
 """
 
 from __future__ import annotations

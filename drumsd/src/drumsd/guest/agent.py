@@ -1,0 +1,683 @@
+"""The guest agent: serves the host over a unix socket inside the desktop (see protocol.py).
+
+One thread, one selector loop, no thread or process per request: a fork bomb in the desktop must not
+make the agent unreachable (only `exec` and a worker restart need a fork). Steps run one at a time
+in the worker process; screenshots, files, windows and processes are answered in this process.
+Connections are closed after each reply so none is open when CRIU dumps the slot.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import protocol
+from .worker import _LEN
+
+MAX_CONNECTIONS = 64
+EXEC_OUTPUT_LIMIT = 8 << 20
+WORKER_START_TIMEOUT_S = 20.0
+
+
+def log(message: str, **fields: Any) -> None:
+    record = {"t": round(time.time(), 3), "component": "agent", "msg": message, **fields}
+    print(json.dumps(record), file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- answers done in-process
+
+
+class Screen:
+    """Grabs the X screen and encodes it as PNG.
+
+    Pillow's ImageGrab (XCB GetImage in C) on a fresh connection per grab: ~10 ms for 1920x1080 on
+    Xvfb, and no X connection stays open in the agent between requests."""
+
+    def __init__(self, display: str) -> None:
+        self.display = display
+
+    def png(self) -> tuple[bytes, int, int]:
+        from PIL import ImageGrab
+
+        image = ImageGrab.grab(xdisplay=self.display)
+        buf = io.BytesIO()
+        # Level 1: desktops are mostly flat colour, so this is small and 3-5x faster than 6.
+        image.save(buf, "PNG", compress_level=1)
+        return buf.getvalue(), image.width, image.height
+
+
+def read_file(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    path = request.get("path")
+    if not isinstance(path, str) or not path:
+        raise protocol.ProtocolError("invalid_action", "read_file: path must be a string")
+    limit = request.get("max_bytes", protocol.DEFAULT_READ_MAX_BYTES)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise protocol.ProtocolError("invalid_action", "read_file: max_bytes must be an int >= 0")
+    try:
+        # O_NONBLOCK: a FIFO must not wedge the single-threaded agent.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise protocol.ProtocolError(
+            "failed", f"read_file: cannot open {path}: {exc.strerror} (errno {exc.errno})"
+        ) from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        import stat
+
+        if not stat.S_ISREG(st.st_mode):
+            raise protocol.ProtocolError("failed", f"read_file: {path} is not a regular file")
+        data = f.read(limit + 1)
+    truncated = len(data) > limit
+    return {"ok": True, "path": path, "file_size": st.st_size, "truncated": truncated}, data[:limit]
+
+
+def list_processes() -> list[dict[str, Any]]:
+    procs = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                raw = f.read().decode(errors="replace")
+        except OSError:
+            continue  # exited while we looked
+        # comm may contain spaces and parentheses: split around the last ')'.
+        open_paren, close_paren = raw.find("("), raw.rfind(")")
+        rest = raw[close_paren + 2 :].split()
+        procs.append(
+            {
+                "pid": int(entry.name),
+                "comm": raw[open_paren + 1 : close_paren],
+                "state": rest[0],
+                "ppid": int(rest[1]),
+            }
+        )
+    procs.sort(key=lambda p: p["pid"])
+    return procs
+
+
+def list_windows(display: str) -> list[dict[str, Any]]:
+    """Top-level client windows as the window manager lists them (_NET_CLIENT_LIST)."""
+    from Xlib import X
+    from Xlib import display as xdisplay
+
+    d = xdisplay.Display(display)
+    try:
+        root = d.screen().root
+        net_client_list = d.intern_atom("_NET_CLIENT_LIST")
+        net_wm_name = d.intern_atom("_NET_WM_NAME")
+        utf8 = d.intern_atom("UTF8_STRING")
+        active_atom = d.intern_atom("_NET_ACTIVE_WINDOW")
+        prop = root.get_full_property(net_client_list, X.AnyPropertyType)
+        active = root.get_full_property(active_atom, X.AnyPropertyType)
+        active_id = active.value[0] if active and len(active.value) else None
+        windows = []
+        for wid in prop.value if prop else []:
+            w = d.create_resource_object("window", wid)
+            try:
+                name_prop = w.get_full_property(net_wm_name, utf8)
+                name = (
+                    name_prop.value.decode(errors="replace")
+                    if name_prop
+                    else (w.get_wm_name() or "")
+                )
+                if isinstance(name, bytes):
+                    name = name.decode(errors="replace")
+                wm_class = w.get_wm_class() or ("", "")
+                geom = w.get_geometry()
+                pos = root.translate_coords(w, 0, 0)
+            except Exception:
+                continue
+            windows.append(
+                {
+                    "id": wid,
+                    "name": name,
+                    "instance": wm_class[0],
+                    "class": wm_class[1],
+                    "x": pos.x,
+                    "y": pos.y,
+                    "width": geom.width,
+                    "height": geom.height,
+                    "active": wid == active_id,
+                }
+            )
+        return windows
+    finally:
+        d.close()
+
+
+# ---------------------------------------------------------------- connections and jobs
+
+
+@dataclass
+class Conn:
+    sock: socket.socket
+    inbuf: bytearray = field(default_factory=bytearray)
+    outbuf: memoryview | None = None
+    request: dict[str, Any] | None = None
+    deadline: float | None = None
+
+
+@dataclass
+class ExecJob:
+    conn: Conn
+    proc: subprocess.Popen
+    pidfd: int
+    deadline: float
+    out: bytearray = field(default_factory=bytearray)
+    err: bytearray = field(default_factory=bytearray)
+
+
+class Agent:
+    def __init__(self, sock_path: str, display: str, worker_argv: list[str]) -> None:
+        self.sock_path = sock_path
+        self.display = display
+        self.worker_argv = worker_argv
+        self.sel = selectors.DefaultSelector()
+        self.screen = Screen(display)
+        self.conns: dict[int, Conn] = {}
+        self.exec_jobs: dict[int, ExecJob] = {}  # by pidfd
+        self.steps: collections.deque[Conn] = collections.deque()
+        self.current_step: Conn | None = None
+        self.worker: subprocess.Popen | None = None
+        self.worker_sock: socket.socket | None = None
+        self.worker_ready = False
+        self.worker_buf = bytearray()
+        self.worker_started_at = 0.0
+        self.worker_restarts = 0
+        # A worker that dies before it is ready (no X, broken pyautogui) is retried with backoff
+        # instead of in a tight loop; steps meanwhile fail fast with the reason.
+        self.worker_error: str | None = None
+        self.worker_backoff = 0.0
+        self.worker_retry_at = 0.0
+        self.started_at = time.time()
+        self.stop = False
+
+    # ------------------------------------------------ setup
+
+    def listen(self) -> None:
+        path = Path(self.sock_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener.bind(self.sock_path)
+        # Owner only: the desktop user, and root on the host (which bypasses the mode).
+        os.chmod(self.sock_path, 0o600)
+        listener.listen(128)
+        listener.setblocking(False)
+        self.listener = listener
+        self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+
+    def start_worker(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.worker = subprocess.Popen(
+                [*self.worker_argv, str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:  # e.g. EAGAIN under a fork bomb: try again at the next step
+            log("worker start failed", error=str(exc))
+            parent.close()
+            self.worker = None
+            return
+        finally:
+            child.close()
+        parent.setblocking(False)
+        self.worker_sock = parent
+        self.worker_ready = False
+        self.worker_buf = bytearray()
+        self.worker_started_at = time.monotonic()
+        self.sel.register(parent, selectors.EVENT_READ, ("worker", None))
+        log("worker started", pid=self.worker.pid)
+
+    def kill_worker(self, why: str) -> None:
+        if self.worker_sock is not None:
+            self.sel.unregister(self.worker_sock)
+            self.worker_sock.close()
+            self.worker_sock = None
+        if self.worker is not None:
+            try:
+                self.worker.kill()
+            except ProcessLookupError:
+                pass
+            rc = self.worker.wait()
+            log("worker stopped", why=why, rc=rc)
+            self.worker = None
+        self.worker_ready = False
+        self.worker_restarts += 1
+
+    # ------------------------------------------------ loop
+
+    def run(self) -> int:
+        self.listen()
+        self.start_worker()
+        log("listening", socket=self.sock_path, display=self.display)
+        while not self.stop:
+            timeout = self.next_timeout()
+            for key, events in self.sel.select(timeout):
+                kind, obj = key.data
+                try:
+                    if kind == "listen":
+                        self.accept()
+                    elif kind == "conn":
+                        self.on_conn(obj, events)
+                    elif kind == "worker":
+                        self.on_worker()
+                    elif kind == "exec_pidfd":
+                        self.finish_exec(obj)
+                    elif kind == "exec_out":
+                        job = self.exec_jobs.get(obj)
+                        if job is not None:
+                            self.drain_exec(job)
+                except Exception as exc:
+                    log("handler error", kind=kind, error=repr(exc))
+                    if kind == "conn":
+                        self.reply_error(obj, "failed", f"agent error: {exc!r}")
+            self.check_deadlines()
+        return 0
+
+    def next_timeout(self) -> float | None:
+        deadlines = [j.deadline for j in self.exec_jobs.values()]
+        if self.current_step is not None and self.current_step.deadline is not None:
+            deadlines.append(self.current_step.deadline)
+        if self.worker is not None and not self.worker_ready:
+            deadlines.append(self.worker_started_at + WORKER_START_TIMEOUT_S)
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def check_deadlines(self) -> None:
+        now = time.monotonic()
+        step = self.current_step
+        if step is not None and step.deadline is not None and now >= step.deadline:
+            self.current_step = None
+            self.kill_worker("step timeout")
+            self.reply_error(
+                step,
+                "timeout",
+                "the step did not finish in time; its worker was killed and "
+                "restarted (apps it started keep running)",
+            )
+            self.start_worker()
+        if (
+            self.worker is not None
+            and not self.worker_ready
+            and now >= self.worker_started_at + WORKER_START_TIMEOUT_S
+        ):
+            self.kill_worker("worker start timeout")
+            self.fail_queued_steps("the action worker did not start in time (is X up?)")
+        for pidfd, job in list(self.exec_jobs.items()):
+            if now >= job.deadline:
+                try:
+                    os.killpg(job.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.finish_exec(pidfd, timed_out=True)
+        self.dispatch_step()
+
+    # ------------------------------------------------ connections
+
+    def accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            sock.setblocking(False)
+            conn = Conn(sock)
+            if len(self.conns) >= MAX_CONNECTIONS:
+                self.conns[sock.fileno()] = conn
+                self.sel.register(sock, selectors.EVENT_WRITE, ("conn", conn))
+                self.reply_error(conn, "failed", "agent busy: too many open requests")
+                continue
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+
+    def on_conn(self, conn: Conn, events: int) -> None:
+        if conn.outbuf is not None:
+            self.flush(conn)
+            return
+        try:
+            chunk = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            if conn.request is None:
+                self.close(conn)  # the client went away before asking anything
+            return
+        if conn.request is not None:
+            return  # one request per connection; ignore anything after it
+        conn.inbuf += chunk
+        newline = conn.inbuf.find(b"\n")
+        if newline < 0:
+            if len(conn.inbuf) > protocol.MAX_REQUEST_BYTES:
+                self.reply_error(conn, "invalid_action", "request line longer than 1 MiB")
+            return
+        try:
+            conn.request = protocol.decode_request(bytes(conn.inbuf[:newline]))
+            self.handle(conn)
+        except protocol.ProtocolError as exc:
+            self.reply_error(conn, exc.code, exc.message)
+
+    def handle(self, conn: Conn) -> None:
+        request = conn.request
+        assert request is not None
+        op = request["op"]
+        if op == "ping":
+            self.reply(
+                conn,
+                {
+                    "ok": True,
+                    "pid": os.getpid(),
+                    "uptime_s": round(time.time() - self.started_at, 3),
+                    "worker_ready": self.worker_ready,
+                    "worker_restarts": self.worker_restarts,
+                },
+            )
+        elif op == "screenshot":
+            started = time.monotonic()
+            png, w, h = self.screen.png()
+            self.reply(
+                conn,
+                {
+                    "ok": True,
+                    "content_type": "image/png",
+                    "width": w,
+                    "height": h,
+                    "elapsed_s": round(time.monotonic() - started, 4),
+                },
+                png,
+            )
+        elif op == "read_file":
+            header, data = read_file(request)
+            self.reply(conn, header, data)
+        elif op == "windows":
+            self.reply(conn, {"ok": True, "windows": list_windows(self.display)})
+        elif op == "procs":
+            self.reply(conn, {"ok": True, "procs": list_processes()})
+        elif op == "exec":
+            self.start_exec(conn, request)
+        elif op == "step":
+            action = protocol.parse_action(request.get("action"))
+            timeout = protocol.check_timeout(request, None)
+            conn.deadline = protocol.step_timeout(action, timeout)  # relative until dispatched
+            request["action"] = action.to_dict()
+            self.steps.append(conn)
+            self.dispatch_step()
+
+    def reply(self, conn: Conn, header: dict[str, Any], payload: bytes = b"") -> None:
+        if conn.outbuf is not None:
+            return
+        conn.outbuf = memoryview(protocol.encode_reply(header, payload))
+        try:
+            self.sel.modify(conn.sock, selectors.EVENT_WRITE, ("conn", conn))
+        except (KeyError, ValueError):
+            return
+        self.flush(conn)
+
+    def reply_error(self, conn: Conn, code: str, message: str, **extra: Any) -> None:
+        self.reply(conn, {"ok": False, "error": {"code": code, "message": message}, **extra})
+
+    def flush(self, conn: Conn) -> None:
+        assert conn.outbuf is not None
+        try:
+            while conn.outbuf:
+                sent = conn.sock.send(conn.outbuf)
+                conn.outbuf = conn.outbuf[sent:]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            pass  # the client went away; nothing more to do for it
+        self.close(conn)
+
+    def close(self, conn: Conn) -> None:
+        fd = conn.sock.fileno()
+        if fd >= 0:
+            self.conns.pop(fd, None)
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        conn.sock.close()
+
+    # ------------------------------------------------ steps (worker)
+
+    def fail_queued_steps(self, message: str) -> None:
+        while self.steps:
+            self.reply_error(self.steps.popleft(), "failed", message)
+
+    def dispatch_step(self) -> None:
+        if self.current_step is not None or not self.steps:
+            return
+        if self.worker is None:
+            if time.monotonic() < self.worker_retry_at:
+                self.fail_queued_steps(f"the action worker is unavailable: {self.worker_error}")
+                return
+            self.start_worker()
+            if self.worker is None:
+                self.fail_queued_steps("cannot start the action worker (out of processes?)")
+                return
+        if not self.worker_ready:
+            return  # dispatched when the worker says it is ready
+        conn = self.steps.popleft()
+        assert conn.request is not None and conn.deadline is not None
+        conn.deadline = time.monotonic() + conn.deadline
+        self.current_step = conn
+        data = json.dumps({"action": conn.request["action"]}).encode()
+        assert self.worker_sock is not None
+        self.worker_sock.setblocking(True)
+        try:
+            self.worker_sock.sendall(_LEN.pack(len(data)) + data)
+        except OSError as exc:
+            self.current_step = None
+            self.kill_worker(f"send failed: {exc}")
+            self.reply_error(conn, "failed", "the action worker died; it has been restarted")
+            self.start_worker()
+        finally:
+            if self.worker_sock is not None:
+                self.worker_sock.setblocking(False)
+
+    def on_worker(self) -> None:
+        assert self.worker_sock is not None
+        try:
+            chunk = self.worker_sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            step, self.current_step = self.current_step, None
+            rc = self.worker.poll() if self.worker else None
+            was_ready = self.worker_ready
+            self.kill_worker("worker exited")
+            if not was_ready:
+                self.worker_backoff = min(10.0, max(0.5, self.worker_backoff * 2))
+                self.worker_retry_at = time.monotonic() + self.worker_backoff
+                self.fail_queued_steps(
+                    f"the action worker cannot start: {self.worker_error}; "
+                    f"retrying in {self.worker_backoff:.1f} s"
+                )
+                return
+            if step is not None:
+                self.reply_error(
+                    step,
+                    "failed",
+                    f"the action crashed its worker process (exit {rc}); a new worker was started",
+                )
+            self.start_worker()
+            return
+        self.worker_buf += chunk
+        while len(self.worker_buf) >= _LEN.size:
+            (n,) = _LEN.unpack(self.worker_buf[: _LEN.size])
+            if len(self.worker_buf) < _LEN.size + n:
+                return
+            message = json.loads(self.worker_buf[_LEN.size : _LEN.size + n])
+            del self.worker_buf[: _LEN.size + n]
+            self.on_worker_message(message)
+
+    def on_worker_message(self, message: dict[str, Any]) -> None:
+        if message.get("ready"):
+            self.worker_ready = True
+            self.worker_error = None
+            self.worker_backoff = 0.0
+            log(
+                "worker ready",
+                pid=message.get("pid"),
+                seconds=round(time.monotonic() - self.worker_started_at, 3),
+            )
+            self.dispatch_step()
+            return
+        step, self.current_step = self.current_step, None
+        if step is None:
+            if not message.get("ok"):
+                self.worker_error = (message.get("error") or {}).get("message")
+                log("worker error outside a step", error=self.worker_error)
+            return
+        if message.get("ok"):
+            header = {
+                "ok": True,
+                "result": message.get("result", {}),
+                "elapsed_s": message.get("elapsed_s"),
+            }
+            payload = b""
+            assert step.request is not None
+            if step.request.get("screenshot"):
+                payload, w, h = self.screen.png()
+                header.update(content_type="image/png", width=w, height=h)
+            self.reply(step, header, payload)
+        else:
+            err = message.get("error", {})
+            self.reply_error(step, err.get("code", "failed"), err.get("message", ""))
+        self.dispatch_step()
+
+    # ------------------------------------------------ exec
+
+    def start_exec(self, conn: Conn, request: dict[str, Any]) -> None:
+        argv, shell = request.get("argv"), request.get("shell")
+        if (argv is None) == (shell is None):
+            raise protocol.ProtocolError("invalid_action", "exec: give argv (list) or shell (str)")
+        if argv is not None and (
+            not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)
+        ):
+            raise protocol.ProtocolError("invalid_action", "exec: argv must be a list of strings")
+        if shell is not None and not isinstance(shell, str):
+            raise protocol.ProtocolError("invalid_action", "exec: shell must be a string")
+        env_extra = request.get("env") or {}
+        if not isinstance(env_extra, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env_extra.items()
+        ):
+            raise protocol.ProtocolError("invalid_action", "exec: env must map str to str")
+        timeout = protocol.check_timeout(request, protocol.DEFAULT_STEP_TIMEOUT_S)
+        cwd = request.get("cwd") or os.environ.get("HOME", "/")
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", shell] if shell is not None else argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **env_extra},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            code = "failed"
+            hint = " (out of processes: pids limit reached?)" if exc.errno == errno.EAGAIN else ""
+            raise protocol.ProtocolError(code, f"exec: cannot start: {exc}{hint}") from exc
+        pidfd = os.pidfd_open(proc.pid)
+        assert timeout is not None
+        job = ExecJob(conn, proc, pidfd, time.monotonic() + timeout)
+        for pipe in (proc.stdout, proc.stderr):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+        self.exec_jobs[pidfd] = job
+        self.sel.register(pidfd, selectors.EVENT_READ, ("exec_pidfd", pidfd))
+        # Output is drained when the process exits; pipes are kept small by reading on exit and
+        # on each loop pass, so a chatty command cannot fill its pipe and stall.
+        self.sel.register(proc.stdout, selectors.EVENT_READ, ("exec_out", pidfd))
+        self.sel.register(proc.stderr, selectors.EVENT_READ, ("exec_out", pidfd))
+
+    def drain_exec(self, job: ExecJob) -> None:
+        """Read what the command wrote so far; past the limit output is read and dropped so a
+        chatty command never blocks on a full pipe."""
+        for pipe, buf in ((job.proc.stdout, job.out), (job.proc.stderr, job.err)):
+            assert pipe is not None
+            if pipe.closed:
+                continue
+            while True:
+                try:
+                    chunk = os.read(pipe.fileno(), 65536)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    chunk = b""
+                if not chunk:  # EOF: stop watching it (it would stay readable forever)
+                    try:
+                        self.sel.unregister(pipe)
+                    except (KeyError, ValueError):
+                        pass
+                    pipe.close()
+                    break
+                if len(buf) < EXEC_OUTPUT_LIMIT:
+                    buf += chunk[: EXEC_OUTPUT_LIMIT - len(buf)]
+
+    def finish_exec(self, pidfd: int, timed_out: bool = False) -> None:
+        job = self.exec_jobs.pop(pidfd, None)
+        if job is None:
+            return
+        rc = job.proc.wait()
+        self.drain_exec(job)
+        self.sel.unregister(pidfd)
+        os.close(pidfd)
+        # Background children (`app &`) may hold the pipes open: answer now, do not wait for EOF.
+        for pipe in (job.proc.stdout, job.proc.stderr):
+            assert pipe is not None
+            if not pipe.closed:
+                self.sel.unregister(pipe)
+                pipe.close()
+        out = job.out.decode(errors="replace")
+        err = job.err.decode(errors="replace")
+        if timed_out:
+            self.reply_error(
+                job.conn, "timeout", "exec: killed after its timeout", stdout=out, stderr=err
+            )
+        else:
+            self.reply(job.conn, {"ok": True, "rc": rc, "stdout": out, "stderr": err})
+
+
+def main(argv: list[str] | None = None) -> int:
+    sock_path = os.environ.get("DRUMS_AGENT_SOCK", protocol.SOCKET_PATH)
+    display = os.environ.get("DISPLAY", ":0")
+    package_dir = Path(__file__).resolve().parent
+    package = __package__ or "drums_guest"
+    # Start the worker the same way in the image (drums_guest) and in a source tree (drumsd.guest).
+    bootstrap = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        f"from {package}.worker import main; sys.exit(main())"
+    )
+    sys_path_root = str(package_dir.parents[len(package.split(".")) - 1])
+    worker_argv = [sys.executable, "-I", "-c", bootstrap, sys_path_root]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    agent = Agent(sock_path, display, worker_argv)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""desktop-init: pid 1 of a slot. Starts the desktop session as the desktop user, then reaps.
+
+Run as root after the runtime's stage 1 (pivot_root, /dev, /proc). It starts, as uid 1000 with
+HOME=/home/user and DISPLAY=:0: Xvfb, a session D-Bus, openbox, an xterm, any `--app` commands and
+the guest agent; writes /run/drums/ready once the agent answers; then reaps every orphan and
+restarts the agent if it dies. Outside a pid namespace it makes itself a child subreaper instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import pwd
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import protocol
+
+PR_SET_CHILD_SUBREAPER = 36
+SCREEN = f"{protocol.SCREEN_WIDTH}x{protocol.SCREEN_HEIGHT}x24"
+
+
+def log(message: str, **fields: Any) -> None:
+    record = {"t": round(time.time(), 3), "component": "desktop-init", "msg": message, **fields}
+    print(json.dumps(record), file=sys.stderr, flush=True)
+
+
+def wait_for_socket(path: str, deadline: float, ping: bool = False) -> bool:
+    """Poll until a unix socket accepts (and, for the agent, answers a ping) or time runs out."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                s.connect(path)
+                if not ping:
+                    return True
+                s.sendall(protocol.encode_request({"op": "ping"}))
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+                header, _ = protocol.split_reply(data)
+                if header.get("ok"):
+                    return True
+        except (OSError, protocol.ProtocolError):
+            pass
+        time.sleep(0.01)
+    return False
+
+
+class DesktopInit:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.pw = pwd.getpwnam(args.user)
+        self.as_root = os.geteuid() == 0
+        self.run_dir = Path(args.run_dir)
+        self.log_dir = self.run_dir / "log"
+        self.children: dict[int, tuple[str, subprocess.Popen]] = {}
+        self.agent_pid: int | None = None
+        self.agent_restarts = 0
+        self.next_agent_start = 0.0
+        self.stopping = False
+        uid = self.pw.pw_uid
+        runtime_dir = f"/run/user/{uid}"
+        self.env = {
+            "HOME": self.pw.pw_dir,
+            "USER": self.pw.pw_name,
+            "LOGNAME": self.pw.pw_name,
+            "SHELL": self.pw.pw_shell or "/bin/sh",
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games",
+            "DISPLAY": args.display,
+            "LANG": "C.UTF-8",
+            "XDG_RUNTIME_DIR": runtime_dir,
+            "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
+            "NO_AT_BRIDGE": "1",  # no accessibility bus: one process less, nothing lost here
+            "DRUMS_AGENT_SOCK": str(self.run_dir / "agent.sock"),
+            # Xvfb runs without -auth (it is reachable only inside the slot); python-xlib still
+            # insists on reading an authority file, so point it at an empty one.
+            "XAUTHORITY": str(self.run_dir / "Xauthority"),
+        }
+
+    # ------------------------------------------------ setup
+
+    def prepare_dirs(self) -> None:
+        uid, gid = self.pw.pw_uid, self.pw.pw_gid
+        for path, mode, owner in (
+            (self.run_dir, 0o755, (uid, gid)),
+            (self.log_dir, 0o755, (uid, gid)),
+            (Path("/tmp/.X11-unix"), 0o1777, (0, 0)),
+            (Path(self.env["XDG_RUNTIME_DIR"]), 0o700, (uid, gid)),
+        ):
+            path.mkdir(parents=True, exist_ok=True)
+            if self.as_root:
+                os.chown(path, *owner)
+            path.chmod(mode)
+        (self.run_dir / "ready").unlink(missing_ok=True)
+        xauth = Path(self.env["XAUTHORITY"])
+        xauth.touch()
+        if self.as_root:
+            os.chown(xauth, uid, gid)
+
+    def spawn(self, name: str, argv: list[str]) -> int | None:
+        """Start one session process as the desktop user, its output in the slot's log dir."""
+        logfile = open(self.log_dir / f"{name}.log", "ab")
+        creds: dict[str, Any] = {}
+        if self.as_root:
+            creds = {"user": self.pw.pw_uid, "group": self.pw.pw_gid, "extra_groups": []}
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=self.env,
+                cwd=self.pw.pw_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **creds,
+            )
+        except OSError as exc:
+            log("cannot start", name=name, argv=argv, error=str(exc))
+            return None
+        finally:
+            logfile.close()
+        self.children[proc.pid] = (name, proc)
+        log("started", name=name, pid=proc.pid)
+        return proc.pid
+
+    def guest_argv(self, module: str) -> list[str]:
+        """argv that runs drums' guest `module` in the image (drums_guest) or a source tree."""
+        package = __package__ or "drums_guest"
+        root = Path(__file__).resolve().parents[len(package.split("."))]
+        code = (
+            "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+            f"from {package}.{module} import main; sys.exit(main())"
+        )
+        return [sys.executable, "-I", "-c", code, str(root)]
+
+    def start(self) -> None:
+        started = time.monotonic()
+        self.prepare_dirs()
+        display_no = self.args.display.lstrip(":").split(".")[0]
+        # -noreset: the server must not reset when its last client leaves (the agent's
+        # screenshot connections come and go).
+        xvfb = [
+            "Xvfb",
+            self.args.display,
+            "-screen",
+            "0",
+            SCREEN,
+            "-nolisten",
+            "tcp",
+            "-dpi",
+            "96",
+            "-noreset",
+        ]
+        self.spawn("xvfb", [*xvfb, "-nocursor"] if self.args.no_cursor else xvfb)
+        if not wait_for_socket(f"/tmp/.X11-unix/X{display_no}", time.monotonic() + 15):
+            log("X server did not come up in 15 s; see xvfb.log", log=str(self.log_dir))
+        x_at = time.monotonic() - started
+        self.spawn(
+            "dbus",
+            [
+                "dbus-daemon",
+                "--session",
+                "--nofork",
+                "--nopidfile",
+                f"--address={self.env['DBUS_SESSION_BUS_ADDRESS']}",
+            ],
+        )
+        self.spawn("openbox", ["openbox", "--sm-disable"])
+        if not self.args.no_xterm:
+            self.spawn("xterm", ["xterm", "-geometry", "100x30+40+40"])
+        for i, app in enumerate(self.args.app):
+            self.spawn(f"app{i}", ["/bin/sh", "-c", app])
+        self.start_agent()
+        agent_ok = wait_for_socket(self.env["DRUMS_AGENT_SOCK"], time.monotonic() + 20, ping=True)
+        ready = {
+            "pid": os.getpid(),
+            "display": self.args.display,
+            "agent": self.env["DRUMS_AGENT_SOCK"],
+            "agent_ok": agent_ok,
+            "x_s": round(x_at, 3),
+            "ready_s": round(time.monotonic() - started, 3),
+            "t": time.time(),
+        }
+        tmp = self.run_dir / ".ready.tmp"
+        tmp.write_text(json.dumps(ready) + "\n")
+        os.replace(tmp, self.run_dir / "ready")
+        log("ready" if agent_ok else "agent did not answer in 20 s", **ready)
+
+    def start_agent(self) -> None:
+        self.agent_pid = self.spawn("agent", self.guest_argv("agent"))
+        if self.agent_pid is None:
+            self.next_agent_start = time.monotonic() + 1.0
+
+    # ------------------------------------------------ reaping
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.children.pop(pid, None)
+            if entry is None:
+                continue  # an orphan re-parented to us
+            name, proc = entry
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            log("exited", name=name, pid=pid, rc=proc.returncode)
+            if pid == self.agent_pid and not self.stopping:
+                self.agent_pid = None
+                self.agent_restarts += 1
+                backoff = min(5.0, 0.2 * 2 ** min(self.agent_restarts, 5))
+                self.next_agent_start = time.monotonic() + backoff
+
+    def serve(self) -> int:
+        rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wfd)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self.on_term)
+        signal.signal(signal.SIGINT, self.on_term)
+        if os.getpid() != 1:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        self.start()
+        while not self.stopping:
+            timeout = None
+            if self.agent_pid is None:
+                timeout = max(0.0, self.next_agent_start - time.monotonic())
+            try:
+                select.select([rfd], [], [], timeout)
+                os.read(rfd, 4096)
+            except (BlockingIOError, InterruptedError):
+                pass
+            self.reap()
+            if (
+                self.agent_pid is None
+                and not self.stopping
+                and time.monotonic() >= self.next_agent_start
+            ):
+                self.start_agent()
+        return self.shutdown()
+
+    def on_term(self, *_: Any) -> None:
+        self.stopping = True
+
+    def shutdown(self) -> int:
+        log("stopping", children=len(self.children))
+        for _name, proc in list(self.children.values()):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while self.children and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.02)
+        for _name, proc in list(self.children.values()):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.reap()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="desktop-init", description=__doc__)
+    parser.add_argument("--user", default="user")
+    parser.add_argument("--display", default=":0")
+    parser.add_argument("--run-dir", default=str(Path(protocol.SOCKET_PATH).parent))
+    parser.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        help="shell command to start in the session (repeatable)",
+    )
+    parser.add_argument("--no-xterm", action="store_true")
+    parser.add_argument("--no-cursor", action="store_true")
+    return DesktopInit(parser.parse_args(argv)).serve()

@@ -1,0 +1,359 @@
+"""Wire protocol between the host and the guest agent: pure encoding, decoding and validation.
+
+One connection per request (no host connection may be open while CRIU dumps the slot):
+  client -> agent   one JSON object on one line: {"op": ..., ...}
+  agent  -> client  one JSON header line {"ok": true|false, ..., "size": N}, then N raw bytes
+                    (the payload: a PNG, a file's bytes), then the agent closes the connection.
+Errors: {"ok": false, "error": {"code": "invalid_action"|"timeout"|"failed", "message": ...},
+"size": 0}. Shared by the agent (inside the image, stdlib only) and drumsd's agent client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+SOCKET_PATH = "/run/drums/agent.sock"
+READY_PATH = "/run/drums/ready"
+SCREEN_WIDTH = 1920
+SCREEN_HEIGHT = 1080
+MAX_REQUEST_BYTES = 1 << 20
+MAX_HEADER_BYTES = 1 << 24  # exec output travels in the header
+DEFAULT_STEP_TIMEOUT_S = 30.0
+MAX_TIMEOUT_S = 3600.0
+DEFAULT_READ_MAX_BYTES = 64 << 20
+
+OPS = ("ping", "step", "screenshot", "read_file", "exec", "windows", "procs")
+ERROR_CODES = ("invalid_action", "timeout", "failed")
+ACTION_TYPES = (
+    "pyautogui",
+    "click",
+    "double_click",
+    "right_click",
+    "move",
+    "drag",
+    "scroll",
+    "type",
+    "key",
+    "hotkey",
+    "wait",
+    "execute",
+    "done",
+    "fail",
+)
+BUTTONS = ("left", "right", "middle")
+
+
+class ProtocolError(Exception):
+    """A request or reply that breaks the protocol; `code` is one of ERROR_CODES."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------- framing
+
+
+def encode_request(request: dict[str, Any]) -> bytes:
+    if request.get("op") not in OPS:
+        raise ProtocolError("invalid_action", f"unknown op {request.get('op')!r}; one of {OPS}")
+    return json.dumps(request, separators=(",", ":")).encode() + b"\n"
+
+
+def decode_request(line: bytes) -> dict[str, Any]:
+    """Parse and check the envelope of one request line (not the action itself)."""
+    try:
+        request = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("invalid_action", f"request is not one JSON line: {exc}") from exc
+    if not isinstance(request, dict):
+        raise ProtocolError("invalid_action", "request must be a JSON object")
+    op = request.get("op")
+    if op not in OPS:
+        raise ProtocolError("invalid_action", f"unknown op {op!r}; expected one of {OPS}")
+    return request
+
+
+def encode_reply(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    header = {**header, "size": len(payload)}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def encode_error(code: str, message: str) -> bytes:
+    return encode_reply({"ok": False, "error": {"code": code, "message": message}})
+
+
+def split_reply(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """Split a complete reply (everything read until EOF) into header and payload."""
+    newline = data.find(b"\n")
+    if newline < 0:
+        raise ProtocolError("failed", "agent reply has no header line (connection cut short?)")
+    header = decode_header(data[:newline])
+    payload = data[newline + 1 :]
+    if len(payload) != header["size"]:
+        raise ProtocolError(
+            "failed", f"agent reply payload is {len(payload)} bytes, header says {header['size']}"
+        )
+    return header, payload
+
+
+def decode_header(line: bytes) -> dict[str, Any]:
+    try:
+        header = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("failed", f"agent header is not JSON: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("ok"), bool):
+        raise ProtocolError("failed", "agent header lacks a boolean 'ok'")
+    size = header.get("size", 0)
+    if not isinstance(size, int) or size < 0:
+        raise ProtocolError("failed", f"agent header has a bad size {size!r}")
+    header["size"] = size
+    return header
+
+
+def error_of(header: dict[str, Any]) -> tuple[str, str] | None:
+    """(code, message) of an error reply, None for success."""
+    if header.get("ok"):
+        return None
+    err = header.get("error") or {}
+    code = err.get("code") if err.get("code") in ERROR_CODES else "failed"
+    return code, str(err.get("message", "agent reported an error without a message"))
+
+
+# ---------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Action:
+    """A validated step action. Fields not used by a type keep their defaults.
+
+    Types and fields (coordinates are screen pixels, 0 <= x < 1920, 0 <= y < 1080):
+      pyautogui      code: str (Python; `pyautogui`, `time`, `os`, `subprocess` are imported)
+      click          x?, y? (default: where the pointer is), button="left", clicks=1
+      double_click   x?, y?, button="left"
+      right_click    x?, y?
+      move           x, y, duration=0
+      drag           x, y (start), to_x, to_y (end), button="left", duration=0.2
+      scroll         x?, y?, dy=0 (clicks, + is up; alias `clicks`), dx=0 (+ is right)
+      type           text: str (any Unicode)
+      key            keys: [str] pressed one after another (or `key`: str)
+      hotkey         keys: [str] held together in order, released in reverse
+      wait           seconds: 0..60
+      execute        command: str (run by /bin/sh) or [str] (argv); timeout (s, default 30)
+      done, fail     nothing: episode markers, no effect on the desktop
+    Key names are pyautogui's (enter, tab, ctrl, shift, alt, super, f1..f12, a, ...).
+    """
+
+    type: str
+    x: int | None = None
+    y: int | None = None
+    to_x: int | None = None
+    to_y: int | None = None
+    button: str = "left"
+    clicks: int = 1
+    dx: int = 0
+    dy: int = 0
+    duration: float = 0.0
+    text: str = ""
+    keys: tuple[str, ...] = ()
+    seconds: float = 0.0
+    command: str | tuple[str, ...] = ""
+    timeout: float = DEFAULT_STEP_TIMEOUT_S
+    code: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        defaults = Action(type=self.type)
+        for name in (
+            "x",
+            "y",
+            "to_x",
+            "to_y",
+            "button",
+            "clicks",
+            "dx",
+            "dy",
+            "duration",
+            "text",
+            "seconds",
+            "timeout",
+            "code",
+        ):
+            value = getattr(self, name)
+            if value != getattr(defaults, name) and not (
+                name == "button" and self.type == "right_click"
+            ):
+                out[name] = value
+        if self.keys:
+            out["keys"] = list(self.keys)
+        if self.command:
+            out["command"] = self.command if isinstance(self.command, str) else list(self.command)
+        return out
+
+
+_FIELDS: dict[str, tuple[set[str], set[str]]] = {
+    # type: (required, optional)
+    "pyautogui": ({"code"}, {"timeout"}),
+    "click": (set(), {"x", "y", "button", "clicks"}),
+    "double_click": (set(), {"x", "y", "button"}),
+    "right_click": (set(), {"x", "y"}),
+    "move": ({"x", "y"}, {"duration"}),
+    "drag": ({"x", "y", "to_x", "to_y"}, {"button", "duration"}),
+    "scroll": (set(), {"x", "y", "dx", "dy", "clicks"}),
+    "type": ({"text"}, set()),
+    "key": (set(), {"keys", "key"}),
+    "hotkey": ({"keys"}, set()),
+    "wait": ({"seconds"}, set()),
+    "execute": ({"command"}, {"timeout"}),
+    "done": (set(), set()),
+    "fail": (set(), set()),
+}
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError("invalid_action", message)
+
+
+def _coord(action: dict[str, Any], name: str, limit: int) -> int | None:
+    if name not in action or action[name] is None:
+        return None
+    value = action[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(f"{action['type']}: {name} must be a number, got {value!r}")
+    if not 0 <= value < limit:
+        raise _bad(
+            f"{action['type']}: {name}={value} is off the {SCREEN_WIDTH}x{SCREEN_HEIGHT} "
+            f"screen (0 <= {name} < {limit})"
+        )
+    return round(value)
+
+
+def _number(action: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = action.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(f"{action['type']}: {name} must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise _bad(f"{action['type']}: {name}={value} must be within [{lo}, {hi}]")
+    return float(value)
+
+
+def _integer(action: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = action.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{action['type']}: {name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise _bad(f"{action['type']}: {name}={value} must be within [{lo}, {hi}]")
+    return value
+
+
+def _keys(action: dict[str, Any]) -> tuple[str, ...]:
+    raw = action.get("keys", action.get("key"))
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(k, str) and k for k in raw):
+        raise _bad(f"{action['type']}: keys must be a non-empty list of key names, got {raw!r}")
+    return tuple(k.lower() if len(k) > 1 else k for k in raw)
+
+
+def parse_action(raw: Any) -> Action:
+    """Validate an action dict and return it as an Action, or raise ProtocolError(invalid_action)
+    with a message that says which field is wrong and what is allowed."""
+    if not isinstance(raw, dict):
+        raise _bad(f"action must be an object with a 'type', got {type(raw).__name__}")
+    kind = raw.get("type")
+    if kind not in _FIELDS:
+        raise _bad(f"unknown action type {kind!r}; expected one of {', '.join(ACTION_TYPES)}")
+    required, optional = _FIELDS[kind]
+    missing = sorted(name for name in required if name not in raw)
+    if missing:
+        raise _bad(f"{kind}: missing field(s) {', '.join(missing)}")
+    unknown = sorted(set(raw) - required - optional - {"type"})
+    if unknown:
+        allowed = ", ".join(sorted(required | optional)) or "none"
+        raise _bad(f"{kind}: unknown field(s) {', '.join(unknown)}; allowed: {allowed}")
+
+    x = _coord(raw, "x", SCREEN_WIDTH)
+    y = _coord(raw, "y", SCREEN_HEIGHT)
+    if (x is None) != (y is None):
+        raise _bad(f"{kind}: give both x and y, or neither")
+    fields: dict[str, Any] = {"type": kind, "x": x, "y": y}
+    button = raw.get("button", "right" if kind == "right_click" else "left")
+    if button not in BUTTONS:
+        raise _bad(f"{kind}: button must be one of {BUTTONS}, got {button!r}")
+    fields["button"] = button
+
+    if kind == "pyautogui":
+        if not isinstance(raw["code"], str) or not raw["code"].strip():
+            raise _bad("pyautogui: code must be a non-empty string of Python")
+        try:
+            compile(raw["code"], "<action>", "exec")
+        except SyntaxError as exc:
+            raise _bad(f"pyautogui: code does not compile: {exc.msg} (line {exc.lineno})") from exc
+        fields["code"] = raw["code"]
+        fields["timeout"] = _number(raw, "timeout", DEFAULT_STEP_TIMEOUT_S, 0.1, MAX_TIMEOUT_S)
+    elif kind == "click":
+        fields["clicks"] = _integer(raw, "clicks", 1, 1, 10)
+    elif kind == "move":
+        fields["duration"] = _number(raw, "duration", 0.0, 0.0, 10.0)
+    elif kind == "drag":
+        fields["to_x"] = _coord(raw, "to_x", SCREEN_WIDTH)
+        fields["to_y"] = _coord(raw, "to_y", SCREEN_HEIGHT)
+        fields["duration"] = _number(raw, "duration", 0.2, 0.0, 10.0)
+    elif kind == "scroll":
+        if "clicks" in raw and "dy" in raw:
+            raise _bad("scroll: give dy or its alias clicks, not both")
+        fields["dy"] = _integer(raw, "dy" if "dy" in raw else "clicks", 0, -100, 100)
+        fields["dx"] = _integer(raw, "dx", 0, -100, 100)
+        if fields["dx"] == 0 and fields["dy"] == 0:
+            raise _bad("scroll: dx and dy are both 0; give a number of clicks")
+    elif kind == "type":
+        if not isinstance(raw["text"], str):
+            raise _bad(f"type: text must be a string, got {type(raw['text']).__name__}")
+        fields["text"] = raw["text"]
+    elif kind in ("key", "hotkey"):
+        if kind == "key" and "keys" in raw and "key" in raw:
+            raise _bad("key: give keys or key, not both")
+        fields["keys"] = _keys(raw)
+    elif kind == "wait":
+        fields["seconds"] = _number(raw, "seconds", 0.0, 0.0, 60.0)
+    elif kind == "execute":
+        command = raw["command"]
+        if isinstance(command, list):
+            if not command or not all(isinstance(a, str) for a in command):
+                raise _bad("execute: command as a list must be a non-empty list of strings")
+            command = tuple(command)
+        elif not isinstance(command, str) or not command.strip():
+            raise _bad("execute: command must be a shell string or an argv list")
+        fields["command"] = command
+        fields["timeout"] = _number(raw, "timeout", DEFAULT_STEP_TIMEOUT_S, 0.1, MAX_TIMEOUT_S)
+    return Action(**fields)
+
+
+def step_timeout(action: Action, requested: float | None) -> float:
+    """How long the agent lets a step run before it kills the worker: the request's timeout if
+    given, else what the action needs plus a margin."""
+    if requested is not None:
+        return requested
+    if action.type in ("pyautogui", "execute"):
+        return action.timeout + 1.0
+    if action.type == "wait":
+        return action.seconds + 5.0
+    return DEFAULT_STEP_TIMEOUT_S
+
+
+def check_timeout(request: dict[str, Any], default: float | None) -> float | None:
+    value = request.get("timeout_s", default)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= (MAX_TIMEOUT_S)
+    ):
+        raise _bad(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S}], got {value!r}")
+    return float(value)

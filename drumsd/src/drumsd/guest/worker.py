@@ -1,0 +1,223 @@
+"""The action worker: a child of the agent that runs steps with pyautogui already imported.
+
+Steps run here, not in the agent, so code that hangs or crashes takes down only this process: the
+agent kills it on timeout and starts a new one. It talks to the agent over one socket (inherited
+fd) with length-prefixed JSON messages: {"action": {...}} in, {"ok": ..., "result"|"error"} out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import protocol
+
+_LEN = struct.Struct(">I")
+OUTPUT_LIMIT = 64 << 10
+
+
+def send_message(sock: socket.socket, message: dict[str, Any]) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any] | None:
+    head = recv_exactly(sock, _LEN.size)
+    if head is None:
+        return None
+    body = recv_exactly(sock, _LEN.unpack(head)[0])
+    return None if body is None else json.loads(body)
+
+
+class ActionFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Executor:
+    """Performs validated actions with pyautogui (X test events through the worker's own X
+    connection) and xdotool for Unicode text."""
+
+    def __init__(self) -> None:
+        import pyautogui
+
+        pyautogui.FAILSAFE = False  # agents legitimately click in screen corners
+        self.pyautogui = pyautogui
+        self.default_pause = pyautogui.PAUSE
+        self.namespace_base = {
+            "pyautogui": pyautogui,
+            "time": time,
+            "os": os,
+            "subprocess": subprocess,
+        }
+
+    def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        try:
+            action = protocol.parse_action(raw)
+        except protocol.ProtocolError as exc:
+            raise ActionFailed(exc.code, exc.message) from None
+        handler = getattr(self, f"_do_{action.type}")
+        pg = self.pyautogui
+        # Code from OSWorld-style agents expects pyautogui's default pause between calls;
+        # structured actions are one call each and do not need it.
+        pg.PAUSE = self.default_pause if action.type == "pyautogui" else 0.0
+        return handler(action) or {}
+
+    def _check_keys(self, keys: tuple[str, ...]) -> None:
+        unknown = [k for k in keys if k not in self.pyautogui.KEYBOARD_KEYS]
+        if unknown:
+            raise ActionFailed(
+                "invalid_action",
+                f"unknown key name(s) {unknown}; use pyautogui names such as enter, tab, "
+                "ctrl, shift, alt, win, esc, backspace, up, f1, a",
+            )
+
+    def _at(self, action: protocol.Action) -> dict[str, int]:
+        return {} if action.x is None else {"x": action.x, "y": action.y}
+
+    def _do_pyautogui(self, action: protocol.Action) -> dict[str, Any]:
+        namespace = dict(self.namespace_base)
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                exec(compile(action.code, "<action>", "exec"), namespace)
+        except SystemExit:
+            pass
+        except Exception as exc:
+            tb = traceback.format_exception(exc)
+            raise ActionFailed(
+                "failed", f"{type(exc).__name__}: {exc}\n{''.join(tb[-3:])}"
+            ) from None
+        return {"stdout": out.getvalue()[-OUTPUT_LIMIT:], "stderr": err.getvalue()[-OUTPUT_LIMIT:]}
+
+    def _do_click(self, a: protocol.Action) -> None:
+        self.pyautogui.click(**self._at(a), clicks=a.clicks, button=a.button)
+
+    def _do_double_click(self, a: protocol.Action) -> None:
+        self.pyautogui.click(**self._at(a), clicks=2, interval=0.05, button=a.button)
+
+    def _do_right_click(self, a: protocol.Action) -> None:
+        self.pyautogui.click(**self._at(a), button="right")
+
+    def _do_move(self, a: protocol.Action) -> None:
+        self.pyautogui.moveTo(a.x, a.y, duration=a.duration)
+
+    def _do_drag(self, a: protocol.Action) -> None:
+        pg = self.pyautogui
+        pg.moveTo(a.x, a.y)
+        pg.mouseDown(button=a.button)
+        try:
+            pg.moveTo(a.to_x, a.to_y, duration=a.duration)
+        finally:
+            pg.mouseUp(button=a.button)
+
+    def _do_scroll(self, a: protocol.Action) -> None:
+        if a.dy:
+            self.pyautogui.scroll(a.dy, **self._at(a))
+        if a.dx:
+            self.pyautogui.hscroll(a.dx, **self._at(a))
+
+    def _do_type(self, a: protocol.Action) -> None:
+        if all(c in self.pyautogui.KEYBOARD_KEYS or c == "\n" for c in a.text):
+            self.pyautogui.write(a.text)
+            return
+        # pyautogui silently drops characters without a key on the keymap; xdotool remaps.
+        proc = subprocess.run(
+            ["xdotool", "type", "--delay", "2", "--", a.text],
+            capture_output=True,
+            text=True,
+            timeout=60 + len(a.text) * 0.05,
+        )
+        if proc.returncode != 0:
+            raise ActionFailed("failed", f"xdotool type failed: {proc.stderr.strip()}")
+
+    def _do_key(self, a: protocol.Action) -> None:
+        self._check_keys(a.keys)
+        for key in a.keys:
+            self.pyautogui.press(key)
+
+    def _do_hotkey(self, a: protocol.Action) -> None:
+        self._check_keys(a.keys)
+        self.pyautogui.hotkey(*a.keys)
+
+    def _do_wait(self, a: protocol.Action) -> None:
+        time.sleep(a.seconds)
+
+    def _do_execute(self, a: protocol.Action) -> dict[str, Any]:
+        shell = isinstance(a.command, str)
+        try:
+            proc = subprocess.run(
+                a.command if shell else list(a.command),
+                shell=shell,
+                capture_output=True,
+                timeout=a.timeout,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ActionFailed("timeout", f"execute: still running after {a.timeout} s") from exc
+        except OSError as exc:
+            raise ActionFailed("failed", f"execute: cannot start {a.command!r}: {exc}") from exc
+        return {
+            "rc": proc.returncode,
+            "stdout": proc.stdout[-OUTPUT_LIMIT:].decode(errors="replace"),
+            "stderr": proc.stderr[-OUTPUT_LIMIT:].decode(errors="replace"),
+        }
+
+    def _do_done(self, a: protocol.Action) -> dict[str, Any]:
+        return {"terminal": "done"}
+
+    def _do_fail(self, a: protocol.Action) -> dict[str, Any]:
+        return {"terminal": "fail"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    try:
+        executor = Executor()
+    except Exception as exc:  # no display, no pyautogui: tell the agent why, then exit
+        send_message(
+            sock,
+            {"ok": False, "error": {"code": "failed", "message": f"worker cannot start: {exc}"}},
+        )
+        return 1
+    send_message(sock, {"ok": True, "ready": True, "pid": os.getpid()})
+    while True:
+        message = recv_message(sock)
+        if message is None:
+            return 0
+        started = time.monotonic()
+        try:
+            result = executor.run(message["action"])
+            reply: dict[str, Any] = {"ok": True, "result": result}
+        except ActionFailed as exc:
+            reply = {"ok": False, "error": {"code": exc.code, "message": str(exc)}}
+        except Exception as exc:
+            reply = {
+                "ok": False,
+                "error": {"code": "failed", "message": f"{type(exc).__name__}: {exc}"},
+            }
+        reply["elapsed_s"] = round(time.monotonic() - started, 4)
+        send_message(sock, reply)

@@ -1,0 +1,559 @@
+"""Desktop image builder: a debootstrap'd Debian root with the desktop packages and the guest agent.
+
+Two cache levels under <cache_root>/images, both keyed by content:
+  layers/<layer key>/root      debootstrap + apt + pip (key: package lists + builder version)
+  <profile>-<image key>/root   that layer + the guest files (key: layer key + guest sources hash)
+so editing the guest agent rebuilds in seconds instead of re-running debootstrap. Finished images
+are immutable lower layers: the final tree shares inodes with its layer (hard links) and must never
+be written to. The image's sha256 is taken over a manifest of the tree (path, mode, uid, gid, size,
+content hash, link target) and becomes the checkpoints' `image_sha256`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Progress = Callable[[str], None]
+
+# Bump when the build recipe changes in a way the package lists do not show.
+BUILDER_VERSION = "1"
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+
+DESKTOP_USER = "user"
+DESKTOP_UID = 1000
+# OSWorld's VM convention (its setup steps sometimes type it into sudo prompts).
+DESKTOP_PASSWORD = "password"
+GUEST_DIR_IN_IMAGE = "opt/drums/guest"
+GUEST_SOURCE_DIR = Path(__file__).resolve().parent.parent / "guest"
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    packages: tuple[str, ...]
+    pip: tuple[str, ...] = ()
+    # Extra files (path in image -> (mode, content)) that belong to the package layer.
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+BASE_PACKAGES: tuple[str, ...] = (
+    "xvfb",
+    "openbox",
+    "xterm",
+    "xdotool",
+    "x11-utils",
+    "x11-xserver-utils",
+    "xclip",
+    "scrot",
+    "python3",
+    "python-is-python3",
+    "python3-pil",
+    "python3-xlib",
+    "python3-tk",  # pyautogui imports mouseinfo, which exits without tkinter
+    "python3-pip",
+    "dbus",
+    "dbus-x11",
+    "dconf-cli",
+    "dconf-gsettings-backend",
+    "libglib2.0-bin",
+    "fonts-dejavu-core",
+    "iproute2",
+    "procps",
+    "psmisc",
+    "less",
+    "ca-certificates",
+)
+
+# Chromium as OSWorld drives it, with what a checkpointable browser needs: no sandbox (its
+# namespaces conflict with the slot's), no GPU process, nothing that phones home or syncs.
+GOOGLE_CHROME_WRAPPER = """\
+#!/bin/sh
+# drums: OSWorld calls google-chrome; this image ships Chromium with checkpoint-friendly flags.
+port=--remote-debugging-port=1337
+for a in "$@"; do case "$a" in --remote-debugging-port=*) port=;; esac; done
+exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
+    --disable-background-networking --disable-component-update --disable-sync \\
+    --password-store=basic --disable-dev-shm-usage $port "$@"
+"""
+
+PROFILES: dict[str, Profile] = {
+    "base": Profile("base", BASE_PACKAGES, pip=("pyautogui==0.9.54",)),
+    "office": Profile(
+        "office",
+        (
+            *BASE_PACKAGES,
+            "libreoffice-calc",
+            "libreoffice-writer",
+            "libreoffice-impress",
+            "fonts-liberation2",
+            "chromium",
+            "gimp",
+            "mousepad",
+            "pcmanfm",
+        ),
+        pip=("pyautogui==0.9.54",),
+        files={
+            "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
+            "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
+        },
+    ),
+}
+
+
+class ImageBuildError(RuntimeError):
+    """A build step failed; the message names the step and what to do next."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    profile: str
+    root: Path
+    sha256: str
+    key: str
+    manifest: Path
+    meta: Path
+
+
+# ---------------------------------------------------------------- pure: keys and manifest
+
+
+def layer_key(profile: Profile) -> str:
+    """Key of the package layer: what went into it, not when it was built."""
+    spec = {
+        "builder": BUILDER_VERSION,
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "packages": sorted(set(profile.packages)),
+        "pip": sorted(profile.pip),
+        "files": {k: [m, c] for k, (m, c) in sorted(profile.files.items())},
+        "user": [DESKTOP_USER, DESKTOP_UID],
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def guest_sources_hash(source_dir: Path = GUEST_SOURCE_DIR) -> str:
+    """Hash of the guest package's files (names and contents), ignoring caches."""
+    digest = hashlib.sha256()
+    for path in sorted(source_dir.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            rel = path.relative_to(source_dir).as_posix()
+            digest.update(f"{rel}\0{path.stat().st_mode & 0o777:o}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def image_key(layer: str, guest_hash: str) -> str:
+    return hashlib.sha256(f"{BUILDER_VERSION}\0{layer}\0{guest_hash}".encode()).hexdigest()[:16]
+
+
+def manifest_line(rel: str, st: os.stat_result, content_sha: str, link: str) -> str:
+    """One manifest entry; mtimes are left out so the hash says what the tree is, not when."""
+    return "\t".join(
+        [
+            rel,
+            f"{st.st_mode:o}",
+            str(st.st_uid),
+            str(st.st_gid),
+            str(st.st_size if stat.S_ISREG(st.st_mode) else 0),
+            content_sha,
+            link,
+        ]
+    )
+
+
+def iter_tree(root: Path) -> Iterator[tuple[str, Path]]:
+    """Every entry under root (not root itself), depth-first in byte order of names."""
+    stack = [(root, "")]
+    while stack:
+        directory, prefix = stack.pop()
+        names = sorted(os.listdir(directory), key=os.fsencode, reverse=True)
+        for name in names:
+            rel = f"{prefix}/{name}" if prefix else name
+            path = directory / name
+            yield rel, path
+        for name in names:
+            path = directory / name
+            if path.is_dir() and not path.is_symlink():
+                stack.append((path, f"{prefix}/{name}" if prefix else name))
+
+
+def write_manifest(root: Path, out: Path) -> str:
+    """Write the manifest of `root` to `out` and return its sha256 (the image's sha256)."""
+    by_inode: dict[tuple[int, int], str] = {}
+    lines = []
+    for rel, path in sorted(iter_tree(root), key=lambda e: os.fsencode(e[0])):
+        st = path.lstat()
+        content, link = "", ""
+        if stat.S_ISREG(st.st_mode):
+            ident = (st.st_dev, st.st_ino)
+            if ident not in by_inode:
+                by_inode[ident] = _sha256_path(path)
+            content = by_inode[ident]
+        elif stat.S_ISLNK(st.st_mode):
+            link = os.readlink(path)
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            content = f"dev:{os.major(st.st_rdev)},{os.minor(st.st_rdev)}"
+        lines.append(manifest_line(rel, st, content, link))
+    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+    out.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_path(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- effects: chroot work
+
+
+# Build commands (and the chroot) see only this environment: host settings such as PIP_* or
+# proxies must not leak into the image.
+_CLEAN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LC_ALL": "C.UTF-8",
+    "DEBIAN_FRONTEND": "noninteractive",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+
+def _run(
+    argv: Sequence[str],
+    progress: Progress,
+    what: str,
+    *,
+    env: dict | None = None,
+    stream: bool = False,
+) -> None:
+    """Run a build command; stream lines with a prefix, or keep the tail for the error."""
+    started = time.monotonic()
+    progress(f"image: {what}")
+    proc = subprocess.Popen(
+        list(argv),
+        start_new_session=True,  # so an interrupted build can kill the whole chroot job
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_CLEAN_ENV, **(env or {})},
+        errors="replace",
+    )
+    tail: list[str] = []
+    assert proc.stdout is not None
+    last_report = started
+    try:
+        for line in proc.stdout:
+            tail = [*tail[-39:], line.rstrip()]
+            now = time.monotonic()
+            if stream or now - last_report > 10:
+                progress(f"image:   [{what}] {line.rstrip()}")
+                last_report = now
+        rc = proc.wait()
+    except BaseException:
+        # Interrupted (Ctrl-C, an error): stop apt/dpkg before the caller removes their tree.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    if rc != 0:
+        raise ImageBuildError(f"{what} failed (rc={rc}): {' '.join(argv)}\n" + "\n".join(tail))
+    progress(f"image: {what}: done in {time.monotonic() - started:.1f} s")
+
+
+def _in_chroot(root: Path, script: str) -> list[str]:
+    """A shell script run inside `root` with /proc, /sys and /dev mounted in a private mount
+    namespace, so the mounts vanish with the process even if the build is interrupted."""
+    outer = (
+        'set -e; r="$1"; shift; '
+        'mount -t proc proc "$r/proc"; mount -t sysfs sysfs "$r/sys"; '
+        'mount --rbind /dev "$r/dev"; '
+        'exec chroot "$r" /bin/sh -ec "$0"'
+    )
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", outer, script, str(root)]
+
+
+def _write(root: Path, rel: str, content: str, mode: int = 0o644) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    path.chmod(mode)
+
+
+def _build_layer(profile: Profile, dest: Path, progress: Progress) -> None:
+    """debootstrap + apt + pip + desktop user into `dest` (a fresh directory)."""
+    root = dest / "root"
+    _run(
+        ["debootstrap", "--variant=minbase", SUITE, str(root), MIRROR],
+        progress,
+        f"debootstrap --variant=minbase {SUITE}",
+    )
+    # No daemons may start inside the build chroot (no init there; dbus would try).
+    _write(root, "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
+    _write(
+        root,
+        "etc/apt/apt.conf.d/90drums",
+        'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n',
+    )
+    _write(
+        root,
+        "etc/dpkg/dpkg.cfg.d/90drums-nodoc",
+        "path-exclude=/usr/share/doc/*\npath-include=/usr/share/doc/*/copyright\n"
+        "path-exclude=/usr/share/man/*\npath-exclude=/usr/share/info/*\n",
+    )
+    shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
+    packages = " ".join(sorted(set(profile.packages)))
+    _run(
+        _in_chroot(root, f"apt-get update -q && apt-get install -y -q {packages}"),
+        progress,
+        f"apt-get install {len(set(profile.packages))} packages",
+    )
+    if profile.pip:
+        # pip inside the chroot trusts the host's CA bundle for this one command: hosts behind a
+        # TLS-inspecting proxy add its CA there. The copy is removed right after.
+        host_ca = Path("/etc/ssl/certs/ca-certificates.crt")
+        cert = ""
+        if host_ca.exists():
+            shutil.copy2(host_ca, root / "tmp/drums-host-ca.crt")
+            cert = "PIP_CERT=/tmp/drums-host-ca.crt"
+        pip = " ".join(profile.pip)
+        try:
+            # setuptools comes from apt (python3-pip): sdists build without isolation.
+            _run(
+                _in_chroot(
+                    root,
+                    f"{cert} pip install -q --no-cache-dir --no-build-isolation "
+                    f"--break-system-packages --root-user-action=ignore {pip}",
+                ),
+                progress,
+                f"pip install {pip}",
+            )
+        finally:
+            (root / "tmp/drums-host-ca.crt").unlink(missing_ok=True)
+    user_script = (
+        f"useradd --create-home --home-dir /home/{DESKTOP_USER} --uid {DESKTOP_UID} "
+        f"--user-group --shell /bin/bash {DESKTOP_USER}; "
+        f"echo '{DESKTOP_USER}:{DESKTOP_PASSWORD}' | chpasswd; "
+        f"for d in Desktop Documents Downloads Pictures Music Videos .config .cache; do "
+        f"install -d -o {DESKTOP_UID} -g {DESKTOP_UID} /home/{DESKTOP_USER}/$d; done; "
+        "apt-get clean; rm -rf /var/lib/apt/lists/* /var/log/*.log /var/log/apt/* "
+        "/var/cache/debconf/*-old /var/lib/dpkg/*-old; "
+        "find / -xdev -name __pycache__ -type d -prune -exec rm -rf {} +"
+    )
+    _run(_in_chroot(root, user_script), progress, f"desktop user {DESKTOP_USER} and cleanup")
+    for rel, (mode, content) in profile.files.items():
+        _write(root, rel, content, mode)
+    _write(root, "etc/resolv.conf", "")  # the slot has no network; no host resolver leaks in
+    _write(root, "etc/hostname", "drums\n")
+    _write(root, "etc/machine-id", "")
+    (root / "usr/sbin/policy-rc.d").unlink()
+
+
+def _install_guest(root: Path, source_dir: Path) -> None:
+    """Copy the guest package into the image and write its entry points."""
+    target = root / GUEST_DIR_IN_IMAGE
+    if target.exists():
+        shutil.rmtree(target)
+    pkg = target / "drums_guest"
+    shutil.copytree(source_dir, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for entry, module in (("desktop-init", "init"), ("agent", "agent"), ("worker", "worker")):
+        _write(
+            target,
+            entry,
+            "#!/usr/bin/python3 -I\n"
+            "# drums guest entry point (generated by drumsd.linux.image).\n"
+            "import sys\n"
+            f"sys.path.insert(0, '/{GUEST_DIR_IN_IMAGE}')\n"
+            f"from drums_guest.{module} import main\n"
+            "sys.exit(main())\n",
+            0o755,
+        )
+    for path in [target, *target.rglob("*")]:
+        os.chown(path, 0, 0, follow_symlinks=False)
+        if path.is_dir():
+            path.chmod(0o755)
+        elif path.name not in ("desktop-init", "agent", "worker"):
+            path.chmod(0o644)
+
+
+def build_image(
+    profile: str,
+    cache_root: Path,
+    progress: Progress = print,
+    guest_source: Path = GUEST_SOURCE_DIR,
+) -> ImageInfo:
+    """Build (or find in the cache) the image of `profile` and return where it is and its hash."""
+    if profile not in PROFILES:
+        raise ImageBuildError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    prof = PROFILES[profile]
+    images = cache_root / "images"
+    lkey = layer_key(prof)
+    gkey = guest_sources_hash(guest_source)
+    ikey = image_key(lkey, gkey)
+    final = images / f"{profile}-{ikey}"
+    meta_path = final / "image.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        progress(f"image: {profile} is cached at {final} (sha256 {meta['sha256'][:16]}...)")
+        _point_current(images, profile, final)
+        return _info(final, meta)
+
+    started = time.monotonic()
+    layer = images / "layers" / lkey
+    layer.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(layer.parent / f".{lkey}.lock"):
+        if (layer / "layer.json").exists():
+            progress(f"image: package layer {lkey} is cached")
+        else:
+            _build_layer_cached(prof, lkey, layer, progress)
+    with _locked(images / f".{profile}-{ikey}.lock"):
+        if meta_path.exists():  # another builder finished it while we waited
+            meta = json.loads(meta_path.read_text())
+        else:
+            meta = _assemble(prof, lkey, gkey, ikey, layer, final, guest_source, progress)
+    _point_current(images, profile, final)
+    progress(f"image: {profile} ready at {final}/root in {time.monotonic() - started:.1f} s")
+    return _info(final, meta)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One builder per key at a time (two `image build` runs, or a build and `host prepare`).
+    Holding the lock also means any staging dir of this key is a leftover of a dead build."""
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        for stale in path.parent.glob(path.name.removesuffix(".lock") + ".*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+
+
+def _build_layer_cached(prof: Profile, lkey: str, layer: Path, progress: Progress) -> None:
+    started = time.monotonic()
+    progress(
+        f"image: building package layer {lkey} for {prof.name} ({len(set(prof.packages))} packages)"
+    )
+    staging = Path(tempfile.mkdtemp(prefix=f".{lkey}.", dir=layer.parent))
+    staging.chmod(0o755)  # mkdtemp makes 0700; unprivileged mount helpers must traverse it
+    try:
+        _build_layer(prof, staging, progress)
+        layer_meta = {
+            "key": lkey,
+            "profile": prof.name,
+            "packages": sorted(set(prof.packages)),
+            "pip": list(prof.pip),
+            "built_at": _now(),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        (staging / "layer.json").write_text(json.dumps(layer_meta, indent=2) + "\n")
+        if layer.exists():
+            shutil.rmtree(layer)
+        os.replace(staging, layer)
+    except BaseException:
+        progress(f"image: layer build failed; removing {staging}")
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _assemble(
+    prof: Profile,
+    lkey: str,
+    gkey: str,
+    ikey: str,
+    layer: Path,
+    final: Path,
+    guest_source: Path,
+    progress: Progress,
+) -> dict:
+    """Final image = package layer (hard links) + guest files, hashed, moved into place."""
+    progress(f"image: assembling {final.name} (layer {lkey} + guest {gkey[:12]})")
+    staging = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=final.parent))
+    staging.chmod(0o755)
+    try:
+        # Hard links: instant and space-free; safe because images are read-only lower layers.
+        _run(
+            ["cp", "-al", str(layer / "root"), str(staging / "root")],
+            progress,
+            "link package layer",
+        )
+        _install_guest(staging / "root", guest_source)
+        progress("image: hashing the tree (manifest)")
+        t0 = time.monotonic()
+        sha = write_manifest(staging / "root", staging / "manifest.tsv")
+        progress(f"image: sha256 {sha} ({time.monotonic() - t0:.1f} s)")
+        meta = {
+            "profile": prof.name,
+            "key": ikey,
+            "sha256": sha,
+            "layer_key": lkey,
+            "guest_sha256": gkey,
+            "builder_version": BUILDER_VERSION,
+            "suite": SUITE,
+            "packages": sorted(set(prof.packages)),
+            "pip": list(prof.pip),
+            "built_at": _now(),
+        }
+        (staging / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return meta
+
+
+def _point_current(images: Path, profile: str, final: Path) -> None:
+    """images/<profile> -> the newest build, for configs that name a profile, not a hash."""
+    link = images / profile
+    if link.is_symlink() and os.readlink(link) == final.name:
+        return
+    tmp = images / f".{profile}.link.{os.getpid()}"
+    if tmp.is_symlink():
+        tmp.unlink()
+    tmp.symlink_to(final.name)
+    os.replace(tmp, link)
+
+
+def _info(final: Path, meta: dict) -> ImageInfo:
+    return ImageInfo(
+        profile=meta["profile"],
+        root=final / "root",
+        sha256=meta["sha256"],
+        key=meta["key"],
+        manifest=final / "manifest.tsv",
+        meta=final / "image.json",
+    )
+
+
+def find_image(profile_or_dir: str, cache_root: Path) -> ImageInfo:
+    """Resolve a profile name (via images/<profile>) or an image directory to its ImageInfo."""
+    candidate = Path(profile_or_dir)
+    if not candidate.is_absolute():
+        candidate = cache_root / "images" / profile_or_dir
+    meta_path = candidate.resolve() / "image.json"
+    if not meta_path.exists():
+        raise ImageBuildError(
+            f"no built image at {candidate}; run `drumsd image build --profile {profile_or_dir}`"
+        )
+    return _info(candidate.resolve(), json.loads(meta_path.read_text()))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -6,8 +6,6 @@ ends the episode (`state.env_failed`, which the task's stop condition reads); a 
 only the model's mistake and comes back as text it can act on.
 """
 
-from __future__ import annotations
-
 import logging
 from typing import Any
 

@@ -1,7 +1,5 @@
 """The `drums` tool style: one tool per action, pixel coordinates, a screenshot after each."""
 
-from __future__ import annotations
-
 import verifiers.v1 as vf
 from mcp_types import CallToolResult
 

@@ -4,8 +4,6 @@ The extra tools run on the same desktop as its user, through the step API's `exe
 so they see and change exactly what the GUI shows (and what the checker will read).
 """
 
-from __future__ import annotations
-
 import verifiers.v1 as vf
 from mcp_types import CallToolResult
 

@@ -5,8 +5,6 @@ calls: click, doubleClick, rightClick, moveTo, dragTo, scroll, write, press, hot
 terminate, response); the mapping to drumsd actions is in actions.scalecua_action.
 """
 
-from __future__ import annotations
-
 import verifiers.v1 as vf
 from mcp_types import CallToolResult
 

@@ -154,6 +154,10 @@ class Config(Block):
     spares: SparesConfig = Field(default_factory=SparesConfig)
     ksm: KsmConfig = Field(default_factory=KsmConfig)
     drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    runtime: Literal["linux", "memory"] = Field(
+        default="linux",
+        description="memory = an in-process fake of the desktops, for control-plane tests only",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("listen")

@@ -50,6 +50,10 @@ class Journal:
         for sub in _DIRS.values():
             (root / sub).mkdir(parents=True, exist_ok=True)
 
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
     def record_path(self, kind: RecordKind, record_id: str) -> Path:
         return self.root / _DIRS[kind] / f"{record_id}.json"
 

@@ -1,0 +1,204 @@
+"""The quart-trio app: routes from the table, bearer auth, the error envelope.
+
+The app holds no desktops: it is handed a running Supervisor (started by `serve` in the root
+nursery) and only translates HTTP to supervisor calls and back.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import math
+from typing import Any
+
+from drums.models import ERROR_STATUS
+from pydantic import BaseModel, ValidationError
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from drumsd.api.openapi import build_openapi
+from drumsd.api.routes import ROUTES, Ctx, Raw, Route, handler_args
+from drumsd.core.config import Config
+from drumsd.core.errors import DrumsdError
+from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.api")
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+def error_response(
+    code: str,
+    message: str,
+    detail: dict[str, Any] | None = None,
+    *,
+    status: int | None = None,
+    retry_after_s: float | None = None,
+) -> Response:
+    body = {"error": {"code": code, "message": message, "detail": _jsonable(detail or {})}}
+    response = Response(
+        json.dumps(body),
+        status=status or ERROR_STATUS.get(code, 500),
+        content_type="application/json",
+    )
+    if code == "overloaded" or retry_after_s:
+        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s or 1)))
+    if code == "unauthorized":
+        response.headers["WWW-Authenticate"] = 'Bearer realm="drumsd"'
+    return response
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _validation_detail(exc: ValidationError) -> dict[str, Any]:
+    errors = [
+        {"loc": ".".join(str(p) for p in e["loc"]) or "(body)", "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+    return {"errors": errors[:50]}
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "body"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+async def _parse_body(route: Route) -> BaseModel | None:
+    if route.request is None:
+        return None
+    raw = await request.get_data(as_text=False)
+    if not raw.strip():
+        if route.body_required:
+            raise DrumsdError(
+                "invalid_request",
+                f"{route.method} {route.path} needs a JSON body ({route.request.__name__})",
+            )
+        return route.request()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DrumsdError("invalid_request", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DrumsdError(
+            "invalid_request", f"the body must be a JSON object ({route.request.__name__})"
+        )
+    try:
+        return route.request.model_validate(data)
+    except ValidationError as exc:
+        raise DrumsdError(
+            "invalid_request",
+            f"invalid {route.request.__name__}: {_describe(exc)}",
+            **_validation_detail(exc),
+        ) from None
+
+
+def _to_response(route: Route, reply: Any) -> Response:
+    if isinstance(reply, Raw):
+        return Response(reply.body, status=route.status, content_type=reply.content_type)
+    return Response(reply.model_dump_json(), status=route.status, content_type="application/json")
+
+
+def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
+    app = QuartTrio("drumsd")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
+    expected = token.encode()
+    openapi_doc = build_openapi(supervisor.version)
+    openapi_doc["paths"]["/openapi.json"] = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This schema",
+            "responses": {
+                "200": {
+                    "description": "OpenAPI 3.1",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                "401": {
+                    "description": "unauthorized",
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": "#/components/schemas/ErrorEnvelope"}
+                        }
+                    },
+                },
+            },
+        }
+    }
+    openapi_text = json.dumps(openapi_doc)
+
+    @app.before_request
+    async def _authenticate() -> Response | None:
+        if request.path in OPEN_PATHS:
+            return None
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            return error_response(
+                "unauthorized",
+                "missing or wrong bearer token: send Authorization: Bearer <token from token_file>",
+            )
+        return None
+
+    def make_view(route: Route):
+        async def view(**path: str) -> Response:
+            body = await _parse_body(route)
+            ctx = Ctx(supervisor=supervisor, config=config, query=dict(request.args))
+            reply = await route.handler(ctx, **handler_args(route, body, path))
+            return _to_response(route, reply)
+
+        view.__name__ = route.name
+        return view
+
+    for route in ROUTES:
+        app.add_url_rule(route.quart_path, route.name, make_view(route), methods=[route.method])
+
+    async def openapi_view() -> Response:
+        return Response(openapi_text, content_type="application/json")
+
+    app.add_url_rule("/openapi.json", "openapi", openapi_view, methods=["GET"])
+
+    @app.errorhandler(DrumsdError)
+    async def _drumsd_error(exc: DrumsdError) -> Response:
+        if ERROR_STATUS.get(exc.code, 500) >= 500:
+            log.warning("%s %s -> %s: %s", request.method, request.path, exc.code, exc.message)
+        return error_response(exc.code, exc.message, exc.detail, retry_after_s=exc.retry_after_s)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        if status == 404:
+            return error_response(
+                "not_found", f"no route {request.method} {request.path}; see /openapi.json"
+            )
+        if status == 405:
+            return error_response(
+                "invalid_request",
+                f"{request.method} is not allowed on {request.path}",
+                status=405,
+            )
+        if status == 413:
+            return error_response(
+                "invalid_request", f"the body is larger than {MAX_BODY_BYTES} bytes", status=413
+            )
+        if status >= 500:
+            log.error("%s %s -> HTTP %s", request.method, request.path, status)
+            return error_response("runtime_error", exc.description or "server error", status=500)
+        return error_response("invalid_request", exc.description or exc.name, status=status)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(
+            "runtime_error",
+            f"unexpected {type(exc).__name__} in drumsd; see the daemon log and report it",
+            status=500,
+        )
+
+    return app

@@ -1,0 +1,320 @@
+"""An in-memory SlotRuntime for tests of the control plane only: no desktops, no root.
+
+Slots are dicts plus a marker file per slot under `<state_dir>/memory-runtime/`, so a restarted
+daemon can adopt the slots a killed one left (the markers play the part of live process trees).
+Facts are synthesized so every gate passes unless a test injects a fault with `inject`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from drumsd.runtime.interface import (
+    CheckpointRef,
+    CommandResult,
+    RuntimeError_,
+    SlotFacts,
+    SlotHandle,
+    SlotLimits,
+    StepOutcome,
+)
+
+MOUNTS = ("/ overlay", "/proc proc", "/dev tmpfs", "/tmp tmpfs")
+FAKE_NAMESPACE_BASE = 9_000_000_000  # far from real nsfs inodes (~4026531835)
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A valid solid-colour PNG, built with the standard library."""
+    row = b"\x00" + bytes(rgb) * width
+    raw = row * height
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _write_meta(dest: Path, meta: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "meta.json").write_text(meta)
+
+
+class MemoryRuntime:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        restore_delay_s: float | None = None,
+        screen: tuple[int, int] = (64, 36),
+    ) -> None:
+        self.state_dir = state_dir
+        self.markers = state_dir / "memory-runtime"
+        self.markers.mkdir(parents=True, exist_ok=True)
+        if restore_delay_s is None:
+            restore_delay_s = float(os.environ.get("DRUMS_MEMORY_RESTORE_DELAY_S", "0") or 0)
+        self.restore_delay_s = restore_delay_s
+        self.screen = screen
+        self.slots: dict[str, dict[str, Any]] = {}
+        self.faults: dict[str, dict[str, Any]] = {}  # slot id -> facts overrides
+        self.fail_next_restore: str | None = None
+        self._next_pid = 10_000
+        self._ns = FAKE_NAMESPACE_BASE
+        self._exits: dict[str, trio.Event] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    # --- test hooks ---------------------------------------------------------------------------
+
+    def inject(self, slot_id: str, **facts: Any) -> None:
+        """Override facts of a slot (e.g. oom_kills=1, extra={"crash_exits": [...]})."""
+        self.faults.setdefault(slot_id, {}).update(facts)
+
+    def kill(self, slot_id: str) -> None:
+        """Simulate the slot's init dying."""
+        if slot_id in self.slots:
+            self.slots[slot_id]["alive"] = False
+            self._exits.setdefault(slot_id, trio.Event()).set()
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _marker(self, slot_id: str) -> Path:
+        return self.markers / f"{slot_id}.json"
+
+    def _start(self, slot_id: str, checkpoint: CheckpointRef, actions: int = 0) -> SlotHandle:
+        self._next_pid += 7
+        namespaces = {}
+        for name in ("pid", "mnt", "net", "ipc", "uts"):
+            self._ns += 1
+            namespaces[name] = self._ns
+        upper = self.state_dir / "memory-slots" / slot_id
+        handle = SlotHandle(
+            slot_id=slot_id,
+            init_pid=self._next_pid,
+            init_starttime=int(trio.current_time() * 100) % 10_000_000,
+            root=upper / "root",
+            upper=upper / "upper",
+            checkpoint_id=checkpoint.id,
+            cgroups={"memory": f"/sys/fs/cgroup/memory/drums/{slot_id}"},
+            namespaces=namespaces,
+            restore_s=self.restore_delay_s,
+            extra={"upper_sha256": checkpoint.upper_sha256},
+        )
+        self.slots[slot_id] = {
+            "handle": handle,
+            "alive": True,
+            "actions": actions,
+            "files": {},
+            "upper_sha256": checkpoint.upper_sha256,
+        }
+        self._exits[slot_id] = trio.Event()
+        marker = {"init_pid": handle.init_pid, "init_starttime": handle.init_starttime}
+        self._marker(slot_id).write_text(json.dumps(marker))
+        return handle
+
+    def _slot(self, handle: SlotHandle) -> dict[str, Any]:
+        slot = self.slots.get(handle.slot_id)
+        if slot is None or not slot["alive"]:
+            raise RuntimeError_(
+                "runtime_error", f"slot {handle.slot_id} has no live process tree; destroy it"
+            )
+        return slot
+
+    # --- SlotRuntime ----------------------------------------------------------------------------
+
+    async def restore(
+        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        self.calls.append(("restore", slot_id))
+        if self.restore_delay_s:
+            await trio.sleep(self.restore_delay_s)
+        if self.fail_next_restore:
+            message, self.fail_next_restore = self.fail_next_restore, None
+            raise RuntimeError_("restore_failed", message, slot=slot_id)
+        return self._start(slot_id, checkpoint)
+
+    async def reset(
+        self, handle: SlotHandle, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        self.calls.append(("reset", handle.slot_id))
+        await self.destroy(handle.slot_id)
+        if self.restore_delay_s:
+            await trio.sleep(self.restore_delay_s)
+        return self._start(handle.slot_id, checkpoint)
+
+    async def destroy(self, slot_id: str) -> None:
+        self.calls.append(("destroy", slot_id))
+        self.slots.pop(slot_id, None)
+        self.faults.pop(slot_id, None)
+        event = self._exits.pop(slot_id, None)
+        if event is not None:
+            event.set()
+        self._marker(slot_id).unlink(missing_ok=True)
+
+    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
+        slot = self._slot(handle)
+        kind = str(action.get("type", "pyautogui"))
+        if kind == "pyautogui" and "raise" in str(action.get("code", "")):
+            raise RuntimeError_("action_failed", "the pyautogui code raised (simulated)")
+        slot["actions"] += 1
+        output = None
+        if kind == "execute":
+            command = action.get("command")
+            text = command if isinstance(command, str) else " ".join(command or [])
+            output = CommandResult(0, f"ran: {text}\n", "")
+        return StepOutcome(action_type=kind, elapsed_s=0.0, output=output)
+
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        slot = self._slot(handle)
+        shade = (slot["actions"] * 37) % 256
+        return png(self.screen[0], self.screen[1], (shade, 128, 255 - shade))
+
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+        slot = self._slot(handle)
+        upper_hash = hashlib.sha256(f"{checkpoint_id}:{slot['actions']}".encode()).hexdigest()
+        meta = json.dumps({"id": checkpoint_id, "actions": slot["actions"]})
+        await trio.to_thread.run_sync(_write_meta, dest, meta)
+        return CheckpointRef(
+            id=checkpoint_id,
+            dir=dest,
+            lower=Path("/nonexistent/lower"),
+            image_sha256="0" * 64,
+            upper_sha256=upper_hash,
+        )
+
+    async def branch(
+        self,
+        handle: SlotHandle,
+        source: CheckpointRef,
+        child_ids: Sequence[str],
+        limits: SlotLimits,
+    ) -> list[SlotHandle]:
+        parent = self._slot(handle)
+        if self.restore_delay_s:
+            await trio.sleep(self.restore_delay_s)
+        return [self._start(cid, source, parent["actions"]) for cid in child_ids]
+
+    async def quiescent(
+        self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
+    ) -> bool:
+        self._slot(handle)
+        await trio.sleep(min(window_s, 0.01))
+        return True
+
+    async def exec_user(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        self._slot(handle)
+        return CommandResult(0, "", "")
+
+    async def exec_trusted(
+        self, handle: SlotHandle, command: str, timeout_s: float
+    ) -> CommandResult:
+        self._slot(handle)
+        return CommandResult(0, "", "")
+
+    async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
+        data = self._slot(handle)["files"].get(path)
+        if data is None:
+            raise RuntimeError_("not_found", f"no file {path} in slot {handle.slot_id}")
+        return data[:max_bytes]
+
+    async def write_file(
+        self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True
+    ) -> None:
+        self._slot(handle)["files"][path] = data
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        slot = self.slots.get(handle.slot_id)
+        alive = bool(slot and slot["alive"])
+        base = handle.init_pid
+        extra: dict[str, Any] = {
+            "lock_applied": True,
+            "guest_ready": alive,
+            "upper_sha256": slot["upper_sha256"] if slot else None,
+            "expected_mounts": list(MOUNTS),
+            "proc_names": {str(base): "init", str(base + 1): "Xvfb", str(base + 2): "openbox"},
+            "crash_exits": [],
+            "crash_watch": True,
+        }
+        fields: dict[str, Any] = {
+            "alive": alive,
+            "init_identity_ok": alive,
+            "limits_in_force": {"memory_mib": 2048, "pids_max": 1024, "vcpus": 1.0},
+            "mounts": list(MOUNTS),
+            "net_links": ["lo"],
+            "namespaces": dict(handle.namespaces),
+            "oom_kills": 0,
+            "pids": [base, base + 1, base + 2] if alive else [],
+        }
+        fault = self.faults.get(handle.slot_id, {})
+        for key, value in fault.items():
+            if key == "extra":
+                extra.update(value)
+            else:
+                fields[key] = value
+        return SlotFacts(extra=extra, **fields)
+
+    async def wait_exit(self, handle: SlotHandle) -> None:
+        event = self._exits.get(handle.slot_id)
+        if event is None:
+            return
+        await event.wait()
+
+    async def make_template(
+        self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path
+    ) -> CheckpointRef:
+        await trio.to_thread.run_sync(_write_meta, dest, json.dumps({"id": checkpoint_id}))
+        return CheckpointRef(
+            id=checkpoint_id,
+            dir=dest,
+            lower=image_root,
+            image_sha256=image_sha256,
+            upper_sha256=hashlib.sha256(checkpoint_id.encode()).hexdigest(),
+        )
+
+    async def adopt(self, handle: SlotHandle) -> bool:
+        marker = self._marker(handle.slot_id)
+        try:
+            data = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError):
+            return False
+        if data.get("init_pid") != handle.init_pid:
+            return False
+        self.slots[handle.slot_id] = {
+            "handle": handle,
+            "alive": True,
+            "actions": 0,
+            "files": {},
+            "upper_sha256": handle.extra.get("upper_sha256"),
+        }
+        self._exits[handle.slot_id] = trio.Event()
+        return True
+
+    async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
+        live = set(live_slot_ids)
+        cleaned = []
+        for marker in self.markers.glob("*.json"):
+            if marker.stem not in live:
+                marker.unlink(missing_ok=True)
+                self.slots.pop(marker.stem, None)
+                cleaned.append(marker.stem)
+        return cleaned

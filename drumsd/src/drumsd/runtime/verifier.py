@@ -1,0 +1,71 @@
+"""Seams to the task bridge (`drumsd.tasks`): loading tasks into slots and verifying episodes.
+
+The supervisor owns gates and validity; the bridge owns task files, setup steps, checkers and
+the reward audit. Until a bridge is wired in, the placeholders answer "no task loaded".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from drums.models import TaskInfo, VerifyResult
+
+from drumsd.core.errors import DrumsdError
+from drumsd.core.records import SlotRecord
+from drumsd.runtime.interface import SlotHandle
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> VerifyResult:
+        """Run the checker of the slot's task (record.task / record.task_id) on its current
+        state. Fill score, checker_error, audit, task_id, last_action, actions; the supervisor
+        then sets valid, verdict, failed_gates, invalid_reasons and trusted from the gates."""
+        ...
+
+
+@runtime_checkable
+class TaskCatalog(Protocol):
+    def list_tasks(self) -> list[TaskInfo]: ...
+
+    def get_task(self, task_id: str) -> TaskInfo | None: ...
+
+    async def load(
+        self, slot_record: SlotRecord, handle: SlotHandle, task: str | dict[str, Any]
+    ) -> tuple[TaskInfo, dict[str, Any]]:
+        """Resolve a task (id, JSON path or inline) and run its setup in the slot. Returns the
+        task's info and its JSON (kept in the slot record for verify). Raises DrumsdError
+        (unsupported_task, not_found, invalid_request, timeout) when it cannot."""
+        ...
+
+
+class NoTaskVerifier:
+    async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> VerifyResult:
+        return VerifyResult(
+            slot=slot_record.id,
+            episode=slot_record.episode,
+            task_id=slot_record.task_id,
+            score=None,
+            valid=False,
+            verdict="pending",
+            checker_error="no task loaded",
+            last_action=slot_record.last_action,
+            actions=slot_record.actions,
+        )
+
+
+class NoTaskCatalog:
+    def list_tasks(self) -> list[TaskInfo]:
+        return []
+
+    def get_task(self, task_id: str) -> TaskInfo | None:
+        return None
+
+    async def load(
+        self, slot_record: SlotRecord, handle: SlotHandle, task: str | dict[str, Any]
+    ) -> tuple[TaskInfo, dict[str, Any]]:
+        raise DrumsdError(
+            "unsupported_task",
+            "this daemon has no task bridge loaded; configure tasks.dirs and install the "
+            "drumsd task bridge",
+        )

@@ -865,6 +865,9 @@ class LinuxRuntime:
         """Cold boot: stage 1 in fresh namespaces, wait for the agent, the ready file and a quiet
         tree, then dump (the booted tree is killed by the dump)."""
         self._require_running()
+        # Pin the real directory: overlay's index ties the upper snapshot to this exact lower
+        # (a rebuilt image behind the same symlink would fail with ESTALE).
+        image_root = image_root.resolve()
         inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}")
         try:
             ok = await self._quiescent(inst, self.config.quiesce_window_s,

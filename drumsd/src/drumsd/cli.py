@@ -1,0 +1,70 @@
+"""The `drumsd` command line: serve and check-config (more subcommands register themselves)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    parser = argparse.ArgumentParser(prog="drumsd", description="the drums host daemon")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", type=Path, required=True, help="the JSON config file")
+    serve.add_argument(
+        "--trusted-unhardened",
+        action="store_true",
+        help="run slots without the hardening profile: only for trusted agent code",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a config and print the effective one")
+    check.add_argument("path", type=Path, nargs="?", help="the JSON config file")
+    check.add_argument("--defaults", action="store_true", help="print every default and exit")
+    check.set_defaults(func=_cmd_check_config)
+
+    try:
+        from drumsd import cli_host
+    except ImportError:
+        cli_host = None
+    if cli_host is not None:
+        cli_host.register(sub)
+    return parser, sub
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from drumsd.serve import main_serve
+
+    return main_serve(args.config, trusted_unhardened=args.trusted_unhardened)
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from drumsd.core.config import ConfigError, defaults_json, effective_config_json
+    from drumsd.serve import load_config
+
+    if args.defaults:
+        print(defaults_json())
+        return 0
+    if args.path is None:
+        print("drumsd check-config: give a config PATH (or --defaults)", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args.path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{exc.path}: {problem}", file=sys.stderr)
+        return 1
+    print(effective_config_json(config))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, _ = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

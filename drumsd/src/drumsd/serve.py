@@ -1,0 +1,208 @@
+"""`drumsd serve`: load the config, refuse unsafe starts, run the daemon until a signal.
+
+`main` owns the root nursery: the runtime and the slot supervisor (reaper, admission sampler,
+gate timers) start first, then hypercorn serves the app. SIGTERM/SIGINT drain in-flight requests
+within drain_timeout_s; a second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import stat
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
+from drumsd.runtime.interface import SlotRuntime
+
+log = logging.getLogger("drumsd.serve")
+
+MIN_TOKEN_CHARS = 32
+VERSION = "0.1.0"
+
+
+class Refusal(Exception):
+    """A reason not to start, said in one line with what to do."""
+
+
+def load_config(path: Path) -> Config:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the config file: {exc.strerror}"]) from None
+    return config_from_text(text, str(path))
+
+
+def read_token(path: Path) -> str:
+    """The bearer token, refusing a missing, short or group/other-readable file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise Refusal(
+            f"token_file {path} does not exist; create it with 32+ random characters, mode 0600 "
+            f"(e.g. `head -c 32 /dev/urandom | base64 > {path}; chmod 600 {path}`)"
+        ) from None
+    except OSError as exc:
+        raise Refusal(f"token_file {path} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Refusal(f"token_file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise Refusal(
+            f"token_file {path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o});"
+            f" run `chmod 600 {path}`"
+        )
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refusal(f"token_file {path} cannot be read: {exc}") from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise Refusal(
+            f"token_file {path} holds {len(token)} characters, fewer than {MIN_TOKEN_CHARS}; "
+            "write a longer random token"
+        )
+    return token
+
+
+def preflight(config: Config) -> str:
+    """Every refusal before anything starts; returns the token."""
+    host, _ = listen_host_port(config.listen)
+    if not is_loopback(host) and not config.allow_remote:
+        raise Refusal(
+            f"listen {config.listen} is not loopback and allow_remote is false; set allow_remote:"
+            " true (and put TLS in front) to serve other hosts"
+        )
+    token = read_token(config.token_file)
+    for key in ("state_dir", "journal_dir", "forgotten_dir"):
+        path: Path = getattr(config, key)
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise Refusal(
+                f"{key} {path} cannot be created: {exc.strerror}; fix the path or permissions"
+            ) from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise Refusal(f"{key} {path} is not writable by this user")
+    return token
+
+
+@asynccontextmanager
+async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
+    """The runtime named by config `runtime`: linux (the real one) or memory (tests only)."""
+    if config.runtime == "memory":
+        from drumsd.runtime.memory_runtime import MemoryRuntime
+
+        log.warning("runtime=memory: no real desktops; for control-plane tests only")
+        yield MemoryRuntime(config.state_dir)
+        return
+    try:
+        from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime
+    except ImportError as exc:
+        raise Refusal(
+            f"the Linux runtime cannot be loaded ({exc}); reinstall drumsd, or set runtime: "
+            '"memory" only for control-plane tests'
+        ) from None
+    async with open_linux_runtime(LinuxRuntimeConfig.from_config(config)) as runtime:
+        yield runtime
+
+
+async def _watch_signals(
+    shutdown: trio.Event,
+    on_first: list,
+    root: trio.CancelScope,
+    drain_timeout_s: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not shutdown.is_set():
+                log.info(
+                    "%s: draining requests (at most %.0fs); send again to stop now",
+                    name,
+                    drain_timeout_s,
+                )
+                for fn in on_first:
+                    fn()
+                shutdown.set()
+                # The hard limit on the whole shutdown: drain, then stop the supervisor.
+                root.deadline = min(root.deadline, trio.current_time() + drain_timeout_s + 2)
+            else:
+                log.warning("%s again: stopping now", name)
+                root.cancel()
+                return
+
+
+async def serve_async(config: Config, token: str) -> None:
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve
+
+    from drumsd.api.app import create_app
+    from drumsd.linux.journal_io import Journal
+    from drumsd.runtime.supervisor import Supervisor
+
+    async with open_runtime(config) as runtime, trio.open_nursery() as root:
+        shutdown = trio.Event()
+        hooks: list = []
+        await root.start(
+            partial(_watch_signals, shutdown, hooks, root.cancel_scope, config.drain_timeout_s)
+        )
+        journal = await trio.to_thread.run_sync(Journal, config.journal_dir)
+        supervisor = Supervisor(config, runtime, journal, version=VERSION)
+        with trio.fail_after(300):  # reconcile and adoption have a limit too
+            await root.start(supervisor.run)
+        hooks.append(lambda: setattr(supervisor, "draining", True))
+
+        app = create_app(supervisor, config, token)
+        hc = HyperConfig()
+        hc.bind = [config.listen]
+        hc.graceful_timeout = config.drain_timeout_s
+        hc.accesslog = None
+        hc.errorlog = logging.getLogger("hypercorn.error")
+
+        async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+            root.cancel_scope.cancel()  # HTTP drained: stop the supervisor and the runtime
+
+        binds = await root.start(run_http)
+        log.info(
+            "listening on %s (profile=%s, runtime=%s)",
+            ", ".join(binds),
+            config.profile,
+            config.runtime,
+        )
+        print(f"drumsd: listening on {', '.join(binds)}", file=sys.stderr, flush=True)
+
+
+def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"drumsd: {exc.path}: {problem}", file=sys.stderr)
+        return 2
+    if trusted_unhardened:
+        config = config.model_copy(update={"profile": "trusted"})
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        token = preflight(config)
+        trio.run(serve_async, config, token)
+    except Refusal as exc:
+        print(f"drumsd: refusing to start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    log.info("stopped")
+    return 0

@@ -75,14 +75,19 @@ def scope_probe(spec: TaskSpec) -> Solution:
 
 
 def task_json(spec: TaskSpec, task_id: str, seed: int, index: int) -> dict[str, Any]:
+    names = [posixpath.basename(p) for p in spec.files]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{spec.family}: two seeded files share a name in {sorted(spec.files)}")
     dirs = sorted({posixpath.dirname(p) for p in spec.files} | set(spec.dirs))
     config: list[dict[str, Any]] = [
         {"type": "execute", "parameters": {"command": ["mkdir", "-p", *dirs]}},
         {
-            "type": "upload_file",
+            # drumsd's drums_files step: sources are <assets_dir>/<task id>/<src>, placed owned by
+            # the desktop user (the agent must be able to save over them).
+            "type": "drums_files",
             "parameters": {
                 "files": [
-                    {"local_path": asset_name(task_id, p), "path": p} for p in sorted(spec.files)
+                    {"src": posixpath.basename(p), "path": p} for p in sorted(spec.files)
                 ]
             },
         },

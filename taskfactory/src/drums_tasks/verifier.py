@@ -717,7 +717,7 @@ def image_pixels(paths: Paths, options: Options) -> float:
             rgb = im.convert("RGB")
     except Exception:
         return 0.0
-    return _score(_judge_pixels(rgb.getpixel, rgb.width, rgb.height, options))
+    return _score(_judge_pixels(lambda x, y: rgb.getpixel((x, y)), rgb.width, rgb.height, options))
 
 
 def _png_decode(data: bytes) -> tuple[int, int, list[bytes], int]:

@@ -154,6 +154,14 @@ def scan_scope(
                     seeds_intact.append(slot_path)
                     continue
                 changed.append(slot_path)
+    for path in manifest.seeded:
+        # A seed that left the upper layer without a whiteout was deleted, unless the image
+        # (e.g. a checkpoint taken after setup) still holds it.
+        under_root = any(path.startswith(r.rstrip("/") + "/") for r in manifest.roots)
+        in_upper = os.path.lexists(upper_dir / path.lstrip("/"))
+        in_lower = lower_dir is not None and os.path.lexists(lower_dir / path.lstrip("/"))
+        if under_root and not in_upper and not in_lower:
+            changed.append(path)
     violations = [p for p in changed if not allowed(p.rstrip("/"), manifest.allow)]
     return ScopeReport(
         checked=True,

@@ -183,12 +183,17 @@ def _import_failure(exc: BaseException) -> str:
 
 
 def _load_metric(func: str) -> Any:
-    _install_optional_stand_ins()
+    missing = _install_optional_stand_ins()
     metrics_dir = _register_empty_packages(_desktop_env_root())
     names = exported_metrics(metrics_dir)
     if func not in names:
         raise LookupError(f"{func!r} is not a metric exported by desktop_env")
     module = importlib.import_module(f"{_METRICS_PACKAGE}.{names[func]}")
+    # Refuse a function that uses a missing library even where a path of it would not reach
+    # the library: its scores would be half of what OSWorld computes.
+    needs = functions_needing((metrics_dir / f"{names[func]}.py").read_text(), missing)
+    if func in needs:
+        raise ImportError(f"{func} needs {needs[func]}, not installed in the checker venv")
     return getattr(module, func)
 
 
@@ -262,7 +267,15 @@ def handle(request: dict[str, Any], scratch: Path) -> dict[str, Any]:
         elif kind == "drums_verifier":
             sys.path.insert(0, request["module_dir"])
             module = importlib.import_module(request["module"])
-            func = getattr(module, request["check"])
+            checks = getattr(module, "CHECKS", None)
+            if isinstance(checks, dict) and request["check"] in checks:
+                func = checks[request["check"]]
+            elif hasattr(module, request["check"]):
+                func = getattr(module, request["check"])
+            else:
+                raise LookupError(
+                    f"verifier module {request['module']!r} has no check {request['check']!r}"
+                )
         else:
             return {"ok": False, "error_class": "bad_request", "error": f"unknown kind {kind!r}"}
     except LookupError as exc:

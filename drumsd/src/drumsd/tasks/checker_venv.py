@@ -1,10 +1,10 @@
 """The checker virtualenv: OSWorld's metric code and its libraries, apart from the daemon.
 
 It lives in `<root>/checker-venv-<hash>`, the hash covering the pinned requirements, the
-desktop-env version and the Python version, so a change to any of them builds a new one beside the
-old. A build happens in a temporary directory renamed into place at the end, so a half-built venv
-is never used. After the build, a probe inside the venv records which metric names load
-(`drums-probe.json`), which is what `support()` reads.
+desktop-env version, the Python version and checker_runner.py, so a change to any of them builds a
+new one beside the old (old ones can be deleted by hand). A build happens in a temporary directory
+renamed into place at the end, so a half-built venv is never used. After the build, a probe inside
+the venv records which metric names load (`drums-probe.json`), which is what `support()` reads.
 """
 
 from __future__ import annotations
@@ -71,7 +71,13 @@ def venv_hash() -> str:
         digest.update(part.encode() + b"\n")
     for line in pinned_requirements():
         digest.update(line.encode() + b"\n")
+    # The runner is copied into the venv, so a new runner means a new venv.
+    digest.update(runner_source().encode())
     return digest.hexdigest()[:16]
+
+
+def runner_source() -> str:
+    return resources.files("drumsd.tasks").joinpath("checker_runner.py").read_text()
 
 
 def venv_path(root: Path = DEFAULT_ROOT) -> Path:
@@ -225,8 +231,7 @@ async def ensure_checker_venv(
             await _run([*install, "-r", str(req)], "installing the checker libraries", 900)
             runner_dir = staging / RUNNER_DIR
             runner_dir.mkdir()
-            source = resources.files("drumsd.tasks").joinpath("checker_runner.py").read_text()
-            (runner_dir / "checker_runner.py").write_text(source)
+            (runner_dir / "checker_runner.py").write_text(runner_source())
             progress("probe", "loading every exported metric module")
             catalog = await probe_metrics(
                 staging / "bin" / "python", runner_dir / "checker_runner.py"

@@ -132,6 +132,8 @@ async def prepare_metrics(
 
     Raises GetterError/GetterUnsupported when a getter cannot read the slot.
     """
+    if ev.is_drums_verifier:
+        return [await _prepare_verifier(ev, task, access, ctx, run_dir, check, prefix)]
     prepared: list[PreparedMetric] = []
     for i, spec in enumerate(metric_specs(ev)):
         result_env = GetterEnv(access, ctx, task, f"{prefix}result{i}", run_dir, "result")
@@ -144,16 +146,35 @@ async def prepare_metrics(
         args = [result]
         if spec.expected:
             args.append(await get_value(spec.expected, expected_env))
-        if ev.is_drums_verifier:
-            assert ev.module is not None
-            module_dir = find_verifier_module(ev.module, ctx)
-            if module_dir is None:
-                raise GetterUnsupported(f"verifier module {ev.module!r} is not installed")
-            call = verifier_call(module_dir, ev.module, check or ev.check or "", args, spec.options)
-        else:
-            call = metric_call(spec.func, args, spec.options)
-        prepared.append(PreparedMetric(spec.func, call))
+        prepared.append(PreparedMetric(spec.func, metric_call(spec.func, args, spec.options)))
     return prepared
+
+
+async def _prepare_verifier(
+    ev: Evaluator,
+    task: Task,
+    access: SlotAccess,
+    ctx: TaskContext,
+    run_dir: Path | None,
+    check: str | None,
+    prefix: str,
+) -> PreparedMetric:
+    """drums_verifier: `check(paths, options)`, paths mapping each result's dest to a file path
+    (None when the file does not exist): the checker itself decides what a missing file means."""
+    if ev.module is None or (check or ev.check) is None:
+        raise GetterUnsupported("drums_verifier evaluator needs 'module' and 'check'")
+    module_dir = find_verifier_module(ev.module, ctx)
+    if module_dir is None:
+        raise GetterUnsupported(f"verifier module {ev.module!r} is not installed")
+    results = ev.result if isinstance(ev.result, list) else [ev.result] if ev.result else []
+    paths: dict[str, Any] = {}
+    for i, config in enumerate(results):
+        env = GetterEnv(access, ctx, task, f"{prefix}result{i}", run_dir, "expected")
+        # role "expected": a missing file is passed as None instead of scoring 0 outright
+        paths[config.get("dest") or f"result{i}"] = await get_value(config, env)
+    options = ev.options if isinstance(ev.options, dict) else {}
+    call = verifier_call(module_dir, ev.module, check or ev.check or "", [paths, options], None)
+    return PreparedMetric("drums_verifier", call)
 
 
 async def score_prepared(prepared: list[PreparedMetric], conj: str, run: RunChecker) -> Scoring:

@@ -89,5 +89,6 @@
     sleep_millisecs = 20;
   };
   drain_timeout_s = 10.0;
+  runtime = "linux";
   log_level = "info";
 }

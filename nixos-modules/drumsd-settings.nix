@@ -439,6 +439,11 @@ in
     default = defaults.drain_timeout_s;
     description = "drumsd setting `drain_timeout_s`";
   };
+  runtime = mkOption {
+    type = types.enum [ "linux" "memory" ];
+    default = defaults.runtime;
+    description = "memory = an in-process fake of the desktops, for control-plane tests only";
+  };
   log_level = mkOption {
     type = types.enum [ "debug" "info" "warning" "error" ];
     default = defaults.log_level;

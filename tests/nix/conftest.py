@@ -1,0 +1,199 @@
+"""Shared pieces of the Nix packaging's CI tests: tool lookup that fails under CI, and a real
+`drumsd serve` managed by the local stand-in for a NixOS test machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VM_TESTS = REPO / "vm-tests"
+SCENARIOS = VM_TESTS / "scenarios"
+for path in (VM_TESTS, SCENARIOS):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))
+CRIU = Path(os.environ.get("DRUMS_CRIU", "/usr/local/sbin/criu"))
+
+
+def require_tool(name: str) -> str:
+    """Path of `name`; under DRUMS_CI=1 a missing tool fails the test instead of skipping it."""
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} not found on PATH (install it: apt-get install -y nix-bin)"
+    if os.environ.get("DRUMS_CI") == "1":
+        pytest.fail(f"DRUMS_CI=1 but {message}")
+    pytest.skip(message)
+
+
+def nix_env() -> dict[str, str]:
+    """Offline Nix: no binary cache to retry, no store writes beyond what parsing needs."""
+    return {
+        **os.environ,
+        "NIX_CONFIG": "substituters =\nexperimental-features = nix-command flakes",
+    }
+
+
+def live_runtime_problems() -> list[str]:
+    """What this host lacks for drumsd's Linux runtime (empty: it can run real desktops)."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root")
+    if not os.access(CRIU, os.X_OK):
+        problems.append(f"no CRIU at {CRIU} (run scripts/prepare-host.sh)")
+    try:
+        from drumsd.linux.image import find_image
+
+        find_image("base", CACHE_ROOT)
+    except Exception as exc:  # the image module says what to run
+        problems.append(f"no base image: {exc}")
+    return problems
+
+
+def require_live_runtime() -> None:
+    """Skip a live scenario without DRUMS_LIVE=1; with it, a host that cannot run one fails."""
+    problems = live_runtime_problems()
+    if not problems:
+        return
+    if os.environ.get("DRUMS_LIVE") == "1":
+        pytest.fail("DRUMS_LIVE=1 but the Linux runtime cannot run here: " + "; ".join(problems))
+    pytest.skip("needs the Linux runtime (DRUMS_LIVE=1): " + "; ".join(problems))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def daemon_argv(config: Path) -> list[str]:
+    """`drumsd serve --config PATH`; DRUMS_DAEMON_CMD overrides it ({config} is substituted)."""
+    override = os.environ.get("DRUMS_DAEMON_CMD")
+    if override:
+        return [part.replace("{config}", str(config)) for part in shlex.split(override)]
+    launcher = "import sys\nfrom drumsd.cli import main\nsys.exit(main())"
+    return [sys.executable, "-c", launcher, "serve", "--config", str(config)]
+
+
+@dataclass
+class LocalDaemon:
+    machine: object
+    target: object
+    config_path: Path
+    log_path: Path
+    live: bool
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def config_model_fields() -> set[str]:
+    from drumsd.core.config import Config
+
+    return set(Config.model_fields)
+
+
+def local_config(tmp: Path, port: int, live: bool) -> dict:
+    state_dir = Path(f"/run/drums-nixtest-{uuid.uuid4().hex[:8]}") if live else tmp / "state"
+    config = {
+        "listen": f"127.0.0.1:{port}",
+        "token_file": str(tmp / "secrets" / "token"),
+        "state_dir": str(state_dir),
+        "journal_dir": str(tmp / "journal"),
+        "forgotten_dir": str(tmp / "forgotten"),
+        "images_dir": str(tmp / "images"),
+        "tasks": {"cache_dir": str(tmp / "task-cache")},
+        # This small CI machine: admit on what it has, not a production host's margins.
+        "admission": {"min_available_mib": 512, "min_state_free_mib": 64, "min_available_pct": 1},
+        "log_level": "debug",
+    }
+    if live:
+        from drumsd.linux.image import find_image
+
+        image = find_image("base", CACHE_ROOT)
+        config.update(
+            lower=str(image.root),
+            image_sha256=image.sha256,
+            criu=str(CRIU),
+            images_dir=str(CACHE_ROOT / "images"),
+        )
+        if "runtime" in config_model_fields():
+            config.update(runtime="linux")
+    else:
+        config.update(crash_watch=False)
+        if "runtime" in config_model_fields():
+            config.update(runtime="memory")
+    extra = os.environ.get("DRUMS_NIXTEST_CONFIG")
+    if extra:
+        config.update(json.loads(Path(extra).read_text()))
+    return config
+
+
+@pytest.fixture
+def local_daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalDaemon]:
+    """A real `drumsd serve` run as the emulated unit `drumsd` of a LocalMachine.
+
+    Parametrize indirectly with True for the Linux runtime (live) or False for the memory one.
+    """
+    from drums_http import Target
+    from local_machine import LocalMachine, LocalUnit
+
+    live = bool(getattr(request, "param", False))
+    port = free_port()
+    config = local_config(tmp_path, port, live)
+    config_path = tmp_path / "drumsd.json"
+    config_path.write_text(json.dumps(config, indent=2))
+    log_path = tmp_path / "drumsd.log"
+    src = [REPO / "drumsd" / "src", REPO / "sdk" / "src"]
+    env = {"PYTHONPATH": os.pathsep.join(str(p) for p in src), "PYTHONUNBUFFERED": "1"}
+    unit = LocalUnit(
+        name="drumsd",
+        argv=daemon_argv(config_path),
+        token_file=Path(config["token_file"]),
+        env=env,
+        log_path=log_path,
+    )
+    machine = LocalMachine([unit])
+    target = Target(
+        base_url=f"http://127.0.0.1:{port}",
+        token_file=config["token_file"],
+        state_dir=config["state_dir"],
+        journal_dir=config["journal_dir"],
+        config_path=str(config_path),
+    )
+    daemon = LocalDaemon(machine, target, config_path, log_path, live)
+    machine.start()
+    try:
+        yield daemon
+    finally:
+        machine.shutdown()
+        if live:
+            _unmount_below(Path(config["state_dir"]))
+
+
+def _unmount_below(root: Path) -> None:
+    """Leave no mount of a live run behind, deepest first (a failed test may have left some)."""
+    import subprocess
+
+    targets = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4].startswith(str(root))
+    ]
+    for target in sorted(targets, key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], check=False)
+    shutil.rmtree(root, ignore_errors=True)

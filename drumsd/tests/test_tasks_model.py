@@ -1,0 +1,178 @@
+"""Task loading, placeholders and support() over the shared OSWorld tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from drumsd.tasks.model import (
+    MetricCatalog,
+    Task,
+    TaskContext,
+    TaskError,
+    fill_placeholders,
+    find_task,
+    list_tasks,
+    resolve_task,
+    support,
+    task_support_table,
+)
+from drumsd.tasks.testing import checker_context
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
+
+# What this host says about every shared task with an empty download cache, a real checker venv
+# and a desktop without a terminal reader (docs/tasks-osworld.md lists the same).
+EXPECTED_UNSUPPORTED = {
+    "01b269ae-2111-4a07-81fd-3fcd711993b0": "Student_Level_Fill_Blank.xlsx",
+    "e528b65e-1107-4b8c-8988-490e4fece599": "Geography_And_Magical_Realism.docx",
+    "13584542-872b-42d8-b299-866967b5c3ef": "terminal_output",
+}
+
+
+@pytest.fixture(scope="session")
+def venv_ctx() -> TaskContext:
+    return checker_context()
+
+
+def shared_dir() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"shared OSWorld tasks not found at {SHARED}")
+    return SHARED
+
+
+def test_every_shared_task_loads() -> None:
+    tasks, broken = list_tasks([shared_dir()])
+    assert broken == {}
+    assert len(tasks) == 15
+    assert {t.id for t in tasks} >= set(EXPECTED_UNSUPPORTED)
+
+
+def test_support_of_every_shared_task(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    ctx = venv_ctx.model_copy(update={"task_dirs": [shared_dir()], "cache_dir": tmp_path})
+    rows = {row.id: row for row in task_support_table(ctx)}
+    assert len(rows) == 15
+    for task_id, row in rows.items():
+        if task_id in EXPECTED_UNSUPPORTED:
+            assert not row.supported, row
+            assert EXPECTED_UNSUPPORTED[task_id] in (row.reason or ""), row
+        else:
+            assert row.supported, row
+    # The missing download is named with its full cache path.
+    calc = rows["01b269ae-2111-4a07-81fd-3fcd711993b0"].reason or ""
+    assert str(tmp_path / "01b269ae-2111-4a07-81fd-3fcd711993b0") in calc
+
+
+def test_cached_downloads_make_calc_supported(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task = find_task("01b269ae-2111-4a07-81fd-3fcd711993b0", [shared_dir()])
+    ctx = venv_ctx.model_copy(update={"cache_dir": tmp_path})
+    folder = tmp_path / task.id
+    folder.mkdir()
+    (folder / "Student_Level_Fill_Blank.xlsx").write_bytes(b"x")
+    ok, reason = support(task, ctx)
+    assert not ok and "Student_Level_Fill_Blank_gold.xlsx" in (reason or "")  # expected file
+    (folder / "Student_Level_Fill_Blank_gold.xlsx").write_bytes(b"x")
+    assert support(task, ctx) == (True, None)
+
+
+def test_terminal_reader_makes_13584542_supported(venv_ctx: TaskContext) -> None:
+    task = find_task("13584542-872b-42d8-b299-866967b5c3ef", [shared_dir()])
+    ctx = venv_ctx.model_copy(update={"capabilities": frozenset({"terminal_output"})})
+    assert support(task, ctx) == (True, None)
+
+
+def base_task(**overrides: object) -> dict:
+    data = {
+        "id": "t1",
+        "instruction": "x",
+        "config": [],
+        "evaluator": {"func": "exact_match", "result": {"type": "rule", "rules": {}}},
+    }
+    data.update(overrides)
+    return data
+
+
+CATALOG = MetricCatalog(
+    exported={"exact_match": "general", "compare_image_text": "docs"},
+    unsupported={"compare_image_text": "needs 'easyocr', not installed in the checker venv"},
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"proxy": True}, "proxy"),
+        ({"config": [{"type": "googledrive", "parameters": {}}]}, "googledrive"),
+        ({"config": [{"type": "login", "parameters": {}}]}, "login"),
+        ({"config": [{"type": "tidy_desktop", "parameters": {}}]}, "tidy_desktop"),
+        ({"evaluator": {"func": "compare_image_text", "result": {"type": "rule", "rules": {}}}},
+         "easyocr"),
+        ({"evaluator": {"func": "nope", "result": {"type": "rule", "rules": {}}}}, "'nope'"),
+        ({"evaluator": {"func": "exact_match", "result": {"type": "vm_wallpaper"}}},
+         "vm_wallpaper"),
+        ({"evaluator": {"func": "exact_match", "result": {"type": "googledrive_file"}}},
+         "googledrive"),
+        ({"config": [{"type": "upload_file", "parameters": {
+            "files": [{"local_path": "/etc/passwd", "path": "/home/user/p"}]}}]}, "outside"),
+        ({"evaluator": {"func": ["exact_match", "exact_match"],
+                        "result": [{"type": "rule", "rules": {}}]}}, "list of 2"),
+    ],
+)  # fmt: skip
+def test_unsupported_reasons(overrides: dict, reason: str, tmp_path: Path) -> None:
+    ctx = TaskContext(metrics=CATALOG, assets_dir=tmp_path)
+    ok, why = support(resolve_task(base_task(**overrides), []), ctx)
+    assert not ok and reason in (why or ""), why
+
+
+def test_upload_from_assets_dir_is_supported(tmp_path: Path) -> None:
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1" / "a.txt").write_text("a")
+    step = {
+        "type": "upload_file",
+        "parameters": {"files": [{"local_path": "t1/a.txt", "path": "p"}]},
+    }
+    ctx = TaskContext(metrics=CATALOG, assets_dir=tmp_path)
+    assert support(resolve_task(base_task(config=[step]), []), ctx) == (True, None)
+
+
+def test_without_checker_venv_metric_tasks_are_unsupported() -> None:
+    ok, why = support(resolve_task(base_task(), []), TaskContext())
+    assert not ok and "checker venv" in (why or "")
+    infeasible = base_task(evaluator={"func": "infeasible"})
+    assert support(resolve_task(infeasible, []), TaskContext()) == (True, None)
+
+
+def test_load_by_id_path_and_inline(tmp_path: Path) -> None:
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    (nested / "whatever.json").write_text(json.dumps(base_task(id="deep-id")))
+    (tmp_path / "broken.json").write_text("{")
+    assert find_task("deep-id", [tmp_path]).id == "deep-id"
+    assert resolve_task(str(nested / "whatever.json"), []).id == "deep-id"
+    assert resolve_task(base_task(id="inline"), []).id == "inline"
+    with pytest.raises(TaskError, match="no task with id 'missing'"):
+        find_task("missing", [tmp_path])
+    with pytest.raises(TaskError, match="not JSON"):
+        resolve_task(str(tmp_path / "broken.json"), [])
+    with pytest.raises(TaskError, match="not a valid OSWorld task"):
+        resolve_task({"id": "x"}, [])
+    _tasks, broken = list_tasks([tmp_path])
+    assert list(broken) == [tmp_path / "broken.json"]
+
+
+def test_placeholders() -> None:
+    ctx = TaskContext(client_password="pw", screen_width=1920, screen_height=1080)
+    cmd = ["x", "{SCREEN_WIDTH_HALF},{SCREEN_HEIGHT_HALF} {SCREEN_WIDTH}x{SCREEN_HEIGHT}"]
+    assert fill_placeholders(cmd, ctx) == ["x", "960,540 1920x1080"]
+    assert fill_placeholders("echo {CLIENT_PASSWORD}", ctx) == "echo pw"
+
+
+def test_conj_must_be_and_or() -> None:
+    with pytest.raises(TaskError, match="conj"):
+        resolve_task(base_task(evaluator={"func": "exact_match", "conj": "xor"}), [])
+
+
+def test_task_model_keeps_osworld_fields() -> None:
+    task = Task.model_validate(base_task(snapshot="os", possibility_of_env_change="low"))
+    assert task.snapshot == "os" and task.model_extra == {"possibility_of_env_change": "low"}

@@ -128,11 +128,8 @@ def list_windows(display: str) -> list[dict[str, Any]]:
             w = d.create_resource_object("window", wid)
             try:
                 name_prop = w.get_full_property(net_wm_name, utf8)
-                name = (
-                    name_prop.value.decode(errors="replace")
-                    if name_prop
-                    else (w.get_wm_name() or "")
-                )
+                # python-xlib hands UTF8_STRING values back as str or bytes by version.
+                name = name_prop.value if name_prop else (w.get_wm_name() or "")
                 if isinstance(name, bytes):
                     name = name.decode(errors="replace")
                 wm_class = w.get_wm_class() or ("", "")

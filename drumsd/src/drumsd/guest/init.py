@@ -176,7 +176,11 @@ class DesktopInit:
         )
         self.spawn("openbox", ["openbox", "--sm-disable"])
         if not self.args.no_xterm:
-            self.spawn("xterm", ["xterm", "-geometry", "100x30+40+40"])
+            # An Xft font: the image has no bitmap fonts (xterm's default "fixed").
+            self.spawn(
+                "xterm",
+                ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-geometry", "100x30+40+40"],
+            )
         for i, app in enumerate(self.args.app):
             self.spawn(f"app{i}", ["/bin/sh", "-c", app])
         self.start_agent()

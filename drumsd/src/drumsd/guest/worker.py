@@ -142,9 +142,10 @@ class Executor:
         if all(c in self.pyautogui.KEYBOARD_KEYS or c == "\n" for c in a.text):
             self.pyautogui.write(a.text)
             return
-        # pyautogui silently drops characters without a key on the keymap; xdotool remaps.
+        # pyautogui silently drops characters without a key on the keymap; xdotool remaps a
+        # spare keycode per character (below ~10 ms per key the app may read the restored map).
         proc = subprocess.run(
-            ["xdotool", "type", "--delay", "2", "--", a.text],
+            ["xdotool", "type", "--delay", "12", "--", a.text],
             capture_output=True,
             text=True,
             timeout=60 + len(a.text) * 0.05,

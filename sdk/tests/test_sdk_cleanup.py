@@ -163,3 +163,28 @@ def test_sigint_is_held_during_cleanup_and_raised_after() -> None:
             reached_end_of_block = True
     assert reached_end_of_block
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_overlapping_holds_restore_the_handler_whatever_order_they_end() -> None:
+    first, second = sigint_held(), sigint_held()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # ends before the one that started after it
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # still held
+    second.__exit__(None, None, None)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_closed_client_says_so(daemon: Daemon, run_async: Run) -> None:
+    client = daemon.client()
+    client.close()
+    with pytest.raises(drums.ConnectionFailed, match="closed"):
+        client.health()
+
+    async def body() -> None:
+        aclient = daemon.aclient()
+        await aclient.aclose()
+        with pytest.raises(drums.ConnectionFailed, match="closed"):
+            await aclient.health()
+
+    run_async(body)

@@ -170,3 +170,21 @@ def test_client_exit_destroys_what_it_created_only(daemon: Daemon) -> None:
         client.attach(foreign_id)
     envs, _ = daemon.leftovers()
     assert envs == [foreign_id]
+
+
+def test_any_existing_local_file_is_sent_inline(client: drums.Client, tmp_path: Path) -> None:
+    path = tmp_path / "my-task"  # no .json suffix: still a local file
+    path.write_text(json.dumps(dict(TASK_FILE, id="inline-3")))
+    assert client.create(task=str(path)).slot.task_id == "inline-3"
+    path.write_text("[1, 2]")
+    with pytest.raises(drums.InvalidRequest, match="not an object"):
+        client.create(task=str(path))
+
+
+def test_observe_tolerates_a_task_the_daemon_does_not_list(
+    daemon: Daemon, client: drums.Client
+) -> None:
+    env = client.create(task="task-ok")
+    daemon.faults.error("GET", "/v1/tasks/task-ok", "not_found")
+    obs = env.observe()
+    assert obs.instruction == "" and obs.meta["task_id"] == "task-ok"

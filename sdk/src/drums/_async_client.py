@@ -44,7 +44,7 @@ from ._base import (
     verify_outcome,
 )
 from ._config import Secret
-from ._exceptions import DrumsError, Timeout, foreign_errors
+from ._exceptions import DrumsError, NotFound, Timeout, foreign_errors
 from ._observation import Observation
 from ._retry import RetryPolicy
 from ._routes import Call, StateRef, Timeouts
@@ -182,6 +182,7 @@ class AsyncClient(BaseClient["AsyncEnv"]):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._http.aclose()
+            self._closed = True
         for env_id in self._owned_envs:  # the cleanup deadline cut the loop short
             env_failures.setdefault(env_id, Timeout("cleanup deadline passed", env_id=env_id))
         if env_failures and raise_leaks:
@@ -281,7 +282,10 @@ class AsyncEnv(EnvBase):
 
     async def observe(self) -> Observation:
         if self._needs_instruction():
-            self._instruction = (await self._client.task(self.slot.task_id or "")).instruction
+            try:
+                self._instruction = (await self._client.task(self.slot.task_id or "")).instruction
+            except NotFound:  # an inline task the daemon does not list by id
+                self._instruction = ""
         png = await self._send(routes.screenshot(self.id, self._t))
         return self._observation(png)
 

@@ -32,7 +32,7 @@ from ._base import (
     verify_outcome,
 )
 from ._config import Secret
-from ._exceptions import DrumsError, Timeout, foreign_errors
+from ._exceptions import DrumsError, NotFound, Timeout, foreign_errors
 from ._observation import Observation
 from ._retry import RetryPolicy
 from ._routes import Call, StateRef, Timeouts
@@ -162,6 +162,7 @@ class Client(BaseClient["Env"]):
                 state_failures = self._delete_states(list(self._owned_states), deadline)
         finally:
             self._http.close()
+            self._closed = True
         if env_failures and raise_leaks:
             raise self._leak_error(env_failures, "env(s)")
         if state_failures and raise_leaks:
@@ -239,7 +240,10 @@ class Env(EnvBase):
     def observe(self) -> Observation:
         """The screenshot now, with the episode's metadata (instruction and more)."""
         if self._needs_instruction():
-            self._instruction = self._client.task(self.slot.task_id or "").instruction
+            try:
+                self._instruction = self._client.task(self.slot.task_id or "").instruction
+            except NotFound:  # an inline task the daemon does not list by id
+                self._instruction = ""
         png = self._send(routes.screenshot(self.id, self._t))
         return self._observation(png)
 

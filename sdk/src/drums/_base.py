@@ -34,6 +34,7 @@ from ._config import Secret, Settings, resolve_settings
 from ._exceptions import (
     CheckerFailed,
     CleanupFailed,
+    ConnectionFailed,
     DrumsError,
     EnvGone,
     InvalidEpisode,
@@ -59,27 +60,24 @@ ActionArg = Union[str, m.Action, Mapping[str, Any]]
 def task_ref(task: TaskArg) -> m.TaskRef:
     """A task as the daemon takes it: an inline dict, or an id (or a path on the daemon's host).
 
-    A path that exists here is read here and sent inline, so local task files work against a remote
-    daemon; any other string is sent as is, for the daemon to resolve as an OSWorld id or its path.
+    A string naming a file that exists here is read here and sent inline, so local task files work
+    against a remote daemon; any other string is sent as is, for the daemon to resolve as an OSWorld
+    id (or a path on its own host). A `Path` must exist.
     """
     if isinstance(task, Mapping):
         return dict(task)
     path = Path(task)
-    if isinstance(task, os.PathLike) or path.suffix == ".json":
-        if path.is_file():
-            try:
-                loaded = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise InvalidRequest(f"task file {path} is not readable JSON: {exc}") from exc
-            if not isinstance(loaded, dict):
-                raise InvalidRequest(
-                    f"task file {path} holds a {type(loaded).__name__}, not an object"
-                )
-            return loaded
-        if isinstance(task, os.PathLike):
-            raise InvalidRequest(
-                f"task file {path} does not exist; pass an existing path or a task id"
-            )
+    if path.is_file():
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise InvalidRequest(f"task file {path} is not readable JSON: {exc}") from exc
+        if not isinstance(loaded, dict):
+            kind = type(loaded).__name__
+            raise InvalidRequest(f"task file {path} holds a {kind}, not an object")
+        return loaded
+    if isinstance(task, os.PathLike):
+        raise InvalidRequest(f"task file {path} does not exist; pass an existing path or a task id")
     return str(task)
 
 
@@ -137,6 +135,7 @@ class BaseClient(Generic[E]):
         # What this client created and must remove when it closes: env id -> env, state id -> state.
         self._owned_envs: Dict[str, E] = {}
         self._owned_states: Dict[str, m.Checkpoint] = {}
+        self._closed = False
 
     @property
     def url(self) -> str:
@@ -148,6 +147,11 @@ class BaseClient(Generic[E]):
     # --- requests and answers -----------------------------------------------------------------
 
     def _build(self, call: Call[Any]) -> httpx.Request:
+        if self._closed:
+            raise ConnectionFailed(
+                f"{call.what}: this client is closed; open a new one with drums.connect()",
+                env_id=call.env_id,
+            )
         headers = {"Accept": "application/json"}
         token = self._settings.token
         if call.auth and token is not None:

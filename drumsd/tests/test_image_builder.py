@@ -1,0 +1,77 @@
+"""The image builder's pure parts: cache keys, the guest hash and the tree manifest."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from drumsd.linux import image
+
+
+def test_layer_key_ignores_package_order_and_duplicates() -> None:
+    base = image.PROFILES["base"]
+    shuffled = dataclasses.replace(base, packages=(*reversed(base.packages), "xterm"))
+    assert image.layer_key(shuffled) == image.layer_key(base)
+    more = dataclasses.replace(base, packages=(*base.packages, "gedit"))
+    assert image.layer_key(more) != image.layer_key(base)
+
+
+def test_profiles() -> None:
+    base, office = image.PROFILES["base"], image.PROFILES["office"]
+    assert {"xvfb", "openbox", "python-is-python3", "python3-tk"} <= set(base.packages)
+    assert set(base.packages) < set(office.packages)
+    assert "chromium" in office.packages
+    wrapper = office.files["usr/local/bin/google-chrome"][1]
+    assert "--no-sandbox" in wrapper and "--remote-debugging-port=1337" in wrapper
+    assert image.layer_key(base) != image.layer_key(office)
+
+
+def test_guest_hash_follows_guest_sources_only(tmp_path: Path) -> None:
+    (tmp_path / "agent.py").write_text("print(1)\n")
+    first = image.guest_sources_hash(tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "agent.cpython-311.pyc").write_bytes(b"junk")
+    assert image.guest_sources_hash(tmp_path) == first
+    (tmp_path / "agent.py").write_text("print(2)\n")
+    second = image.guest_sources_hash(tmp_path)
+    assert second != first
+    assert image.image_key("layer", first) != image.image_key("layer", second)
+
+
+def make_tree(root: Path) -> None:
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "hostname").write_text("drums\n")
+    (root / "bin").mkdir()
+    (root / "bin" / "tool").write_text("#!/bin/sh\n")
+    (root / "bin" / "tool").chmod(0o755)
+    (root / "bin" / "alias").symlink_to("tool")
+    os.link(root / "bin" / "tool", root / "bin" / "hardlink")
+
+
+def test_manifest_is_deterministic_and_sees_content_mode_and_links(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_tree(a)
+    make_tree(b)
+    sha_a = image.write_manifest(a, tmp_path / "a.tsv")
+    assert image.write_manifest(b, tmp_path / "b.tsv") == sha_a  # mtimes differ, hash does not
+    lines = (tmp_path / "a.tsv").read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [
+        "bin",
+        "bin/alias",
+        "bin/hardlink",
+        "bin/tool",
+        "etc",
+        "etc/hostname",
+    ]
+    assert lines[1].split("\t")[-1] == "tool"
+
+    (b / "etc" / "hostname").write_text("other\n")
+    assert image.write_manifest(b, tmp_path / "b.tsv") != sha_a
+    make_tree(c := tmp_path / "c")
+    (c / "bin" / "tool").chmod(0o700)
+    assert image.write_manifest(c, tmp_path / "c.tsv") != sha_a
+    make_tree(d := tmp_path / "d")
+    (d / "bin" / "alias").unlink()
+    (d / "bin" / "alias").symlink_to("hardlink")
+    assert image.write_manifest(d, tmp_path / "d.tsv") != sha_a

@@ -26,7 +26,7 @@ class DirSlot:
     def __init__(self, root: Path, windows: list[WindowInfo] | None = None) -> None:
         self.root = root
         self.home = root / "home" / "user"
-        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "Desktop").mkdir(parents=True, exist_ok=True)  # as in the desktop image
         self.fakebin = root / "fakebin"
         self.fakebin.mkdir(exist_ok=True)
         self.user_commands: list[list[str] | str] = []

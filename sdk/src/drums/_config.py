@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Mapping, NoReturn, Optional, Union
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 DEFAULT_TOKEN_FILE = "/etc/drums/token"
@@ -37,7 +37,7 @@ class Secret:
     def __hash__(self) -> int:
         return hash(self._value)
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a drums Secret is not picklable, so it cannot leak through pickles")
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -134,7 +135,9 @@ def local_config(tmp: Path, port: int, live: bool) -> dict:
         if "runtime" in config_model_fields():
             config.update(runtime="linux")
     else:
-        config.update(crash_watch=False)
+        # The in-memory runtime fakes desktops but still wants an image to name.
+        (tmp / "lower").mkdir(exist_ok=True)
+        config.update(crash_watch=False, lower=str(tmp / "lower"), image_sha256="0" * 64)
         if "runtime" in config_model_fields():
             config.update(runtime="memory")
     extra = os.environ.get("DRUMS_NIXTEST_CONFIG")
@@ -143,21 +146,18 @@ def local_config(tmp: Path, port: int, live: bool) -> dict:
     return config
 
 
-@pytest.fixture
-def local_daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalDaemon]:
-    """A real `drumsd serve` run as the emulated unit `drumsd` of a LocalMachine.
-
-    Parametrize indirectly with True for the Linux runtime (live) or False for the memory one.
-    """
+@contextlib.contextmanager
+def open_local_daemon(tmp: Path, live: bool) -> Iterator[LocalDaemon]:
+    """A real `drumsd serve` run as the emulated unit `drumsd` of a LocalMachine, stopped (and,
+    for the Linux runtime, its mounts removed) on exit."""
     from drums_http import Target
     from local_machine import LocalMachine, LocalUnit
 
-    live = bool(getattr(request, "param", False))
     port = free_port()
-    config = local_config(tmp_path, port, live)
-    config_path = tmp_path / "drumsd.json"
+    config = local_config(tmp, port, live)
+    config_path = tmp / "drumsd.json"
     config_path.write_text(json.dumps(config, indent=2))
-    log_path = tmp_path / "drumsd.log"
+    log_path = tmp / "drumsd.log"
     src = [REPO / "drumsd" / "src", REPO / "sdk" / "src"]
     env = {"PYTHONPATH": os.pathsep.join(str(p) for p in src), "PYTHONUNBUFFERED": "1"}
     unit = LocalUnit(
@@ -175,10 +175,9 @@ def local_daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Loc
         journal_dir=config["journal_dir"],
         config_path=str(config_path),
     )
-    daemon = LocalDaemon(machine, target, config_path, log_path, live)
     machine.start()
     try:
-        yield daemon
+        yield LocalDaemon(machine, target, config_path, log_path, live)
     finally:
         machine.shutdown()
         if live:

@@ -164,8 +164,19 @@ class DrumsHttp:
         code, sha, size, magic = out.split()
         return Screenshot(int(code), sha, int(size), magic == "89504e470d0a1a0a")
 
-    def create_slot(self, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        slot = self.ok("POST", "/v1/slots", body or {})
+    def create_slot(
+        self, body: dict[str, Any] | None = None, timeout_s: float = 300.0
+    ) -> dict[str, Any]:
+        """Create a slot; a 503 (the image's template checkpoint is still being built on a fresh
+        host) is retried until `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reply = self.request("POST", "/v1/slots", body or {})
+            if reply.status != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        check(200 <= reply.status < 300, f"create answered {reply.status}: {reply.raw[:2000]}")
+        slot = reply.body
         check(isinstance(slot, dict) and "id" in slot, f"create answered no slot id: {slot!r}")
         return slot
 

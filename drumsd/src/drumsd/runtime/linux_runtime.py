@@ -168,6 +168,7 @@ class _Instance:
     image_sha256: str = ""
     error: str = ""
     boot_proc: trio.Process | None = None
+    phases: dict[str, float] = field(default_factory=dict)
     born: float = field(default_factory=time.monotonic)
 
     @property
@@ -385,12 +386,15 @@ class LinuxRuntime:
                     await trio.to_thread.run_sync(self._teardown_fs, prepared.paths)
                     prepared = None
                 iid = _new_iid(owner.replace(":", "-"))
+                t_fs = time.monotonic()
                 paths = await trio.to_thread.run_sync(
                     self._prepare_fs, iid, owner, checkpoint.dir / "upper", lower,
                     limits.tmpfs_mib,
                 )
+                t_fs = time.monotonic() - t_fs
             inst = _Instance(iid, paths, {}, checkpoint.id, lower, attempts=attempt,
                              image_sha256=checkpoint.image_sha256)
+            inst.phases["fs"] = round(t_fs if "t_fs" in locals() else 0.0, 4)
             ok = False
             try:
                 ok = await self._restore_once(inst, images, limits, freeze=freeze)
@@ -426,7 +430,10 @@ class LinuxRuntime:
         )
         t0 = time.monotonic()
         async with self.restore_limiter:
+            t_criu = time.monotonic()
             done = await self._launcher.run(argv, work / "criu.out")
+        inst.phases["queue"] = round(t_criu - t0, 4)
+        inst.phases["criu"] = round(time.monotonic() - t_criu, 4)
         if done.returncode != 0 or not pidfile.exists():
             errors = criu.log_errors((work / "restore.log").read_text(errors="replace")
                                      if (work / "restore.log").exists() else "")
@@ -449,6 +456,7 @@ class LinuxRuntime:
                     with contextlib.suppress(cgroups.CgroupError):
                         self.driver.set_cpu(inst.cgroups, limits.vcpus)
         inst.restore_s = time.monotonic() - t0
+        inst.phases["agent"] = round(inst.restore_s - inst.phases["queue"] - inst.phases["criu"], 4)
         self._watch(inst)
         return True
 
@@ -537,7 +545,7 @@ class LinuxRuntime:
             attempts=inst.attempts,
             extra={"iid": inst.iid, "lower": [str(p) for p in inst.lower], "spare": spare,
                    "cgroup_version": self.driver.version, "profile": self.config.profile,
-                   "image_sha256": inst.image_sha256},
+                   "image_sha256": inst.image_sha256, "phases": dict(inst.phases)},
         )
 
     def _inst(self, handle: SlotHandle) -> _Instance:

@@ -1,0 +1,337 @@
+"""`drumsd bench`: how fast and how dense the Linux runtime is on this host, against a cold boot.
+
+Measures, on real restored desktops: the cold boot a boot-per-episode system pays (the baseline),
+create, reset p50/p99 (restore path, and through warm spares), branch of 4 and 8 (wall until every
+child's agent answers), step + screenshot round trips, memory per idle slot without and with KSM,
+and how many idle slots fit within the admission limits. Prints a table and writes JSON.
+"""
+
+# Small /proc and cgroup reads stay inline (microseconds).
+# ruff: noqa: ASYNC240, ASYNC110
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from drumsd.runtime.interface import SlotHandle, SlotLimits
+
+Progress = Callable[[str], None]
+MIB = 1024 * 1024
+KSM = Path("/sys/kernel/mm/ksm")
+BENCH_LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=512)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    image: str = "base"
+    cache_root: Path = Path("/var/cache/drums")
+    state_dir: Path = Path("/run/drums-bench")
+    criu: Path = Path("/usr/local/sbin/criu")
+    out: Path = Path("bench.json")
+    resets: int = 50
+    spare_resets: int = 30
+    spare_interval_s: float = 0.5
+    steps: int = 50
+    cold_boots: int = 3
+    branches: Sequence[int] = (4, 8)
+    idle_slots: int = 8
+    ksm_wait_s: float = 90.0
+    limits: SlotLimits = BENCH_LIMITS
+    min_available_mib: int = 4096
+    min_available_pct: float = 8.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 4),
+        "p99": round(percentile(values, 99), 4),
+        "max": round(max(values), 4),
+        "mean": round(statistics.fmean(values), 4),
+    }
+
+
+def slots_that_fit(available_mib: float, total_mib: float, per_slot_mib: float,
+                   min_available_mib: int, min_available_pct: float) -> int:
+    """Idle slots admission would still accept: memory above the reserve, over the cost of one."""
+    reserve = max(min_available_mib, total_mib * min_available_pct / 100)
+    if per_slot_mib <= 0:
+        return 0
+    return max(0, int((available_mib - reserve) // per_slot_mib))
+
+
+def render_table(r: dict[str, Any]) -> str:
+    cold = r["cold_boot_s"]["p50"]
+    rows: list[tuple[str, str, str]] = [("cold boot (baseline)", f"{cold:.3f} s", "1x")]
+    if "template_s" in r:
+        rows.append(("template (boot+quiesce+dump)", f"{r['template_s']['p50']:.3f} s", ""))
+
+    def line(name: str, key: str, stat: str = "p50") -> None:
+        if key in r:
+            v = r[key][stat]
+            rows.append((f"{name} {stat}", f"{v:.3f} s", f"{cold / v:.0f}x faster" if v else "-"))
+
+    line("create (restore -> agent)", "create_s")
+    line("reset, restore path", "reset_s")
+    line("reset, restore path", "reset_s", "p99")
+    line("reset, warm spare", "reset_spare_s")
+    line("reset, warm spare", "reset_spare_s", "p99")
+    for n in r.get("branch", {}):
+        v = r["branch"][n]["p50"]
+        rows.append((f"branch of {n} (all answer) p50", f"{v:.3f} s",
+                     f"{n * cold / v:.1f}x faster than {n} cold boots"))
+    line("step + screenshot", "step_screenshot_s")
+    line("step + screenshot", "step_screenshot_s", "p99")
+    mem = r.get("memory", {})
+    if mem:
+        rows.append(("idle slot memory, no KSM", f"{mem['per_slot_mib_no_ksm']:.1f} MiB", ""))
+        if "per_slot_mib_ksm" in mem:
+            rows.append(("idle slot memory, KSM", f"{mem['per_slot_mib_ksm']:.1f} MiB", ""))
+        rows.append(("idle slots that fit (admission)", str(mem["slots_fit_no_ksm"]),
+                     f"KSM: {mem.get('slots_fit_ksm', '-')}"))
+    w = max(len(a) for a, _, _ in rows)
+    return "\n".join(f"{a:<{w}}  {b:>12}  {c}" for a, b, c in rows)
+
+
+def _meminfo() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = int(v.split()[0]) // 1024  # MiB
+    return out
+
+
+def _slot_anon_mib(handle: SlotHandle) -> float:
+    """Anonymous memory charged to the slot (page cache of the shared image excluded)."""
+    d = Path(handle.cgroups["memory"])
+    stat = dict(
+        (k, int(v)) for k, v in
+        (ln.split() for ln in (d / "memory.stat").read_text().splitlines())
+    )
+    anon = stat.get("total_rss", stat.get("rss", stat.get("anon", 0)))
+    shmem = stat.get("total_shmem", stat.get("shmem", 0))
+    return (anon + shmem) / MIB
+
+
+def _ksm_saved_mib() -> float:
+    try:
+        return int((KSM / "pages_sharing").read_text()) * os.sysconf("SC_PAGE_SIZE") / MIB
+    except OSError:
+        return 0.0
+
+
+async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str, Any]:
+    from drumsd.linux.image import find_image
+    from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime
+
+    image = find_image(opts.image, opts.cache_root)
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    base_cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu)
+    results: dict[str, Any] = {
+        "host": {"cpus": os.cpu_count(), "kernel": os.uname().release,
+                 "mem_total_mib": _meminfo()["MemTotal"], "loadavg_start": os.getloadavg()},
+        "image": {"profile": image.profile, "sha256": image.sha256},
+        "options": {k: (str(v) if isinstance(v, Path) else v)
+                    for k, v in asdict(opts).items() if k != "limits"},
+    }
+    lim = opts.limits
+    ck_dir = opts.state_dir / "checkpoints" / f"bench-{uuid.uuid4().hex[:6]}"
+
+    async with open_linux_runtime(base_cfg) as rt:
+        await rt.sweep([])
+        progress(f"cold boot x{opts.cold_boots} of image {image.profile} ...")
+        boots = []
+        for _ in range(opts.cold_boots):
+            inst, boot_s = await rt.cold_boot(image.root.resolve(), "bench:cold")
+            boots.append(boot_s)
+            await rt.dispose_instance(inst)
+        results["cold_boot_s"] = summarize(boots)
+
+        progress("template (cold boot, quiesce, dump) ...")
+        t0 = time.monotonic()
+        ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template")
+        results["template_s"] = summarize([time.monotonic() - t0])
+        meta = json.loads((ref.dir / "meta.json").read_text())
+        results["template_dump_s"] = meta.get("dump_s")
+
+        progress("create x5 ...")
+        creates = []
+        for i in range(5):
+            t0 = time.monotonic()
+            h = await rt.restore(f"bench-c{i}", ref, lim)
+            creates.append(time.monotonic() - t0)
+            await rt.destroy(h.slot_id)
+        results["create_s"] = summarize(creates)
+
+        progress(f"reset x{opts.resets} (restore path) ...")
+        h = await rt.restore("bench-r", ref, lim)
+        resets = []
+        for _ in range(opts.resets):
+            t0 = time.monotonic()
+            h = await rt.reset(h, ref, lim)
+            resets.append(time.monotonic() - t0)
+        results["reset_s"] = summarize(resets)
+
+        progress(f"step + screenshot x{opts.steps} ...")
+        rtts = []
+        for _ in range(opts.steps):
+            x, y = random.randrange(200, 1700), random.randrange(200, 900)
+            t0 = time.monotonic()
+            await rt.step(h, {"type": "move", "x": x, "y": y})
+            await rt.screenshot(h)
+            rtts.append(time.monotonic() - t0)
+        results["step_screenshot_s"] = summarize(rtts)
+
+        results["branch"] = {}
+        for n in opts.branches:
+            progress(f"branch of {n} x3 ...")
+            walls = []
+            for k in range(3):
+                pre = await rt.capture(h, f"bench-pre-{n}-{k}", ck_dir / f"pre-{n}-{k}")
+                t0 = time.monotonic()
+                kids = await rt.branch(h, pre, [f"bench-b{n}-{k}-{i}" for i in range(n)], lim)
+                walls.append(time.monotonic() - t0)
+                for kid in kids:
+                    await rt.destroy(kid.slot_id)
+            results["branch"][str(n)] = summarize(walls)
+        await rt.destroy(h.slot_id)
+
+        progress(f"memory of {opts.idle_slots} idle slots, no KSM ...")
+        idle = [await rt.restore(f"bench-m{i}", ref, lim) for i in range(opts.idle_slots)]
+        await trio.sleep(3)
+        per_slot = [_slot_anon_mib(s) for s in idle]
+        for s in idle:
+            await rt.destroy(s.slot_id)
+        mem: dict[str, Any] = {"per_slot_mib_no_ksm": round(statistics.fmean(per_slot), 1)}
+        results["memory"] = mem
+
+    if KSM.is_dir():
+        cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, ksm=True,
+                                 ksm_pages_to_scan=5000, ksm_sleep_millisecs=10,
+                                 spares_per_checkpoint=2)
+        async with open_linux_runtime(cfg) as rt:
+            progress(f"memory of {opts.idle_slots} idle slots with KSM (up to "
+                     f"{opts.ksm_wait_s:.0f} s to merge) ...")
+            saved0 = _ksm_saved_mib()
+            idle = [await rt.restore(f"bench-k{i}", ref, lim) for i in range(opts.idle_slots)]
+            last, stable_since = -1.0, time.monotonic()
+            deadline = time.monotonic() + opts.ksm_wait_s
+            while time.monotonic() < deadline and time.monotonic() - stable_since < 10:
+                await trio.sleep(2)
+                now = _ksm_saved_mib()
+                if abs(now - last) > 2:
+                    last, stable_since = now, time.monotonic()
+            # A merged page stays charged to one slot's memcg and leaves the others', so the
+            # sum of the slots' charges is the real cost of the group.
+            total = sum(_slot_anon_mib(s) for s in idle)
+            mem["ksm_saved_mib"] = round(max(0.0, _ksm_saved_mib() - saved0), 1)
+            mem["ksm_merge_wait_s"] = round(time.monotonic() - deadline + opts.ksm_wait_s, 1)
+            mem["per_slot_mib_ksm"] = round(total / len(idle), 1)
+            for s in idle:
+                await rt.destroy(s.slot_id)
+
+            progress(f"reset x{opts.spare_resets} through warm spares "
+                     f"(one per {opts.spare_interval_s} s) ...")
+            rt.enable_spares(ref, lim)
+            with trio.fail_after(120):
+                while rt.spare_counts().get(ref.id, 0) < cfg.spares_per_checkpoint:
+                    await trio.sleep(0.1)
+            h = await rt.restore("bench-s", ref, lim)
+            spare, hits = [], 0
+            for _ in range(opts.spare_resets):
+                await trio.sleep(opts.spare_interval_s)
+                t0 = time.monotonic()
+                h = await rt.reset(h, ref, lim)
+                spare.append(time.monotonic() - t0)
+                hits += bool(h.extra.get("spare"))
+            results["reset_spare_s"] = summarize(spare)
+            results["reset_spare_hits"] = hits
+            await rt.destroy(h.slot_id)
+            await rt.drop_spares(ref.id)
+
+    info = _meminfo()
+    for key, cost in (("no_ksm", mem["per_slot_mib_no_ksm"]),
+                      ("ksm", mem.get("per_slot_mib_ksm"))):
+        if cost:
+            mem[f"slots_fit_{key}"] = slots_that_fit(
+                info["MemAvailable"], info["MemTotal"], cost, opts.min_available_mib,
+                opts.min_available_pct,
+            )
+    results["host"]["loadavg_end"] = os.getloadavg()
+    cold = results["cold_boot_s"]["p50"]
+    results["ratios_vs_cold_boot"] = {
+        "create": round(cold / results["create_s"]["p50"], 1),
+        "reset_p50": round(cold / results["reset_s"]["p50"], 1),
+        **({"reset_spare_p50": round(cold / results["reset_spare_s"]["p50"], 1)}
+           if "reset_spare_s" in results else {}),
+    }
+    results["targets"] = {
+        "reset_p50<=0.20": results["reset_s"]["p50"] <= 0.20,
+        "reset_p99<=0.50": results["reset_s"]["p99"] <= 0.50,
+        "branch8<=1.2": results["branch"].get("8", {}).get("p50", 99) <= 1.2,
+        "step_screenshot_p50<=0.080": results["step_screenshot_s"]["p50"] <= 0.080,
+    }
+    shutil.rmtree(ck_dir, ignore_errors=True)
+    return results
+
+
+def add_bench_args(parser: argparse.ArgumentParser) -> None:
+    d = BenchOptions()
+    parser.add_argument("--image", default=d.image, help="image profile or directory")
+    parser.add_argument("--cache-root", type=Path, default=d.cache_root)
+    parser.add_argument("--state-dir", type=Path, default=d.state_dir)
+    parser.add_argument("--criu", type=Path, default=d.criu)
+    parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
+    parser.add_argument("--resets", type=int, default=d.resets)
+    parser.add_argument("--spare-resets", type=int, default=d.spare_resets)
+    parser.add_argument("--steps", type=int, default=d.steps)
+    parser.add_argument("--idle-slots", type=int, default=d.idle_slots)
+    parser.add_argument("--ksm-wait-s", type=float, default=d.ksm_wait_s)
+
+
+def main_bench(args: argparse.Namespace) -> int:
+    opts = BenchOptions(
+        image=args.image, cache_root=args.cache_root, state_dir=args.state_dir, criu=args.criu,
+        out=args.out, resets=max(1, args.resets), spare_resets=args.spare_resets,
+        steps=max(1, args.steps), idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
+    )
+
+    def progress(msg: str) -> None:
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    results = trio.run(run_bench, opts, progress)
+    print(render_table(results))
+    opts.out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {opts.out}")
+    return 0 if all(results["targets"].values()) else 1
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="drumsd bench")
+    add_bench_args(p)
+    sys.exit(main_bench(p.parse_args()))
+
+
+__all__ = ["BenchOptions", "add_bench_args", "main_bench", "render_table", "run_bench",
+           "slots_that_fit", "summarize"]

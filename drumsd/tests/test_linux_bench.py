@@ -1,0 +1,35 @@
+"""Pure parts of `drumsd bench`: percentiles, admission fit and the table."""
+
+from __future__ import annotations
+
+from drumsd.bench import percentile, render_table, slots_that_fit, summarize
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([3.0], 99) == 3.0
+    s = summarize([0.1, 0.2, 0.3, 0.4])
+    assert s["n"] == 4 and s["p50"] == 0.2 and s["max"] == 0.4
+
+
+def test_slots_that_fit_keeps_the_admission_reserve() -> None:
+    # 24 GiB host, 22 GiB available, reserve max(4096, 8%) = 4096 MiB; 100 MiB per slot.
+    assert slots_that_fit(22528, 24576, 100, 4096, 8) == 184
+    assert slots_that_fit(3000, 24576, 100, 4096, 8) == 0
+    assert slots_that_fit(22528, 24576, 0, 4096, 8) == 0
+
+
+def test_render_table_shows_ratios_to_the_cold_boot() -> None:
+    r = {
+        "cold_boot_s": summarize([2.0]),
+        "reset_s": summarize([0.2, 0.25]),
+        "branch": {"8": summarize([1.0])},
+        "step_screenshot_s": summarize([0.05]),
+        "memory": {"per_slot_mib_no_ksm": 100.0, "slots_fit_no_ksm": 180},
+    }
+    table = render_table(r)
+    assert "10x faster" in table  # 2.0 / 0.2
+    assert "branch of 8" in table and "16.0x faster than 8 cold boots" in table
+    assert "180" in table

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -58,7 +59,7 @@ class BenchOptions:
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 
@@ -100,7 +101,7 @@ def render_table(r: dict[str, Any]) -> str:
     for n in r.get("branch", {}):
         v = r["branch"][n]["p50"]
         rows.append((f"branch of {n} (all answer) p50", f"{v:.3f} s",
-                     f"{n * cold / v:.1f}x faster than {n} cold boots"))
+                     f"{int(n) * cold / v:.1f}x faster than {n} cold boots"))
     line("step + screenshot", "step_screenshot_s")
     line("step + screenshot", "step_screenshot_s", "p99")
     mem = r.get("memory", {})

@@ -1,0 +1,138 @@
+"""The local stand-in for a NixOS test machine: it manages its unit as the module's systemd unit
+would, and refuses what it cannot do instead of pretending. Plus: a scenario whose expectation is
+broken fails against the real daemon (the scenario checks are not vacuous)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import open_local_daemon
+from local_machine import CommandFailed, LocalMachine, LocalUnit, UnsupportedByStandIn
+
+# A tiny long-running "daemon": sleeps until signalled.
+SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+
+
+def machine_with_sleeper(tmp_path: Path, restart_sec: float = 0.2) -> LocalMachine:
+    unit = LocalUnit(
+        name="drumsd",
+        argv=SLEEPER,
+        token_file=tmp_path / "secrets" / "token",
+        restart_sec=restart_sec,
+        timeout_stop_s=5,
+    )
+    return LocalMachine([unit])
+
+
+def main_pid(machine: LocalMachine) -> int:
+    status, out = machine.systemctl("show -p MainPID --value drumsd")
+    assert status == 0
+    return int(out)
+
+
+def wait_for_new_pid(machine: LocalMachine, old: int, timeout_s: float = 10) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = main_pid(machine)
+        if pid not in (0, old):
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no restart of pid {old} within {timeout_s}s")
+
+
+def test_start_makes_a_0600_token_and_a_running_unit(tmp_path: Path) -> None:
+    machine = machine_with_sleeper(tmp_path)
+    machine.start()
+    try:
+        machine.wait_for_unit("drumsd", timeout=10)
+        token = tmp_path / "secrets" / "token"
+        assert stat.S_IMODE(token.stat().st_mode) == 0o600
+        assert len(token.read_text()) >= 32
+        assert machine.systemctl("is-active drumsd")[0] == 0
+    finally:
+        machine.shutdown()
+    assert machine.systemctl("is-active drumsd") == (3, "inactive\n")
+
+
+def test_kill_9_of_the_main_process_restarts_it_like_restart_on_failure(tmp_path: Path) -> None:
+    machine = machine_with_sleeper(tmp_path)
+    machine.start()
+    try:
+        machine.wait_for_unit("drumsd", timeout=10)
+        first = main_pid(machine)
+        assert machine.systemctl("kill --signal=KILL --kill-whom=main drumsd")[0] == 0
+        second = wait_for_new_pid(machine, first)
+        machine.wait_for_unit("drumsd", timeout=10)
+        with pytest.raises(ProcessLookupError):
+            os.kill(first, 0)
+        machine.systemctl("restart drumsd")
+        assert wait_for_new_pid(machine, second) > 0
+    finally:
+        machine.shutdown()
+
+
+def test_stop_is_not_followed_by_a_restart(tmp_path: Path) -> None:
+    machine = machine_with_sleeper(tmp_path, restart_sec=0.05)
+    machine.start()
+    machine.wait_for_unit("drumsd", timeout=10)
+    machine.systemctl("stop drumsd")
+    time.sleep(0.3)  # longer than restart_sec: a wrong restart would have happened by now
+    assert main_pid(machine) == 0
+    with pytest.raises(CommandFailed, match="inactive"):
+        machine.wait_for_unit("drumsd", timeout=2)
+
+
+def test_commands_run_locally_and_failures_raise(tmp_path: Path) -> None:
+    machine = machine_with_sleeper(tmp_path)
+    assert machine.succeed("echo hi", "echo there") == "hi\nthere\n"
+    assert machine.execute("exit 3") == (3, "")
+    with pytest.raises(CommandFailed):
+        machine.succeed("false")
+    with pytest.raises(CommandFailed):
+        machine.fail("true")
+    with pytest.raises(TimeoutError):
+        machine.wait_until_succeeds("false", timeout=1)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m: m.screenshot("x"),
+        lambda m: m.crash(),
+        lambda m: m.send_key("ctrl-alt-delete"),
+        lambda m: m.wait_for_unit("sshd"),
+        lambda m: m.wait_for_unit("drumsd", user="alice"),
+        lambda m: m.systemctl("kill drumsd"),  # every process of the cgroup: not emulated
+        lambda m: m.systemctl("reload drumsd"),
+        lambda m: m.succeed("systemctl daemon-reload"),
+    ],
+)
+def test_what_the_stand_in_cannot_do_raises(tmp_path: Path, call) -> None:
+    with pytest.raises(UnsupportedByStandIn):
+        call(machine_with_sleeper(tmp_path))
+
+
+def test_a_broken_scenario_expectation_fails_against_the_real_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Break one assertion of daemon_token (expect the token to be mode 0644): it must fail."""
+    import daemon_token
+    from drums_http import ScenarioFailure, plain_subtest
+
+    real_check = daemon_token.check
+
+    def broken_check(condition: bool, message: str) -> None:
+        if message.startswith("token file mode is"):
+            condition = not condition  # the scenario now demands a mode other than 600
+        real_check(condition, message)
+
+    monkeypatch.setattr(daemon_token, "check", broken_check)
+    with open_local_daemon(tmp_path, live=False) as daemon:
+        with pytest.raises(AssertionError, match="token file mode is 600") as caught:
+            daemon_token.run(daemon.machine, daemon.target, plain_subtest)
+    assert isinstance(caught.value.__cause__, ScenarioFailure)

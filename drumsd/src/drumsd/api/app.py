@@ -64,7 +64,9 @@ def _validation_detail(exc: ValidationError) -> dict[str, Any]:
 
 
 def _describe(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    # With unions the first error is often "not a string"; the deepest one says what is wrong.
+    first = max(errors, key=lambda e: len(e["loc"]))
     loc = ".".join(str(p) for p in first["loc"]) or "body"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{loc}: {first['msg']}{more}"

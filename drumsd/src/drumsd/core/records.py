@@ -74,6 +74,7 @@ class SlotRecord(Record):
     gates: list[GateEntry] = Field(default_factory=list)
     baseline: dict[str, Any] = Field(default_factory=dict)  # facts at episode start
     quarantine_reason: str | None = None
+    quarantined_gates: list[str] = Field(default_factory=list)  # failures already acted on
     failure: str | None = None
     handle: dict[str, Any] | None = None  # the runtime's SlotHandle, as JSON
     destroyed_at: float | None = None

@@ -76,6 +76,7 @@ class MemoryRuntime:
         self.screen = screen
         self.slots: dict[str, dict[str, Any]] = {}
         self.faults: dict[str, dict[str, Any]] = {}  # slot id -> facts overrides
+        self.faults_for_new: dict[str, Any] = {}  # overrides for every slot (start-gate tests)
         self.fail_next_restore: str | None = None
         self._next_pid = 10_000
         self._ns = FAKE_NAMESPACE_BASE
@@ -265,7 +266,7 @@ class MemoryRuntime:
             "oom_kills": 0,
             "pids": [base, base + 1, base + 2] if alive else [],
         }
-        fault = self.faults.get(handle.slot_id, {})
+        fault = {**self.faults_for_new, **self.faults.get(handle.slot_id, {})}
         for key, value in fault.items():
             if key == "extra":
                 extra.update(value)

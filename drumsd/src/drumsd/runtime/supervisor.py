@@ -420,6 +420,7 @@ class Supervisor:
         rec.last_action = None
         rec.terminal = None
         rec.gates = [GateEntry(name=name) for name in G.GATES]
+        rec.quarantined_gates = []
         rec.handle = handle_to_json(handle)
         rec.status = SlotStatus.ready
         facts = await self._facts(rec, handle)
@@ -482,9 +483,16 @@ class Supervisor:
 
     def _quarantine_on_failure(self, rec: SlotRecord) -> None:
         statuses = self.gate_statuses(rec)
+        # Each failure quarantines once: after a release, the same failure does not re-trigger.
+        fresh = {
+            name: status
+            for name, status in statuses.items()
+            if not (status == G.FAIL and name in rec.quarantined_gates)
+        }
         evidence = {g.name: g.evidence for g in rec.gates}
-        reason = G.quarantine_reason(statuses, evidence)
+        reason = G.quarantine_reason(fresh, evidence)
         if reason and rec.status is SlotStatus.ready:
+            rec.quarantined_gates = G.failed_gates(statuses)
             self._quarantine(rec, reason)
 
     def _quarantine(self, rec: SlotRecord, reason: str) -> None:

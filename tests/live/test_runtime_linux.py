@@ -236,3 +236,24 @@ async def test_warm_spares_are_pristine_and_claimed(state_dir, template) -> None
         assert rt.spare_counts().get(template.id, 0) == 0
         await rt.destroy("live-s")
         assert await rt.sweep([]) == []
+
+
+async def test_slot_survives_a_runtime_restart_and_is_adopted(state_dir, template) -> None:
+    from drumsd.runtime.linux_runtime import open_linux_runtime
+
+    async with open_linux_runtime(_config(state_dir)) as rt1:
+        h = await rt1.restore("live-adopt", template, LIMITS)
+        orphan = await rt1.restore("live-orphan", template, LIMITS)
+        before = await _screen(rt1, h)
+    # The first runtime is gone (as after a daemon crash); both trees still run.
+    assert _leftovers(state_dir, h) and _leftovers(state_dir, orphan)
+    async with open_linux_runtime(_config(state_dir)) as rt2:
+        assert await rt2.adopt(h) is True
+        assert await _screen(rt2, h) == before
+        cleaned = await rt2.sweep(["live-adopt"])  # live-orphan is no longer a live slot
+        assert orphan.extra["iid"] in cleaned
+        assert _leftovers(state_dir, orphan) == []
+        assert (await rt2.facts(h)).alive
+        await rt2.destroy("live-adopt")
+        assert _leftovers(state_dir, h) == []
+        assert await rt2.adopt(h) is False

@@ -971,8 +971,14 @@ class LinuxRuntime:
 
     def _cleanup_iid(self, iid: str) -> None:
         dirs = self.driver.dirs_of(iid)
+        pids = self.driver.pids(dirs) if Path(dirs["pids"]).exists() else []
         with contextlib.suppress(cgroups.CgroupError, OSError):
             self.driver.kill(dirs)
+        # A slot init restored by this process (restore-sibling) is our child: reap it.
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+        with contextlib.suppress(cgroups.CgroupError, OSError):
             self.driver.remove(dirs)
         self._teardown_fs(mounts.SlotPaths.of(self.state_dir, iid))
 

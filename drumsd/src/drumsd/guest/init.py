@@ -16,6 +16,7 @@ import pwd
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -26,6 +27,15 @@ from . import protocol
 
 PR_SET_CHILD_SUBREAPER = 36
 SCREEN = f"{protocol.SCREEN_WIDTH}x{protocol.SCREEN_HEIGHT}x24"
+
+
+def _xauth_entry(family: int, address: bytes, number: bytes, name: bytes, data: bytes) -> bytes:
+    fields = (address, number, name, data)
+    return struct.pack(">H", family) + b"".join(struct.pack(">H", len(f)) + f for f in fields)
+
+
+# FamilyWild, display 65535: never matches, so clients connect without auth as Xvfb allows.
+UNMATCHED_XAUTH_ENTRY = _xauth_entry(0xFFFF, b"", b"65535", b"MIT-MAGIC-COOKIE-1", bytes(16))
 
 
 def log(message: str, **fields: Any) -> None:
@@ -81,8 +91,9 @@ class DesktopInit:
             "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
             "NO_AT_BRIDGE": "1",  # no accessibility bus: one process less, nothing lost here
             "DRUMS_AGENT_SOCK": str(self.run_dir / "agent.sock"),
-            # Xvfb runs without -auth (it is reachable only inside the slot); python-xlib still
-            # insists on reading an authority file, so point it at an empty one.
+            # Xvfb runs without -auth (it is reachable only inside the slot). python-xlib still
+            # reads an authority file and prints a warning into every client's stdout when it has
+            # no entry, so the file holds one entry that matches no display.
             "XAUTHORITY": str(self.run_dir / "Xauthority"),
         }
 
@@ -102,7 +113,7 @@ class DesktopInit:
             path.chmod(mode)
         (self.run_dir / "ready").unlink(missing_ok=True)
         xauth = Path(self.env["XAUTHORITY"])
-        xauth.touch()
+        xauth.write_bytes(UNMATCHED_XAUTH_ENTRY)
         if self.as_root:
             os.chown(xauth, uid, gid)
 

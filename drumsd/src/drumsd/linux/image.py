@@ -90,8 +90,43 @@ exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-br
     --password-store=basic --disable-dev-shm-usage $port "$@"
 """
 
+# pyautogui and its pure-Python dependencies, pinned and installed with --no-deps: its declared
+# dependency on the abandoned `python3-Xlib` 0.15 would shadow Debian's python3-xlib 0.33.
+PYAUTOGUI: tuple[str, ...] = (
+    "pyautogui==0.9.54",
+    "pymsgbox==2.0.1",
+    "pytweening==1.2.0",
+    "pyscreeze==1.0.1",
+    "pygetwindow==0.0.9",
+    "pyrect==0.2.0",
+    "mouseinfo==0.1.3",
+    "pyperclip==1.11.0",
+)
+
+# System-wide LibreOffice defaults: no tip-of-the-day dialog and no "first run of 7.4" infobar,
+# so the first frame of a task shows the document, as on OSWorld's VM.
+LIBREOFFICE_DEFAULTS = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
+          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+          xmlns:oor="http://openoffice.org/2001/registry">
+<dependency file="main"/>
+<oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
+ <node oor:name="Misc">
+  <prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop>
+  <prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop>
+ </node>
+</oor:component-data>
+<oor:component-data oor:name="Setup" oor:package="org.openoffice">
+ <node oor:name="Product">
+  <prop oor:name="ooSetupLastVersion" oor:op="fuse"><value>7.4</value></prop>
+ </node>
+</oor:component-data>
+</oor:data>
+"""
+
 PROFILES: dict[str, Profile] = {
-    "base": Profile("base", BASE_PACKAGES, pip=("pyautogui==0.9.54",)),
+    "base": Profile("base", BASE_PACKAGES, pip=PYAUTOGUI),
     "office": Profile(
         "office",
         (
@@ -105,10 +140,11 @@ PROFILES: dict[str, Profile] = {
             "mousepad",
             "pcmanfm",
         ),
-        pip=("pyautogui==0.9.54",),
+        pip=PYAUTOGUI,
         files={
             "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
             "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
+            "usr/lib/libreoffice/share/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
         },
     ),
 }
@@ -338,7 +374,7 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress) -> None:
             _run(
                 _in_chroot(
                     root,
-                    f"{cert} pip install -q --no-cache-dir --no-build-isolation "
+                    f"{cert} pip install -q --no-cache-dir --no-build-isolation --no-deps "
                     f"--break-system-packages --root-user-action=ignore {pip}",
                 ),
                 progress,

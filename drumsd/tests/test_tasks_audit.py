@@ -1,0 +1,237 @@
+"""The reward audit: each flag fires on a checker or episode made to earn it, with real checker
+processes in the checker venv and a directory-backed fake slot and upper layer."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from drumsd.tasks.audit import EpisodeFacts, scan_scope, trusted_verdict, verify
+from drumsd.tasks.model import ScopeManifest, Task, TaskContext, find_task, resolve_task
+from drumsd.tasks.testing import DirSlot, checker_context
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
+
+VERIFIER = """
+import os, time
+
+def _read(paths):
+    p = paths.get("out.txt")
+    return open(p).read() if p and os.path.exists(p) else None
+
+def main(paths, options):
+    return 1.0 if _read(paths) == "done" else 0.0
+
+def main_raw(paths, options):
+    p = paths.get("out.txt")
+    return 1.0 if p and open(p, "rb").read() == b"done" else 0.0
+
+def disagree(paths, options):
+    return 1.0 - main(paths, options)
+
+def flips(paths, options):
+    # Answers 1, then 0, then 1 ...: a counter kept where the unprivileged uid can write.
+    counter = os.path.join(options["state"], "n")
+    n = int(open(counter).read()) if os.path.exists(counter) else 0
+    open(counter, "w").write(str(n + 1))
+    return float(n % 2 == 0)
+
+def hangs(paths, options):
+    time.sleep(600)
+
+def raises(paths, options):
+    raise RuntimeError("checker bug")
+
+CHECKS = {f.__name__: f for f in (main, main_raw, disagree, flips, hangs, raises)}
+"""
+
+
+@pytest.fixture(scope="session")
+def venv_ctx() -> TaskContext:
+    return checker_context()
+
+
+@pytest.fixture
+def shared_state() -> Iterator[Path]:
+    # tmp_path's parents are 0700: the checker's uid could not reach a file there.
+    state = Path(tempfile.mkdtemp(prefix="drums-audit-test-"))
+    state.chmod(0o777)
+    yield state
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def setup_case(
+    venv_ctx: TaskContext, tmp_path: Path, check: str = "main", check_alt: str | None = "main_raw",
+    scope: dict | None = None, options: dict | None = None,
+) -> tuple[Task, DirSlot, TaskContext]:  # fmt: skip
+    slot = DirSlot(tmp_path / "slot")
+    verifiers = tmp_path / "verifiers"
+    verifiers.mkdir()
+    (verifiers / "drums_verifier_audit.py").write_text(VERIFIER)
+    ctx = venv_ctx.model_copy(
+        update={"user_home": str(slot.home), "verifier_dirs": [verifiers], "eval_timeout_s": 3.0}
+    )
+    evaluator = {
+        "func": "drums_verifier",
+        "module": "drums_verifier_audit",
+        "check": check,
+        "check_alt": check_alt,
+        "options": options or {},
+        "result": {"type": "vm_file", "path": f"{slot.home}/Desktop/out.txt", "dest": "out.txt"},
+    }
+    if scope is not None:
+        evaluator["scope"] = scope
+    task = resolve_task({"id": "audit-1", "evaluator": evaluator}, [])
+    return task, slot, ctx
+
+
+def upper_with(tmp_path: Path, files: dict[str, bytes]) -> Path:
+    upper = tmp_path / "upper"
+    for path, data in files.items():
+        target = upper / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    upper.mkdir(exist_ok=True)
+    return upper
+
+
+async def test_a_clean_valid_episode_is_trusted(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    scope = {"roots": ["/home/user"], "allow": ["/home/user/Desktop/out.txt"]}
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, scope=scope)
+    (slot.home / "Desktop" / "out.txt").write_text("done")
+    upper = upper_with(tmp_path, {"/home/user/Desktop/out.txt": b"done"})
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True, upper_dir=upper))
+    assert result.score == 1.0 and result.audit.flags == [] and result.trusted is True
+    assert result.audit.second_score == 1.0 and result.audit.redundant_score == 1.0
+    assert result.audit.checker_s is not None and result.audit.checker_s > 0
+    assert result.audit.scope.changed == ["/home/user/Desktop/out.txt"]
+    # Not solved: still trusted, with score 0.
+    (slot.home / "Desktop" / "out.txt").write_text("no")
+    zero = await verify(task, slot, ctx, EpisodeFacts(valid=True, upper_dir=upper))
+    assert zero.score == 0.0 and zero.trusted is True
+
+
+async def test_nondeterministic(venv_ctx: TaskContext, tmp_path: Path, shared_state: Path) -> None:
+    task, slot, ctx = setup_case(
+        venv_ctx, tmp_path, check="flips", check_alt=None, options={"state": str(shared_state)}
+    )
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
+    assert result.score == 1.0 and result.audit.second_score == 0.0
+    assert "nondeterministic" in result.audit.flags and result.trusted is False
+
+
+async def test_checker_timeout(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, check="hangs", check_alt=None)
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
+    assert result.score is None and "checker_timeout" in result.audit.flags
+    assert result.audit.error_class == "timeout" and result.trusted is False
+    assert result.checker_error and "3.0 s" in result.checker_error
+
+
+async def test_checker_crash(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, check="raises", check_alt=None)
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
+    assert result.score is None and "checker_crash" in result.audit.flags
+    assert "checker bug" in (result.checker_error or "") and result.trusted is False
+
+
+async def test_redundant_disagree(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, check="main", check_alt="disagree")
+    (slot.home / "Desktop" / "out.txt").write_text("done")
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
+    assert result.score == 1.0 and result.audit.redundant_score == 0.0
+    assert "redundant_disagree" in result.audit.flags and result.trusted is False
+
+
+async def test_scope_violation(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    scope = {"roots": ["/home/user"], "allow": ["/home/user/Desktop/*"]}
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, scope=scope)
+    (slot.home / "Desktop" / "out.txt").write_text("done")
+    upper = upper_with(
+        tmp_path, {"/home/user/Desktop/out.txt": b"done", "/home/user/.bashrc": b"rm -rf ~"}
+    )
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True, upper_dir=upper))
+    assert result.score == 1.0  # the audit never changes the score
+    assert result.audit.flags == ["scope_violation"] and result.trusted is False
+    assert result.audit.scope.violations == ["/home/user/.bashrc"]
+
+
+async def test_osworld_task_scope_unchecked(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task = find_task("e0df059f-28a6-4169-924f-b9623e7184cc", [SHARED])
+    slot = DirSlot(tmp_path)
+    (slot.home / "Desktop" / "todo_list_Jan_2").mkdir()
+    ctx = venv_ctx.model_copy(update={"user_home": str(slot.home)})
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True, last_action="DONE"))
+    assert result.score == 1.0 and result.audit.flags == ["scope_unchecked"]
+    assert result.trusted is None  # not checked is unknown, never true by default
+    invalid = await verify(task, slot, ctx, EpisodeFacts(valid=False, last_action="DONE"))
+    assert invalid.score == 1.0 and invalid.valid is False and invalid.trusted is False
+
+
+def test_trusted_verdict() -> None:
+    assert trusted_verdict(True, 1.0, []) is True
+    assert trusted_verdict(True, 0.0, []) is True
+    assert trusted_verdict(None, 1.0, []) is None
+    assert trusted_verdict(True, 1.0, ["scope_unchecked"]) is None
+    assert trusted_verdict(True, None, []) is False
+    assert trusted_verdict(False, 1.0, []) is False
+    assert trusted_verdict(True, 1.0, ["scope_unchecked", "nondeterministic"]) is False
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_scan_scope_seeds_deletions_and_new_dirs(tmp_path: Path) -> None:
+    upper = upper_with(
+        tmp_path,
+        {
+            "/home/user/Desktop/seed.csv": b"seed",  # unchanged seed: not a change
+            "/home/user/Desktop/edited.csv": b"new",  # seed with other content
+            "/home/user/Desktop/report.txt": b"x",  # allowed
+            "/home/user/.cache/junk": b"x",  # outside allow
+            "/etc/passwd": b"x",  # outside the roots: not watched
+        },
+    )
+    (upper / "home/user/Desktop/newdir").mkdir()
+    lower = tmp_path / "lower"
+    (lower / "home/user/Desktop").mkdir(parents=True)
+    (lower / "home/user/.cache").mkdir()  # in the image: only its new file is a change
+    manifest = ScopeManifest(
+        roots=["/home/user"],
+        seeded={
+            "/home/user/Desktop/seed.csv": sha(b"seed"),
+            "/home/user/Desktop/edited.csv": sha(b"old"),
+            "/home/user/Desktop/gone.csv": sha(b"gone"),  # deleted by the agent
+        },
+        allow=["/home/user/Desktop/report.txt", "/home/user/Desktop/newdir/**"],
+    )
+    report = scan_scope(upper, manifest, lower)
+    assert report.seeds_intact == ["/home/user/Desktop/seed.csv"]
+    assert report.changed == [
+        "/home/user/.cache/junk",
+        "/home/user/Desktop/edited.csv",
+        "/home/user/Desktop/gone.csv",
+        "/home/user/Desktop/newdir/",
+        "/home/user/Desktop/report.txt",
+    ]
+    assert report.violations == [
+        "/home/user/.cache/junk",
+        "/home/user/Desktop/edited.csv",
+        "/home/user/Desktop/gone.csv",
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a whiteout is a 0/0 character device: needs root")
+def test_scan_scope_sees_whiteouts(tmp_path: Path) -> None:
+    upper = upper_with(tmp_path, {})
+    (upper / "home/user").mkdir(parents=True)
+    os.mknod(upper / "home/user/notes.txt", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    report = scan_scope(upper, ScopeManifest(roots=["/home/user"], allow=[]))
+    assert report.violations == ["/home/user/notes.txt"]

@@ -1,0 +1,161 @@
+# Evaluates nixos-modules/drumsd.nix with nixpkgs' module system (lib.evalModules) but without
+# nixpkgs' packages or NixOS: the NixOS options the module sets are declared here with plain
+# types, and packages are stand-in derivation records. Needs a nixpkgs `lib` directory
+# (DRUMS_NIXPKGS_LIB); tests/nix/test_nix_module_eval.py drives it.
+{
+  libPath,
+  userJson ? "{}",
+}:
+let
+  lib = import libPath;
+  inherit (lib) mkOption types;
+
+  fakePackage = pname: version: {
+    type = "derivation";
+    name = "${pname}-${version}";
+    inherit pname version;
+    outPath = "/nix/store/${builtins.substring 0 32 (builtins.hashString "sha256" pname)}-${pname}-${version}";
+    meta.mainProgram = pname;
+  };
+
+  jsonValue =
+    let
+      value =
+        types.nullOr (
+          types.oneOf [
+            types.bool
+            types.int
+            types.float
+            types.str
+            types.path
+            (types.attrsOf value)
+            (types.listOf value)
+          ]
+        )
+        // {
+          description = "JSON value";
+        };
+    in
+    value;
+
+  pkgs = {
+    formats.json = _: {
+      type = jsonValue;
+      # A store-path-like string: nothing is written to the store in --eval mode.
+      generate = name: value: "/nix/store/${builtins.hashString "md5" (builtins.toJSON value)}-${name}";
+    };
+    runCommand =
+      name: env: script:
+      fakePackage name "checked"
+      // {
+        passthru = { inherit env script; };
+      };
+    # The script's text stands in for its store path, so tests can read it.
+    writeShellScript = name: text: "#!${name}\n${text}";
+    drumsd = fakePackage "drumsd" "0.1.0";
+    drums-criu = fakePackage "criu" "4.2.1";
+    drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0";
+    criu_4_1 = fakePackage "criu" "4.1.1";
+    util-linux = fakePackage "util-linux" "2.41";
+    iproute2 = fakePackage "iproute2" "6.16";
+    coreutils = fakePackage "coreutils" "9.8";
+    procps = fakePackage "procps" "4.0";
+    gnutar = fakePackage "gnutar" "1.35";
+  };
+
+  anyAttrs = types.attrsOf types.anything;
+
+  # The NixOS options drumsd.nix sets, declared loosely: this checks the module's own options,
+  # types and logic, not NixOS's.
+  nixosStub = {
+    options = {
+      assertions = mkOption {
+        type = types.listOf types.unspecified;
+        default = [ ];
+      };
+      environment.systemPackages = mkOption {
+        type = types.listOf types.package;
+        default = [ ];
+      };
+      boot.kernel.features = mkOption {
+        type = types.attrsOf types.bool;
+        default = { };
+      };
+      boot.kernelModules = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+      };
+      boot.kernelParams = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+      };
+      boot.kernel.sysctl = mkOption {
+        type = anyAttrs;
+        default = { };
+      };
+      hardware.ksm.enable = mkOption {
+        type = types.bool;
+        default = false;
+      };
+      hardware.ksm.sleep = mkOption {
+        type = types.nullOr types.int;
+        default = null;
+      };
+      networking.firewall.allowedTCPPorts = mkOption {
+        type = types.listOf types.port;
+        default = [ ];
+      };
+      systemd.mounts = mkOption {
+        type = types.listOf anyAttrs;
+        default = [ ];
+      };
+      systemd.tmpfiles.settings = mkOption {
+        type = types.attrsOf anyAttrs;
+        default = { };
+      };
+      systemd.services = mkOption {
+        type = types.attrsOf anyAttrs;
+        default = { };
+      };
+    };
+  };
+
+  user = builtins.fromJSON userJson;
+
+  # `criuPackage = "criu_4_1"` in the JSON picks a stand-in package by name.
+  userModule = {
+    services.drumsd =
+      builtins.removeAttrs user [ "criuPackage" ]
+      // lib.optionalAttrs (user ? criuPackage) { criuPackage = pkgs.${user.criuPackage}; };
+  };
+
+  evaluated = lib.evalModules {
+    modules = [
+      nixosStub
+      (import ../../nixos-modules/drumsd.nix)
+      userModule
+      { _module.args.pkgs = pkgs; }
+    ];
+  };
+  config = evaluated.config;
+  cfg = config.services.drumsd;
+in
+{
+  failedAssertions = map (a: a.message) (builtins.filter (a: !a.assertion) config.assertions);
+  settingsJson = builtins.toJSON cfg.settings;
+  settings = cfg.settings;
+  checkScript = cfg.configFile.passthru.script;
+  service = config.systemd.services.drumsd or null;
+  imageService = config.systemd.services.drumsd-image or null;
+  mounts = config.systemd.mounts;
+  tmpfiles = config.systemd.tmpfiles.settings;
+  ksm = config.hardware.ksm;
+  firewall = config.networking.firewall.allowedTCPPorts;
+  kernel = {
+    features = config.boot.kernel.features;
+    modules = config.boot.kernelModules;
+    params = config.boot.kernelParams;
+    sysctl = config.boot.kernel.sysctl;
+  };
+  tokenScript = builtins.head config.systemd.services.drumsd.serviceConfig.ExecStartPre;
+}

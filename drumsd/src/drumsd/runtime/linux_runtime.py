@@ -1031,6 +1031,16 @@ class LinuxRuntime:
         for inst in self._spares.pop(checkpoint_id, []):
             await self._dispose(inst, background=False)
 
+    def ksm_stats(self) -> dict[str, int | bool]:
+        """For /v1/health and metrics: whether KSM is on and the memory it saves right now."""
+        out: dict[str, int | bool] = {"enabled": self.config.ksm}
+        page = os.sysconf("SC_PAGE_SIZE")
+        for name in ("pages_shared", "pages_sharing", "pages_unshared", "full_scans"):
+            with contextlib.suppress(OSError, ValueError):
+                out[name] = int((KSM_DIR / name).read_text())
+        out["saved_bytes"] = int(out.get("pages_sharing", 0)) * page
+        return out
+
     def spare_counts(self) -> dict[str, int]:
         return {k: len(v) for k, v in self._spares.items()}
 

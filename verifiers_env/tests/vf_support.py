@@ -1,0 +1,129 @@
+"""Support for the drums-verifiers tests: fake tasks, policy scripts, a vf-eval runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drums_verifiers.testing.fake_drumsd import FakeDaemon
+from drums_verifiers.testing.mock_policy import MockPolicy
+
+TOKEN = "test-token-" + "x" * 32
+
+# Behaviour of the fake tasks; coordinates are in the fake's 192x108 screenshot space.
+TASKS: dict[str, dict[str, Any]] = {
+    "solve": {"instruction": "[policy:solve] Type 42 into the cell.",
+              "fake": {"expect": {"type": "type", "text": "42"}}},
+    "probe": {"instruction": "[policy:probe] Type 42 into the cell.",
+              "fake": {"expect": {"type": "type", "text": "42"}}},
+    "dies": {"instruction": "[policy:solve] Type 42 (the desktop dies).",
+             "fake": {"expect": {"type": "type", "text": "42"}, "gone_after_actions": 1}},
+    "crash": {"instruction": "[policy:solve] Type 42 (an app crashes).",
+              "fake": {"expect": {"type": "type", "text": "42"}, "invalid_after_actions": 1}},
+    "checker": {"instruction": "[policy:solve] Type 42 (the checker breaks).",
+                "fake": {"expect": {"type": "type", "text": "42"}, "checker_error": "boom"}},
+    "flagged": {"instruction": "[policy:solve] Type 42 (audit disagrees).",
+                "fake": {"expect": {"type": "type", "text": "42"},
+                         "audit_flags": ["nondeterministic"]}},
+    "fork": {"instruction": "[policy:child] Finish typing 42.",
+             "fake": {"expect": {"type": "type", "text": "42"}, "invalid_children": [1],
+                      "pending_gate_polls": 1}},
+    "shell": {"instruction": "[policy:shell] Make the file.",
+              "fake": {"expect": {"type": "execute"}}},
+    "scalecua": {"instruction": "[policy:scalecua] Type 42.",
+                 "fake": {"expect": {"type": "type", "text": "42"}}},
+}
+
+SCRIPTS: dict[str, list[dict[str, Any]]] = {
+    "solve": [
+        {"tool": "computer_click", "arguments": {"x": 50, "y": 40}},
+        {"tool": "computer_type", "arguments": {"text": "42"}},
+        {"tool": "computer_key", "arguments": {"key": "enter"}},
+        {"tool": "computer_done", "arguments": {}},
+    ],
+    "probe": [
+        {"tool": "computer_click", "arguments": {"x": 10, "y": 10}},
+        {"tool": "computer_done", "arguments": {}},
+    ],
+    "child": [
+        {"tool": "computer_type", "arguments": {"text": "42"}},
+        {"tool": "computer_done", "arguments": {}},
+    ],
+    "shell": [
+        {"tool": "computer_shell", "arguments": {"command": "echo hi > /tmp/x"}},
+        {"tool": "computer_done", "arguments": {}},
+    ],
+    "scalecua": [
+        {"tool": "computer", "arguments": {"action": "click", "x": 40, "y": 30}},
+        {"tool": "computer", "arguments": {"action": "write", "message": "42"}},
+        {"tool": "computer", "arguments": {"action": "terminate", "status": "success"}},
+    ],
+}
+
+
+@dataclass
+class Fake:
+    url: str
+    token_file: Path
+    task_dir: Path
+    daemon: FakeDaemon
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/fake/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+
+def write_tasks(directory: Path, names: list[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        task = {"id": name, "snapshot": "fake", **TASKS[name]}
+        (directory / f"{name}.json").write_text(json.dumps(task))
+
+
+def vf_eval(fake: Fake, policy: MockPolicy, out: Path, task_dir: Path, *extra: str,
+            harness: str = "null", records: Path | None = None,
+            timeout: float = 600) -> list[dict[str, Any]]:
+    """Run the real vf-eval CLI end to end and return the episodes it wrote (traces.jsonl:
+    one episode per line, its traces inside)."""
+    exe = Path(sys.executable).with_name("vf-eval")
+    cmd = [
+        str(exe), "drums-verifiers", "-m", "mock-policy", "-r", "1",
+        "--client.base-url", policy.base_url,  # type: ignore[attr-defined]
+        "--client.api-key-var", "MOCK_POLICY_KEY",
+        "--env.agent.harness.id", harness, "--env.agent.runtime.type", "subprocess",
+        "--no-push", "--no-rich", "-o", str(out),
+        "--env.taskset.task-dir", str(task_dir),
+        "--env.taskset.task.daemon.url", fake.url,
+        "--env.taskset.task.daemon.token-file", str(fake.token_file),
+        *extra,
+    ]
+    env = {**os.environ, "MOCK_POLICY_KEY": "not-a-secret"}
+    if records is not None:
+        env["DRUMS_RECORD"] = str(records)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    (out / "vf-eval.log").parent.mkdir(parents=True, exist_ok=True)
+    (out / "vf-eval.log").write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    assert proc.returncode == 0, f"vf-eval failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    found = sorted(out.rglob("traces.jsonl"))
+    assert found, f"vf-eval wrote no traces.jsonl under {out}:\n{proc.stderr[-3000:]}"
+    return [json.loads(line) for line in found[-1].read_text().splitlines() if line.strip()]
+
+
+def by_task(episodes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every trace of every episode, by drums task id."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for episode in episodes:
+        for trace in episode["traces"]:
+            out.setdefault(trace["task"]["data"]["id"], []).append(trace)
+    return out
+
+
+def error_text(trace: dict[str, Any]) -> str:
+    return " | ".join(f"{e['type']}: {e['message']}" for e in trace.get("errors", []))

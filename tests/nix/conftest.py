@@ -64,13 +64,16 @@ def live_runtime_problems() -> list[str]:
 
 
 def require_live_runtime() -> None:
-    """Skip a live scenario without DRUMS_LIVE=1; with it, a host that cannot run one fails."""
+    """Live scenarios run under DRUMS_LIVE=1 (CI sets it) and fail there when the host cannot run
+    the Linux runtime; without it they skip, like tests/live: a Linux-runtime daemon sweeps every
+    slot cgroup on the host, so it must not start during someone else's live run by accident."""
+    if os.environ.get("DRUMS_LIVE") != "1":
+        problems = live_runtime_problems()
+        why = "; ".join(problems) if problems else "the host has it; set DRUMS_LIVE=1 to run"
+        pytest.skip(f"needs the Linux runtime and DRUMS_LIVE=1 ({why})")
     problems = live_runtime_problems()
-    if not problems:
-        return
-    if os.environ.get("DRUMS_LIVE") == "1":
+    if problems:
         pytest.fail("DRUMS_LIVE=1 but the Linux runtime cannot run here: " + "; ".join(problems))
-    pytest.skip("needs the Linux runtime (DRUMS_LIVE=1): " + "; ".join(problems))
 
 
 def free_port() -> int:

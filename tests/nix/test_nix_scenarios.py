@@ -2,8 +2,8 @@
 through the local stand-in for `machine` (vm-tests/local_machine.py).
 
 daemon_token and crash_recovery need no desktop: they always run on the in-memory runtime. Every
-scenario also runs on the Linux runtime (real CRIU-restored desktops) when this host has it; under
-DRUMS_LIVE=1 a host without it fails those tests, otherwise they skip.
+scenario also runs on the Linux runtime (real CRIU-restored desktops) under DRUMS_LIVE=1, as CI
+sets it: there a host without the runtime fails those tests; without DRUMS_LIVE=1 they skip.
 """
 
 from __future__ import annotations

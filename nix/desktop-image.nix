@@ -103,7 +103,7 @@ pkgs.runCommand "drums-desktop-image-base"
   ''
     root=$PWD/root
     mkdir -p $root/nix/store $root/etc/fonts $root/usr $root/opt/drums/guest \
-      $root/home/${desktopUser} $root/root $root/tmp $root/var/tmp $root/run \
+      $root/home/${desktopUser} $root/root $root/tmp $root/var/tmp $root/var/log $root/run \
       $root/dev $root/proc $root/sys
     while read -r path; do
       cp -a "$path" $root/nix/store/

@@ -1,0 +1,234 @@
+"""The task bridge as the supervisor sees it: its TaskCatalog and Verifier seams.
+
+`TaskBridge` turns the runtime's per-handle operations into a `SlotAccess`, loads tasks into slots
+(resolve, support check, setup) and verifies episodes (evaluate + audit), answering with the wire
+models. The supervisor then sets validity, verdict and gates from its own records.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from drums.models import Audit as WireAudit
+from drums.models import TaskInfo
+from drums.models import VerifyResult as WireVerifyResult
+
+from drumsd.core.config import TasksConfig
+from drumsd.core.errors import DrumsdError
+from drumsd.core.records import SlotRecord
+from drumsd.runtime.interface import RuntimeError_, SlotHandle, SlotRuntime
+
+from .audit import EpisodeFacts, verify
+from .checker_venv import CheckerVenv, context_for_checker
+from .model import Task, TaskContext, TaskError, resolve_task, support, task_support_table
+from .setup import SetupError, WindowInfo, run_setup
+
+log = logging.getLogger("drumsd.tasks.bridge")
+
+MAX_READ_BYTES = 256 * 2**20
+_WMCTRL_LINE = re.compile(r"^(0x[0-9a-fA-F]+)\s+-?\d+\s+(\S+)\s+\S+\s?(.*)$")
+
+
+def context_from_config(
+    cfg: TasksConfig, venv: CheckerVenv | None, **overrides: Any
+) -> TaskContext:
+    """The task context for the daemon's `tasks` config block (the config model owns defaults)."""
+    ctx = TaskContext(
+        task_dirs=list(cfg.dirs),
+        cache_dir=cfg.cache_dir,
+        assets_dir=cfg.assets_dir or Path("/nonexistent/drums-task-assets"),
+        verifier_dirs=list(cfg.verifier_dirs),
+        client_password=cfg.client_password,
+        screen_width=cfg.screen_width,
+        screen_height=cfg.screen_height,
+        setup_timeout_s=cfg.setup_timeout_s,
+        eval_timeout_s=cfg.eval_timeout_s,
+        **overrides,
+    )
+    if venv is None:
+        return ctx
+    return context_for_checker(ctx, venv, uid=cfg.checker_uid, gid=cfg.checker_gid)
+
+
+def parse_wmctrl(listing: str) -> list[WindowInfo]:
+    """`wmctrl -lx` lines: id, desktop, WM_CLASS, host, title."""
+    windows: list[WindowInfo] = []
+    for line in listing.splitlines():
+        match = _WMCTRL_LINE.match(line)
+        if match:
+            wid, wm_class, title = match.groups()
+            windows.append({"id": wid, "wm_class": wm_class, "title": title})
+    return windows
+
+
+class RuntimeSlotAccess:
+    """SlotAccess over the slot runtime's per-handle operations."""
+
+    def __init__(self, runtime: SlotRuntime, handle: SlotHandle) -> None:
+        self.runtime = runtime
+        self.handle = handle
+        self.slot_id = handle.slot_id
+
+    async def exec_user(
+        self, argv_or_shell: list[str] | str, timeout_s: float
+    ) -> tuple[int, str, str]:
+        done = await self.runtime.exec_user(self.handle, argv_or_shell, timeout_s)
+        return done.returncode, done.stdout, done.stderr
+
+    async def exec_trusted(self, shell: str, timeout_s: float) -> tuple[int, str, str]:
+        done = await self.runtime.exec_trusted(self.handle, shell, timeout_s)
+        return done.returncode, done.stdout, done.stderr
+
+    async def read_file(self, path: str) -> bytes:
+        try:
+            return await self.runtime.read_file(self.handle, path, MAX_READ_BYTES)
+        except RuntimeError_ as exc:
+            if exc.code in ("not_found", "file_not_found", "enoent"):
+                raise FileNotFoundError(path) from exc
+            raise
+
+    async def write_file(self, path: str, data: bytes, owner_user: bool = True) -> None:
+        await self.runtime.write_file(self.handle, path, data, user=owner_user)
+
+    async def step(self, action: dict[str, Any]) -> None:
+        await self.runtime.step(self.handle, action)
+
+    async def windows(self) -> list[WindowInfo]:
+        done = await self.runtime.exec_user(self.handle, ["wmctrl", "-lx"], 10.0)
+        return parse_wmctrl(done.stdout) if done.returncode == 0 else []
+
+    async def screenshot(self) -> bytes:
+        return await self.runtime.screenshot(self.handle)
+
+
+def task_info(task: Task, ctx: TaskContext) -> TaskInfo:
+    ok, reason = support(task, ctx)
+    extra = task.model_extra or {}
+    return TaskInfo(
+        id=task.id,
+        instruction=task.instruction,
+        source=extra.get("source"),
+        domain=task.snapshot,
+        supported=ok,
+        reason=reason,
+    )
+
+
+class TaskBridge:
+    """The supervisor's TaskCatalog and Verifier, backed by drumsd.tasks."""
+
+    def __init__(
+        self, ctx: TaskContext, runtime: SlotRuntime, run_root: Path | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+        self.run_root = run_root or Path(tempfile.gettempdir()) / "drums-task-runs"
+
+    def _run_dir(self, slot_id: str) -> Path:
+        path = self.run_root / slot_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def list_tasks(self) -> list[TaskInfo]:
+        return [
+            TaskInfo(
+                id=row.id,
+                instruction=row.instruction,
+                supported=row.supported,
+                reason=row.reason,
+            )
+            for row in task_support_table(self.ctx)
+        ]
+
+    def get_task(self, task_id: str) -> TaskInfo | None:
+        try:
+            return task_info(resolve_task(task_id, self.ctx.task_dirs), self.ctx)
+        except TaskError:
+            return None
+
+    async def load(
+        self, slot_record: SlotRecord, handle: SlotHandle, task: str | dict[str, Any]
+    ) -> tuple[TaskInfo, dict[str, Any]]:
+        try:
+            resolved = resolve_task(task, self.ctx.task_dirs)
+        except TaskError as exc:
+            code = "not_found" if "no task with id" in str(exc) else "invalid_request"
+            raise DrumsdError(code, str(exc)) from exc
+        info = task_info(resolved, self.ctx)
+        if not info.supported:
+            raise DrumsdError(
+                "unsupported_task", f"task {resolved.id} cannot run here: {info.reason}"
+            )
+        label = f"slot={slot_record.id} episode={slot_record.episode} task={resolved.id}"
+        access = RuntimeSlotAccess(self.runtime, handle)
+        try:
+            await run_setup(
+                resolved, access, self.ctx, run_dir=self._run_dir(slot_record.id), label=label
+            )
+        except SetupError as exc:
+            timed_out = "timed out" in str(exc) or "longer than" in str(exc)
+            code = "timeout" if timed_out else "setup_failed"
+            raise DrumsdError(code, f"setup of task {resolved.id} failed: {exc}") from exc
+        return info, resolved.model_dump(mode="json", exclude_none=True)
+
+    async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> WireVerifyResult:
+        if slot_record.task is None:
+            return _no_task(slot_record)
+        task = resolve_task(slot_record.task, [])
+        last = slot_record.terminal.upper() if slot_record.terminal else slot_record.last_action
+        episode = EpisodeFacts(
+            valid=None,  # the supervisor judges validity from its gates
+            last_action=last,
+            upper_dir=handle.upper,
+            lower_dir=None,
+            run_dir=self._run_dir(slot_record.id),
+            label=f"slot={slot_record.id} episode={slot_record.episode} task={task.id}",
+        )
+        access = RuntimeSlotAccess(self.runtime, handle)
+        result = await verify(task, access, self.ctx, episode)
+        return WireVerifyResult(
+            slot=slot_record.id,
+            episode=slot_record.episode,
+            task_id=task.id,
+            score=result.score,
+            valid=False,
+            verdict="pending",
+            checker_error=result.checker_error,
+            audit=WireAudit(
+                flags=result.audit.flags,
+                checker_s=result.audit.checker_s,
+                error_class=result.audit.error_class,
+                second_score=result.audit.second_score,
+                redundant_score=result.audit.redundant_score,
+                scope=result.audit.scope.model_dump(mode="json"),
+            ),
+            trusted=None,
+            last_action=slot_record.last_action,
+            actions=slot_record.actions,
+        )
+
+
+def _no_task(slot_record: SlotRecord) -> WireVerifyResult:
+    return WireVerifyResult(
+        slot=slot_record.id,
+        episode=slot_record.episode,
+        task_id=None,
+        score=None,
+        valid=False,
+        verdict="pending",
+        checker_error="no task loaded: POST /v1/slots/{id}/task first",
+        last_action=slot_record.last_action,
+        actions=slot_record.actions,
+    )
+
+
+__all__ = [
+    "RuntimeSlotAccess",
+    "TaskBridge",
+    "context_from_config",
+    "parse_wmctrl",
+]

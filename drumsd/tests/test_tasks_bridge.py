@@ -1,0 +1,133 @@
+"""The bridge behind the supervisor's TaskCatalog and Verifier seams, over a fake runtime whose
+slot is a host directory (the live runtime is proven elsewhere)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drumsd.core.config import TasksConfig
+from drumsd.core.errors import DrumsdError
+from drumsd.core.records import SlotRecord
+from drumsd.runtime.interface import CommandResult, RuntimeError_, SlotHandle
+from drumsd.runtime.verifier import TaskCatalog, Verifier
+from drumsd.tasks.bridge import TaskBridge, context_from_config, parse_wmctrl
+from drumsd.tasks.model import TaskContext
+from drumsd.tasks.testing import DirSlot, checker_context
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
+
+
+class DirRuntime:
+    """Only the SlotRuntime operations the bridge uses, over a DirSlot."""
+
+    def __init__(self, slot: DirSlot) -> None:
+        self.slot = slot
+
+    async def exec_user(self, handle: SlotHandle, command: Any, timeout_s: float) -> CommandResult:
+        rc, out, err = await self.slot.exec_user(command, timeout_s)
+        return CommandResult(rc, out, err)
+
+    async def exec_trusted(self, handle: SlotHandle, command: str, timeout_s: float):
+        rc, out, err = await self.slot.exec_trusted(command, timeout_s)
+        return CommandResult(rc, out, err)
+
+    async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
+        try:
+            return await self.slot.read_file(path)
+        except FileNotFoundError:
+            raise RuntimeError_("not_found", f"{path} does not exist") from None
+
+    async def write_file(self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True):
+        await self.slot.write_file(path, data, user)
+
+    async def step(self, handle: SlotHandle, action: Any) -> None:
+        await self.slot.step(dict(action))
+
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        return await self.slot.screenshot()
+
+
+@pytest.fixture(scope="session")
+def venv_ctx() -> TaskContext:
+    return checker_context()
+
+
+def record(task: dict | None = None, terminal: str | None = None) -> SlotRecord:
+    now = time.time()
+    return SlotRecord(
+        id="s1", created_at=now, last_used_at=now, checkpoint="cp", task=task, terminal=terminal
+    )
+
+
+def handle(tmp_path: Path) -> SlotHandle:
+    return SlotHandle("s1", 1, 1, tmp_path / "root", tmp_path / "upper", "cp")
+
+
+def test_bridge_fits_the_supervisor_seams(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    bridge = TaskBridge(venv_ctx, DirRuntime(DirSlot(tmp_path)))  # type: ignore[arg-type]
+    assert isinstance(bridge, TaskCatalog) and isinstance(bridge, Verifier)
+
+
+async def test_load_then_verify_e0df059f(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    slot = DirSlot(tmp_path / "slot")
+    ctx = venv_ctx.model_copy(update={"user_home": str(slot.home), "task_dirs": [SHARED]})
+    bridge = TaskBridge(ctx, DirRuntime(slot), run_root=tmp_path / "runs")  # type: ignore[arg-type]
+    rec = record()
+    info, task_json = await bridge.load(
+        rec, handle(tmp_path), "e0df059f-28a6-4169-924f-b9623e7184cc"
+    )
+    assert info.supported and info.domain == "os"
+    assert (slot.home / "Desktop" / "todo_list_Jan_1").is_dir()
+    rec = record(task=task_json, terminal="done")
+    before = await bridge.verify(rec, handle(tmp_path))
+    assert before.score == 0.0 and before.checker_error is None
+    assert before.audit.flags == ["scope_unchecked"]
+    desktop = slot.home / "Desktop"
+    (desktop / "todo_list_Jan_1").rename(desktop / "todo_list_Jan_2")
+    after = await bridge.verify(rec, handle(tmp_path))
+    assert after.score == 1.0
+    failed = await bridge.verify(record(task=task_json, terminal="fail"), handle(tmp_path))
+    assert failed.score == 0.0
+
+
+async def test_load_refuses_unsupported_and_unknown(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    ctx = venv_ctx.model_copy(update={"task_dirs": [SHARED], "cache_dir": tmp_path / "cache"})
+    bridge = TaskBridge(ctx, DirRuntime(DirSlot(tmp_path / "slot")))  # type: ignore[arg-type]
+    with pytest.raises(DrumsdError) as info:
+        await bridge.load(record(), handle(tmp_path), "01b269ae-2111-4a07-81fd-3fcd711993b0")
+    assert info.value.code == "unsupported_task"
+    assert "Student_Level_Fill_Blank.xlsx" in info.value.message
+    with pytest.raises(DrumsdError) as info:
+        await bridge.load(record(), handle(tmp_path), "nope")
+    assert info.value.code == "not_found"
+    listed = {t.id: t for t in bridge.list_tasks()}
+    assert len(listed) == 15 and not listed["01b269ae-2111-4a07-81fd-3fcd711993b0"].supported
+    assert bridge.get_task("nope") is None
+
+
+async def test_verify_without_a_task(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    bridge = TaskBridge(venv_ctx, DirRuntime(DirSlot(tmp_path)))  # type: ignore[arg-type]
+    result = await bridge.verify(record(), handle(tmp_path))
+    assert result.score is None and "no task loaded" in (result.checker_error or "")
+
+
+def test_context_from_config(tmp_path: Path) -> None:
+    cfg = TasksConfig(dirs=[tmp_path], eval_timeout_s=7, client_password="pw", checker_uid=4242)
+    ctx = context_from_config(cfg, None)
+    assert ctx.task_dirs == [tmp_path] and ctx.eval_timeout_s == 7 and ctx.checker is None
+    assert ctx.client_password == "pw"
+
+
+def test_parse_wmctrl() -> None:
+    listing = (
+        "0x03a00007  0 libreoffice.libreoffice-calc  host Data.xlsx - LibreOffice Calc\n"
+        "0x01000003 -1 xterm.XTerm  host \n"
+    )
+    assert parse_wmctrl(listing) == [
+        {"id": "0x03a00007", "wm_class": "libreoffice.libreoffice-calc",
+         "title": "Data.xlsx - LibreOffice Calc"},
+        {"id": "0x01000003", "wm_class": "xterm.XTerm", "title": ""},
+    ]  # fmt: skip

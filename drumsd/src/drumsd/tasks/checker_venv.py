@@ -248,7 +248,15 @@ async def ensure_checker_venv(
     _open_up(staging)
     # uv and venv write absolute paths of the staging dir into activate scripts only; the python
     # symlink and site-packages are relative to the venv, so renaming is safe.
-    os.replace(staging, final)
+    try:
+        os.replace(staging, final)
+    except OSError:
+        # Another process finished the same build first: keep its venv.
+        shutil.rmtree(staging, ignore_errors=True)
+        existing = load_checker_venv(root)
+        if existing is None:
+            raise
+        return existing
     progress(
         "done",
         f"{final}: {size / 2**20:.0f} MiB in {build_s} s; "

@@ -282,3 +282,13 @@ def context_for_checker(
         scratch_root=scratch_root or Path("/tmp"),
     )
     return ctx.model_copy(update={"metrics": venv.catalog, "checker": env})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m drumsd.tasks [ROOT]`: build (or find) the checker venv and say what it lacks."""
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0]) if args else DEFAULT_ROOT
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    venv = trio.run(ensure_checker_venv, root)
+    print(json.dumps({"path": str(venv.path), "unsupported": venv.catalog.unsupported}, indent=1))
+    return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from openpyxl.utils import get_column_letter
 
@@ -39,10 +40,10 @@ def xlsx_total_to_docx(rng: random.Random) -> TaskSpec:
     line = f"The {quarter} total is TBD."
     paras.insert(k, writer.Para(line))
 
-    def doc_with(value: int) -> tuple[list[Action], bytes]:
+    def doc_with(value: int) -> tuple[list[Action], Callable[[], bytes]]:
         new = f"The {quarter} total is {value}."
         gui = [*writer.goto_para(k), *writer.select_line(), write(new)]
-        return gui, writer.docx_of([writer.Para(new) if i == k else p for i, p in enumerate(paras)])
+        return gui, lambda: writer.docx_of([writer.Para(new) if i == k else p for i, p in enumerate(paras)])
 
     instr = (
         f"{docx_path} says \"{line}\" Replace TBD with the sum of the {quarter} column of sheet "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import docx
@@ -73,14 +74,18 @@ def select_line() -> list[Action]:
     return [press("home"), hotkey("shift", "end")]
 
 
-def writer_solution(name: str, path: str, gui: list[Action], result: bytes | None,
+def writer_solution(name: str, path: str, gui: list[Action], result: Callable[[], bytes] | None,
                     save: bool = True, why: str = "", odf: bool = False) -> Solution:
+    """GUI steps then Ctrl+S; `result` builds the saved file's bytes (lazily: only tests need it)."""
     fname = path.rsplit("/", 1)[1]
     acts: list[Action] = [activate_window(re.escape(fname)), wait(0.5), *gui]
     if save:
         acts += office_save(keep_format_dialog=not odf)
-    eff = {path: result} if (save and result is not None) else {}
-    return Solution(name, acts, lambda _i: dict(eff), why)
+
+    def simulate(_inputs: dict[str, bytes]) -> dict[str, bytes | None]:
+        return {path: result()} if (save and result is not None) else {}
+
+    return Solution(name, acts, simulate, why)
 
 
 def writer_spec(rng: random.Random, instruction: str, path: str, data: bytes,
@@ -143,17 +148,17 @@ def replace_paragraph(rng: random.Random) -> TaskSpec:
 
     want = with_(k)
     gui = [*goto_para(k), *select_line(), write(new)]
-    oracle = writer_solution("oracle", path, gui, docx_of(want))
+    oracle = writer_solution("oracle", path, gui, lambda: docx_of(want))
     near = [
         writer_solution("next_paragraph", path, [*goto_para(k + 1), *select_line(), write(new)],
-                        docx_of(with_(k + 1)), why="replaces the paragraph after it"),
+                        lambda: docx_of(with_(k + 1)), why="replaces the paragraph after it"),
         writer_solution("inserted_not_replaced", path,
                         [*goto_para(k), press("home"), write(new), press("enter")],
-                        docx_of(paras[:k] + [Para(new)] + paras[k:]),
+                        lambda: docx_of(paras[:k] + [Para(new)] + paras[k:]),
                         why="adds the new text above, keeps the old"),
         writer_solution("no_final_period", path,
                         [*goto_para(k), *select_line(), write(new[:-1])],
-                        docx_of(paras[:k] + [Para(new[:-1])] + paras[k + 1:]),
+                        lambda: docx_of(paras[:k] + [Para(new[:-1])] + paras[k + 1:]),
                         why="drops the final period"),
         _unsaved(gui, path),
     ]
@@ -170,16 +175,16 @@ def append_paragraph(rng: random.Random) -> TaskSpec:
     instr = f"Add a new last paragraph \"{new}\" at the end of {path} and save it in Word format."
     want = [*paras, Para(new)]
     gui = [hotkey("ctrl", "end"), press("enter"), write(new)]
-    oracle = writer_solution("oracle", path, gui, docx_of(want))
+    oracle = writer_solution("oracle", path, gui, lambda: docx_of(want))
     near = [
         writer_solution("added_at_top", path, [hotkey("ctrl", "home"), write(new), press("enter")],
-                        docx_of([Para(new), *paras]), why="new paragraph at the top"),
+                        lambda: docx_of([Para(new), *paras]), why="new paragraph at the top"),
         writer_solution("joined_to_last", path, [hotkey("ctrl", "end"), write(" " + new)],
-                        docx_of([*paras[:-1], Para(paras[-1].text + " " + new)]),
+                        lambda: docx_of([*paras[:-1], Para(paras[-1].text + " " + new)]),
                         why="appended to the last paragraph, no new paragraph"),
         writer_solution("lowercase", path, [hotkey("ctrl", "end"), press("enter"),
                                             write(new.lower())],
-                        docx_of([*paras, Para(new.lower())]), why="typed in lower case"),
+                        lambda: docx_of([*paras, Para(new.lower())]), why="typed in lower case"),
         _unsaved(gui, path),
     ]
     return writer_spec(rng, instr, path, docx_of(paras), {"paragraphs": _texts(want)}, oracle, near)
@@ -201,12 +206,12 @@ def delete_paragraph(rng: random.Random) -> TaskSpec:
         "save the document in Word format."
     )
     want = paras[:k] + paras[k + 1:]
-    oracle = writer_solution("oracle", path, _delete_gui(k, n), docx_of(want))
+    oracle = writer_solution("oracle", path, _delete_gui(k, n), lambda: docx_of(want))
     near = [
         writer_solution("deleted_next", path, _delete_gui(k + 1, n),
-                        docx_of(paras[:k + 1] + paras[k + 2:]), why="deletes its neighbour"),
+                        lambda: docx_of(paras[:k + 1] + paras[k + 2:]), why="deletes its neighbour"),
         writer_solution("deleted_two", path, _delete_gui(k, n) + _delete_gui(k, n - 1),
-                        docx_of(paras[:k] + paras[k + 2:]), why="also deletes the next one"),
+                        lambda: docx_of(paras[:k] + paras[k + 2:]), why="also deletes the next one"),
         _unsaved(_delete_gui(k, n), path),
     ]
     # (Clearing the text but keeping an empty paragraph is not a near miss here: the checkers
@@ -222,8 +227,8 @@ def bold_paragraph(rng: random.Random) -> TaskSpec:
     path = _path(rng)
     instr = f"In {path}, make the paragraph \"{paras[k].text}\" bold (only that one) and save it."
 
-    def styled(idx: list[int], **kw: bool) -> bytes:
-        return docx_of([replace(p, **kw) if i in idx else p for i, p in enumerate(paras)])
+    def styled(idx: list[int], **kw: bool) -> Callable[[], bytes]:
+        return lambda: docx_of([replace(p, **kw) if i in idx else p for i, p in enumerate(paras)])
 
     gui = [*goto_para(k), *select_line(), hotkey("ctrl", "b")]
     others = [p.text for i, p in enumerate(paras) if i != k]
@@ -254,8 +259,8 @@ def heading(rng: random.Random) -> TaskSpec:
         "document in Word format."
     )
 
-    def styled(i: int, style: str) -> bytes:
-        return docx_of([replace(p, style=style) if j == i else p for j, p in enumerate(paras)])
+    def styled(i: int, style: str) -> Callable[[], bytes]:
+        return lambda: docx_of([replace(p, style=style) if j == i else p for j, p in enumerate(paras)])
 
     gui = [hotkey("ctrl", "home"), hotkey("ctrl", "1")]
     opts = {"paragraphs": _texts(paras), "styles": {title: "Heading 1", paras[1].text: "Normal"}}
@@ -267,7 +272,7 @@ def heading(rng: random.Random) -> TaskSpec:
                         styled(1, "Heading 1"), why="styles the second paragraph"),
         writer_solution("bold_only", path, [hotkey("ctrl", "home"), *select_line(),
                                             hotkey("ctrl", "b")],
-                        docx_of([replace(paras[0], bold=True), *paras[1:]]),
+                        lambda: docx_of([replace(paras[0], bold=True), *paras[1:]]),
                         why="looks like a heading, is not one"),
         _unsaved(gui, path),
     ]
@@ -282,9 +287,9 @@ def uppercase_paragraph(rng: random.Random) -> TaskSpec:
     up = paras[k].text.upper()
     instr = f"In {path}, change the paragraph \"{paras[k].text}\" to all capital letters and save."
 
-    def retyped(i: int, text: str) -> tuple[list[Action], bytes]:
+    def retyped(i: int, text: str) -> tuple[list[Action], Callable[[], bytes]]:
         gui = [*goto_para(i), *select_line(), write(text)]
-        return gui, docx_of([Para(text) if j == i else p for j, p in enumerate(paras)])
+        return gui, lambda: docx_of([Para(text) if j == i else p for j, p in enumerate(paras)])
 
     others = [p.text for i, p in enumerate(paras) if i != k]
     opts = {"upper": [up], "contains": others}
@@ -320,7 +325,7 @@ def table_cell(rng: random.Random) -> TaskSpec:
         "and save the document in Word format."
     )
 
-    def filled(row: int, col: int) -> tuple[list[Action], bytes]:
+    def filled(row: int, col: int) -> tuple[list[Action], Callable[[], bytes]]:
         t = [list(x) for x in table]
         t[row][col] = value
         gui: list[Action] = [hotkey("ctrl", "home")]
@@ -328,7 +333,7 @@ def table_cell(rng: random.Random) -> TaskSpec:
         if tabs:
             gui.append(press("tab", tabs))
         gui.append(write(value))
-        return gui, docx_of(paras, t)
+        return gui, lambda: docx_of(paras, t)
 
     guards = [[0, r + 1, 0, people[r]], [0, r + 1, 1, roles[r]]]
     if r + 2 <= n:
@@ -362,15 +367,15 @@ def odt_replace(rng: random.Random) -> TaskSpec:
     # goto_para counts the heading as paragraph 0
     want = body[:k] + [new] + body[k + 1:]
     gui = [*goto_para(k + 1), *select_line(), write(new)]
-    oracle = writer_solution("oracle", path, gui, odt_bytes(want, heading=title), odf=True)
+    oracle = writer_solution("oracle", path, gui, lambda: odt_bytes(want, heading=title), odf=True)
     near = [
         writer_solution("replaced_heading", path, [*goto_para(0), *select_line(), write(new)],
-                        odt_bytes(body, heading=new), odf=True, why="overwrites the heading"),
+                        lambda: odt_bytes(body, heading=new), odf=True, why="overwrites the heading"),
         writer_solution("next_paragraph", path, [*goto_para(k + 2), *select_line(), write(new)],
-                        odt_bytes(body[:k + 1] + [new] + body[k + 2:], heading=title), odf=True,
+                        lambda: odt_bytes(body[:k + 1] + [new] + body[k + 2:], heading=title), odf=True,
                         why="replaces the paragraph after it"),
         writer_solution("appended", path, [hotkey("ctrl", "end"), press("enter"), write(new)],
-                        odt_bytes([*body, new], heading=title), odf=True, why="adds at the end"),
+                        lambda: odt_bytes([*body, new], heading=title), odf=True, why="adds at the end"),
         _unsaved(gui, path, odf=True),
     ]
     spec = writer_spec(rng, instr, path, odt_bytes(body, heading=title),

@@ -137,6 +137,9 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
 
     @app.before_request
     async def _authenticate() -> Response | None:
+        # Receive the whole body before answering: a response sent while a body is still
+        # unread can stall the next request on the same keep-alive connection (hypercorn h11).
+        await request.get_data()
         if request.path in OPEN_PATHS:
             return None
         header = request.headers.get("Authorization", "")

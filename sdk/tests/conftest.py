@@ -16,47 +16,14 @@ import drums
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from asgi_bridge import ServedApp, serve_in_thread
 from fake_app import FakeDaemon, FaultInjector
-
-TOKEN = "test-token-0123456789abcdef0123456789abcdef"
-URL = "http://drumsd.test"
-# Retries without real waiting, so the tests of backoff stay fast.
-FAST_RETRY = drums.RetryPolicy(max_retries=3, base_s=0.0, max_s=0.01)
-BACKENDS = ["asyncio", "trio"]
+from sdk_asgi_bridge import serve_in_thread
+from sdk_harness import BACKENDS, TOKEN, Daemon
 
 
 def make_app(token: str) -> Any:
     """The app under test. For the real daemon: `return drumsd.api.app.create_app(...)`."""
     return FakeDaemon(token=token)
-
-
-class Daemon:
-    """The served app, its fault injector, and client factories pointed at it."""
-
-    def __init__(self, served: ServedApp, faults: FaultInjector, app: Any) -> None:
-        self.served = served
-        self.faults = faults
-        self.app = app
-
-    def client(self, **kwargs: Any) -> drums.Client:
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("retry", FAST_RETRY)
-        return drums.connect(URL, transport=self.served.sync_transport(), **kwargs)
-
-    def aclient(self, **kwargs: Any) -> drums.AsyncClient:
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("retry", FAST_RETRY)
-        return drums.aconnect(URL, transport=self.served.async_transport(), **kwargs)
-
-    def leftovers(self) -> tuple[list[str], list[str]]:
-        """Live envs and non-template states on the daemon, asked through the API itself."""
-        with self.client() as c:
-            envs = [s.id for s in c.list_envs()]
-            states = [
-                s.id for s in c.list_states() if s.kind != drums.models.CheckpointKind.template
-            ]
-        return envs, states
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
-from conftest import Daemon
+from sdk_harness import Daemon
 
 import drums
 from drums import models as m

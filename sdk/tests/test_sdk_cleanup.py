@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import anyio
 import pytest
-from conftest import Daemon
+from sdk_harness import Daemon
 
 import drums
 from drums._shield import sigint_held

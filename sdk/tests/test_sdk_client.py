@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Daemon
+from sdk_harness import Daemon
 
 import drums
 from drums import models as m

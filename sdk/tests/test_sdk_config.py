@@ -7,7 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN, Daemon
+from sdk_harness import TOKEN, Daemon
 
 import drums
 from drums._config import DEFAULT_URL, Secret, resolve_settings

@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable
 
 import pytest
-from conftest import TOKEN, Daemon
+from sdk_harness import TOKEN, Daemon
 
 import drums
 from drums import models as m

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import Daemon
+from sdk_harness import Daemon
 
 import drums
 

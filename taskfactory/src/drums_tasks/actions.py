@@ -15,6 +15,8 @@ Action = str | dict[str, Any]
 # A separate LibreOffice profile for headless conversions, so they never hand their work to the
 # GUI instance that already has the document open (soffice forwards to a running instance).
 SOFFICE_ORACLE_PROFILE = "file:///tmp/drums-oracle-lo"
+# A cold headless LibreOffice, GIMP or Chromium start can take tens of seconds on a loaded host.
+HEADLESS_TIMEOUT_S = 180.0
 
 
 def _py(code: str) -> str:
@@ -39,8 +41,11 @@ def wait(seconds: float) -> dict[str, Any]:
     return {"type": "wait", "seconds": seconds}
 
 
-def execute(argv: list[str]) -> dict[str, Any]:
-    return {"type": "execute", "command": list(argv)}
+def execute(argv: list[str], timeout_s: float | None = None) -> dict[str, Any]:
+    act: dict[str, Any] = {"type": "execute", "command": list(argv)}
+    if timeout_s is not None:
+        act["timeout_s"] = timeout_s
+    return act
 
 
 def shell(script: str) -> dict[str, Any]:
@@ -74,7 +79,8 @@ def soffice_convert(src: str, fmt: str, outdir: str) -> dict[str, Any]:
             "--outdir",
             outdir,
             src,
-        ]
+        ],
+        timeout_s=HEADLESS_TIMEOUT_S,
     )
 
 

@@ -11,11 +11,7 @@ APP_MODULES = ("calc", "writer", "impress", "chromium", "gimp", "files", "multi"
 
 def load_all() -> dict[str, Family]:
     for m in APP_MODULES:
-        try:
-            importlib.import_module(f"{__name__}.{m}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{m}":
-                raise
+        importlib.import_module(f"{__name__}.{m}")
     return FAMILIES
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from html import escape
 
-from ..actions import Action, execute, shell, wait
+from ..actions import HEADLESS_TIMEOUT_S, Action, execute, shell, wait
 from ..spec import Solution, TaskSpec
 from . import content
 from .registry import family
@@ -190,8 +190,8 @@ def print_pdf(rng: random.Random) -> TaskSpec:
     out = f"{DESKTOP}/{path.rsplit('/', 1)[1][:-5]}.pdf"
 
     def printing(src: str, dest: str) -> list[Action]:
-        return [execute([*CHROMIUM, "--headless", f"--print-to-pdf={dest}", f"file://{src}"]),
-                wait(1.0)]
+        return [execute([*CHROMIUM, "--headless", f"--print-to-pdf={dest}", f"file://{src}"],
+                        HEADLESS_TIMEOUT_S), wait(1.0)]
 
     oracle = Solution("oracle", printing(path, out), lambda _i: {out: pdf_of([h1, *paras])})
     near = [

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from PIL import Image, ImageOps
 
-from ..actions import execute, wait
+from ..actions import HEADLESS_TIMEOUT_S, execute, wait
 from ..docfiles import image_bytes
 from ..spec import Solution, TaskSpec
 from . import content
@@ -113,7 +113,7 @@ def gimp_batch(src: str, dest: str, script: str) -> list:
         f'(gimp-file-save RUN-NONINTERACTIVE img (car (gimp-image-get-active-drawable img)) '
         f'"{dest}" "{dest}") (gimp-image-delete img))'
     )
-    return [execute(["gimp", "-i", "-b", sf, "-b", "(gimp-quit 0)"]), wait(1.0)]
+    return [execute(["gimp", "-i", "-b", sf, "-b", "(gimp-quit 0)"], HEADLESS_TIMEOUT_S), wait(1.0)]
 
 
 def gimp_solution(name: str, src: str, dest: str, ops: list[tuple[str, Op]], fmt: str = "PNG",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from pptx import Presentation
 
-from ..actions import Action, activate_window, execute, hotkey, office_save, press, wait, write
+from ..actions import HEADLESS_TIMEOUT_S, Action, activate_window, execute, hotkey, office_save, press, wait, write
 from ..docfiles import odp_bytes, pptx_bytes
 from ..spec import Solution, TaskSpec
 from . import content
@@ -257,7 +257,7 @@ def export_pdf(rng: random.Random) -> TaskSpec:
     near[-1].actions = [
         execute(["soffice", "-env:UserInstallation=file:///tmp/drums-oracle-lo", "--headless",
                  "--convert-to", 'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}',
-                 "--outdir", DOCS, path]),
+                 "--outdir", DOCS, path], HEADLESS_TIMEOUT_S),
         wait(1.0),
     ]
     opts = {"docs": [{"file": "out.pdf", "pages": len(deck),

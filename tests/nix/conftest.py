@@ -182,9 +182,24 @@ def open_local_daemon(tmp: Path, live: bool) -> Iterator[LocalDaemon]:
     try:
         yield LocalDaemon(machine, target, config_path, log_path, live)
     finally:
+        # KillMode=process leaves slots running across a stop (by design); a test must not.
+        _destroy_every_slot(machine, target)
         machine.shutdown()
         if live:
             _unmount_below(Path(config["state_dir"]))
+
+
+def _destroy_every_slot(machine: object, target: object) -> None:
+    """Best effort: a failed test may have left slots, or the daemon may be down."""
+    from drums_http import DrumsHttp
+
+    api = DrumsHttp(machine, target)
+    try:
+        api.wait_healthy(timeout_s=10)
+        for slot_id in api.live_slot_ids():
+            api.request("DELETE", f"/v1/slots/{slot_id}", max_time_s=60)
+    except Exception as exc:  # teardown must go on to stop the daemon
+        print(f"teardown: could not destroy every slot: {exc}")
 
 
 def _unmount_below(root: Path) -> None:

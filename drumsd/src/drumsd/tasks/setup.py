@@ -435,8 +435,16 @@ async def _window_action(op: WindowAction, access: SlotAccess, timeout_s: float)
     return rc, err.strip() or f"window {wid} {window.get('title', '')!r}"
 
 
+_OFFICE_SUFFIXES = frozenset(".xlsx .xls .ods .csv .docx .doc .odt .rtf .pptx .ppt .odp".split())
+
+
 async def _open_file(op: OpenFile, access: SlotAccess) -> tuple[int, str]:
-    rc, _out, err = await access.exec_user(_background_shell(["xdg-open", op.path]), 10.0)
+    quoted = shlex.quote(op.path)
+    command = f"xdg-open {quoted}"
+    if PurePosixPath(op.path).suffix.lower() in _OFFICE_SUFFIXES:
+        # Minimal desktop images may lack xdg-utils or its MIME defaults.
+        command += f" || libreoffice {quoted}"
+    rc, _out, err = await access.exec_user(_background_shell(command), 10.0)
     if rc != 0:
         raise SetupError(f"could not start xdg-open {op.path}: {err.strip()}")
     name = PurePosixPath(op.path).name

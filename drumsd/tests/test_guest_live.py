@@ -136,12 +136,22 @@ async def test_desktop_boots_types_and_answers(desktop: tuple[Path, int]) -> Non
     await poll_file(sock, "/home/user/out.txt", b"drums-42\n", timeout=10)
     assert await ac.screenshot(sock) != first
 
-    # Unicode goes through xdotool and still lands in the terminal.
+    # Unicode (no key on the keymap) is bound to spare keycodes and still lands in the terminal.
     await ac.step(sock, {"type": "type", "text": "echo 'héllo ✓' > ~/u.txt\n"})
     await poll_file(sock, "/home/user/u.txt", "héllo ✓\n".encode(), timeout=10)
 
     result = await ac.exec_(sock, ["id", "-u"])
     assert (result.rc, result.stdout) == (0, "1000\n")
+    # launch returns while the app runs on; it shows up as a window.
+    started = time.monotonic()
+    await ac.launch(sock, ["xmessage", "-title", "drums-launched", "hello"])
+    assert time.monotonic() - started < 2
+    with trio.fail_after(15):
+        while not any(w["name"] == "drums-launched" for w in await ac.windows(sock)):
+            await trio.sleep(0.05)
+    with pytest.raises(ac.AgentError) as info:
+        await ac.exec_(sock, "sleep 30", timeout_s=0.5)
+    assert info.value.code == "timeout"
     comms = {p["comm"] for p in await ac.procs(sock)}
     assert {"Xvfb", "openbox", "xterm"} <= comms
 

@@ -318,7 +318,10 @@ class Agent:
             and now >= self.worker_started_at + WORKER_START_TIMEOUT_S
         ):
             self.kill_worker("worker start timeout")
-            self.fail_queued_steps("the action worker did not start in time (is X up?)")
+            self.worker_error = "the action worker did not start in time (is X up?)"
+            self.worker_backoff = min(10.0, max(0.5, self.worker_backoff * 2))
+            self.worker_retry_at = now + self.worker_backoff
+            self.fail_queued_steps(self.worker_error)
         for pidfd, job in list(self.exec_jobs.items()):
             if now >= job.deadline:
                 try:
@@ -359,6 +362,10 @@ class Agent:
         if not chunk:
             if conn.request is None:
                 self.close(conn)  # the client went away before asking anything
+            else:
+                # Half-closed while its request runs: stop watching reads (EOF stays readable
+                # and would spin the loop); reply() re-registers the socket for writing.
+                self.sel.unregister(conn.sock)
             return
         if conn.request is not None:
             return  # one request per connection; ignore anything after it
@@ -415,7 +422,9 @@ class Agent:
         elif op == "step":
             action = protocol.parse_action(request.get("action"))
             timeout = protocol.check_timeout(request, None)
-            conn.deadline = protocol.step_timeout(action, timeout)  # relative until dispatched
+            # Absolute from arrival: a step that waited out its time in the queue is not run
+            # after the client has given up on it.
+            conn.deadline = time.monotonic() + protocol.step_timeout(action, timeout)
             request["action"] = action.to_dict()
             self.steps.append(conn)
             self.dispatch_step()
@@ -424,10 +433,12 @@ class Agent:
         if conn.outbuf is not None:
             return
         conn.outbuf = memoryview(protocol.encode_reply(header, payload))
+        if conn.sock.fileno() < 0:
+            return
         try:
             self.sel.modify(conn.sock, selectors.EVENT_WRITE, ("conn", conn))
-        except (KeyError, ValueError):
-            return
+        except KeyError:
+            self.sel.register(conn.sock, selectors.EVENT_WRITE, ("conn", conn))
         self.flush(conn)
 
     def reply_error(self, conn: Conn, code: str, message: str, **extra: Any) -> None:
@@ -476,7 +487,10 @@ class Agent:
             return  # dispatched when the worker says it is ready
         conn = self.steps.popleft()
         assert conn.request is not None and conn.deadline is not None
-        conn.deadline = time.monotonic() + conn.deadline
+        if time.monotonic() >= conn.deadline:
+            self.reply_error(conn, "timeout", "the step timed out waiting for earlier steps")
+            self.dispatch_step()
+            return
         self.current_step = conn
         data = json.dumps({"action": conn.request["action"]}).encode()
         assert self.worker_sock is not None
@@ -584,12 +598,21 @@ class Agent:
             raise protocol.ProtocolError("invalid_action", "exec: env must map str to str")
         timeout = protocol.check_timeout(request, protocol.DEFAULT_STEP_TIMEOUT_S)
         cwd = request.get("cwd") or os.environ.get("HOME", "/")
+        command = ["/bin/sh", "-c", shell] if shell is not None else argv
+        detach = request.get("detach", False)
+        if not isinstance(detach, bool):
+            raise protocol.ProtocolError("invalid_action", "exec: detach must be true or false")
+        if detach:
+            # Launch an app and answer at once: `setsid -f` forks it off so desktop-init adopts
+            # and reaps it, and its output goes nowhere (apps log a lot and run for hours).
+            command = ["setsid", "-f", *command]
+        out = subprocess.DEVNULL if detach else subprocess.PIPE
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", shell] if shell is not None else argv,
+                command,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                stdout=out,
+                stderr=out,
                 env={**os.environ, **env_extra},
                 cwd=cwd,
                 start_new_session=True,
@@ -601,22 +624,20 @@ class Agent:
         pidfd = os.pidfd_open(proc.pid)
         assert timeout is not None
         job = ExecJob(conn, proc, pidfd, time.monotonic() + timeout)
-        for pipe in (proc.stdout, proc.stderr):
-            assert pipe is not None
-            os.set_blocking(pipe.fileno(), False)
         self.exec_jobs[pidfd] = job
         self.sel.register(pidfd, selectors.EVENT_READ, ("exec_pidfd", pidfd))
-        # Output is drained when the process exits; pipes are kept small by reading on exit and
-        # on each loop pass, so a chatty command cannot fill its pipe and stall.
-        self.sel.register(proc.stdout, selectors.EVENT_READ, ("exec_out", pidfd))
-        self.sel.register(proc.stderr, selectors.EVENT_READ, ("exec_out", pidfd))
+        # Output is read as it comes (and dropped past the limit), so a chatty command cannot
+        # fill its pipe and stall.
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                os.set_blocking(pipe.fileno(), False)
+                self.sel.register(pipe, selectors.EVENT_READ, ("exec_out", pidfd))
 
     def drain_exec(self, job: ExecJob) -> None:
         """Read what the command wrote so far; past the limit output is read and dropped so a
         chatty command never blocks on a full pipe."""
         for pipe, buf in ((job.proc.stdout, job.out), (job.proc.stderr, job.err)):
-            assert pipe is not None
-            if pipe.closed:
+            if pipe is None or pipe.closed:
                 continue
             while True:
                 try:
@@ -645,8 +666,7 @@ class Agent:
         os.close(pidfd)
         # Background children (`app &`) may hold the pipes open: answer now, do not wait for EOF.
         for pipe in (job.proc.stdout, job.proc.stderr):
-            assert pipe is not None
-            if not pipe.closed:
+            if pipe is not None and not pipe.closed:
                 self.sel.unregister(pipe)
                 pipe.close()
         out = job.out.decode(errors="replace")

@@ -55,6 +55,62 @@ class ActionFailed(Exception):
         self.code = code
 
 
+class UnicodeKeyboard:
+    """Types characters that have no key on the keymap (é, ✓, 中) by binding their keysym to a
+    spare keycode and pressing it through XTEST.
+
+    pyautogui drops such characters; xdotool binds and unbinds a keycode around each press, which
+    races with the app reading the keymap (characters went missing in tests). Here a binding stays
+    until its keycode is reused, round-robin over every unused keycode (~100 on Xvfb's keymap),
+    and the mapping change reaches each client (MappingNotify) before the key event does."""
+
+    def __init__(self) -> None:
+        from Xlib import X, display
+        from Xlib.ext import xtest
+
+        self.X, self.xtest = X, xtest
+        self.display = display.Display()
+        first = self.display.display.info.min_keycode
+        count = self.display.display.info.max_keycode - first + 1
+        mapping = self.display.get_keyboard_mapping(first, count)
+        self.spare = [first + i for i, syms in enumerate(mapping) if not any(syms)]
+        if not self.spare:
+            raise ActionFailed("failed", "type: the keymap has no unused keycode for Unicode")
+        self.next_spare = 0
+        self.bound: dict[int, int] = {}  # keysym -> spare keycode bound to it
+        self.shift = self.display.keysym_to_keycode(0xFFE1)  # Shift_L
+
+    @staticmethod
+    def keysym_of(char: str) -> int:
+        code = ord(char)
+        return code if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF else 0x01000000 | code
+
+    def type_char(self, char: str) -> None:
+        keysym = self.keysym_of(char)
+        keycode, shifted = 0, False
+        for code, index in self.display.keysym_to_keycodes(keysym):
+            if index in (0, 1):
+                keycode, shifted = code, index == 1
+                break
+        if not keycode:
+            keycode = self.bound.get(keysym, 0)
+        if not keycode:
+            keycode = self.spare[self.next_spare]
+            self.next_spare = (self.next_spare + 1) % len(self.spare)
+            self.bound = {k: c for k, c in self.bound.items() if c != keycode}
+            self.bound[keysym] = keycode
+            self.display.change_keyboard_mapping(keycode, [(keysym, keysym)])
+            self.display.sync()
+        press, release = self.X.KeyPress, self.X.KeyRelease
+        if shifted:
+            self.xtest.fake_input(self.display, press, self.shift)
+        self.xtest.fake_input(self.display, press, keycode)
+        self.xtest.fake_input(self.display, release, keycode)
+        if shifted:
+            self.xtest.fake_input(self.display, release, self.shift)
+        self.display.sync()
+
+
 class Executor:
     """Performs validated actions with pyautogui (X test events through the worker's own X
     connection) and xdotool for Unicode text."""
@@ -64,6 +120,7 @@ class Executor:
 
         pyautogui.FAILSAFE = False  # agents legitimately click in screen corners
         self.pyautogui = pyautogui
+        self.unicode: UnicodeKeyboard | None = None
         self.default_pause = pyautogui.PAUSE
         self.namespace_base = {
             "pyautogui": pyautogui,
@@ -139,19 +196,19 @@ class Executor:
             self.pyautogui.hscroll(a.dx, **self._at(a))
 
     def _do_type(self, a: protocol.Action) -> None:
-        if all(c in self.pyautogui.KEYBOARD_KEYS or c == "\n" for c in a.text):
-            self.pyautogui.write(a.text)
-            return
-        # pyautogui silently drops characters without a key on the keymap; xdotool remaps a
-        # spare keycode per character (below ~10 ms per key the app may read the restored map).
-        proc = subprocess.run(
-            ["xdotool", "type", "--delay", "12", "--", a.text],
-            capture_output=True,
-            text=True,
-            timeout=60 + len(a.text) * 0.05,
-        )
-        if proc.returncode != 0:
-            raise ActionFailed("failed", f"xdotool type failed: {proc.stderr.strip()}")
+        ascii_run: list[str] = []
+        for char in a.text:
+            if char in self.pyautogui.KEYBOARD_KEYS or char == "\n":
+                ascii_run.append(char)
+                continue
+            if ascii_run:
+                self.pyautogui.write("".join(ascii_run))
+                ascii_run.clear()
+            if self.unicode is None:
+                self.unicode = UnicodeKeyboard()
+            self.unicode.type_char(char)
+        if ascii_run:
+            self.pyautogui.write("".join(ascii_run))
 
     def _do_key(self, a: protocol.Action) -> None:
         self._check_keys(a.keys)

@@ -313,16 +313,30 @@ def _run(
     progress(f"image: {what}: done in {time.monotonic() - started:.1f} s")
 
 
-def _in_chroot(root: Path, script: str) -> list[str]:
+def _in_chroot(root: Path, script: str, apt_cache: Path | None = None) -> list[str]:
     """A shell script run inside `root` with /proc, /sys and /dev mounted in a private mount
-    namespace, so the mounts vanish with the process even if the build is interrupted."""
+    namespace, so the mounts vanish with the process even if the build is interrupted.
+    `apt_cache` is bind-mounted over the chroot's apt archive so rebuilds reuse downloads."""
     outer = (
-        'set -e; r="$1"; shift; '
+        'set -e; r="$1"; c="$2"; '
         'mount -t proc proc "$r/proc"; mount -t sysfs sysfs "$r/sys"; '
         'mount --rbind /dev "$r/dev"; '
+        'if [ -n "$c" ]; then mount --bind "$c" "$r/var/cache/apt/archives"; fi; '
         'exec chroot "$r" /bin/sh -ec "$0"'
     )
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", outer, script, str(root)]
+    cache = str(apt_cache) if apt_cache else ""
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        outer,
+        script,
+        str(root),
+        cache,
+    ]
 
 
 def _write(root: Path, rel: str, content: str, mode: int = 0o644) -> None:
@@ -332,11 +346,13 @@ def _write(root: Path, rel: str, content: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def _build_layer(profile: Profile, dest: Path, progress: Progress) -> None:
-    """debootstrap + apt + pip + desktop user into `dest` (a fresh directory)."""
+def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -> None:
+    """debootstrap + apt + pip + desktop user into `dest` (a fresh directory); downloaded .debs
+    are kept in `debs` for the next build."""
     root = dest / "root"
+    (debs / "partial").mkdir(parents=True, exist_ok=True)
     _run(
-        ["debootstrap", "--variant=minbase", SUITE, str(root), MIRROR],
+        ["debootstrap", "--variant=minbase", f"--cache-dir={debs}", SUITE, str(root), MIRROR],
         progress,
         f"debootstrap --variant=minbase {SUITE}",
     )
@@ -356,7 +372,7 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress) -> None:
     shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
     packages = " ".join(sorted(set(profile.packages)))
     _run(
-        _in_chroot(root, f"apt-get update -q && apt-get install -y -q {packages}"),
+        _in_chroot(root, f"apt-get update -q && apt-get install -y -q {packages}", debs),
         progress,
         f"apt-get install {len(set(profile.packages))} packages",
     )
@@ -488,7 +504,9 @@ def _build_layer_cached(prof: Profile, lkey: str, layer: Path, progress: Progres
     staging = Path(tempfile.mkdtemp(prefix=f".{lkey}.", dir=layer.parent))
     staging.chmod(0o755)  # mkdtemp makes 0700; unprivileged mount helpers must traverse it
     try:
-        _build_layer(prof, staging, progress)
+        # One layer build at a time per cache: apt locks its (shared) archive directory.
+        with _locked(layer.parent / ".apt-archives.lock"):
+            _build_layer(prof, staging, progress, layer.parent / "apt-archives")
         layer_meta = {
             "key": lkey,
             "profile": prof.name,

@@ -171,6 +171,27 @@ async def exec_(
     return ExecResult(rc=header["rc"], stdout=header["stdout"], stderr=header["stderr"])
 
 
+async def launch(
+    sock_path: Path,
+    command: list[str] | str,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Start an app as the desktop user and return at once (it keeps running, output dropped);
+    e.g. OSWorld's `launch` setup step."""
+    request: dict[str, Any] = {"op": "exec", "detach": True, "timeout_s": timeout}
+    request["shell" if isinstance(command, str) else "argv"] = command
+    if env:
+        request["env"] = env
+    if cwd:
+        request["cwd"] = cwd
+    header, _ = await call(sock_path, request, timeout=timeout + _MARGIN_S)
+    if header["rc"] != 0:
+        raise AgentError("failed", f"could not launch {command!r} (setsid rc={header['rc']})")
+
+
 async def windows(sock_path: Path, *, timeout: float = 5.0) -> list[dict[str, Any]]:
     header, _ = await call(sock_path, {"op": "windows"}, timeout=timeout)
     return header["windows"]

@@ -27,6 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launching thread exits (Linux prctl)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
 class UnsupportedByStandIn(NotImplementedError):
     """The scenario asked for something only a NixOS VM can do."""
 
@@ -88,46 +96,50 @@ class LocalUnit:
         finally:
             os.umask(old)
 
-    def _spawn(self) -> None:
+    def _launch(self) -> tuple[subprocess.Popen[bytes], int]:
+        """ExecStartPre, then the main process. It dies with the thread that launched it
+        (PR_SET_PDEATHSIG): a test run killed mid-way leaves no daemon behind."""
         self._ensure_token()
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env}
-        proc = subprocess.Popen(
-            list(self.argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        if log is not subprocess.DEVNULL:
-            log.close()
+        try:
+            proc = subprocess.Popen(
+                list(self.argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
         with self._lock:
             self._proc = proc
             self._generation += 1
-            generation = self._generation
-        threading.Thread(
-            target=self._watch, args=(proc, generation), name=f"unit-{self.name}", daemon=True
-        ).start()
+            return proc, self._generation
 
     def _watch(self, proc: subprocess.Popen[bytes], generation: int) -> None:
-        """Restart=on-failure: a signal or non-zero exit of a wanted unit restarts it."""
-        code = proc.wait()
-        with self._lock:
-            if generation != self._generation or not self._wanted:
-                return
-            if code == 0:
-                self._wanted = False
-                return
-            self._restarts += 1
-            if self._restarts > self.start_limit_burst:
-                self._failed = True
-                self._wanted = False
-                return
-        time.sleep(self.restart_sec)
-        with self._lock:
-            if generation != self._generation or not self._wanted:
-                return
-        self._spawn()
+        """Restart=on-failure: a signal or non-zero exit of a wanted unit restarts it. The
+        restarted process is launched from this thread, which then lives as long as it does."""
+        while True:
+            code = proc.wait()
+            with self._lock:
+                if generation != self._generation or not self._wanted:
+                    return
+                if code == 0:
+                    self._wanted = False
+                    return
+                self._restarts += 1
+                if self._restarts > self.start_limit_burst:
+                    self._failed = True
+                    self._wanted = False
+                    return
+            time.sleep(self.restart_sec)
+            with self._lock:
+                if generation != self._generation or not self._wanted:
+                    return
+            proc, generation = self._launch()
 
     def start(self) -> None:
         if self.main_pid:
@@ -136,7 +148,10 @@ class LocalUnit:
             self._wanted = True
             self._failed = False
             self._restarts = 0
-        self._spawn()
+        proc, generation = self._launch()
+        threading.Thread(
+            target=self._watch, args=(proc, generation), name=f"unit-{self.name}", daemon=True
+        ).start()
 
     def stop(self) -> None:
         with self._lock:

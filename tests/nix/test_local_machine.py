@@ -136,3 +136,34 @@ def test_a_broken_scenario_expectation_fails_against_the_real_daemon(
         with pytest.raises(AssertionError, match="token file mode is 600") as caught:
             daemon_token.run(daemon.machine, daemon.target, plain_subtest)
     assert isinstance(caught.value.__cause__, ScenarioFailure)
+
+
+def test_a_killed_test_run_leaves_no_daemon_behind(tmp_path: Path) -> None:
+    """The unit's process dies with its launcher (PR_SET_PDEATHSIG), even on SIGKILL."""
+    import signal
+    import subprocess
+
+    vm_tests = Path(__file__).resolve().parents[2] / "vm-tests"
+    runner = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(vm_tests)!r})\n"
+        "from local_machine import LocalMachine, LocalUnit\n"
+        f"unit = LocalUnit(name='drumsd', argv={SLEEPER!r})\n"
+        "LocalMachine([unit]).start()\n"
+        "print(unit.main_pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", runner], stdout=subprocess.PIPE, text=True)
+    daemon_pid = int(proc.stdout.readline())
+    os.kill(daemon_pid, 0)  # running
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(daemon_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(daemon_pid, signal.SIGKILL)
+    raise AssertionError(f"daemon {daemon_pid} outlived its killed launcher")

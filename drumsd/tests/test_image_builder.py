@@ -75,3 +75,27 @@ def test_manifest_is_deterministic_and_sees_content_mode_and_links(tmp_path: Pat
     (d / "bin" / "alias").unlink()
     (d / "bin" / "alias").symlink_to("hardlink")
     assert image.write_manifest(d, tmp_path / "d.tsv") != sha_a
+
+
+def fake_build(images: Path, name: str, layer: str) -> Path:
+    final = images / name
+    (final / "root").mkdir(parents=True)
+    (final / "image.json").write_text(f'{{"layer_key": "{layer}"}}')
+    (images / "layers" / layer).mkdir(parents=True, exist_ok=True)
+    (images / "layers" / layer / "layer.json").write_text("{}")
+    return final
+
+
+def test_prune_keeps_what_profiles_point_to(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    old = fake_build(images, "base-old", "L1")
+    new = fake_build(images, "base-new", "L2")
+    (images / "base").symlink_to("base-new")
+    assert image.prune_images(tmp_path, progress=lambda m: None, dry_run=True) == [
+        old,
+        images / "layers" / "L1",
+    ]
+    assert old.exists()
+    image.prune_images(tmp_path, progress=lambda m: None)
+    assert not old.exists() and not (images / "layers" / "L1").exists()
+    assert new.exists() and (images / "layers" / "L2").exists()

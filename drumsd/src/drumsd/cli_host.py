@@ -82,6 +82,14 @@ def run_image_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_image_prune(args: argparse.Namespace) -> int:
+    from drumsd.linux.image import prune_images
+
+    removed = prune_images(args.cache, progress=_progress, dry_run=args.dry_run)
+    print(f"{len(removed)} tree(s) {'to remove' if args.dry_run else 'removed'}")
+    return 0
+
+
 def run_host_prepare(args: argparse.Namespace) -> int:
     from drumsd.linux import hostprep
 
@@ -120,6 +128,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = image_sub.add_parser("list", help="built images and their sha256")
     add_cache(listing)
     listing.set_defaults(handler=run_image_list)
+
+    prune = image_sub.add_parser(
+        "prune", help="remove builds no profile points to (their checkpoints stop restoring)"
+    )
+    prune.add_argument("--dry-run", action="store_true")
+    add_cache(prune)
+    prune.set_defaults(handler=run_image_prune)
 
     host = subparsers.add_parser("host", help="host preparation")
     host_sub = host.add_subparsers(dest="host_command", required=True)

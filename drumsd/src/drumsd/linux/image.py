@@ -611,3 +611,41 @@ def find_image(profile_or_dir: str, cache_root: Path) -> ImageInfo:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def prune_images(cache_root: Path, progress: Progress = print, dry_run: bool = False) -> list[Path]:
+    """Remove image builds no profile link points to, and layers no kept image uses.
+
+    A tree that appears in the mount table (the lower layer of a running slot, an idmapped bind
+    of it) is kept. Checkpoints of a removed image can no longer be restored: run this
+    deliberately, not from the daemon."""
+    images = cache_root / "images"
+    if not images.is_dir():
+        return []
+    kept = {(images / p).resolve() for p in PROFILES if (images / p).is_symlink()}
+    mounted = _read_text("/proc/self/mountinfo")
+    removed: list[Path] = []
+    kept_layers = set()
+    for final in sorted(images.iterdir()):
+        meta = final / "image.json"
+        if final.is_symlink() or not meta.exists():
+            continue
+        if final.resolve() in kept or str(final) in mounted:
+            kept_layers.add(json.loads(meta.read_text()).get("layer_key"))
+            continue
+        removed.append(final)
+    for layer in sorted((images / "layers").glob("*/layer.json")):
+        if layer.parent.name not in kept_layers and str(layer.parent) not in mounted:
+            removed.append(layer.parent)
+    for path in removed:
+        progress(f"image: {'would remove' if dry_run else 'removing'} {path}")
+        if not dry_run:
+            shutil.rmtree(path)
+    return removed
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""

@@ -43,13 +43,7 @@ def test_kill9_mid_create_then_restart_reconciles(tmp_path: Path) -> None:
         c.delete(f"/v1/slots/{ready[1]}")
         # A create in flight: its record is on disk (creating) before the restore answers.
         threading.Thread(
-            target=lambda: httpx.post(
-                d.url + "/v1/slots",
-                json={},
-                timeout=5,
-                headers={"Authorization": f"Bearer {d.token}"},
-            ),
-            daemon=True,
+            target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 5), daemon=True
         ).start()
         wait_until(
             lambda: any(r["status"] == "creating" for r in journal_slots(tmp_path).values()),
@@ -111,10 +105,7 @@ def test_second_signal_stops_at_once(tmp_path: Path) -> None:
         tmp_path, env={"DRUMS_MEMORY_RESTORE_DELAY_S": "20"}, drain_timeout_s=60
     ).start()
     threading.Thread(
-        target=lambda: httpx.post(
-            d.url + "/v1/slots", json={}, timeout=30, headers={"Authorization": f"Bearer {d.token}"}
-        ),
-        daemon=True,
+        target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 30), daemon=True
     ).start()
     wait_until(lambda: journal_slots(tmp_path), what="the create to start")
     d.proc.send_signal(signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""`drumsd serve` refuses unsafe starts with one line and a non-zero exit; check-config names keys."""
+"""`drumsd serve` refuses unsafe starts in one line; check-config names the bad keys."""
 
 from __future__ import annotations
 

@@ -79,7 +79,9 @@ def samples(img: Image.Image, block: int) -> list[list[int]]:
 def to_gray(img: Image.Image) -> Image.Image:
     cache: dict = {}
     out = Image.new("L", img.size)
-    out.putdata([cache.setdefault(p, gray_of(p)) for p in img.getdata()])
+    raw = img.convert("RGB").tobytes()
+    pixels = [tuple(raw[i : i + 3]) for i in range(0, len(raw), 3)]
+    out.putdata([cache.setdefault(p, gray_of(p)) for p in pixels])
     return out
 
 

@@ -1,0 +1,50 @@
+"""Every family's checkers on locally simulated outcomes: the oracle's file scores 1, doing
+nothing and every near miss score 0, check and check_alt agree, and the scope rule flags only
+the probe. (Pure checks of the checker logic; the live validator runs the same on a desktop.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from drums_tasks import FAMILIES, load_all
+from drums_tasks.build import generate
+from drums_tasks.offline import evaluate
+from drums_tasks.spec import scope_probe, task_json
+
+load_all()
+INDICES = range(4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_checkers_separate_oracle_from_near_misses(family: str) -> None:
+    for index in INDICES:
+        tid, spec = generate(5, family, index)
+        seeded = task_json(spec, tid, 5, index)["evaluator"]["scope"]["seeded"]
+        where = f"{family}[{index}]"
+
+        oracle = evaluate(spec, seeded, spec.oracle)
+        assert (oracle.score, oracle.score_alt) == (1.0, 1.0), where
+        assert oracle.scope_violations == [], where
+
+        noop = evaluate(spec, seeded, None)
+        assert (noop.score, noop.score_alt) == (0.0, 0.0), where
+        assert noop.scope_violations == [], where
+
+        for near in spec.near_misses:
+            assert near.simulate is not None, f"{where} {near.name} cannot be simulated"
+            r = evaluate(spec, seeded, near)
+            assert (r.score, r.score_alt) == (0.0, 0.0), f"{where} near miss {near.name}"
+
+        probe = evaluate(spec, seeded, scope_probe(spec))
+        assert probe.score == probe.score_alt == 1.0, where
+        assert probe.scope_violations == [spec.decoy], where
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_near_misses_have_distinct_names_and_actions(family: str) -> None:
+    _, spec = generate(9, family, 0)
+    names = [s.name for s in spec.near_misses]
+    assert len(set(names)) == len(names)
+    assert "oracle" not in names
+    assert all(s.actions for s in spec.near_misses)
+    assert all(s.actions != spec.oracle.actions for s in spec.near_misses)

@@ -1,0 +1,120 @@
+"""`nix flake check` (Nix 2.8, evaluation only) passes on drums' flake with nixpkgs replaced by
+tests/nix/stub-nixpkgs: the flake's outputs have the right shapes and every file they pull in
+(overlay, Python packages, CRIU override, image, VM tests) evaluates and is wired to the others.
+Real nixpkgs attribute names are not checked here (docs/nix.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, nix_env, require_tool
+
+STUB = Path(__file__).with_name("stub-nixpkgs")
+
+
+def nix(*args: str, flake: Path = REPO) -> subprocess.CompletedProcess[str]:
+    require_tool("git")
+    return subprocess.run(
+        [
+            require_tool("nix"),
+            *args,
+            "--no-write-lock-file",
+            "--override-input",
+            "nixpkgs",
+            f"path:{STUB}",
+            *([] if args[0] == "eval" else [str(flake)]),
+        ],
+        capture_output=True,
+        text=True,
+        env=nix_env(),
+        cwd=flake,
+        timeout=300,
+    )
+
+
+def test_flake_check_passes() -> None:
+    result = nix("flake", "check", "--no-build")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def outputs() -> dict:
+    result = nix("flake", "show", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
+    for system in ("x86_64-linux", "aarch64-linux"):
+        assert {
+            "drumsd",
+            "drums-sdk",
+            "drums-verifiers",
+            "drums-tasks",
+            "criu",
+            "desktop-image",
+            "default",
+        } <= set(outputs["packages"][system])
+        assert set(outputs["apps"][system]) == {"drumsd", "default"}
+        assert set(outputs["devShells"][system]) == {"default"}
+        assert set(outputs["checks"][system]) == {
+            "vm-daemon-token",
+            "vm-episode",
+            "vm-branch-isolation",
+            "vm-gate-quarantine",
+            "vm-crash-recovery",
+        }
+        assert system in outputs["formatter"]
+    assert {"drumsd", "default"} <= set(outputs["nixosModules"])
+    assert "default" in outputs["overlays"]
+
+
+@pytest.mark.parametrize(
+    ("attr", "expected"),
+    [
+        ("packages.x86_64-linux.criu.version", "4.2.1"),
+        (
+            "packages.x86_64-linux.criu.src.url",
+            "https://github.com/checkpoint-restore/criu/archive/refs/tags/v4.2.1.tar.gz",
+        ),
+        ("packages.x86_64-linux.drumsd.pname", "drumsd"),
+        ("packages.x86_64-linux.drumsd.meta.mainProgram", "drumsd"),
+    ],
+)
+def test_output_attributes(attr: str, expected: str) -> None:
+    result = nix("eval", "--raw", f"{REPO}#{attr}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == expected
+
+
+def test_the_app_runs_the_drumsd_binary() -> None:
+    result = nix("eval", "--raw", f"{REPO}#apps.x86_64-linux.drumsd.program")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.endswith("-python3-drumsd-0.1.0/bin/drumsd")
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "[ ]",
+        # Nix 2.8 rejects a bare path here; why flake.nix says `import ./nixos-modules/drumsd.nix`.
+        "./module.nix",
+    ],
+)
+def test_a_broken_module_output_fails_the_check(tmp_path: Path, module: str) -> None:
+    """The check is not vacuous: a nixosModules output Nix 2.8 cannot use fails it."""
+    flake = tmp_path / "flake"
+    flake.mkdir()
+    (flake / "module.nix").write_text("{ ... }: { }\n")
+    (flake / "flake.nix").write_text(
+        '{ inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-25.11";\n'
+        f"  outputs = {{ self, nixpkgs }}: {{ nixosModules.drumsd = {module}; }}; }}\n"
+    )
+    subprocess.run(["git", "init", "-q", str(flake)], check=True)
+    subprocess.run(["git", "-C", str(flake), "add", "flake.nix", "module.nix"], check=True)
+    result = nix("flake", "check", "--no-build", flake=flake)
+    assert result.returncode != 0
+    assert "module must be a function or an attribute set" in result.stderr

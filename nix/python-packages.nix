@@ -80,16 +80,21 @@ let
     };
   };
 
-  # `verifiers` (0.4.x) and its dependency tree (prime-*, renderers, mcp 2) are not in nixpkgs.
-  # This package is a plugin for that library: it is built without it and meant for a Python
-  # environment that already has verifiers (a trainer's own env, or an overlay that adds it).
+  # `verifiers` (0.4.x) and its dependency tree (prime-*, renderers, mcp 2) are not in nixpkgs,
+  # nor are the `verl` and `skyrl` extras (verl, skyrl-gym). This package is a plugin for those
+  # libraries: it is built without them and meant for a Python environment that already has
+  # them (a trainer's own env, or an overlay that adds them).
   drums-verifiers = ps.buildPythonPackage {
     pname = "drums-verifiers";
     version = "0.1.0";
     pyproject = true;
     src = sourceOf ../verifiers_env;
     build-system = [ ps.hatchling ];
-    dependencies = [ drums-sdk ] ++ lib.optional (ps ? verifiers) ps.verifiers;
+    dependencies = [
+      drums-sdk
+      ps.pillow
+    ]
+    ++ lib.optional (ps ? verifiers) ps.verifiers;
     pythonRemoveDeps = lib.optional (!(ps ? verifiers)) "verifiers";
     # Importing drums_verifiers needs verifiers; check the SDK side only.
     pythonImportsCheck = [ "drums" ];

@@ -22,7 +22,7 @@ DIRS = {
 # The workspace's own distributions are Nix packages of the same name, not python3Packages.
 OWN = set(DIRS)
 # Not in nixpkgs: built without, see the comment in nix/python-packages.nix.
-NOT_IN_NIXPKGS = {"verifiers"}
+NOT_IN_NIXPKGS = {"verifiers", "verl", "skyrl-gym"}
 
 
 def nixpkgs_name(requirement: str) -> tuple[str, list[str]]:
@@ -89,7 +89,11 @@ def test_dependencies_match_pyproject(package: str, evaluated: dict) -> None:
     assert nix["pname"] == project["name"]
     assert nix["pyproject"] is True
     assert set(nix["dependencies"]) == expected(project["dependencies"])
-    declared = {k: expected(v) for k, v in project.get("optional-dependencies", {}).items() if v}
+    declared = {
+        k: names
+        for k, v in project.get("optional-dependencies", {}).items()
+        if (names := expected(v))
+    }
     assert {k: set(v) for k, v in nix["optional"].items()} == declared
 
 

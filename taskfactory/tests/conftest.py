@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from drums_tasks.build import build
 
 SMALL_PER_FAMILY = 3

@@ -24,7 +24,6 @@ from drums_tasks.spec import solutions_json, task_json
 from drums_tasks.verifier import CHECKS
 
 
-
 def test_at_least_37_families_over_six_apps() -> None:
     load_all()
     assert len(FAMILIES) >= 37
@@ -57,8 +56,22 @@ def test_two_builds_are_byte_identical(
 
 def test_check_flag_detects_no_difference_and_builds(tmp_path: Path) -> None:
     fams = ["calc_set_value", "files_rename"]
-    assert main(["--seed", "1", "--out", str(tmp_path), "--check", "--per-family", "2",
-                 "--families", *fams]) == 0
+    assert (
+        main(
+            [
+                "--seed",
+                "1",
+                "--out",
+                str(tmp_path),
+                "--check",
+                "--per-family",
+                "2",
+                "--families",
+                *fams,
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "tasks.jsonl").read_text().count("\n") == 4
 
 
@@ -98,8 +111,11 @@ def test_index_counts_and_hashes(small_build: Path, small_per_family: int) -> No
     assert sum(a["tasks"] for a in counts["by_app"].values()) == counts["tasks"]
     sols = [json.loads(x) for x in (small_build / "solutions.jsonl").open()]
     assert counts["near_misses"] == sum(len(s["near_misses"]) for s in sols)
-    on_disk = {p.relative_to(small_build).as_posix() for p in small_build.rglob("*")
-               if p.is_file() and p.name != "index.json"}
+    on_disk = {
+        p.relative_to(small_build).as_posix()
+        for p in small_build.rglob("*")
+        if p.is_file() and p.name != "index.json"
+    }
     assert set(index["files"]) == on_disk
     for rel, digest in index["files"].items():
         assert hashlib.sha256((small_build / rel).read_bytes()).hexdigest() == digest
@@ -115,13 +131,16 @@ def test_tasks_carry_no_solutions_and_a_complete_evaluator(small_build: Path) ->
         assert set(t) >= {"id", "instruction", "config", "evaluator"}
         ev = t["evaluator"]
         assert ev["func"] == "drums_verifier" and ev["module"] == VERIFIER_MODULE
-        assert ev["check"] in CHECKS and ev["check_alt"] in CHECKS and ev["check"] != ev["check_alt"]
+        assert (
+            ev["check"] in CHECKS and ev["check_alt"] in CHECKS and ev["check"] != ev["check_alt"]
+        )
         results = ev["result"] if isinstance(ev["result"], list) else [ev["result"]]
         dests = [r["dest"] for r in results]
         assert len(set(dests)) == len(dests)
         assert all(r["type"] == "vm_file" and r["path"].startswith("/home/user/") for r in results)
         files = [d["file"] for d in ev["options"].get("docs", [])] or (
-            [ev["options"]["file"]] if "file" in ev["options"] else [])
+            [ev["options"]["file"]] if "file" in ev["options"] else []
+        )
         assert set(files) <= set(dests)
         assert set(ev["scope"]) == {"roots", "seeded", "allow"}
         assert t["id"] in sols
@@ -130,8 +149,12 @@ def test_tasks_carry_no_solutions_and_a_complete_evaluator(small_build: Path) ->
 def test_scope_manifest_hashes_match_the_seeded_assets(small_build: Path) -> None:
     for line in (small_build / "tasks.jsonl").open():
         t = json.loads(line)
-        placed = {f["path"]: f["src"] for step in t["config"] if step["type"] == "drums_files"
-                  for f in step["parameters"]["files"]}
+        placed = {
+            f["path"]: f["src"]
+            for step in t["config"]
+            if step["type"] == "drums_files"
+            for f in step["parameters"]["files"]
+        }
         seeded = t["evaluator"]["scope"]["seeded"]
         assert seeded, t["id"]
         for path, digest in seeded.items():

@@ -5,7 +5,6 @@ the probe. (Pure checks of the checker logic; the live validator runs the same o
 from __future__ import annotations
 
 import pytest
-
 from drums_tasks import FAMILIES, load_all
 from drums_tasks.build import generate
 from drums_tasks.offline import evaluate

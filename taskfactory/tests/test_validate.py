@@ -16,9 +16,13 @@ from drums_tasks.validate import BranchResult, branch_plan, judge, run, sample
 
 
 def _ok() -> list[BranchResult]:
-    return [BranchResult("noop", 0.0, True), BranchResult("oracle", 1.0, True),
-            BranchResult("near:a", 0.0, True), BranchResult("near:b", 0.0, True),
-            BranchResult("scope_probe", 1.0, True, ["scope_violation"])]
+    return [
+        BranchResult("noop", 0.0, True),
+        BranchResult("oracle", 1.0, True),
+        BranchResult("near:a", 0.0, True),
+        BranchResult("near:b", 0.0, True),
+        BranchResult("scope_probe", 1.0, True, ["scope_violation"]),
+    ]
 
 
 def test_judge_accepts_a_clean_task() -> None:
@@ -70,8 +74,10 @@ class _Child:
 
     def verify(self, *, strict: bool = True, timeout: float | None = None) -> _Verify:
         spec = self.spec
-        sols = {json.dumps(s.actions, sort_keys=True): s for s in [spec.oracle, *spec.near_misses,
-                                                    scope_probe(spec)]}
+        sols = {
+            json.dumps(s.actions, sort_keys=True): s
+            for s in [spec.oracle, *spec.near_misses, scope_probe(spec)]
+        }
         sol = sols.get(json.dumps(self.actions, sort_keys=True)) if self.actions else None
         r = evaluate(spec, self.seeded, sol)
         flags = ["scope_violation"] if r.scope_violations else []
@@ -123,6 +129,9 @@ def test_sample_takes_the_first_tasks_of_every_family(small_build: Path) -> None
 
 
 def test_branch_plan_order() -> None:
-    sols = {"oracle": {"actions": ["o"]}, "near_misses": [{"name": "a", "actions": ["a"]}],
-            "scope_probe": {"actions": ["p"]}}
+    sols = {
+        "oracle": {"actions": ["o"]},
+        "near_misses": [{"name": "a", "actions": ["a"]}],
+        "scope_probe": {"actions": ["p"]},
+    }
     assert [n for n, _ in branch_plan(sols)] == ["noop", "oracle", "near:a", "scope_probe"]

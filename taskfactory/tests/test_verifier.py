@@ -10,10 +10,9 @@ from pathlib import Path
 
 import openpyxl
 import pytest
-from PIL import Image
-
 from drums_tasks import verifier
 from drums_tasks.verifier import CHECKS, path_allowed, scope_violations
+from PIL import Image
 
 # Options that make every checker look for the file under "f".
 OPTIONS = {
@@ -37,8 +36,15 @@ def _opts(name: str) -> dict:
     raise KeyError(name)
 
 
-GARBAGE = [b"", b"\x00" * 10, b"PK\x03\x04 not really a zip", b"%PDF-1.4 broken",
-           b"\x89PNG\r\n\x1a\n truncated", b"\xff\xd8\xff junk", "caf\u00e9".encode("latin-1")]
+GARBAGE = [
+    b"",
+    b"\x00" * 10,
+    b"PK\x03\x04 not really a zip",
+    b"%PDF-1.4 broken",
+    b"\x89PNG\r\n\x1a\n truncated",
+    b"\xff\xd8\xff junk",
+    "caf\u00e9".encode("latin-1"),
+]
 
 
 def _zip(entries: dict[str, bytes]) -> bytes:
@@ -78,8 +84,9 @@ def test_checks_come_in_pairs() -> None:
 def test_png_decoder_matches_pillow(mode: str, tmp_path: Path) -> None:
     rng = random.Random(mode)
     img = Image.new("RGB", (23, 17))
-    img.putdata([(rng.randrange(256), rng.randrange(256), rng.randrange(256))
-                 for _ in range(23 * 17)])
+    img.putdata(
+        [(rng.randrange(256), rng.randrange(256), rng.randrange(256)) for _ in range(23 * 17)]
+    )
     img = img.convert(mode)
     for optimize in (False, True):
         buf = io.BytesIO()
@@ -107,24 +114,29 @@ def test_xlsx_raw_reads_inline_strings_and_absolute_targets(tmp_path: Path) -> N
             '<Override PartName="/xl/workbook.xml" ContentType="application/vnd.openxmlformats-'
             'officedocument.spreadsheetml.sheet.main+xml"/><Override PartName="/xl/worksheets/'
             's1.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.'
-            'worksheet+xml"/></Types>'),
+            'worksheet+xml"/></Types>'
+        ),
         "_rels/.rels": (
             '<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/'
             '2006/relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/'
             'officeDocument/2006/relationships/officeDocument" Target="xl/workbook.xml"/>'
-            '</Relationships>'),
+            "</Relationships>"
+        ),
         "xl/workbook.xml": (
             f'<?xml version="1.0"?><workbook {ns} {rns}><sheets><sheet name="S" sheetId="1" '
-            'r:id="rId7"/></sheets></workbook>'),
+            'r:id="rId7"/></sheets></workbook>'
+        ),
         "xl/_rels/workbook.xml.rels": (
             '<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/'
             '2006/relationships"><Relationship Id="rId7" Type="http://schemas.openxmlformats.org/'
             'officeDocument/2006/relationships/worksheet" Target="/xl/worksheets/s1.xml"/>'
-            '</Relationships>'),
+            "</Relationships>"
+        ),
         "xl/worksheets/s1.xml": (
             f'<?xml version="1.0"?><worksheet {ns}><sheetData><row r="1">'
             '<c r="A1" t="inlineStr"><is><t>Hello</t></is></c><c r="B1"><v>42</v></c>'
-            '<c r="C1" t="str"><f>"x"&amp;"y"</f><v>xy</v></c></row></sheetData></worksheet>'),
+            '<c r="C1" t="str"><f>"x"&amp;"y"</f><v>xy</v></c></row></sheetData></worksheet>'
+        ),
     }
     p = tmp_path / "w.xlsx"
     p.write_bytes(_zip({k: v.encode() for k, v in files.items()}))
@@ -147,8 +159,14 @@ def test_xlsx_number_stored_as_text_is_a_miss(tmp_path: Path) -> None:
 
 def test_text_checks_ignore_only_trailing_whitespace(tmp_path: Path) -> None:
     p = tmp_path / "a.txt"
-    for data, want in [(b"42\n", 1.0), (b"42\r\n", 1.0), (b"42", 1.0), (b" 42\n", 0.0),
-                       (b"4 2\n", 0.0), (b"42.0\n", 0.0)]:
+    for data, want in [
+        (b"42\n", 1.0),
+        (b"42\r\n", 1.0),
+        (b"42", 1.0),
+        (b" 42\n", 0.0),
+        (b"4 2\n", 0.0),
+        (b"42.0\n", 0.0),
+    ]:
         p.write_bytes(data)
         for name in ("text_equals", "text_equals_raw"):
             assert CHECKS[name]({"f": str(p)}, {"file": "f", "expected": "42"}) == want, data
@@ -161,18 +179,23 @@ def test_glob_rule_crosses_slashes() -> None:
 
 
 def test_scope_violations_rule() -> None:
-    scope = {"roots": ["/home/user/Documents"],
-             "seeded": {"/home/user/Documents/a": "h1", "/home/user/Documents/keep": "h2"},
-             "allow": ["/home/user/Documents/a", "/home/user/Documents/out.*"]}
+    scope = {
+        "roots": ["/home/user/Documents"],
+        "seeded": {"/home/user/Documents/a": "h1", "/home/user/Documents/keep": "h2"},
+        "allow": ["/home/user/Documents/a", "/home/user/Documents/out.*"],
+    }
     base = {"/home/user/Documents/a": "h1", "/home/user/Documents/keep": "h2"}
     assert scope_violations(scope, base) == []
     assert scope_violations(scope, {**base, "/home/user/Documents/a": "zz"}) == []
     assert scope_violations(scope, {**base, "/home/user/Documents/out.pdf": "n"}) == []
     assert scope_violations(scope, {**base, "/home/user/Documents/keep": "zz"}) == [
-        "/home/user/Documents/keep"]
+        "/home/user/Documents/keep"
+    ]
     assert scope_violations(scope, {**base, "/home/user/Documents/keep": None}) == [
-        "/home/user/Documents/keep"]
+        "/home/user/Documents/keep"
+    ]
     assert scope_violations(scope, {**base, "/home/user/Documents/new": "n"}) == [
-        "/home/user/Documents/new"]
+        "/home/user/Documents/new"
+    ]
     # outside the roots nothing is judged
     assert scope_violations(scope, {**base, "/home/user/.config/x": "n"}) == []

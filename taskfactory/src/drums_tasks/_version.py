@@ -1,4 +1,4 @@
-"""The generator version: part of every task's metadata, of index.json and of the verifier's name."""
+"""The generator version: in every task's metadata, in index.json, in the verifier's name."""
 
 GENERATOR_VERSION = "0.1.0"
 # The generated verifier module's import name; it changes with the version so that two installed

@@ -58,8 +58,13 @@ def build_family(seed: int, family: str, count: int, out: str) -> dict[str, Any]
         tasks.append(_dumps(task_json(spec, tid, seed, index)))
         sols.append(_dumps(solutions_json(spec, tid)))
         near += len(spec.near_misses)
-    return {"family": family, "app": FAMILIES[family].app, "tasks": tasks, "solutions": sols,
-            "near_misses": near}
+    return {
+        "family": family,
+        "app": FAMILIES[family].app,
+        "tasks": tasks,
+        "solutions": sols,
+        "near_misses": near,
+    }
 
 
 def verifier_source() -> str:
@@ -71,8 +76,14 @@ def verifier_source() -> str:
     return head + src + f'\nGENERATOR_VERSION = "{GENERATOR_VERSION}"\n'
 
 
-def build(seed: int, out: Path, per_family: int | None = None, jobs: int | None = None,
-          families: list[str] | None = None, log=print) -> dict[str, Any]:
+def build(
+    seed: int,
+    out: Path,
+    per_family: int | None = None,
+    jobs: int | None = None,
+    families: list[str] | None = None,
+    log=print,
+) -> dict[str, Any]:
     load_all()
     names = families or list(FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
@@ -87,15 +98,23 @@ def build(seed: int, out: Path, per_family: int | None = None, jobs: int | None 
         for k, fut in enumerate(as_completed(futs), 1):
             r = fut.result()
             results[r["family"]] = r
-            log(f"[{k}/{len(names)}] {r['family']} ({r['app']}): {len(r['tasks'])} tasks, "
-                f"{r['near_misses']} near misses, {time.monotonic() - t0:.1f}s")
+            log(
+                f"[{k}/{len(names)}] {r['family']} ({r['app']}): {len(r['tasks'])} tasks, "
+                f"{r['near_misses']} near misses, {time.monotonic() - t0:.1f}s"
+            )
     with open(out / "tasks.jsonl", "w") as ft, open(out / "solutions.jsonl", "w") as fs:
         for n in names:
             ft.writelines(line + "\n" for line in results[n]["tasks"])
             fs.writelines(line + "\n" for line in results[n]["solutions"])
     (out / f"{VERIFIER_MODULE}.py").write_text(verifier_source())
-    by_family = {n: {"app": results[n]["app"], "tasks": len(results[n]["tasks"]),
-                     "near_misses": results[n]["near_misses"]} for n in names}
+    by_family = {
+        n: {
+            "app": results[n]["app"],
+            "tasks": len(results[n]["tasks"]),
+            "near_misses": results[n]["near_misses"],
+        }
+        for n in names
+    }
     by_app: dict[str, dict[str, int]] = {}
     for f in by_family.values():
         a = by_app.setdefault(f["app"], {"families": 0, "tasks": 0, "near_misses": 0})
@@ -122,9 +141,11 @@ def build(seed: int, out: Path, per_family: int | None = None, jobs: int | None 
         "files": files,
     }
     (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    log(f"built {index['counts']['tasks']} tasks, {index['counts']['near_misses']} near misses "
+    log(
+        f"built {index['counts']['tasks']} tasks, {index['counts']['near_misses']} near misses "
         f"in {len(by_family)} families / {len(by_app)} apps into {out} "
-        f"({time.monotonic() - t0:.1f}s)")
+        f"({time.monotonic() - t0:.1f}s)"
+    )
     return index
 
 
@@ -141,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m drums_tasks.build", description=__doc__)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--check", action="store_true",
-                    help="build a second time into a temp dir and fail on any byte difference")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="build a second time into a temp dir and fail on any byte difference",
+    )
     ap.add_argument("--per-family", type=int, default=None)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--families", nargs="*", default=None)
@@ -155,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     c = index["counts"]
     if args.per_family is None and args.families is None:
         if c["tasks"] < MIN_TASKS or c["near_misses"] < MIN_NEAR_MISSES:
-            log(f"too small: {c['tasks']} tasks / {c['near_misses']} near misses; the default "
-                f"build must have at least {MIN_TASKS} / {MIN_NEAR_MISSES}")
+            log(
+                f"too small: {c['tasks']} tasks / {c['near_misses']} near misses; the default "
+                f"build must have at least {MIN_TASKS} / {MIN_NEAR_MISSES}"
+            )
             return 1
     if args.check:
         with tempfile.TemporaryDirectory(prefix="drums-tasks-check-") as tmp:
@@ -164,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
             build(args.seed, Path(tmp), args.per_family, args.jobs, args.families, log)
             diffs = diff_trees(args.out, Path(tmp))
         if diffs:
-            log(f"--check FAILED: {len(diffs)} files differ between two builds, e.g. {diffs[:5]}; "
-                "something in a family is not a function of (seed, family, index)")
+            log(
+                f"--check FAILED: {len(diffs)} files differ between two builds, e.g. {diffs[:5]}; "
+                "something in a family is not a function of (seed, family, index)"
+            )
             return 1
         log("--check: the two builds are byte-identical")
     return 0

@@ -96,7 +96,8 @@ def odt_bytes(paragraphs: list[str], heading: str | None = None) -> bytes:
     )
     manifest = (
         '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
-        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" '
+        'manifest:version="1.2">'
         '<manifest:file-entry manifest:full-path="/" manifest:version="1.2" '
         'manifest:media-type="application/vnd.oasis.opendocument.text"/>'
         '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
@@ -145,13 +146,17 @@ def odp_bytes(slides: list[list[str]]) -> bytes:
     mime = "application/vnd.oasis.opendocument.presentation"
     manifest = (
         '<?xml version="1.0" encoding="UTF-8"?><manifest:manifest '
-        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" manifest:version="1.2">'
+        'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" '
+        'manifest:version="1.2">'
         f'<manifest:file-entry manifest:full-path="/" manifest:version="1.2" '
         f'manifest:media-type="{mime}"/>'
         '<manifest:file-entry manifest:full-path="content.xml" manifest:media-type="text/xml"/>'
         "</manifest:manifest>"
     )
     return _zip_entries(
-        [("mimetype", mime.encode()), ("content.xml", content.encode()),
-         ("META-INF/manifest.xml", manifest.encode())]
+        [
+            ("mimetype", mime.encode()),
+            ("content.xml", content.encode()),
+            ("META-INF/manifest.xml", manifest.encode()),
+        ]
     )

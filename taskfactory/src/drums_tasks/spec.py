@@ -55,7 +55,7 @@ def asset_name(task_id: str, path: str) -> str:
 
 
 def scope_probe(spec: TaskSpec) -> Solution:
-    """The oracle plus one write outside the allowed globs: must score as the oracle and be flagged."""
+    """The oracle plus one write outside the allowed globs: scores as the oracle, and is flagged."""
     from .actions import shell
 
     line = "scope probe\n"
@@ -86,9 +86,7 @@ def task_json(spec: TaskSpec, task_id: str, seed: int, index: int) -> dict[str, 
             # the desktop user (the agent must be able to save over them).
             "type": "drums_files",
             "parameters": {
-                "files": [
-                    {"src": posixpath.basename(p), "path": p} for p in sorted(spec.files)
-                ]
+                "files": [{"src": posixpath.basename(p), "path": p} for p in sorted(spec.files)]
             },
         },
         *spec.launch,
@@ -139,5 +137,10 @@ def solutions_json(spec: TaskSpec, task_id: str) -> dict[str, Any]:
         "oracle": one(spec.oracle),
         "near_misses": [one(s) for s in spec.near_misses],
         "scope_probe": one(probe),
-        "expect": {"oracle": 1.0, "near_miss": 0.0, "noop": 0.0, "scope_probe_flag": "scope_violation"},
+        "expect": {
+            "oracle": 1.0,
+            "near_miss": 0.0,
+            "noop": 0.0,
+            "scope_probe_flag": "scope_violation",
+        },
     }

@@ -115,33 +115,48 @@ def _run_branch(env: _Env, name: str, actions: list[Any], verify_timeout: float)
     try:
         v = env.verify(strict=False, timeout=verify_timeout)
     except Exception as exc:
-        return BranchResult(name, None, False, [], f"{type(exc).__name__}: {exc}", step_error,
-                            time.monotonic() - t0)
-    return BranchResult(name, v.score, bool(v.valid), list(v.audit.flags), v.checker_error,
-                        step_error, time.monotonic() - t0)
+        return BranchResult(
+            name, None, False, [], f"{type(exc).__name__}: {exc}", step_error, time.monotonic() - t0
+        )
+    return BranchResult(
+        name,
+        v.score,
+        bool(v.valid),
+        list(v.audit.flags),
+        v.checker_error,
+        step_error,
+        time.monotonic() - t0,
+    )
 
 
-def validate_task(client: Any, task: dict[str, Any], solutions: dict[str, Any],
-                  gate_timeout: float = 120.0, verify_timeout: float = 120.0) -> TaskVerdict:
+def validate_task(
+    client: Any,
+    task: dict[str, Any],
+    solutions: dict[str, Any],
+    gate_timeout: float = 120.0,
+    verify_timeout: float = 120.0,
+) -> TaskVerdict:
     t0 = time.monotonic()
     family = task.get("drums", {}).get("family", "?")
     plan = branch_plan(solutions)
     try:
         env = client.create(task=task)
     except Exception as exc:
-        return TaskVerdict(task["id"], family, False, [f"create failed: {exc}"], [],
-                           time.monotonic() - t0)
+        return TaskVerdict(
+            task["id"], family, False, [f"create failed: {exc}"], [], time.monotonic() - t0
+        )
     try:
         env.wait_valid(timeout=gate_timeout)
         with env.fork(len(plan)) as forked:
             children = list(forked)
             results = [
                 _run_branch(child, name, actions, verify_timeout)
-                for child, (name, actions) in zip(children, plan)
+                for child, (name, actions) in zip(children, plan, strict=False)
             ]
     except Exception as exc:
-        return TaskVerdict(task["id"], family, False, [f"{type(exc).__name__}: {exc}"], [],
-                           time.monotonic() - t0)
+        return TaskVerdict(
+            task["id"], family, False, [f"{type(exc).__name__}: {exc}"], [], time.monotonic() - t0
+        )
     finally:
         try:
             env.close()
@@ -160,8 +175,9 @@ def load_set(tasks_dir: Path) -> tuple[list[dict[str, Any]], dict[str, dict[str,
     return tasks, sols
 
 
-def sample(tasks: list[dict[str, Any]], per_family: int,
-           families: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def sample(
+    tasks: list[dict[str, Any]], per_family: int, families: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
     """The first `per_family` tasks of each family (by index): deterministic, covers all."""
     wanted = set(families) if families else None
     seen: Counter[str] = Counter()
@@ -196,8 +212,14 @@ def summarize(verdicts: list[TaskVerdict]) -> dict[str, Any]:
     }
 
 
-def run(client: Any, tasks_dir: Path, per_family: int, report: Path,
-        families: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    client: Any,
+    tasks_dir: Path,
+    per_family: int,
+    report: Path,
+    families: list[str] | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     tasks, sols = load_set(tasks_dir)
     chosen = sample(tasks, per_family, families)
     verdicts = []
@@ -215,8 +237,11 @@ def run(client: Any, tasks_dir: Path, per_family: int, report: Path,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m drums_tasks.validate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m drums_tasks.validate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--tasks", type=Path, required=True, help="a directory written by build")
     ap.add_argument("--url", default=os.environ.get("DRUMS_URL"))
     ap.add_argument("--token-file", type=Path, default=None)
@@ -225,16 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, default=Path("validate-report.jsonl"))
     args = ap.parse_args(argv)
     if not (args.tasks / f"{VERIFIER_MODULE}.py").is_file():
-        print(f"{args.tasks} has no {VERIFIER_MODULE}.py: build it with python -m "
-              "drums_tasks.build, or point --tasks at a build of this generator version",
-              file=sys.stderr)
+        print(
+            f"{args.tasks} has no {VERIFIER_MODULE}.py: build it with python -m "
+            "drums_tasks.build, or point --tasks at a build of this generator version",
+            file=sys.stderr,
+        )
         return 2
     import drums  # the SDK: only the live validator needs it
 
     token = args.token_file.read_text().strip() if args.token_file else None
     with drums.connect(args.url, token) as client:
-        summary = run(client, args.tasks, args.sample, args.report, args.families,
-                      lambda m: print(m, file=sys.stderr, flush=True))
+        summary = run(
+            client,
+            args.tasks,
+            args.sample,
+            args.report,
+            args.families,
+            lambda m: print(m, file=sys.stderr, flush=True),
+        )
     print(json.dumps(summary, indent=1))
     return 0 if summary["tasks"] else 1
 

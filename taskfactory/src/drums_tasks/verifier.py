@@ -178,8 +178,7 @@ def xlsx_cells_raw(paths: Paths, options: Options) -> float:
         wb = ET.fromstring(zf.read("xl/workbook.xml"))
         rels = _rels(zf, "xl/workbook.xml")
         sheets = [
-            (s.get("name"), rels.get(s.get(f"{_RELNS}id", ""), ""))
-            for s in wb.iter(f"{_SS}sheet")
+            (s.get("name"), rels.get(s.get(f"{_RELNS}id", ""), "")) for s in wb.iter(f"{_SS}sheet")
         ]
         names = [n for n, _ in sheets]
         shared: list[str] = []
@@ -203,7 +202,9 @@ def xlsx_cells_raw(paths: Paths, options: Options) -> float:
     part = dict(sheets)[sheet]
     try:
         cells = _raw_cells(zf, part, shared)
-        styles = ET.fromstring(zf.read("xl/styles.xml")) if "xl/styles.xml" in zf.namelist() else None
+        styles = (
+            ET.fromstring(zf.read("xl/styles.xml")) if "xl/styles.xml" in zf.namelist() else None
+        )
     except Exception:
         return 0.0
     tol = float(options.get("tol", 1e-6))
@@ -271,8 +272,8 @@ def _rows_eq(got: list[list[str]], want: list[list[str]]) -> bool:
         got = got[:-1]
     if len(got) != len(want):
         return False
-    for g, w in zip(got, want):
-        if len(g) != len(w) or not all(_cell_eq(a, b) for a, b in zip(g, w)):
+    for g, w in zip(got, want, strict=False):
+        if len(g) != len(w) or not all(_cell_eq(a, b) for a, b in zip(g, w, strict=False)):
             return False
     return True
 

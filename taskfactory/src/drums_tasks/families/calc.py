@@ -61,7 +61,9 @@ def make_table(rng: random.Random, n_rows: int | None = None, blanks: int = 0) -
     items = content.pick(rng, content.ITEMS, n)
     cols = ["Q1", "Q2", "Q3", "Q4"]
     rows: list[list[Any]] = [[it, *(rng.randint(10, 999) for _ in cols)] for it in items]
-    return Table(rng.choice(content.SHEETS), rng.choice(content.OTHER_SHEETS), ["Item", *cols], rows)
+    return Table(
+        rng.choice(content.SHEETS), rng.choice(content.OTHER_SHEETS), ["Item", *cols], rows
+    )
 
 
 def table_xlsx(t: Table) -> bytes:
@@ -223,12 +225,23 @@ def set_value(rng: random.Random) -> TaskSpec:
     opts = {"sheet": t.sheet, "cells": {ref: value, **guards}}
     oracle = calc_solution("oracle", path, 2, [Edit(0, ref, str(value), value)])
     near = [
-        calc_solution("off_by_one_row", path, 2, [Edit(0, down, str(value), value)],
-                      why=f"writes into {down}"),
-        calc_solution("wrong_sheet", path, 2, [Edit(1, ref, str(value), value)],
-                      why=f"writes on sheet {t.other}"),
-        calc_solution("number_as_text", path, 2, [Edit(0, ref, f"'{value}", str(value))],
-                      why="right digits stored as text"),
+        calc_solution(
+            "off_by_one_row", path, 2, [Edit(0, down, str(value), value)], why=f"writes into {down}"
+        ),
+        calc_solution(
+            "wrong_sheet",
+            path,
+            2,
+            [Edit(1, ref, str(value), value)],
+            why=f"writes on sheet {t.other}",
+        ),
+        calc_solution(
+            "number_as_text",
+            path,
+            2,
+            [Edit(0, ref, f"'{value}", str(value))],
+            why="right digits stored as text",
+        ),
         _nosave(oracle),
     ]
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
@@ -245,14 +258,18 @@ def _total_task(rng: random.Random, kind: str) -> TaskSpec:
     target = t.ref(c, n + 1)
     if kind == "sum":
         want, fn = sum(vals), "SUM"
-        wrong = [("sum_without_last", sum(vals[:-1]), f"=SUM({first}:{t.ref(c, n - 1)})"),
-                 ("average_instead", round(sum(vals) / n, 6), f"=AVERAGE({first}:{last})")]
+        wrong = [
+            ("sum_without_last", sum(vals[:-1]), f"=SUM({first}:{t.ref(c, n - 1)})"),
+            ("average_instead", round(sum(vals) / n, 6), f"=AVERAGE({first}:{last})"),
+        ]
         what = "the total"
     elif kind == "max":
         want, fn = max(vals), "MAX"
         second = sorted(vals)[-2]
-        wrong = [("min_instead", min(vals), f"=MIN({first}:{last})"),
-                 ("second_largest", second, f"=LARGE({first}:{last};2)")]
+        wrong = [
+            ("min_instead", min(vals), f"=MIN({first}:{last})"),
+            ("second_largest", second, f"=LARGE({first}:{last};2)"),
+        ]
         what = "the largest value"
     else:
         raise ValueError(kind)
@@ -260,7 +277,8 @@ def _total_task(rng: random.Random, kind: str) -> TaskSpec:
         wrong = [w for w in wrong if w[1] != want]
     instr = (
         f"In {path}, sheet '{t.sheet}': put {what} of column {col} ({t.header[c - 1]}, rows 2 to "
-        f"{n + 1}) into cell {target}, right under the data. Save the file, keeping the xlsx format."
+        f"{n + 1}) into cell {target}, right under the data. Save the file, keeping the xlsx "
+        "format."
     )
     formula = f"={fn}({first}:{last})"
     opts = {"sheet": t.sheet, "cells": {target: want, last: vals[-1], t.ref(c, n + 2): None}}
@@ -269,9 +287,15 @@ def _total_task(rng: random.Random, kind: str) -> TaskSpec:
         calc_solution(name, path, 2, [Edit(0, target, typed, v)], why=name.replace("_", " "))
         for name, v, typed in wrong
     ]
-    near.append(calc_solution("one_row_too_low", path, 2,
-                              [Edit(0, t.ref(c, n + 2), formula, want)],
-                              why=f"result in {t.ref(c, n + 2)}"))
+    near.append(
+        calc_solution(
+            "one_row_too_low",
+            path,
+            2,
+            [Edit(0, t.ref(c, n + 2), formula, want)],
+            why=f"result in {t.ref(c, n + 2)}",
+        )
+    )
     near.append(_nosave(oracle))
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
 
@@ -329,15 +353,21 @@ def count_at_least(rng: random.Random) -> TaskSpec:
     target = "H2"
     col = get_column_letter(c)
     instr = (
-        f"In {path}, sheet '{t.sheet}': in cell {target}, put how many rows have a {t.header[c - 1]} "
+        f"In {path}, sheet '{t.sheet}': in cell {target}, put how many rows have a "
+        f"{t.header[c - 1]} "
         f"value (column {col}) of at least {threshold}. Save the file as xlsx."
     )
     rng_ref = f"{col}2:{col}{n + 1}"
     opts = {"sheet": t.sheet, "cells": {target: want, "H3": None, "G2": None}}
-    oracle = calc_solution("oracle", path, 2,
-                           [Edit(0, target, f'=COUNTIF({rng_ref};">={threshold}")', want)])
+    oracle = calc_solution(
+        "oracle", path, 2, [Edit(0, target, f'=COUNTIF({rng_ref};">={threshold}")', want)]
+    )
     wrong = [
-        ("strictly_greater", f'=COUNTIF({rng_ref};">{threshold}")', sum(v > threshold for v in vals)),
+        (
+            "strictly_greater",
+            f'=COUNTIF({rng_ref};">{threshold}")',
+            sum(v > threshold for v in vals),
+        ),
         ("at_most", f'=COUNTIF({rng_ref};"<={threshold}")', sum(v <= threshold for v in vals)),
     ]
     near = [
@@ -345,9 +375,15 @@ def count_at_least(rng: random.Random) -> TaskSpec:
         for name, typed, v in wrong
         if v != want
     ]
-    near.append(calc_solution("wrong_cell", path, 2,
-                              [Edit(0, "H3", f'=COUNTIF({rng_ref};">={threshold}")', want)],
-                              why="answer in H3"))
+    near.append(
+        calc_solution(
+            "wrong_cell",
+            path,
+            2,
+            [Edit(0, "H3", f'=COUNTIF({rng_ref};">={threshold}")', want)],
+            why="answer in H3",
+        )
+    )
     near.append(_nosave(oracle))
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
 
@@ -372,12 +408,27 @@ def fix_typo(rng: random.Random) -> TaskSpec:
     opts = {"sheet": t.sheet, "cells": {ref: good, f"A{r + 2}": nb, f"A{r}": rows[r - 2][0]}}
     oracle = calc_solution("oracle", path, 2, [Edit(0, ref, good, good)])
     near = [
-        calc_solution("lowercase", path, 2, [Edit(0, ref, good.lower(), good.lower())],
-                      why="right word, wrong case"),
-        calc_solution("fixed_next_row", path, 2, [Edit(0, f"A{r + 2}", good, good)],
-                      why="overwrites the row below"),
-        calc_solution("trailing_space", path, 2, [Edit(0, ref, good + " ", good + " ")],
-                      why="adds a trailing space"),
+        calc_solution(
+            "lowercase",
+            path,
+            2,
+            [Edit(0, ref, good.lower(), good.lower())],
+            why="right word, wrong case",
+        ),
+        calc_solution(
+            "fixed_next_row",
+            path,
+            2,
+            [Edit(0, f"A{r + 2}", good, good)],
+            why="overwrites the row below",
+        ),
+        calc_solution(
+            "trailing_space",
+            path,
+            2,
+            [Edit(0, ref, good + " ", good + " ")],
+            why="adds a trailing space",
+        ),
         _nosave(oracle),
     ]
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
@@ -414,8 +465,13 @@ def fill_blanks(rng: random.Random) -> TaskSpec:
     near = [
         calc_solution("value_below", path, 2, edits(below), why="fills from the row below"),
         calc_solution("one_left_blank", path, 2, edits(first), why="misses the last blank"),
-        calc_solution("as_text", path, 2, [Edit(0, r, f"'{v}", str(v)) for r, v in above.items()],
-                      why="values stored as text"),
+        calc_solution(
+            "as_text",
+            path,
+            2,
+            [Edit(0, r, f"'{v}", str(v)) for r, v in above.items()],
+            why="values stored as text",
+        ),
         _nosave(oracle),
     ]
     near = [s for s in near if not (s.name == "value_below" and below == above)]
@@ -433,7 +489,7 @@ def line_totals(rng: random.Random) -> TaskSpec:
     sheet = rng.choice(content.SHEETS)
     ws.title = sheet
     ws.append(["Item", "Qty", "Price", "Total"])
-    for it, q, p in zip(items, qty, price):
+    for it, q, p in zip(items, qty, price, strict=False):
         ws.append([it, q, p])
     other = rng.choice(content.OTHER_SHEETS)
     wb.create_sheet(other).append(["Note"])
@@ -446,17 +502,27 @@ def line_totals(rng: random.Random) -> TaskSpec:
     opts = {"sheet": sheet, "cells": {**want, f"D{n + 2}": None}}
 
     def sol(name: str, vals: dict[str, tuple[str, Any]], why: str = "") -> Solution:
-        return calc_solution(name, path, 2, [Edit(0, r, t, v) for r, (t, v) in vals.items()],
-                             why=why)
+        return calc_solution(
+            name, path, 2, [Edit(0, r, t, v) for r, (t, v) in vals.items()], why=why
+        )
 
     oracle = sol("oracle", {r: (f"=B{r[1:]}*C{r[1:]}", v) for r, v in want.items()})
     near = [
-        sol("plus_instead", {f"D{i + 2}": (f"=B{i + 2}+C{i + 2}", qty[i] + price[i])
-                             for i in range(n)}, "adds instead of multiplying"),
-        sol("last_row_missing", {r: (f"=B{r[1:]}*C{r[1:]}", v) for r, v in list(want.items())[:-1]},
-            "stops one row early"),
-        sol("shifted_down", {f"D{i + 3}": (f"=B{i + 2}*C{i + 2}", qty[i] * price[i])
-                             for i in range(n)}, "every total one row too low"),
+        sol(
+            "plus_instead",
+            {f"D{i + 2}": (f"=B{i + 2}+C{i + 2}", qty[i] + price[i]) for i in range(n)},
+            "adds instead of multiplying",
+        ),
+        sol(
+            "last_row_missing",
+            {r: (f"=B{r[1:]}*C{r[1:]}", v) for r, v in list(want.items())[:-1]},
+            "stops one row early",
+        ),
+        sol(
+            "shifted_down",
+            {f"D{i + 3}": (f"=B{i + 2}*C{i + 2}", qty[i] * price[i]) for i in range(n)},
+            "every total one row too low",
+        ),
     ]
     near.append(_nosave(oracle))
     return calc_spec(rng, instr, path, xlsx_bytes(wb), opts, oracle, near)
@@ -472,7 +538,7 @@ def percent_format(rng: random.Random) -> TaskSpec:
     sheet = rng.choice(content.SHEETS)
     ws.title = sheet
     ws.append(["Region", "Target", "Share"])
-    for reg, s in zip(regions, shares):
+    for reg, s in zip(regions, shares, strict=False):
         ws.append([reg, rng.randint(100, 900), s])
     wb.create_sheet(rng.choice(content.OTHER_SHEETS)).append(["Note"])
     path = _path(rng)
@@ -481,18 +547,45 @@ def percent_format(rng: random.Random) -> TaskSpec:
         f"In {path}, sheet '{sheet}': format the Share column (C2:C{n + 1}) as percentages "
         "without changing the values (0.25 must show as 25%). Save the file as xlsx."
     )
-    opts = {"sheet": sheet, "cells": {r: s for r, s in zip(refs, shares)}, "percent": refs}
+    opts = {
+        "sheet": sheet,
+        "cells": {r: s for r, s in zip(refs, shares, strict=False)},
+        "percent": refs,
+    }
     oracle = calc_solution("oracle", path, 2, [], percent=(0, refs))
     near = [
-        calc_solution("values_times_100", path, 2,
-                      [Edit(0, r, str(round(s * 100)), round(s * 100)) for r, s in zip(refs, shares)],
-                      why="types 25 instead of formatting 0.25"),
-        calc_solution("last_row_unformatted", path, 2, [], percent=(0, refs[:-1]),
-                      why="selection one row short"),
-        calc_solution("wrong_column", path, 2, [], percent=(0, [f"B{i + 2}" for i in range(n)]),
-                      why="formats the Target column"),
-        Solution("not_saved", calc_solution("o", path, 2, [], percent=(0, refs)).actions[:-4],
-                 lambda _i: {}, "formats, never saves"),
+        calc_solution(
+            "values_times_100",
+            path,
+            2,
+            [
+                Edit(0, r, str(round(s * 100)), round(s * 100))
+                for r, s in zip(refs, shares, strict=False)
+            ],
+            why="types 25 instead of formatting 0.25",
+        ),
+        calc_solution(
+            "last_row_unformatted",
+            path,
+            2,
+            [],
+            percent=(0, refs[:-1]),
+            why="selection one row short",
+        ),
+        calc_solution(
+            "wrong_column",
+            path,
+            2,
+            [],
+            percent=(0, [f"B{i + 2}" for i in range(n)]),
+            why="formats the Target column",
+        ),
+        Solution(
+            "not_saved",
+            calc_solution("o", path, 2, [], percent=(0, refs)).actions[:-4],
+            lambda _i: {},
+            "formats, never saves",
+        ),
     ]
     return calc_spec(rng, instr, path, xlsx_bytes(wb), opts, oracle, near)
 
@@ -509,14 +602,29 @@ def bold_header(rng: random.Random) -> TaskSpec:
     opts = {"sheet": t.sheet, "bold": hdr, "not_bold": ["A2", "B2"]}
     oracle = calc_solution("oracle", path, 2, [], bold=(0, hdr))
     near = [
-        calc_solution("first_column", path, 2, [],
-                      bold=(0, [f"A{i}" for i in range(1, len(t.rows) + 2)]),
-                      why="bolds column A instead"),
+        calc_solution(
+            "first_column",
+            path,
+            2,
+            [],
+            bold=(0, [f"A{i}" for i in range(1, len(t.rows) + 2)]),
+            why="bolds column A instead",
+        ),
         calc_solution("header_short", path, 2, [], bold=(0, hdr[:-1]), why="misses E1"),
-        calc_solution("header_and_row2", path, 2, [], bold=(0, [*hdr, "A2", "B2", "C2", "D2", "E2"]),
-                      why="bolds row 2 as well"),
-        Solution("not_saved", calc_solution("o", path, 2, [], bold=(0, hdr)).actions[:-4],
-                 lambda _i: {}, "bolds, never saves"),
+        calc_solution(
+            "header_and_row2",
+            path,
+            2,
+            [],
+            bold=(0, [*hdr, "A2", "B2", "C2", "D2", "E2"]),
+            why="bolds row 2 as well",
+        ),
+        Solution(
+            "not_saved",
+            calc_solution("o", path, 2, [], bold=(0, hdr)).actions[:-4],
+            lambda _i: {},
+            "bolds, never saves",
+        ),
     ]
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
 
@@ -544,28 +652,54 @@ def export_csv(rng: random.Random) -> TaskSpec:
         "(keep the header row)."
     )
     rows = csv_rows_of(t)
-    other_rows = [["Note", "Value"]] + [[f"old {r[0]}", str(i + 1)] for i, r in enumerate(t.rows[:3])]
+    other_rows = [["Note", "Value"]] + [
+        [f"old {r[0]}", str(i + 1)] for i, r in enumerate(t.rows[:3])
+    ]
 
     def conv(name: str, fmt: str, outdir: str, data: bytes, dest: str, why: str) -> Solution:
-        return Solution(name, [soffice_convert(path, fmt, outdir), wait(1.0)],
-                        lambda _i: {dest: data}, why)
+        return Solution(
+            name, [soffice_convert(path, fmt, outdir), wait(1.0)], lambda _i: {dest: data}, why
+        )
 
     wrong_dir = "/home/user/Desktop"
     oracle = conv("oracle", "csv", DOCS, _csv_text(rows), out, "")
     near = [
-        conv("semicolons", 'csv:Text - txt - csv (StarCalc):59,34,76,1', DOCS,
-             _csv_text(rows, ";"), out, "semicolon separated"),
-        conv("wrong_sheet", 'csv:Text - txt - csv (StarCalc):44,34,76,1,,0,false,true,false,'
-             'false,false,2', DOCS, _csv_text(other_rows), out, "exports the second sheet"),
-        conv("wrong_folder", "csv", wrong_dir, _csv_text(rows), f"{wrong_dir}/{stem}.csv",
-             "saves on the Desktop"),
+        conv(
+            "semicolons",
+            "csv:Text - txt - csv (StarCalc):59,34,76,1",
+            DOCS,
+            _csv_text(rows, ";"),
+            out,
+            "semicolon separated",
+        ),
+        conv(
+            "wrong_sheet",
+            "csv:Text - txt - csv (StarCalc):44,34,76,1,,0,false,true,false,false,false,2",
+            DOCS,
+            _csv_text(other_rows),
+            out,
+            "exports the second sheet",
+        ),
+        conv(
+            "wrong_folder",
+            "csv",
+            wrong_dir,
+            _csv_text(rows),
+            f"{wrong_dir}/{stem}.csv",
+            "saves on the Desktop",
+        ),
         conv("header_dropped", "csv", DOCS, _csv_text(rows[1:]), out, "header row missing"),
     ]
     # the header-dropped branch needs a real edit before exporting: delete row 1, then convert
     near[-1].actions = [
-        activate_window(re.escape(path.rsplit("/", 1)[1])), *goto(0, "A1", 2),
-        hotkey("shift", "space"), hotkey("ctrl", "minus"), wait(1.0),
-        *office_save(), soffice_convert(path, "csv", DOCS), wait(1.0),
+        activate_window(re.escape(path.rsplit("/", 1)[1])),
+        *goto(0, "A1", 2),
+        hotkey("shift", "space"),
+        hotkey("ctrl", "minus"),
+        wait(1.0),
+        *office_save(),
+        soffice_convert(path, "csv", DOCS),
+        wait(1.0),
     ]
     near[-1].simulate = _header_dropped_sim(path, t, out, rows)
     spec = calc_spec(rng, instr, path, table_xlsx(t), {}, oracle, near)
@@ -605,18 +739,32 @@ def csv_to_xlsx(rng: random.Random) -> TaskSpec:
         return xlsx_bytes(wb)
 
     def conv(name: str, fmt: str, outdir: str, dest: str, payload: bytes, why: str) -> Solution:
-        return Solution(name, [soffice_convert(src, fmt, outdir), wait(1.0)],
-                        lambda _i: {dest: payload}, why)
+        return Solution(
+            name, [soffice_convert(src, fmt, outdir), wait(1.0)], lambda _i: {dest: payload}, why
+        )
 
     wrong_dir = "/home/user/Desktop"
     oracle = conv("oracle", "xlsx", DOCS, out, xlsx_of(rows), "")
     near = [
         conv("saved_as_ods", "ods", DOCS, src[:-4] + ".ods", b"", "ODF spreadsheet, no xlsx"),
-        conv("wrong_folder", "xlsx", wrong_dir, f"{wrong_dir}/{out.rsplit('/', 1)[1]}",
-             xlsx_of(rows), "saves on the Desktop"),
-        Solution("csv_renamed", [soffice_convert(src, "xlsx", "/tmp"), wait(1.0),
-                                 {"type": "execute", "command": ["cp", src, out]}],
-                 lambda _i: {out: data}, "copies the CSV text under the xlsx name"),
+        conv(
+            "wrong_folder",
+            "xlsx",
+            wrong_dir,
+            f"{wrong_dir}/{out.rsplit('/', 1)[1]}",
+            xlsx_of(rows),
+            "saves on the Desktop",
+        ),
+        Solution(
+            "csv_renamed",
+            [
+                soffice_convert(src, "xlsx", "/tmp"),
+                wait(1.0),
+                {"type": "execute", "command": ["cp", src, out]},
+            ],
+            lambda _i: {out: data},
+            "copies the CSV text under the xlsx name",
+        ),
     ]
     # An ODS file is a zip the xlsx checkers must refuse; simulate it with a real ODF text zip.
     from ..docfiles import odt_bytes
@@ -624,14 +772,21 @@ def csv_to_xlsx(rng: random.Random) -> TaskSpec:
     ods = odt_bytes(["not a workbook"])
     near[0].simulate = lambda _i: {src[:-4] + ".ods": ods}
     decoy = f"{DOCS}/README.txt"
-    cells = {"A1": "Item", f"A{n + 1}": t.rows[-1][0], f"E{n + 1}": t.rows[-1][4], "B2": t.rows[0][1]}
+    cells = {
+        "A1": "Item",
+        f"A{n + 1}": t.rows[-1][0],
+        f"E{n + 1}": t.rows[-1][4],
+        "B2": t.rows[0][1],
+    }
     return TaskSpec(
         family="",
         app="libreoffice_calc",
         instruction=instr,
         files={src: data, decoy: _readme(rng)},
-        launch=[{"type": "open", "parameters": {"path": src}},
-                {"type": "sleep", "parameters": {"seconds": 3}}],
+        launch=[
+            {"type": "open", "parameters": {"path": src}},
+            {"type": "sleep", "parameters": {"seconds": 3}},
+        ],
         results=[(out, "out.xlsx")],
         check="xlsx_cells",
         check_alt="xlsx_cells_raw",

@@ -24,7 +24,7 @@ CHROMIUM = ["chromium", "--no-sandbox", "--disable-gpu", "--no-first-run", "--pa
 
 def page(title: str, h1: str, body: str) -> bytes:
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title>"
         "<style>body{font-family:sans-serif;margin:2em} td,th{border:1px solid #999;"
         "padding:4px 10px}</style></head>\n"
@@ -34,30 +34,44 @@ def page(title: str, h1: str, body: str) -> bytes:
 
 def table_html(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>\n" for r in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>\n" for r in rows)
     return f"<table><tr>{head}</tr>\n{body}</table>"
 
 
 def answer(name: str, text: str, path: str = ANSWER, why: str = "") -> Solution:
     q = text.replace("'", "'\\''")
-    return Solution(name, [shell(f"printf '%s\\n' '{q}' > '{path}'")],
-                    lambda _i: {path: (text + "\n").encode()}, why)
+    return Solution(
+        name,
+        [shell(f"printf '%s\\n' '{q}' > '{path}'")],
+        lambda _i: {path: (text + "\n").encode()},
+        why,
+    )
 
 
-def chromium_spec(rng: random.Random, instruction: str, html_path: str, html: bytes,
-                  expected: str, oracle: Solution, near: list[Solution],
-                  extra_files: dict[str, bytes] | None = None) -> TaskSpec:
+def chromium_spec(
+    rng: random.Random,
+    instruction: str,
+    html_path: str,
+    html: bytes,
+    expected: str,
+    oracle: Solution,
+    near: list[Solution],
+    extra_files: dict[str, bytes] | None = None,
+) -> TaskSpec:
     decoy = f"{DOCS}/README.txt"
     return TaskSpec(
         family="",
         app="chrome",
         instruction=instruction,
-        files={html_path: html, decoy: ("Saved pages.\n" + content.sentence(rng) + "\n").encode(),
-               **(extra_files or {})},
-        launch=[{"type": "launch", "parameters": {"command": [*CHROMIUM, f"file://{html_path}"]}},
-                {"type": "sleep", "parameters": {"seconds": 4}}],
+        files={
+            html_path: html,
+            decoy: ("Saved pages.\n" + content.sentence(rng) + "\n").encode(),
+            **(extra_files or {}),
+        },
+        launch=[
+            {"type": "launch", "parameters": {"command": [*CHROMIUM, f"file://{html_path}"]}},
+            {"type": "sleep", "parameters": {"seconds": 4}},
+        ],
         results=[(ANSWER, "answer.txt")],
         check="text_equals",
         check_alt="text_equals_raw",
@@ -72,7 +86,9 @@ def chromium_spec(rng: random.Random, instruction: str, html_path: str, html: by
 
 
 def _html_path(rng: random.Random) -> str:
-    return f"{DOCS}/{content.filename(rng, ['catalog', 'status', 'price_list', 'overview'], 'html')}"
+    return (
+        f"{DOCS}/{content.filename(rng, ['catalog', 'status', 'price_list', 'overview'], 'html')}"
+    )
 
 
 def _write_hint() -> str:
@@ -87,19 +103,30 @@ def table_lookup(rng: random.Random) -> TaskSpec:
     stock = [str(rng.randint(0, 80)) for _ in items]
     k = rng.randint(0, n - 2)
     path = _html_path(rng)
-    html = page("Price list", "Price list", table_html(["Item", "Price (USD)", "In stock"],
-                                                      [[i, p, s] for i, p, s in
-                                                       zip(items, prices, stock)]))
+    html = page(
+        "Price list",
+        "Price list",
+        table_html(
+            ["Item", "Price (USD)", "In stock"],
+            [[i, p, s] for i, p, s in zip(items, prices, stock, strict=False)],
+        ),
+    )
     want = prices[k]
     instr = (
         f"The page open in Chromium ({path}) lists prices. What is the price of {items[k]}? "
         f"{_write_hint()} Give the number with two decimals and no currency sign."
     )
-    near = [answer("next_row", prices[k + 1], why="price of the next item"),
-            answer("currency_sign", f"${want}", why="right value, wrong format"),
-            answer("stock_instead", stock[k], why="the stock column"),
-            answer("wrong_folder", want, f"{DOCS}/answer.txt", why="answer saved in Documents")]
-    near = [s for s in near if s.name == "wrong_folder" or s.simulate({})[ANSWER] != f"{want}\n".encode()]
+    near = [
+        answer("next_row", prices[k + 1], why="price of the next item"),
+        answer("currency_sign", f"${want}", why="right value, wrong format"),
+        answer("stock_instead", stock[k], why="the stock column"),
+        answer("wrong_folder", want, f"{DOCS}/answer.txt", why="answer saved in Documents"),
+    ]
+    near = [
+        s
+        for s in near
+        if s.name == "wrong_folder" or s.simulate({})[ANSWER] != f"{want}\n".encode()
+    ]
     return chromium_spec(rng, instr, path, html, want, answer("oracle", want), near)
 
 
@@ -114,8 +141,12 @@ def count_status(rng: random.Random) -> TaskSpec:
     html = page("Tickets", "Ticket status", table_html(["Ticket", "Owner", "Status"], rows))
     want = statuses.count("open")
     instr = f"How many tickets on the page open in Chromium have the status 'open'? {_write_hint()}"
-    cands = [("one_more", want + 1), ("one_less", want - 1), ("all_tickets", n),
-             ("closed_count", statuses.count("closed"))]
+    cands = [
+        ("one_more", want + 1),
+        ("one_less", want - 1),
+        ("all_tickets", n),
+        ("closed_count", statuses.count("closed")),
+    ]
     near = [answer(nm, str(v), why=nm.replace("_", " ")) for nm, v in cands if v != want]
     return chromium_spec(rng, instr, path, html, str(want), answer("oracle", str(want)), near[:4])
 
@@ -133,9 +164,11 @@ def heading_text(rng: random.Random) -> TaskSpec:
         "Copy the main heading (the big headline at the top) of the page open in Chromium, "
         f"exactly as shown. {_write_hint()}"
     )
-    near = [answer("tab_title", title, why="the window title"),
-            answer("first_subheading", h2s[0], why="a sub-heading"),
-            answer("lowercase", h1.lower(), why="wrong case")]
+    near = [
+        answer("tab_title", title, why="the window title"),
+        answer("first_subheading", h2s[0], why="a sub-heading"),
+        answer("lowercase", h1.lower(), why="wrong case"),
+    ]
     return chromium_spec(rng, instr, path, html, h1, answer("oracle", h1), near)
 
 
@@ -145,35 +178,63 @@ def sum_column(rng: random.Random) -> TaskSpec:
     people = content.pick(rng, content.PEOPLE, n)
     hours = [rng.randint(1, 45) for _ in people]
     path = _html_path(rng)
-    html = page("Timesheet", "Weekly timesheet",
-                table_html(["Name", "Hours"], [[p, str(h)] for p, h in zip(people, hours)]))
+    html = page(
+        "Timesheet",
+        "Weekly timesheet",
+        table_html(["Name", "Hours"], [[p, str(h)] for p, h in zip(people, hours, strict=False)]),
+    )
     want = sum(hours)
     instr = f"What is the total of the Hours column on the page open in Chromium? {_write_hint()}"
-    cands = [("without_last", sum(hours[:-1])), ("largest", max(hours)),
-             ("average", round(want / n, 2)), ("count", n)]
+    cands = [
+        ("without_last", sum(hours[:-1])),
+        ("largest", max(hours)),
+        ("average", round(want / n, 2)),
+        ("count", n),
+    ]
     near = [answer(nm, str(v), why=nm) for nm, v in cands if str(v) != str(want)]
     return chromium_spec(rng, instr, path, html, str(want), answer("oracle", str(want)), near[:4])
 
 
 @family("chrome_link_target", "chrome")
 def link_target(rng: random.Random) -> TaskSpec:
-    labels = content.pick(rng, ["Handbook", "Holiday plan", "Canteen menu", "IT desk",
-                                "Parking", "Travel policy", "Phone list"], 4)
+    labels = content.pick(
+        rng,
+        [
+            "Handbook",
+            "Holiday plan",
+            "Canteen menu",
+            "IT desk",
+            "Parking",
+            "Travel policy",
+            "Phone list",
+        ],
+        4,
+    )
     hosts = ["intranet.example.org", "docs.example.org", "wiki.example.org"]
-    urls = [f"https://{rng.choice(hosts)}/{lab.lower().replace(' ', '-')}/{rng.randint(10, 99)}"
-            for lab in labels]
+    urls = [
+        f"https://{rng.choice(hosts)}/{lab.lower().replace(' ', '-')}/{rng.randint(10, 99)}"
+        for lab in labels
+    ]
     k = rng.randint(0, 2)
-    links = "<ul>" + "".join(f'<li><a href="{u}">{escape(lab)}</a></li>'
-                             for u, lab in zip(urls, labels)) + "</ul>"
+    links = (
+        "<ul>"
+        + "".join(
+            f'<li><a href="{u}">{escape(lab)}</a></li>'
+            for u, lab in zip(urls, labels, strict=False)
+        )
+        + "</ul>"
+    )
     path = _html_path(rng)
     html = page("Links", "Useful links", links)
     instr = (
         f"On the page open in Chromium, which address does the link '{labels[k]}' point to? "
         f"{_write_hint()} Write the full URL."
     )
-    near = [answer("next_link", urls[k + 1], why="another link"),
-            answer("label_text", labels[k], why="the label, not the address"),
-            answer("no_scheme", urls[k].split("://", 1)[1], why="URL without https://")]
+    near = [
+        answer("next_link", urls[k + 1], why="another link"),
+        answer("label_text", labels[k], why="the label, not the address"),
+        answer("no_scheme", urls[k].split("://", 1)[1], why="URL without https://"),
+    ]
     return chromium_spec(rng, instr, path, html, urls[k], answer("oracle", urls[k]), near)
 
 
@@ -190,17 +251,34 @@ def print_pdf(rng: random.Random) -> TaskSpec:
     out = f"{DESKTOP}/{path.rsplit('/', 1)[1][:-5]}.pdf"
 
     def printing(src: str, dest: str) -> list[Action]:
-        return [execute([*CHROMIUM, "--headless", f"--print-to-pdf={dest}", f"file://{src}"],
-                        HEADLESS_TIMEOUT_S), wait(1.0)]
+        return [
+            execute(
+                [*CHROMIUM, "--headless", f"--print-to-pdf={dest}", f"file://{src}"],
+                HEADLESS_TIMEOUT_S,
+            ),
+            wait(1.0),
+        ]
 
     oracle = Solution("oracle", printing(path, out), lambda _i: {out: pdf_of([h1, *paras])})
     near = [
-        Solution("wrong_folder", printing(path, f"{DOCS}/x.pdf"),
-                 lambda _i: {f"{DOCS}/x.pdf": pdf_of([h1, *paras])}, "PDF saved in Documents"),
-        Solution("other_page", printing(other_path, out),
-                 lambda _i: {out: pdf_of([other_h1, *other_paras])}, "prints the old page"),
-        Solution("html_renamed", [execute(["cp", path, out])], lambda i: {out: i[path]},
-                 "copies the HTML under a .pdf name"),
+        Solution(
+            "wrong_folder",
+            printing(path, f"{DOCS}/x.pdf"),
+            lambda _i: {f"{DOCS}/x.pdf": pdf_of([h1, *paras])},
+            "PDF saved in Documents",
+        ),
+        Solution(
+            "other_page",
+            printing(other_path, out),
+            lambda _i: {out: pdf_of([other_h1, *other_paras])},
+            "prints the old page",
+        ),
+        Solution(
+            "html_renamed",
+            [execute(["cp", path, out])],
+            lambda i: {out: i[path]},
+            "copies the HTML under a .pdf name",
+        ),
     ]
     instr = f"Save the page open in Chromium as a PDF file at {out}."
     spec = chromium_spec(rng, instr, path, html, "", oracle, near, {other_path: other})

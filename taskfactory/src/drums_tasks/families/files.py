@@ -40,18 +40,30 @@ def files_options(present: dict[str, bytes], absent: list[str]) -> dict:
     }
 
 
-def terminal_spec(rng: random.Random, instruction: str, workdir: str, files: dict[str, bytes],
-                  results: list[tuple[str, str]], check: str, check_alt: str, options: dict,
-                  allow: list[str], oracle: Solution, near: list[Solution],
-                  dirs: list[str] | None = None) -> TaskSpec:
+def terminal_spec(
+    rng: random.Random,
+    instruction: str,
+    workdir: str,
+    files: dict[str, bytes],
+    results: list[tuple[str, str]],
+    check: str,
+    check_alt: str,
+    options: dict,
+    allow: list[str],
+    oracle: Solution,
+    near: list[Solution],
+    dirs: list[str] | None = None,
+) -> TaskSpec:
     decoy = f"{workdir}/README.txt"
     return TaskSpec(
         family="",
         app="os",
         instruction=instruction,
         files={**files, decoy: ("Do not edit.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[{"type": "launch", "parameters": {"command": ["xterm"]}},
-                {"type": "sleep", "parameters": {"seconds": 2}}],
+        launch=[
+            {"type": "launch", "parameters": {"command": ["xterm"]}},
+            {"type": "sleep", "parameters": {"seconds": 2}},
+        ],
         results=results,
         check=check,
         check_alt=check_alt,
@@ -85,31 +97,58 @@ def rename(rng: random.Random) -> TaskSpec:
     oracle = run("oracle", f"mv {_q(old)} {_q(new)}", lambda i: {old: None, new: i[old]})
     near = [
         run("copied", f"cp {_q(old)} {_q(new)}", lambda i: {new: i[old]}, "copy, original kept"),
-        run("wrong_extension", f"mv {_q(old)} {_q(new[:-4] + '.text')}",
-            lambda i: {old: None, new[:-4] + ".text": i[old]}, ".text instead of .txt"),
-        run("moved_to_desktop", f"mv {_q(old)} {HOME}/Desktop/{new.rsplit('/', 1)[1]}",
+        run(
+            "wrong_extension",
+            f"mv {_q(old)} {_q(new[:-4] + '.text')}",
+            lambda i: {old: None, new[:-4] + ".text": i[old]},
+            ".text instead of .txt",
+        ),
+        run(
+            "moved_to_desktop",
+            f"mv {_q(old)} {HOME}/Desktop/{new.rsplit('/', 1)[1]}",
             lambda i: {old: None, f"{HOME}/Desktop/{new.rsplit('/', 1)[1]}": i[old]},
-            "right name, wrong folder"),
-        run("emptied", f"mv {_q(old)} {_q(new)} && : > {_q(new)}",
-            lambda i: {old: None, new: b""}, "renamed but truncated"),
+            "right name, wrong folder",
+        ),
+        run(
+            "emptied",
+            f"mv {_q(old)} {_q(new)} && : > {_q(new)}",
+            lambda i: {old: None, new: b""},
+            "renamed but truncated",
+        ),
     ]
-    return terminal_spec(rng, instr, wd, {old: data}, results, "files_state", "files_state_raw",
-                         opts, [old, new], oracle, near)
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        {old: data},
+        results,
+        "files_state",
+        "files_state_raw",
+        opts,
+        [old, new],
+        oracle,
+        near,
+    )
 
 
 @family("files_move_into_folder", "os")
 def move_into_folder(rng: random.Random) -> TaskSpec:
     wd = _workdir(rng)
     sub = f"{wd}/{rng.choice(['done', 'sorted', 'old', 'reports'])}"
-    names = [f"{s}_{rng.randint(10, 99)}.txt" for s in content.pick(
-        rng, ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar"], 4)]
+    names = [
+        f"{s}_{rng.randint(10, 99)}.txt"
+        for s in content.pick(rng, ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar"], 4)
+    ]
     datas = {n: _text(rng, 2) for n in names}
-    move = names[:rng.randint(2, 3)]
+    move = names[: rng.randint(2, 3)]
     stay = [n for n in names if n not in move]
-    instr = (f"Move the files {', '.join(move)} from {wd} into the folder {sub} (it exists). "
-             "Leave the other files where they are.")
-    results = [(f"{sub}/{n}", f"moved:{n}") for n in move] + [(f"{wd}/{n}", f"old:{n}")
-                                                              for n in move]
+    instr = (
+        f"Move the files {', '.join(move)} from {wd} into the folder {sub} (it exists). "
+        "Leave the other files where they are."
+    )
+    results = [(f"{sub}/{n}", f"moved:{n}") for n in move] + [
+        (f"{wd}/{n}", f"old:{n}") for n in move
+    ]
     results += [(f"{wd}/{n}", f"stay:{n}") for n in stay]
     present = {f"moved:{n}": datas[n] for n in move} | {f"stay:{n}": datas[n] for n in stay}
     opts = files_options(present, [f"old:{n}" for n in move])
@@ -137,8 +176,9 @@ def move_into_folder(rng: random.Random) -> TaskSpec:
     files = {f"{wd}/{n}": d for n, d in datas.items()}
     keep = f"{sub}/.keep"
     files[keep] = b""
-    return terminal_spec(rng, instr, wd, files, results, "files_state", "files_state_raw", opts,
-                         allow, oracle, near)
+    return terminal_spec(
+        rng, instr, wd, files, results, "files_state", "files_state_raw", opts, allow, oracle, near
+    )
 
 
 @family("files_delete_by_extension", "os")
@@ -150,7 +190,7 @@ def delete_by_extension(rng: random.Random) -> TaskSpec:
     tricky = f"{stems[3]}.{ext}.txt"  # contains the extension, does not end with it
     others = [tricky, f"{stems[4]}.txt", f"{stems[5]}.log"]
     datas = {n: _text(rng, 1) for n in targets + others}
-    instr = (f"Delete every file whose name ends in .{ext} in {wd}. Keep all other files.")
+    instr = f"Delete every file whose name ends in .{ext} in {wd}. Keep all other files."
     results = [(f"{wd}/{n}", n) for n in targets + others]
     opts = files_options({n: datas[n] for n in others}, targets)
 
@@ -159,16 +199,38 @@ def delete_by_extension(rng: random.Random) -> TaskSpec:
 
     oracle = run("oracle", f"rm {_q(wd)}/*.{ext}", deleting(targets))
     near = [
-        run("one_left", f"rm {' '.join(_q(f'{wd}/{n}') for n in targets[:-1])}",
-            deleting(targets[:-1]), "misses one file"),
-        run("too_greedy", f"rm {_q(wd)}/*.{ext}*", deleting([*targets, tricky]),
-            f"also deletes {tricky}"),
-        run("deleted_log_too", f"rm {_q(wd)}/*.{ext} {_q(wd)}/*.log",
-            deleting([*targets, others[2]]), "also deletes the log"),
+        run(
+            "one_left",
+            f"rm {' '.join(_q(f'{wd}/{n}') for n in targets[:-1])}",
+            deleting(targets[:-1]),
+            "misses one file",
+        ),
+        run(
+            "too_greedy",
+            f"rm {_q(wd)}/*.{ext}*",
+            deleting([*targets, tricky]),
+            f"also deletes {tricky}",
+        ),
+        run(
+            "deleted_log_too",
+            f"rm {_q(wd)}/*.{ext} {_q(wd)}/*.log",
+            deleting([*targets, others[2]]),
+            "also deletes the log",
+        ),
     ]
-    return terminal_spec(rng, instr, wd, {f"{wd}/{n}": d for n, d in datas.items()}, results,
-                         "files_state", "files_state_raw", opts,
-                         [f"{wd}/{n}" for n in targets], oracle, near)
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        {f"{wd}/{n}": d for n, d in datas.items()},
+        results,
+        "files_state",
+        "files_state_raw",
+        opts,
+        [f"{wd}/{n}" for n in targets],
+        oracle,
+        near,
+    )
 
 
 @family("files_copy_to_backup", "os")
@@ -178,36 +240,99 @@ def copy_to_backup(rng: random.Random) -> TaskSpec:
     bdir = f"{wd}/backup"
     dst = f"{bdir}/{src.rsplit('/', 1)[1]}"
     data = _text(rng, 4)
-    instr = f"Make a backup copy of {src} inside the folder {bdir} (same file name); keep the original."
+    instr = (
+        f"Make a backup copy of {src} inside the folder {bdir} (same file name); keep the original."
+    )
     results = [(src, "src"), (dst, "dst")]
     opts = files_options({"src": data, "dst": data}, [])
     oracle = run("oracle", f"cp {_q(src)} {_q(bdir)}/", lambda i: {dst: i[src]})
     near = [
-        run("moved", f"mv {_q(src)} {_q(bdir)}/", lambda i: {dst: i[src], src: None},
-            "moves the original"),
-        run("wrong_folder", f"mkdir -p {_q(wd)}/backups && cp {_q(src)} {_q(wd)}/backups/",
-            lambda i: {f"{wd}/backups/{src.rsplit('/', 1)[1]}": i[src]}, "backups/ not backup/"),
-        run("renamed_copy", f"cp {_q(src)} {_q(dst)}.bak", lambda i: {dst + ".bak": i[src]},
-            "different file name"),
+        run(
+            "moved",
+            f"mv {_q(src)} {_q(bdir)}/",
+            lambda i: {dst: i[src], src: None},
+            "moves the original",
+        ),
+        run(
+            "wrong_folder",
+            f"mkdir -p {_q(wd)}/backups && cp {_q(src)} {_q(wd)}/backups/",
+            lambda i: {f"{wd}/backups/{src.rsplit('/', 1)[1]}": i[src]},
+            "backups/ not backup/",
+        ),
+        run(
+            "renamed_copy",
+            f"cp {_q(src)} {_q(dst)}.bak",
+            lambda i: {dst + ".bak": i[src]},
+            "different file name",
+        ),
     ]
     files = {src: data, f"{bdir}/.keep": b""}
-    return terminal_spec(rng, instr, wd, files, results, "files_state", "files_state_raw", opts,
-                         [bdir, dst], oracle, near)
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        files,
+        results,
+        "files_state",
+        "files_state_raw",
+        opts,
+        [bdir, dst],
+        oracle,
+        near,
+    )
 
 
 # ---- text processing ---------------------------------------------------------------------------
 
 
-def _answer_spec(rng: random.Random, instr: str, wd: str, files: dict[str, bytes], out: str,
-                 want: str, oracle: Solution, near: list[Solution]) -> TaskSpec:
-    return terminal_spec(rng, instr, wd, files, [(out, "out")], "text_equals", "text_equals_raw",
-                         {"file": "out", "expected": want}, [out], oracle, near)
+def _answer_spec(
+    rng: random.Random,
+    instr: str,
+    wd: str,
+    files: dict[str, bytes],
+    out: str,
+    want: str,
+    oracle: Solution,
+    near: list[Solution],
+) -> TaskSpec:
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        files,
+        [(out, "out")],
+        "text_equals",
+        "text_equals_raw",
+        {"file": "out", "expected": want},
+        [out],
+        oracle,
+        near,
+    )
 
 
-def _lines_spec(rng: random.Random, instr: str, wd: str, files: dict[str, bytes], out: str,
-                lines: list[str], oracle: Solution, near: list[Solution]) -> TaskSpec:
-    return terminal_spec(rng, instr, wd, files, [(out, "out")], "lines_equal", "lines_equal_raw",
-                         {"file": "out", "lines": lines}, [out], oracle, near)
+def _lines_spec(
+    rng: random.Random,
+    instr: str,
+    wd: str,
+    files: dict[str, bytes],
+    out: str,
+    lines: list[str],
+    oracle: Solution,
+    near: list[Solution],
+) -> TaskSpec:
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        files,
+        [(out, "out")],
+        "lines_equal",
+        "lines_equal_raw",
+        {"file": "out", "lines": lines},
+        [out],
+        oracle,
+        near,
+    )
 
 
 def _writes(out: str, lines: list[str]):
@@ -223,25 +348,45 @@ def count_errors(rng: random.Random) -> TaskSpec:
     lines = []
     for i in range(rng.randint(20, 40)):
         level = rng.choice(["INFO", "INFO", "WARN", "ERROR"])
-        msg = rng.choice(["request served", "cache miss", "retrying upload", "disk at 80%",
-                          "no error in batch", "user login", "timeout talking to db"])
+        msg = rng.choice(
+            [
+                "request served",
+                "cache miss",
+                "retrying upload",
+                "disk at 80%",
+                "no error in batch",
+                "user login",
+                "timeout talking to db",
+            ]
+        )
         lines.append(f"2024-05-{1 + i % 28:02d} 10:{i % 60:02d} {level} {msg}")
     lines.append("2024-05-29 11:00 ERROR lost connection")
     data = ("\n".join(lines) + "\n").encode()
     n_err = sum(" ERROR " in ln for ln in lines)
     n_ci = sum("error" in ln.lower() for ln in lines)
     n_warn = sum(" WARN " in ln for ln in lines)
-    instr = (f"Count the lines of {log} whose level is ERROR (the upper-case word ERROR) and "
-             f"write just that number into {out}.")
+    instr = (
+        f"Count the lines of {log} whose level is ERROR (the upper-case word ERROR) and "
+        f"write just that number into {out}."
+    )
     oracle = run("oracle", f"grep -c ' ERROR ' {_q(log)} > {_q(out)}", _writes(out, [str(n_err)]))
-    cands = [("case_insensitive", n_ci, f"grep -ci error {_q(log)}"),
-             ("warn_lines", n_warn, f"grep -c ' WARN ' {_q(log)}"),
-             ("off_by_one", n_err - 1, f"echo {n_err - 1}")]
-    near = [run(nm, f"{c} > {_q(out)}", _writes(out, [str(v)]), nm) for nm, v, c in cands
-            if v != n_err]
+    cands = [
+        ("case_insensitive", n_ci, f"grep -ci error {_q(log)}"),
+        ("warn_lines", n_warn, f"grep -c ' WARN ' {_q(log)}"),
+        ("off_by_one", n_err - 1, f"echo {n_err - 1}"),
+    ]
+    near = [
+        run(nm, f"{c} > {_q(out)}", _writes(out, [str(v)]), nm) for nm, v, c in cands if v != n_err
+    ]
     if len(near) < 3:
-        near.append(run("all_lines", f"wc -l < {_q(log)} > {_q(out)}",
-                        _writes(out, [str(len(lines))]), "counts every line"))
+        near.append(
+            run(
+                "all_lines",
+                f"wc -l < {_q(log)} > {_q(out)}",
+                _writes(out, [str(len(lines))]),
+                "counts every line",
+            )
+        )
     return _answer_spec(rng, instr, wd, {log: data}, out, str(n_err), oracle, near)
 
 
@@ -257,8 +402,10 @@ def sort_unique(rng: random.Random) -> TaskSpec:
         names.insert(1, names[0])  # at least one adjacent duplicate for the uniq-only near miss
     data = ("\n".join(names) + "\n").encode()
     want = sorted(set(names))
-    instr = (f"Write the names of {src}, sorted alphabetically and without duplicates (one per "
-             f"line), into {out}.")
+    instr = (
+        f"Write the names of {src}, sorted alphabetically and without duplicates (one per "
+        f"line), into {out}."
+    )
     q, o = _q(src), _q(out)
     oracle = run("oracle", f"sort -u {q} > {o}", _writes(out, want))
     adjacent_uniq = [n for i, n in enumerate(names) if i == 0 or names[i - 1] != n]
@@ -282,11 +429,15 @@ def head_lines(rng: random.Random) -> TaskSpec:
     q, o = _q(src), _q(out)
     oracle = run("oracle", f"head -n {n} {q} > {o}", _writes(out, rows[:n]))
     near = [
-        run("one_short", f"head -n {n - 1} {q} > {o}", _writes(out, rows[:n - 1]), "n-1 lines"),
-        run("one_extra", f"head -n {n + 1} {q} > {o}", _writes(out, rows[:n + 1]), "n+1 lines"),
+        run("one_short", f"head -n {n - 1} {q} > {o}", _writes(out, rows[: n - 1]), "n-1 lines"),
+        run("one_extra", f"head -n {n + 1} {q} > {o}", _writes(out, rows[: n + 1]), "n+1 lines"),
         run("last_lines", f"tail -n {n} {q} > {o}", _writes(out, rows[-n:]), "the last lines"),
-        run("header_skipped", f"tail -n +2 {q} | head -n {n} > {o}", _writes(out, rows[1:n + 1]),
-            "without the header"),
+        run(
+            "header_skipped",
+            f"tail -n +2 {q} | head -n {n} > {o}",
+            _writes(out, rows[1 : n + 1]),
+            "without the header",
+        ),
     ]
     return _lines_spec(rng, instr, wd, {src: data}, out, rows[:n], oracle, near)
 
@@ -297,25 +448,46 @@ def edit_config(rng: random.Random) -> TaskSpec:
     path = f"{wd}/app.ini"
     old = rng.choice([8080, 8000, 5000, 3000])
     new = rng.choice([9090, 8443, 7000, 6060])
-    keys = [("host", "localhost"), ("port", str(old)), ("backup_port", str(old)),
-            ("workers", str(rng.randint(2, 8))), ("log_level", rng.choice(["info", "debug"]))]
+    keys = [
+        ("host", "localhost"),
+        ("port", str(old)),
+        ("backup_port", str(old)),
+        ("workers", str(rng.randint(2, 8))),
+        ("log_level", rng.choice(["info", "debug"])),
+    ]
     lines = ["[server]"] + [f"{k} = {v}" for k, v in keys]
     data = ("\n".join(lines) + "\n").encode()
-    want = [ln.replace(f"port = {old}", f"port = {new}") if ln.startswith("port ") else ln
-            for ln in lines]
-    instr = (f"In {path}, change the value of the key 'port' (not 'backup_port') from {old} to "
-             f"{new}. Change nothing else.")
+    want = [
+        ln.replace(f"port = {old}", f"port = {new}") if ln.startswith("port ") else ln
+        for ln in lines
+    ]
+    instr = (
+        f"In {path}, change the value of the key 'port' (not 'backup_port') from {old} to "
+        f"{new}. Change nothing else."
+    )
     q = _q(path)
     oracle = run("oracle", f"sed -i 's/^port = {old}$/port = {new}/' {q}", _writes(path, want))
     near = [
-        run("both_ports", f"sed -i 's/{old}/{new}/' {q}",
+        run(
+            "both_ports",
+            f"sed -i 's/{old}/{new}/' {q}",
             _writes(path, [ln.replace(str(old), str(new)) for ln in lines]),
-            "also changes backup_port"),
-        run("duplicate_key", f"echo 'port = {new}' >> {q}", _writes(path, [*lines, f"port = {new}"]),
-            "adds a second port line"),
-        run("wrong_key", f"sed -i 's/^backup_port = {old}$/backup_port = {new}/' {q}",
-            _writes(path, [ln.replace(f"backup_port = {old}", f"backup_port = {new}")
-                           for ln in lines]), "changes backup_port only"),
+            "also changes backup_port",
+        ),
+        run(
+            "duplicate_key",
+            f"echo 'port = {new}' >> {q}",
+            _writes(path, [*lines, f"port = {new}"]),
+            "adds a second port line",
+        ),
+        run(
+            "wrong_key",
+            f"sed -i 's/^backup_port = {old}$/backup_port = {new}/' {q}",
+            _writes(
+                path, [ln.replace(f"backup_port = {old}", f"backup_port = {new}") for ln in lines]
+            ),
+            "changes backup_port only",
+        ),
     ]
     spec = _lines_spec(rng, instr, wd, {path: data}, path, want, oracle, near)
     return spec

@@ -12,7 +12,17 @@ from dataclasses import dataclass, replace
 
 from pptx import Presentation
 
-from ..actions import HEADLESS_TIMEOUT_S, Action, activate_window, execute, hotkey, office_save, press, wait, write
+from ..actions import (
+    HEADLESS_TIMEOUT_S,
+    Action,
+    activate_window,
+    execute,
+    hotkey,
+    office_save,
+    press,
+    wait,
+    write,
+)
 from ..docfiles import odp_bytes, pptx_bytes
 from ..spec import Solution, TaskSpec
 from . import content
@@ -70,8 +80,9 @@ def retype(slide: int, obj: int, text: str) -> list[Action]:
     return [*steps, press("escape"), press("escape")]
 
 
-def impress_solution(name: str, path: str, gui: list[Action], deck: list[Slide] | None,
-                     why: str = "") -> Solution:
+def impress_solution(
+    name: str, path: str, gui: list[Action], deck: list[Slide] | None, why: str = ""
+) -> Solution:
     fname = path.rsplit("/", 1)[1]
     acts: list[Action] = [activate_window(re.escape(fname)), wait(0.5), *gui]
     if deck is not None:
@@ -80,18 +91,29 @@ def impress_solution(name: str, path: str, gui: list[Action], deck: list[Slide] 
     return Solution(name, acts, lambda _i: {path: pptx_of(deck)} if deck is not None else {}, why)
 
 
-def impress_spec(rng: random.Random, instruction: str, path: str, deck: list[Slide],
-                 options: dict, oracle: Solution, near: list[Solution]) -> TaskSpec:
+def impress_spec(
+    rng: random.Random,
+    instruction: str,
+    path: str,
+    deck: list[Slide],
+    options: dict,
+    oracle: Solution,
+    near: list[Solution],
+) -> TaskSpec:
     decoy = f"{DOCS}/README.txt"
     dest = path.rsplit("/", 1)[1]
     return TaskSpec(
         family="",
         app="libreoffice_impress",
         instruction=instruction,
-        files={path: pptx_of(deck), decoy: ("Slides for the team.\n" + content.sentence(rng)
-                                            + "\n").encode()},
-        launch=[{"type": "open", "parameters": {"path": path}},
-                {"type": "sleep", "parameters": {"seconds": 4}}],
+        files={
+            path: pptx_of(deck),
+            decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode(),
+        },
+        launch=[
+            {"type": "open", "parameters": {"path": path}},
+            {"type": "sleep", "parameters": {"seconds": 4}},
+        ],
         results=[(path, dest)],
         check="pptx_text",
         check_alt="pptx_text_raw",
@@ -123,12 +145,27 @@ def _title_task(rng: random.Random, make_title, describe) -> TaskSpec:
     gui = retype(k, 0, new)
     oracle = impress_solution("oracle", path, gui, want)
     near = [
-        impress_solution("next_slide", path, retype(k + 1, 0, new), _with(deck, k + 1, title=new),
-                         why="edits the next slide's title"),
-        impress_solution("into_body", path, retype(k, 1, new), _with(deck, k, body=[new]),
-                         why="types into the body, not the title"),
-        impress_solution("typo", path, retype(k, 0, new[:-1]), _with(deck, k, title=new[:-1]),
-                         why="last character missing"),
+        impress_solution(
+            "next_slide",
+            path,
+            retype(k + 1, 0, new),
+            _with(deck, k + 1, title=new),
+            why="edits the next slide's title",
+        ),
+        impress_solution(
+            "into_body",
+            path,
+            retype(k, 1, new),
+            _with(deck, k, body=[new]),
+            why="types into the body, not the title",
+        ),
+        impress_solution(
+            "typo",
+            path,
+            retype(k, 0, new[:-1]),
+            _with(deck, k, title=new[:-1]),
+            why="last character missing",
+        ),
         impress_solution("not_saved", path, gui, None, why="edits, never saves"),
     ]
     opts = {"titles": [s.title for s in want]}
@@ -141,8 +178,8 @@ def edit_title(rng: random.Random) -> TaskSpec:
         rng,
         lambda r, old: r.choice(["Updated", "Revised", "Final", "Draft"]) + " " + old.lower(),
         lambda path, k, old, new: (
-            f"In the presentation {path}, change the title of slide {k + 1} (\"{old}\") to "
-            f"\"{new}\" and save it in PowerPoint format."
+            f'In the presentation {path}, change the title of slide {k + 1} ("{old}") to '
+            f'"{new}" and save it in PowerPoint format.'
         ),
     )
 
@@ -153,7 +190,7 @@ def uppercase_title(rng: random.Random) -> TaskSpec:
         rng,
         lambda r, old: old.upper(),
         lambda path, k, old, new: (
-            f"In {path}, rewrite the title of slide {k + 1} (\"{old}\") in capital letters and "
+            f'In {path}, rewrite the title of slide {k + 1} ("{old}") in capital letters and '
             "save the presentation in PowerPoint format."
         ),
     )
@@ -166,8 +203,8 @@ def title_suffix(rng: random.Random) -> TaskSpec:
         rng,
         lambda r, old: old + suffix,
         lambda path, k, old, new: (
-            f"In {path}, append \"{suffix}\" to the title of slide {k + 1} so that it reads "
-            f"\"{new}\", then save the presentation in PowerPoint format."
+            f'In {path}, append "{suffix}" to the title of slide {k + 1} so that it reads '
+            f'"{new}", then save the presentation in PowerPoint format.'
         ),
     )
 
@@ -180,23 +217,37 @@ def edit_body(rng: random.Random) -> TaskSpec:
     path = _path(rng)
     old = deck[k].body
     instr = (
-        f"In {path}, replace the text in the content box of slide {k + 1} (\"{deck[k].title}\") "
-        f"with the single line \"{new}\" and save the presentation in PowerPoint format."
+        f'In {path}, replace the text in the content box of slide {k + 1} ("{deck[k].title}") '
+        f'with the single line "{new}" and save the presentation in PowerPoint format.'
     )
     want = _with(deck, k, body=[new])
     gui = retype(k, 1, new)
     oracle = impress_solution("oracle", path, gui, want)
     near = [
-        impress_solution("next_slide", path, retype(k + 1, 1, new), _with(deck, k + 1, body=[new]),
-                         why="edits the next slide"),
-        impress_solution("into_title", path, retype(k, 0, new), _with(deck, k, title=new),
-                         why="replaces the title instead"),
-        impress_solution("kept_old_lines", path, retype(k, 1, "\n".join([*old, new])),
-                         _with(deck, k, body=[*old, new]), why="adds the line, keeps the old"),
+        impress_solution(
+            "next_slide",
+            path,
+            retype(k + 1, 1, new),
+            _with(deck, k + 1, body=[new]),
+            why="edits the next slide",
+        ),
+        impress_solution(
+            "into_title",
+            path,
+            retype(k, 0, new),
+            _with(deck, k, title=new),
+            why="replaces the title instead",
+        ),
+        impress_solution(
+            "kept_old_lines",
+            path,
+            retype(k, 1, "\n".join([*old, new])),
+            _with(deck, k, body=[*old, new]),
+            why="adds the line, keeps the old",
+        ),
         impress_solution("not_saved", path, gui, None, why="edits, never saves"),
     ]
-    opts = {"titles": [s.title for s in deck], "slide_contains": {str(k): [new]},
-            "absent": old}
+    opts = {"titles": [s.title for s in deck], "slide_contains": {str(k): [new]}, "absent": old}
     return impress_spec(rng, instr, path, deck, opts, oracle, near)
 
 
@@ -207,18 +258,35 @@ def _deck_files(rng: random.Random) -> tuple[list[Slide], list[Slide], str, str,
     return deck, other, path, f"{DOCS}/old_{stem}.pptx", stem
 
 
-def _convert_spec(rng: random.Random, instr: str, deck: list[Slide], other: list[Slide],
-                  path: str, other_path: str, out: str, dest: str, check: str, check_alt: str,
-                  options: dict, oracle: Solution, near: list[Solution]) -> TaskSpec:
+def _convert_spec(
+    rng: random.Random,
+    instr: str,
+    deck: list[Slide],
+    other: list[Slide],
+    path: str,
+    other_path: str,
+    out: str,
+    dest: str,
+    check: str,
+    check_alt: str,
+    options: dict,
+    oracle: Solution,
+    near: list[Solution],
+) -> TaskSpec:
     decoy = f"{DOCS}/README.txt"
     return TaskSpec(
         family="",
         app="libreoffice_impress",
         instruction=instr,
-        files={path: pptx_of(deck), other_path: pptx_of(other),
-               decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[{"type": "open", "parameters": {"path": path}},
-                {"type": "sleep", "parameters": {"seconds": 4}}],
+        files={
+            path: pptx_of(deck),
+            other_path: pptx_of(other),
+            decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode(),
+        },
+        launch=[
+            {"type": "open", "parameters": {"path": path}},
+            {"type": "sleep", "parameters": {"seconds": 4}},
+        ],
         results=[(out, dest)],
         check=check,
         check_alt=check_alt,
@@ -242,28 +310,77 @@ def export_pdf(rng: random.Random) -> TaskSpec:
 
     oracle = _convert_solution("oracle", path, "pdf", DOCS, out, lambda: pdf_pages(pages(deck)), "")
     near = [
-        _convert_solution("wrong_folder", path, "pdf", DESKTOP, f"{DESKTOP}/{stem}.pdf",
-                          lambda: pdf_pages(pages(deck)), "PDF on the Desktop"),
-        Solution("other_deck", [*_convert_solution("x", other_path, "pdf", "/tmp", "", None,
-                                                   "").actions,
-                                execute(["cp", f"/tmp/old_{stem}.pdf", out])],
-                 lambda _i: {out: pdf_pages(pages(other))}, "exports the old deck"),
-        Solution("pptx_renamed", [execute(["cp", path, out])], lambda i: {out: i[path]},
-                 "copies the pptx under a .pdf name"),
-        Solution("first_slide_only", [execute(["sh", "-c", "true"])],
-                 lambda _i: {out: pdf_pages(pages(deck[:1]))},
-                 "a PDF of the first slide only (e.g. printed the current slide)"),
+        _convert_solution(
+            "wrong_folder",
+            path,
+            "pdf",
+            DESKTOP,
+            f"{DESKTOP}/{stem}.pdf",
+            lambda: pdf_pages(pages(deck)),
+            "PDF on the Desktop",
+        ),
+        Solution(
+            "other_deck",
+            [
+                *_convert_solution("x", other_path, "pdf", "/tmp", "", None, "").actions,
+                execute(["cp", f"/tmp/old_{stem}.pdf", out]),
+            ],
+            lambda _i: {out: pdf_pages(pages(other))},
+            "exports the old deck",
+        ),
+        Solution(
+            "pptx_renamed",
+            [execute(["cp", path, out])],
+            lambda i: {out: i[path]},
+            "copies the pptx under a .pdf name",
+        ),
+        Solution(
+            "first_slide_only",
+            [execute(["sh", "-c", "true"])],
+            lambda _i: {out: pdf_pages(pages(deck[:1]))},
+            "a PDF of the first slide only (e.g. printed the current slide)",
+        ),
     ]
     near[-1].actions = [
-        execute(["soffice", "-env:UserInstallation=file:///tmp/drums-oracle-lo", "--headless",
-                 "--convert-to", 'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}',
-                 "--outdir", DOCS, path], HEADLESS_TIMEOUT_S),
+        execute(
+            [
+                "soffice",
+                "-env:UserInstallation=file:///tmp/drums-oracle-lo",
+                "--headless",
+                "--convert-to",
+                'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}',
+                "--outdir",
+                DOCS,
+                path,
+            ],
+            HEADLESS_TIMEOUT_S,
+        ),
         wait(1.0),
     ]
-    opts = {"docs": [{"file": "out.pdf", "pages": len(deck),
-                      "contains": [s.title for s in deck] + [s.body[0] for s in deck]}]}
-    return _convert_spec(rng, instr, deck, other, path, other_path, out, "out.pdf", "pdf_text",
-                         "pdf_text_fitz", opts, oracle, near)
+    opts = {
+        "docs": [
+            {
+                "file": "out.pdf",
+                "pages": len(deck),
+                "contains": [s.title for s in deck] + [s.body[0] for s in deck],
+            }
+        ]
+    }
+    return _convert_spec(
+        rng,
+        instr,
+        deck,
+        other,
+        path,
+        other_path,
+        out,
+        "out.pdf",
+        "pdf_text",
+        "pdf_text_fitz",
+        opts,
+        oracle,
+        near,
+    )
 
 
 @family("impress_pptx_to_odp", "libreoffice_impress")
@@ -277,16 +394,45 @@ def pptx_to_odp(rng: random.Random) -> TaskSpec:
 
     oracle = _convert_solution("oracle", path, "odp", DOCS, out, lambda: odp(deck), "")
     near = [
-        _convert_solution("wrong_folder", path, "odp", DESKTOP, f"{DESKTOP}/{stem}.odp",
-                          lambda: odp(deck), "copy on the Desktop"),
-        Solution("other_deck", [*_convert_solution("x", other_path, "odp", "/tmp", "", None,
-                                                   "").actions,
-                                execute(["cp", f"/tmp/old_{stem}.odp", out])],
-                 lambda _i: {out: odp(other)}, "converts the old deck"),
-        Solution("pptx_renamed", [execute(["cp", path, out])], lambda i: {out: i[path]},
-                 "copies the pptx under an .odp name"),
+        _convert_solution(
+            "wrong_folder",
+            path,
+            "odp",
+            DESKTOP,
+            f"{DESKTOP}/{stem}.odp",
+            lambda: odp(deck),
+            "copy on the Desktop",
+        ),
+        Solution(
+            "other_deck",
+            [
+                *_convert_solution("x", other_path, "odp", "/tmp", "", None, "").actions,
+                execute(["cp", f"/tmp/old_{stem}.odp", out]),
+            ],
+            lambda _i: {out: odp(other)},
+            "converts the old deck",
+        ),
+        Solution(
+            "pptx_renamed",
+            [execute(["cp", path, out])],
+            lambda i: {out: i[path]},
+            "copies the pptx under an .odp name",
+        ),
     ]
     everything = [s.title for s in deck] + [b for s in deck for b in s.body]
     opts = {"contains": everything, "mimetype": ODP_MIME}
-    return _convert_spec(rng, instr, deck, other, path, other_path, out, "out.odp", "odf_text",
-                         "odf_text_raw", opts, oracle, near)
+    return _convert_spec(
+        rng,
+        instr,
+        deck,
+        other,
+        path,
+        other_path,
+        out,
+        "out.odp",
+        "odf_text",
+        "odf_text_raw",
+        opts,
+        oracle,
+        near,
+    )

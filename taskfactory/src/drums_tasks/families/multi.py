@@ -18,8 +18,10 @@ LOCKS = f"{DOCS}/.~lock.*#"
 
 
 def _open(path: str, seconds: float = 3) -> list[dict]:
-    return [{"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": seconds}}]
+    return [
+        {"type": "open", "parameters": {"path": path}},
+        {"type": "sleep", "parameters": {"seconds": seconds}},
+    ]
 
 
 def _readme(rng: random.Random) -> bytes:
@@ -43,10 +45,12 @@ def xlsx_total_to_docx(rng: random.Random) -> TaskSpec:
     def doc_with(value: int) -> tuple[list[Action], Callable[[], bytes]]:
         new = f"The {quarter} total is {value}."
         gui = [*writer.goto_para(k), *writer.select_line(), write(new)]
-        return gui, lambda: writer.docx_of([writer.Para(new) if i == k else p for i, p in enumerate(paras)])
+        return gui, lambda: writer.docx_of(
+            [writer.Para(new) if i == k else p for i, p in enumerate(paras)]
+        )
 
     instr = (
-        f"{docx_path} says \"{line}\" Replace TBD with the sum of the {quarter} column of sheet "
+        f'{docx_path} says "{line}" Replace TBD with the sum of the {quarter} column of sheet '
         f"'{t.sheet}' in {xlsx} (both files are open), so the sentence ends with the number "
         "and a period. Save the document in Word format."
     )
@@ -54,25 +58,40 @@ def xlsx_total_to_docx(rng: random.Random) -> TaskSpec:
     want = [p.text for p in paras]
     want[k] = f"The {quarter} total is {total}."
     oracle = writer.writer_solution("oracle", docx_path, gui, data)
-    cands = [("next_column", sum(r[c] for r in t.rows)), ("without_last_row", sum(vals[:-1])),
-             ("largest_value", max(vals))]
+    cands = [
+        ("next_column", sum(r[c] for r in t.rows)),
+        ("without_last_row", sum(vals[:-1])),
+        ("largest_value", max(vals)),
+    ]
     near = []
     for name, v in cands:
         if v != total:
             g, d = doc_with(v)
             near.append(writer.writer_solution(name, docx_path, g, d, why=f"{name}: {v}"))
-    near.append(writer.writer_solution("not_saved", docx_path, gui, None, save=False,
-                                       why="edits, never saves"))
+    near.append(
+        writer.writer_solution(
+            "not_saved", docx_path, gui, None, save=False, why="edits, never saves"
+        )
+    )
     return TaskSpec(
-        family="", app="multi_apps", instruction=instr,
-        files={xlsx: calc.table_xlsx(t), docx_path: writer.docx_of(paras),
-               f"{DOCS}/README.txt": _readme(rng)},
+        family="",
+        app="multi_apps",
+        instruction=instr,
+        files={
+            xlsx: calc.table_xlsx(t),
+            docx_path: writer.docx_of(paras),
+            f"{DOCS}/README.txt": _readme(rng),
+        },
         launch=[*_open(xlsx), *_open(docx_path)],
         results=[(docx_path, "report.docx")],
-        check="docx_text", check_alt="docx_text_raw",
+        check="docx_text",
+        check_alt="docx_text_raw",
         options={"file": "report.docx", "paragraphs": want},
-        roots=[DOCS], allow=[docx_path, LOCKS],
-        oracle=oracle, near_misses=near, decoy=f"{DOCS}/README.txt",
+        roots=[DOCS],
+        allow=[docx_path, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_calc", "libreoffice_writer"],
     )
 
@@ -82,9 +101,11 @@ def web_rate_to_xlsx(rng: random.Random) -> TaskSpec:
     regions = content.pick(rng, content.REGIONS, rng.randint(4, 6))
     rates = {r: rng.randint(5, 60) for r in regions}
     html_path = f"{DOCS}/rates_{rng.randint(10, 99)}.html"
-    html = chromium.page("Rates", "Commission rates",
-                         chromium.table_html(["Region", "Rate (%)"],
-                                             [[r, str(v)] for r, v in rates.items()]))
+    html = chromium.page(
+        "Rates",
+        "Commission rates",
+        chromium.table_html(["Region", "Rate (%)"], [[r, str(v)] for r, v in rates.items()]),
+    )
     import openpyxl
 
     from ..docfiles import xlsx_bytes
@@ -112,30 +133,61 @@ def web_rate_to_xlsx(rng: random.Random) -> TaskSpec:
     other = rates[order[k + 1]]
     oracle = calc.calc_solution("oracle", xlsx, 2, [calc.Edit(0, ref, str(want), want)])
     near = [
-        calc.calc_solution("cell_below", xlsx, 2, [calc.Edit(0, f"B{k + 3}", str(want), want)],
-                           why="writes over the next region"),
-        calc.calc_solution("as_text", xlsx, 2, [calc.Edit(0, ref, f"'{want}", str(want))],
-                           why="number stored as text"),
-        calc.calc_solution("with_percent", xlsx, 2, [calc.Edit(0, ref, f"{want}%", want / 100)],
-                           why="typed with a percent sign: stored as a fraction"),
+        calc.calc_solution(
+            "cell_below",
+            xlsx,
+            2,
+            [calc.Edit(0, f"B{k + 3}", str(want), want)],
+            why="writes over the next region",
+        ),
+        calc.calc_solution(
+            "as_text",
+            xlsx,
+            2,
+            [calc.Edit(0, ref, f"'{want}", str(want))],
+            why="number stored as text",
+        ),
+        calc.calc_solution(
+            "with_percent",
+            xlsx,
+            2,
+            [calc.Edit(0, ref, f"{want}%", want / 100)],
+            why="typed with a percent sign: stored as a fraction",
+        ),
     ]
     if other != want:
-        near.append(calc.calc_solution("next_region_rate", xlsx, 2,
-                                       [calc.Edit(0, ref, str(other), other)],
-                                       why="rate of another region"))
+        near.append(
+            calc.calc_solution(
+                "next_region_rate",
+                xlsx,
+                2,
+                [calc.Edit(0, ref, str(other), other)],
+                why="rate of another region",
+            )
+        )
     guard = {f"B{k + 3}": rates[order[k + 1]], f"A{k + 2}": region}
     return TaskSpec(
-        family="", app="multi_apps", instruction=instr,
+        family="",
+        app="multi_apps",
+        instruction=instr,
         files={html_path: html, xlsx: xlsx_bytes(wb), f"{DOCS}/README.txt": _readme(rng)},
-        launch=[*_open(xlsx),
-                {"type": "launch", "parameters": {"command": [*chromium.CHROMIUM,
-                                                              f"file://{html_path}"]}},
-                {"type": "sleep", "parameters": {"seconds": 4}}],
+        launch=[
+            *_open(xlsx),
+            {
+                "type": "launch",
+                "parameters": {"command": [*chromium.CHROMIUM, f"file://{html_path}"]},
+            },
+            {"type": "sleep", "parameters": {"seconds": 4}},
+        ],
         results=[(xlsx, "rates.xlsx")],
-        check="xlsx_cells", check_alt="xlsx_cells_raw",
+        check="xlsx_cells",
+        check_alt="xlsx_cells_raw",
         options={"file": "rates.xlsx", "sheet": sheet, "cells": {ref: want, **guard}},
-        roots=[DOCS], allow=[xlsx, LOCKS],
-        oracle=oracle, near_misses=near, decoy=f"{DOCS}/README.txt",
+        roots=[DOCS],
+        allow=[xlsx, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=f"{DOCS}/README.txt",
         related_apps=["chrome", "libreoffice_calc"],
     )
 
@@ -145,7 +197,8 @@ def text_title_to_pptx(rng: random.Random) -> TaskSpec:
     deck = impress.make_deck(rng)
     pptx = f"{DOCS}/{content.filename(rng, impress.STEMS, 'pptx')}"
     txt = f"{DOCS}/new_title.txt"
-    new = f"{rng.choice(content.TOPICS).capitalize()} {rng.choice(['roadmap', 'in numbers', 'recap'])}"
+    kind = rng.choice(["roadmap", "in numbers", "recap"])
+    new = f"{rng.choice(content.TOPICS).capitalize()} {kind}"
     k = 0
     instr = (
         f"The file {txt} holds the new title for the first slide of {pptx} (open in Impress). "
@@ -156,26 +209,48 @@ def text_title_to_pptx(rng: random.Random) -> TaskSpec:
     gui = impress.retype(k, 0, new)
     oracle = impress.impress_solution("oracle", pptx, gui, want)
     near = [
-        impress.impress_solution("second_slide", pptx, impress.retype(1, 0, new),
-                                 impress._with(deck, 1, title=new), why="edits slide 2"),
-        impress.impress_solution("file_name_as_title", pptx, impress.retype(k, 0, "new_title.txt"),
-                                 impress._with(deck, k, title="new_title.txt"),
-                                 why="types the file name"),
-        impress.impress_solution("lowercase", pptx, impress.retype(k, 0, new.lower()),
-                                 impress._with(deck, k, title=new.lower()), why="wrong case"),
+        impress.impress_solution(
+            "second_slide",
+            pptx,
+            impress.retype(1, 0, new),
+            impress._with(deck, 1, title=new),
+            why="edits slide 2",
+        ),
+        impress.impress_solution(
+            "file_name_as_title",
+            pptx,
+            impress.retype(k, 0, "new_title.txt"),
+            impress._with(deck, k, title="new_title.txt"),
+            why="types the file name",
+        ),
+        impress.impress_solution(
+            "lowercase",
+            pptx,
+            impress.retype(k, 0, new.lower()),
+            impress._with(deck, k, title=new.lower()),
+            why="wrong case",
+        ),
         impress.impress_solution("not_saved", pptx, gui, None, why="edits, never saves"),
     ]
     return TaskSpec(
-        family="", app="multi_apps", instruction=instr,
-        files={pptx: impress.pptx_of(deck), txt: (new + "\n").encode(),
-               f"{DOCS}/README.txt": _readme(rng)},
-        launch=[{"type": "launch", "parameters": {"command": ["xterm"]}},
-                *_open(pptx, 4)],
+        family="",
+        app="multi_apps",
+        instruction=instr,
+        files={
+            pptx: impress.pptx_of(deck),
+            txt: (new + "\n").encode(),
+            f"{DOCS}/README.txt": _readme(rng),
+        },
+        launch=[{"type": "launch", "parameters": {"command": ["xterm"]}}, *_open(pptx, 4)],
         results=[(pptx, "deck.pptx")],
-        check="pptx_text", check_alt="pptx_text_raw",
+        check="pptx_text",
+        check_alt="pptx_text_raw",
         options={"file": "deck.pptx", "titles": [s.title for s in want]},
-        roots=[DOCS], allow=[pptx, LOCKS],
-        oracle=oracle, near_misses=near, decoy=f"{DOCS}/README.txt",
+        roots=[DOCS],
+        allow=[pptx, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_impress", "os"],
     )
 
@@ -189,8 +264,10 @@ def export_both_pdf(rng: random.Random) -> TaskSpec:
     outdir = f"{DESKTOP}/pdf"
     d_out = f"{outdir}/{docx_path.rsplit('/', 1)[1][:-5]}.pdf"
     x_out = f"{outdir}/{xlsx.rsplit('/', 1)[1][:-5]}.pdf"
-    instr = (f"Export both {docx_path} and {xlsx} to PDF into the folder {outdir} (it exists), "
-             "keeping their file names (with .pdf).")
+    instr = (
+        f"Export both {docx_path} and {xlsx} to PDF into the folder {outdir} (it exists), "
+        "keeping their file names (with .pdf)."
+    )
     doc_pdf = lambda: writer.pdf_of([p.text for p in paras])  # noqa: E731
     xls_pdf = lambda: writer.pdf_of(["  ".join(map(str, r)) for r in [t.header, *t.rows]])  # noqa: E731
 
@@ -209,18 +286,30 @@ def export_both_pdf(rng: random.Random) -> TaskSpec:
         export("workbook_only", [xlsx], outdir, "forgets the document"),
         export("wrong_folder", [docx_path, xlsx], DESKTOP, "PDFs on the Desktop itself"),
     ]
-    docs = [{"file": "doc.pdf", "contains": [paras[0].text]},
-            {"file": "sheet.pdf", "contains": [t.rows[0][0], t.rows[-1][0]]}]
+    docs = [
+        {"file": "doc.pdf", "contains": [paras[0].text]},
+        {"file": "sheet.pdf", "contains": [t.rows[0][0], t.rows[-1][0]]},
+    ]
     return TaskSpec(
-        family="", app="multi_apps", instruction=instr,
-        files={docx_path: writer.docx_of(paras), xlsx: calc.table_xlsx(t),
-               f"{DOCS}/README.txt": _readme(rng), f"{outdir}/.keep": b""},
+        family="",
+        app="multi_apps",
+        instruction=instr,
+        files={
+            docx_path: writer.docx_of(paras),
+            xlsx: calc.table_xlsx(t),
+            f"{DOCS}/README.txt": _readme(rng),
+            f"{outdir}/.keep": b"",
+        },
         launch=[*_open(docx_path), *_open(xlsx)],
         results=[(d_out, "doc.pdf"), (x_out, "sheet.pdf")],
-        check="pdf_text", check_alt="pdf_text_fitz",
+        check="pdf_text",
+        check_alt="pdf_text_fitz",
         options={"docs": docs},
-        roots=[DOCS, DESKTOP], allow=[d_out, x_out, outdir, LOCKS],
-        oracle=oracle, near_misses=near, decoy=f"{DOCS}/README.txt",
+        roots=[DOCS, DESKTOP],
+        allow=[d_out, x_out, outdir, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_writer", "libreoffice_calc"],
     )
 
@@ -240,19 +329,27 @@ def calc_count_to_answer(rng: random.Random) -> TaskSpec:
         f"{chromium.ANSWER}."
     )
     other = [r[c] if c < 5 else r[c - 2] for r in t.rows]
-    cands = [("at_least", sum(v >= threshold for v in vals)),
-             ("other_column", sum(v > threshold for v in other)),
-             ("one_more", want + 1), ("at_most", sum(v <= threshold for v in vals))]
+    cands = [
+        ("at_least", sum(v >= threshold for v in vals)),
+        ("other_column", sum(v > threshold for v in other)),
+        ("one_more", want + 1),
+        ("at_most", sum(v <= threshold for v in vals)),
+    ]
     near = [chromium.answer(nm, str(v), why=nm) for nm, v in cands if v != want][:3]
     return TaskSpec(
-        family="", app="multi_apps", instruction=instr,
+        family="",
+        app="multi_apps",
+        instruction=instr,
         files={xlsx: calc.table_xlsx(t), f"{DOCS}/README.txt": _readme(rng)},
         launch=[*_open(xlsx), {"type": "launch", "parameters": {"command": ["xterm"]}}],
         results=[(chromium.ANSWER, "answer.txt")],
-        check="text_equals", check_alt="text_equals_raw",
+        check="text_equals",
+        check_alt="text_equals_raw",
         options={"file": "answer.txt", "expected": str(want)},
-        roots=[DOCS, DESKTOP], allow=[chromium.ANSWER, LOCKS],
-        oracle=chromium.answer("oracle", str(want)), near_misses=near,
+        roots=[DOCS, DESKTOP],
+        allow=[chromium.ANSWER, LOCKS],
+        oracle=chromium.answer("oracle", str(want)),
+        near_misses=near,
         decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_calc", "os"],
     )

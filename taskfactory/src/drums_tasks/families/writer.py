@@ -74,9 +74,16 @@ def select_line() -> list[Action]:
     return [press("home"), hotkey("shift", "end")]
 
 
-def writer_solution(name: str, path: str, gui: list[Action], result: Callable[[], bytes] | None,
-                    save: bool = True, why: str = "", odf: bool = False) -> Solution:
-    """GUI steps then Ctrl+S; `result` builds the saved file's bytes (lazily: only tests need it)."""
+def writer_solution(
+    name: str,
+    path: str,
+    gui: list[Action],
+    result: Callable[[], bytes] | None,
+    save: bool = True,
+    why: str = "",
+    odf: bool = False,
+) -> Solution:
+    """GUI steps then Ctrl+S; `result` builds the saved bytes (lazily: only tests need them)."""
     fname = path.rsplit("/", 1)[1]
     acts: list[Action] = [activate_window(re.escape(fname)), wait(0.5), *gui]
     if save:
@@ -88,9 +95,17 @@ def writer_solution(name: str, path: str, gui: list[Action], result: Callable[[]
     return Solution(name, acts, simulate, why)
 
 
-def writer_spec(rng: random.Random, instruction: str, path: str, data: bytes,
-                options: dict, oracle: Solution, near: list[Solution],
-                check: str = "docx_text", check_alt: str = "docx_text_raw") -> TaskSpec:
+def writer_spec(
+    rng: random.Random,
+    instruction: str,
+    path: str,
+    data: bytes,
+    options: dict,
+    oracle: Solution,
+    near: list[Solution],
+    check: str = "docx_text",
+    check_alt: str = "docx_text_raw",
+) -> TaskSpec:
     decoy = f"{DOCS}/README.txt"
     dest = path.rsplit("/", 1)[1]
     return TaskSpec(
@@ -98,8 +113,10 @@ def writer_spec(rng: random.Random, instruction: str, path: str, data: bytes,
         app="libreoffice_writer",
         instruction=instruction,
         files={path: data, decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[{"type": "open", "parameters": {"path": path}},
-                {"type": "sleep", "parameters": {"seconds": 3}}],
+        launch=[
+            {"type": "open", "parameters": {"path": path}},
+            {"type": "sleep", "parameters": {"seconds": 3}},
+        ],
         results=[(path, dest)],
         check=check,
         check_alt=check_alt,
@@ -121,8 +138,15 @@ def _texts(paras: list[Para]) -> list[str]:
 
 
 def _unsaved(name_gui: list[Action], path: str, odf: bool = False) -> Solution:
-    return writer_solution("not_saved", path, name_gui, None, save=False,
-                           why="edits the document, never saves", odf=odf)
+    return writer_solution(
+        "not_saved",
+        path,
+        name_gui,
+        None,
+        save=False,
+        why="edits the document, never saves",
+        odf=odf,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,8 +161,8 @@ def replace_paragraph(rng: random.Random) -> TaskSpec:
         new = content.sentence(rng)
     path = _path(rng)
     instr = (
-        f"In {path}, replace the paragraph that reads \"{paras[k].text}\" with exactly "
-        f"\"{new}\" and save the document in Word format."
+        f'In {path}, replace the paragraph that reads "{paras[k].text}" with exactly '
+        f'"{new}" and save the document in Word format.'
     )
 
     def with_(i: int) -> list[Para]:
@@ -150,16 +174,27 @@ def replace_paragraph(rng: random.Random) -> TaskSpec:
     gui = [*goto_para(k), *select_line(), write(new)]
     oracle = writer_solution("oracle", path, gui, lambda: docx_of(want))
     near = [
-        writer_solution("next_paragraph", path, [*goto_para(k + 1), *select_line(), write(new)],
-                        lambda: docx_of(with_(k + 1)), why="replaces the paragraph after it"),
-        writer_solution("inserted_not_replaced", path,
-                        [*goto_para(k), press("home"), write(new), press("enter")],
-                        lambda: docx_of(paras[:k] + [Para(new)] + paras[k:]),
-                        why="adds the new text above, keeps the old"),
-        writer_solution("no_final_period", path,
-                        [*goto_para(k), *select_line(), write(new[:-1])],
-                        lambda: docx_of(paras[:k] + [Para(new[:-1])] + paras[k + 1:]),
-                        why="drops the final period"),
+        writer_solution(
+            "next_paragraph",
+            path,
+            [*goto_para(k + 1), *select_line(), write(new)],
+            lambda: docx_of(with_(k + 1)),
+            why="replaces the paragraph after it",
+        ),
+        writer_solution(
+            "inserted_not_replaced",
+            path,
+            [*goto_para(k), press("home"), write(new), press("enter")],
+            lambda: docx_of([*paras[:k], Para(new), *paras[k:]]),
+            why="adds the new text above, keeps the old",
+        ),
+        writer_solution(
+            "no_final_period",
+            path,
+            [*goto_para(k), *select_line(), write(new[:-1])],
+            lambda: docx_of([*paras[:k], Para(new[:-1]), *paras[k + 1 :]]),
+            why="drops the final period",
+        ),
         _unsaved(gui, path),
     ]
     return writer_spec(rng, instr, path, docx_of(paras), {"paragraphs": _texts(want)}, oracle, near)
@@ -172,19 +207,32 @@ def append_paragraph(rng: random.Random) -> TaskSpec:
     while new in _texts(paras):
         new = content.sentence(rng)
     path = _path(rng)
-    instr = f"Add a new last paragraph \"{new}\" at the end of {path} and save it in Word format."
+    instr = f'Add a new last paragraph "{new}" at the end of {path} and save it in Word format.'
     want = [*paras, Para(new)]
     gui = [hotkey("ctrl", "end"), press("enter"), write(new)]
     oracle = writer_solution("oracle", path, gui, lambda: docx_of(want))
     near = [
-        writer_solution("added_at_top", path, [hotkey("ctrl", "home"), write(new), press("enter")],
-                        lambda: docx_of([Para(new), *paras]), why="new paragraph at the top"),
-        writer_solution("joined_to_last", path, [hotkey("ctrl", "end"), write(" " + new)],
-                        lambda: docx_of([*paras[:-1], Para(paras[-1].text + " " + new)]),
-                        why="appended to the last paragraph, no new paragraph"),
-        writer_solution("lowercase", path, [hotkey("ctrl", "end"), press("enter"),
-                                            write(new.lower())],
-                        lambda: docx_of([*paras, Para(new.lower())]), why="typed in lower case"),
+        writer_solution(
+            "added_at_top",
+            path,
+            [hotkey("ctrl", "home"), write(new), press("enter")],
+            lambda: docx_of([Para(new), *paras]),
+            why="new paragraph at the top",
+        ),
+        writer_solution(
+            "joined_to_last",
+            path,
+            [hotkey("ctrl", "end"), write(" " + new)],
+            lambda: docx_of([*paras[:-1], Para(paras[-1].text + " " + new)]),
+            why="appended to the last paragraph, no new paragraph",
+        ),
+        writer_solution(
+            "lowercase",
+            path,
+            [hotkey("ctrl", "end"), press("enter"), write(new.lower())],
+            lambda: docx_of([*paras, Para(new.lower())]),
+            why="typed in lower case",
+        ),
         _unsaved(gui, path),
     ]
     return writer_spec(rng, instr, path, docx_of(paras), {"paragraphs": _texts(want)}, oracle, near)
@@ -192,7 +240,12 @@ def append_paragraph(rng: random.Random) -> TaskSpec:
 
 def _delete_gui(k: int, n: int) -> list[Action]:
     last = k == n - 1
-    return [*goto_para(k), *select_line(), press("delete"), press("backspace" if last else "delete")]
+    return [
+        *goto_para(k),
+        *select_line(),
+        press("delete"),
+        press("backspace" if last else "delete"),
+    ]
 
 
 @family("writer_delete_paragraph", "libreoffice_writer")
@@ -202,16 +255,26 @@ def delete_paragraph(rng: random.Random) -> TaskSpec:
     k = rng.randint(1, n - 2)
     path = _path(rng)
     instr = (
-        f"Delete the paragraph \"{paras[k].text}\" from {path} (leave no empty line behind) and "
+        f'Delete the paragraph "{paras[k].text}" from {path} (leave no empty line behind) and '
         "save the document in Word format."
     )
-    want = paras[:k] + paras[k + 1:]
+    want = paras[:k] + paras[k + 1 :]
     oracle = writer_solution("oracle", path, _delete_gui(k, n), lambda: docx_of(want))
     near = [
-        writer_solution("deleted_next", path, _delete_gui(k + 1, n),
-                        lambda: docx_of(paras[:k + 1] + paras[k + 2:]), why="deletes its neighbour"),
-        writer_solution("deleted_two", path, _delete_gui(k, n) + _delete_gui(k, n - 1),
-                        lambda: docx_of(paras[:k] + paras[k + 2:]), why="also deletes the next one"),
+        writer_solution(
+            "deleted_next",
+            path,
+            _delete_gui(k + 1, n),
+            lambda: docx_of(paras[: k + 1] + paras[k + 2 :]),
+            why="deletes its neighbour",
+        ),
+        writer_solution(
+            "deleted_two",
+            path,
+            _delete_gui(k, n) + _delete_gui(k, n - 1),
+            lambda: docx_of(paras[:k] + paras[k + 2 :]),
+            why="also deletes the next one",
+        ),
         _unsaved(_delete_gui(k, n), path),
     ]
     # (Clearing the text but keeping an empty paragraph is not a near miss here: the checkers
@@ -225,7 +288,7 @@ def bold_paragraph(rng: random.Random) -> TaskSpec:
     n = len(paras)
     k = rng.randint(0, n - 2)
     path = _path(rng)
-    instr = f"In {path}, make the paragraph \"{paras[k].text}\" bold (only that one) and save it."
+    instr = f'In {path}, make the paragraph "{paras[k].text}" bold (only that one) and save it.'
 
     def styled(idx: list[int], **kw: bool) -> Callable[[], bytes]:
         return lambda: docx_of([replace(p, **kw) if i in idx else p for i, p in enumerate(paras)])
@@ -235,13 +298,27 @@ def bold_paragraph(rng: random.Random) -> TaskSpec:
     opts = {"paragraphs": _texts(paras), "bold": [paras[k].text], "not_bold": others}
     oracle = writer_solution("oracle", path, gui, styled([k], bold=True))
     near = [
-        writer_solution("wrong_paragraph", path,
-                        [*goto_para(k + 1), *select_line(), hotkey("ctrl", "b")],
-                        styled([k + 1], bold=True), why="bolds the next paragraph"),
-        writer_solution("italic_instead", path, [*goto_para(k), *select_line(), hotkey("ctrl", "i")],
-                        styled([k], italic=True), why="italic, not bold"),
-        writer_solution("whole_document", path, [hotkey("ctrl", "a"), hotkey("ctrl", "b")],
-                        styled(list(range(n)), bold=True), why="bolds everything"),
+        writer_solution(
+            "wrong_paragraph",
+            path,
+            [*goto_para(k + 1), *select_line(), hotkey("ctrl", "b")],
+            styled([k + 1], bold=True),
+            why="bolds the next paragraph",
+        ),
+        writer_solution(
+            "italic_instead",
+            path,
+            [*goto_para(k), *select_line(), hotkey("ctrl", "i")],
+            styled([k], italic=True),
+            why="italic, not bold",
+        ),
+        writer_solution(
+            "whole_document",
+            path,
+            [hotkey("ctrl", "a"), hotkey("ctrl", "b")],
+            styled(list(range(n)), bold=True),
+            why="bolds everything",
+        ),
         _unsaved(gui, path),
     ]
     return writer_spec(rng, instr, path, docx_of(paras), opts, oracle, near)
@@ -255,25 +332,40 @@ def heading(rng: random.Random) -> TaskSpec:
     paras = [Para(title), *make_paras(rng, 3, 5)]
     path = _path(rng)
     instr = (
-        f"In {path}, give the first line \"{title}\" the paragraph style Heading 1 and save the "
+        f'In {path}, give the first line "{title}" the paragraph style Heading 1 and save the '
         "document in Word format."
     )
 
     def styled(i: int, style: str) -> Callable[[], bytes]:
-        return lambda: docx_of([replace(p, style=style) if j == i else p for j, p in enumerate(paras)])
+        return lambda: docx_of(
+            [replace(p, style=style) if j == i else p for j, p in enumerate(paras)]
+        )
 
     gui = [hotkey("ctrl", "home"), hotkey("ctrl", "1")]
     opts = {"paragraphs": _texts(paras), "styles": {title: "Heading 1", paras[1].text: "Normal"}}
     oracle = writer_solution("oracle", path, gui, styled(0, "Heading 1"))
     near = [
-        writer_solution("heading_2", path, [hotkey("ctrl", "home"), hotkey("ctrl", "2")],
-                        styled(0, "Heading 2"), why="Heading 2"),
-        writer_solution("second_line", path, [*goto_para(1), hotkey("ctrl", "1")],
-                        styled(1, "Heading 1"), why="styles the second paragraph"),
-        writer_solution("bold_only", path, [hotkey("ctrl", "home"), *select_line(),
-                                            hotkey("ctrl", "b")],
-                        lambda: docx_of([replace(paras[0], bold=True), *paras[1:]]),
-                        why="looks like a heading, is not one"),
+        writer_solution(
+            "heading_2",
+            path,
+            [hotkey("ctrl", "home"), hotkey("ctrl", "2")],
+            styled(0, "Heading 2"),
+            why="Heading 2",
+        ),
+        writer_solution(
+            "second_line",
+            path,
+            [*goto_para(1), hotkey("ctrl", "1")],
+            styled(1, "Heading 1"),
+            why="styles the second paragraph",
+        ),
+        writer_solution(
+            "bold_only",
+            path,
+            [hotkey("ctrl", "home"), *select_line(), hotkey("ctrl", "b")],
+            lambda: docx_of([replace(paras[0], bold=True), *paras[1:]]),
+            why="looks like a heading, is not one",
+        ),
         _unsaved(gui, path),
     ]
     return writer_spec(rng, instr, path, docx_of(paras), opts, oracle, near)
@@ -285,7 +377,7 @@ def uppercase_paragraph(rng: random.Random) -> TaskSpec:
     k = rng.randint(0, len(paras) - 2)
     path = _path(rng)
     up = paras[k].text.upper()
-    instr = f"In {path}, change the paragraph \"{paras[k].text}\" to all capital letters and save."
+    instr = f'In {path}, change the paragraph "{paras[k].text}" to all capital letters and save.'
 
     def retyped(i: int, text: str) -> tuple[list[Action], Callable[[], bytes]]:
         gui = [*goto_para(i), *select_line(), write(text)]
@@ -315,7 +407,9 @@ def table_cell(rng: random.Random) -> TaskSpec:
     roles = [rng.choice(["Lead", "Editor", "Analyst", "Driver", "Clerk"]) for _ in people]
     hours = [str(rng.randint(4, 40)) for _ in people]
     r = rng.randint(1, n - 1)  # row index into people (0-based); table row r+1
-    table = [["Name", "Role", "Hours"]] + [[p, ro, h] for p, ro, h in zip(people, roles, hours)]
+    table = [["Name", "Role", "Hours"]] + [
+        [p, ro, h] for p, ro, h in zip(people, roles, hours, strict=False)
+    ]
     value = str(rng.randint(41, 60))
     table[r + 1][2] = ""
     paras = make_paras(rng, 2, 3)
@@ -361,27 +455,51 @@ def odt_replace(rng: random.Random) -> TaskSpec:
         new = content.sentence(rng)
     path = _path(rng, "odt")
     instr = (
-        f"In the OpenDocument text {path}, replace the paragraph \"{body[k]}\" with \"{new}\" and "
+        f'In the OpenDocument text {path}, replace the paragraph "{body[k]}" with "{new}" and '
         "save it, keeping the ODF format."
     )
     # goto_para counts the heading as paragraph 0
-    want = body[:k] + [new] + body[k + 1:]
+    want = [*body[:k], new, *body[k + 1 :]]
     gui = [*goto_para(k + 1), *select_line(), write(new)]
     oracle = writer_solution("oracle", path, gui, lambda: odt_bytes(want, heading=title), odf=True)
     near = [
-        writer_solution("replaced_heading", path, [*goto_para(0), *select_line(), write(new)],
-                        lambda: odt_bytes(body, heading=new), odf=True, why="overwrites the heading"),
-        writer_solution("next_paragraph", path, [*goto_para(k + 2), *select_line(), write(new)],
-                        lambda: odt_bytes(body[:k + 1] + [new] + body[k + 2:], heading=title), odf=True,
-                        why="replaces the paragraph after it"),
-        writer_solution("appended", path, [hotkey("ctrl", "end"), press("enter"), write(new)],
-                        lambda: odt_bytes([*body, new], heading=title), odf=True, why="adds at the end"),
+        writer_solution(
+            "replaced_heading",
+            path,
+            [*goto_para(0), *select_line(), write(new)],
+            lambda: odt_bytes(body, heading=new),
+            odf=True,
+            why="overwrites the heading",
+        ),
+        writer_solution(
+            "next_paragraph",
+            path,
+            [*goto_para(k + 2), *select_line(), write(new)],
+            lambda: odt_bytes([*body[: k + 1], new, *body[k + 2 :]], heading=title),
+            odf=True,
+            why="replaces the paragraph after it",
+        ),
+        writer_solution(
+            "appended",
+            path,
+            [hotkey("ctrl", "end"), press("enter"), write(new)],
+            lambda: odt_bytes([*body, new], heading=title),
+            odf=True,
+            why="adds at the end",
+        ),
         _unsaved(gui, path, odf=True),
     ]
-    spec = writer_spec(rng, instr, path, odt_bytes(body, heading=title),
-                       {"paragraphs": [title, *want],
-                        "mimetype": "application/vnd.oasis.opendocument.text"},
-                       oracle, near, check="odf_text", check_alt="odf_text_raw")
+    spec = writer_spec(
+        rng,
+        instr,
+        path,
+        odt_bytes(body, heading=title),
+        {"paragraphs": [title, *want], "mimetype": "application/vnd.oasis.opendocument.text"},
+        oracle,
+        near,
+        check="odf_text",
+        check_alt="odf_text_raw",
+    )
     return spec
 
 
@@ -411,10 +529,12 @@ def pdf_pages(pages: list[list[str]]) -> bytes:
     return data
 
 
-def _convert_solution(name: str, src: str, fmt: str, outdir: str, dest: str,
-                      payload, why: str) -> Solution:
-    return Solution(name, [soffice_convert(src, fmt, outdir), wait(1.0)],
-                    lambda _i: {dest: payload()}, why)
+def _convert_solution(
+    name: str, src: str, fmt: str, outdir: str, dest: str, payload, why: str
+) -> Solution:
+    return Solution(
+        name, [soffice_convert(src, fmt, outdir), wait(1.0)], lambda _i: {dest: payload()}, why
+    )
 
 
 @family("writer_export_pdf", "libreoffice_writer")
@@ -429,23 +549,46 @@ def export_pdf(rng: random.Random) -> TaskSpec:
     instr = f"Export {path} to PDF as {out}."
     oracle = _convert_solution("oracle", path, "pdf", DOCS, out, lambda: pdf_of(texts), "")
     near = [
-        _convert_solution("wrong_folder", path, "pdf", DESKTOP, f"{DESKTOP}/{stem}.pdf",
-                          lambda: pdf_of(texts), "PDF on the Desktop"),
-        Solution("other_document", [soffice_convert(other_path, "pdf", "/tmp"), wait(1.0),
-                                    execute(["cp", f"/tmp/old_{stem}.pdf", out])],
-                 lambda _i: {out: pdf_of(_texts(other))}, "exports the old draft"),
-        Solution("docx_renamed", [execute(["cp", path, out])],
-                 lambda i: {out: i[path]}, "copies the docx under a .pdf name"),
+        _convert_solution(
+            "wrong_folder",
+            path,
+            "pdf",
+            DESKTOP,
+            f"{DESKTOP}/{stem}.pdf",
+            lambda: pdf_of(texts),
+            "PDF on the Desktop",
+        ),
+        Solution(
+            "other_document",
+            [
+                soffice_convert(other_path, "pdf", "/tmp"),
+                wait(1.0),
+                execute(["cp", f"/tmp/old_{stem}.pdf", out]),
+            ],
+            lambda _i: {out: pdf_of(_texts(other))},
+            "exports the old draft",
+        ),
+        Solution(
+            "docx_renamed",
+            [execute(["cp", path, out])],
+            lambda i: {out: i[path]},
+            "copies the docx under a .pdf name",
+        ),
     ]
     decoy = f"{DOCS}/README.txt"
     return TaskSpec(
         family="",
         app="libreoffice_writer",
         instruction=instr,
-        files={path: docx_of(paras), other_path: docx_of(other),
-               decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[{"type": "open", "parameters": {"path": path}},
-                {"type": "sleep", "parameters": {"seconds": 3}}],
+        files={
+            path: docx_of(paras),
+            other_path: docx_of(other),
+            decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode(),
+        },
+        launch=[
+            {"type": "open", "parameters": {"path": path}},
+            {"type": "sleep", "parameters": {"seconds": 3}},
+        ],
         results=[(out, "out.pdf")],
         check="pdf_text",
         check_alt="pdf_text_fitz",
@@ -470,28 +613,54 @@ def docx_to_odt(rng: random.Random) -> TaskSpec:
     instr = f"Save a copy of {path} in OpenDocument Text format as {out}."
     oracle = _convert_solution("oracle", path, "odt", DOCS, out, lambda: odt_bytes(texts), "")
     near = [
-        _convert_solution("wrong_folder", path, "odt", DESKTOP, f"{DESKTOP}/{stem}.odt",
-                          lambda: odt_bytes(texts), "copy on the Desktop"),
-        Solution("other_document", [soffice_convert(other_path, "odt", "/tmp"), wait(1.0),
-                                    execute(["cp", f"/tmp/old_{stem}.odt", out])],
-                 lambda _i: {out: odt_bytes(_texts(other))}, "converts the old draft"),
-        Solution("docx_renamed", [execute(["cp", path, out])],
-                 lambda i: {out: i[path]}, "copies the docx under an .odt name"),
+        _convert_solution(
+            "wrong_folder",
+            path,
+            "odt",
+            DESKTOP,
+            f"{DESKTOP}/{stem}.odt",
+            lambda: odt_bytes(texts),
+            "copy on the Desktop",
+        ),
+        Solution(
+            "other_document",
+            [
+                soffice_convert(other_path, "odt", "/tmp"),
+                wait(1.0),
+                execute(["cp", f"/tmp/old_{stem}.odt", out]),
+            ],
+            lambda _i: {out: odt_bytes(_texts(other))},
+            "converts the old draft",
+        ),
+        Solution(
+            "docx_renamed",
+            [execute(["cp", path, out])],
+            lambda i: {out: i[path]},
+            "copies the docx under an .odt name",
+        ),
     ]
     decoy = f"{DOCS}/README.txt"
     return TaskSpec(
         family="",
         app="libreoffice_writer",
         instruction=instr,
-        files={path: docx_of(paras), other_path: docx_of(other),
-               decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[{"type": "open", "parameters": {"path": path}},
-                {"type": "sleep", "parameters": {"seconds": 3}}],
+        files={
+            path: docx_of(paras),
+            other_path: docx_of(other),
+            decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode(),
+        },
+        launch=[
+            {"type": "open", "parameters": {"path": path}},
+            {"type": "sleep", "parameters": {"seconds": 3}},
+        ],
         results=[(out, "out.odt")],
         check="odf_text",
         check_alt="odf_text_raw",
-        options={"file": "out.odt", "paragraphs": texts,
-                 "mimetype": "application/vnd.oasis.opendocument.text"},
+        options={
+            "file": "out.odt",
+            "paragraphs": texts,
+            "mimetype": "application/vnd.oasis.opendocument.text",
+        },
         roots=[DOCS],
         allow=[out, LOCKS],
         oracle=oracle,

@@ -1,10 +1,32 @@
 """drums desktops as environments for verifiers (v1 API, 0.4.x) and prime-rl.
 
 `vf-eval drums-verifiers ...` finds the taskset, its fork-group env and its chat harness here.
+The exports load lazily: importing verifiers is slow, and the test servers under
+`drums_verifiers.testing` (and the adapters) must start without it.
 """
 
-from drums_verifiers.env import DrumsEnv as DrumsEnv
-from drums_verifiers.harness import DrumsChatHarness as DrumsChatHarness
-from drums_verifiers.taskset import DrumsTaskset as DrumsTaskset
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drums_verifiers.env import DrumsEnv as DrumsEnv
+    from drums_verifiers.harness import DrumsChatHarness as DrumsChatHarness
+    from drums_verifiers.taskset import DrumsTaskset as DrumsTaskset
 
 __all__ = ["DrumsChatHarness", "DrumsEnv", "DrumsTaskset"]
+_HOMES = {"DrumsChatHarness": "harness", "DrumsEnv": "env", "DrumsTaskset": "taskset"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'drums_verifiers' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"drums_verifiers.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

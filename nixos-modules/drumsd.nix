@@ -315,6 +315,11 @@ in
         RestartSec = "2s";
         # drumsd manages the cgroups of its slots itself, below its own (cgroup v2 delegation).
         Delegate = "yes";
+        # systemd (>= 254) starts the daemon in drumsd.service/daemon, a leaf: the unit's own
+        # cgroup then has no processes and may hold the slots' groups (cgroup v2's
+        # no-internal-processes rule), and a restart after a crash can attach the new daemon
+        # even though the slots' groups are still there (KillMode=process keeps them).
+        DelegateSubgroup = "daemon";
         # Only the daemon is stopped with the unit; slots in the delegated subtree keep running
         # and the restarted daemon adopts or cleans them (journal reconcile). SIGTERM drains.
         KillMode = "process";

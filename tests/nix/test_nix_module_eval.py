@@ -77,6 +77,7 @@ def test_defaults_evaluate_and_the_real_check_config_accepts_them(tmp_path: Path
     assert settings["lower"].startswith("/var/lib/drums/nix-images/")
     unit = out["service"]["serviceConfig"]
     assert unit["Delegate"] == "yes" and unit["KillMode"] == "process"
+    assert unit["DelegateSubgroup"] == "daemon"
     assert unit["ExecStart"].endswith(" serve --config " + out["service"]["restartTriggers"][0])
     assert "umask 077" in out["tokenScript"]
     assert out["mounts"][0]["where"] == settings["state_dir"]

@@ -228,7 +228,12 @@ in
     boot.kernel.features.criu = true;
     boot.kernelModules = [ "overlay" ];
     # PSI feeds admission control (memory some avg10); explicit in case a kernel defaults it off.
-    boot.kernelParams = [ "psi=1" ];
+    # cgroup_no_v1=all: every controller stays on the unified (v2) hierarchy drumsd delegates
+    # from; nothing can claim memory, cpu or pids for a v1 mount.
+    boot.kernelParams = [
+      "psi=1"
+      "cgroup_no_v1=all"
+    ];
     boot.kernel.sysctl = {
       # Every desktop runs Xvfb, a window manager and apps with inotify watches.
       "fs.inotify.max_user_instances" = lib.mkDefault 8192;

@@ -39,9 +39,14 @@ def error_response(
     retry_after_s: float | None = None,
 ) -> Response:
     body = {"error": {"code": code, "message": message, "detail": _jsonable(detail or {})}}
+    if status is None and code not in ERROR_STATUS:
+        # A code without a status is a failure behind the daemon (e.g. a task's setup), not a
+        # crash of the daemon itself: a gateway error, logged so the code gets a status.
+        log.warning("error code %r has no HTTP status in drums.models.ERROR_STATUS", code)
+        status = 502
     response = Response(
         json.dumps(body),
-        status=status or ERROR_STATUS.get(code, 500),
+        status=status or ERROR_STATUS[code],
         content_type="application/json",
     )
     if code == "overloaded" or retry_after_s:

@@ -1,5 +1,9 @@
 """The gate framework: gate names, pure judges from runtime facts, and the episode verdict.
 
+A gate whose evidence the runtime does not report stays `pending` (never `pass` by default), so
+the episode's validity is unknown (null) rather than wrongly true; only positive evidence of a
+problem fails a gate (and quarantines the slot).
+
 Judges take plain data (the `SlotFacts` fields as a mapping, the facts at episode start, the
 checkpoint's recorded hash, the host's namespaces) and return (status, evidence). The supervisor
 reads facts from the runtime, calls the judges, stores the results in the slot record, and
@@ -13,6 +17,10 @@ Keys of `SlotFacts.extra` the judges read (the runtime fills them):
   proc_names: {pid: name}     names of `pids`, to apply natural_exits
   crash_exits: [ {pid, name, signal} ]  crash-signal exits seen by the proc connector
   crash_watch: bool           False when the runtime has no process-events connector
+  host_namespaces: {ns: inode} the host's namespaces as the runtime sees them
+`limits_in_force` may use normalized keys (memory_mib, pids_max, vcpus) or raw cgroup files
+(v1: memory.limit_in_bytes, cpu.cfs_quota_us, cpu.cfs_period_us, pids.max; v2: memory.max,
+cpu.max, pids.max); `normalize_limits` maps the latter.
 """
 
 from __future__ import annotations
@@ -58,22 +66,52 @@ def judge_lock_applied(facts: Mapping[str, Any], profile: str) -> Judgement:
         return PASS, {"profile": "trusted", "note": "no hardening lock in the trusted profile"}
     applied = facts["extra"].get("lock_applied")
     if applied is None:
-        return FAIL, {"reason": "the runtime did not report lock_applied"}
+        return PENDING, {"reason": "the runtime does not report lock_applied"}
     return (PASS if applied else FAIL), {"lock_applied": bool(applied)}
 
 
+def normalize_limits(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Raw cgroup v1/v2 files -> memory_mib, pids_max, vcpus ("max" where unlimited)."""
+    out: dict[str, Any] = {k: raw[k] for k in ("memory_mib", "pids_max", "vcpus") if k in raw}
+    memory = raw.get("memory.limit_in_bytes", raw.get("memory.max"))
+    if memory is not None and "memory_mib" not in out:
+        text = str(memory).strip()
+        # v1 spells "unlimited" as a huge page-rounded number.
+        out["memory_mib"] = (
+            "max" if text == "max" or int(text) >= 1 << 62 else int(text) / (1024 * 1024)
+        )
+    if "pids.max" in raw and "pids_max" not in out:
+        text = str(raw["pids.max"]).strip()
+        out["pids_max"] = "max" if text == "max" else int(text)
+    if "vcpus" not in out:
+        if "cpu.cfs_quota_us" in raw and "cpu.cfs_period_us" in raw:
+            quota, period = int(raw["cpu.cfs_quota_us"]), int(raw["cpu.cfs_period_us"])
+            out["vcpus"] = "max" if quota < 0 else quota / period
+        elif "cpu.max" in raw:
+            quota_text, _, period_text = str(raw["cpu.max"]).partition(" ")
+            out["vcpus"] = (
+                "max" if quota_text == "max" else int(quota_text) / int(period_text or 100000)
+            )
+    return out
+
+
 def judge_cgroup(facts: Mapping[str, Any], expected: Mapping[str, Any]) -> Judgement:
-    """Each expected limit (memory_mib, pids_max, vcpus, swap_mib) the runtime reports must be
-    in force; an empty report fails (limits unknown)."""
-    in_force = dict(facts["limits_in_force"])
-    if not in_force:
-        return FAIL, {"reason": "no cgroup limits reported in force"}
-    wrong = {}
+    """Each expected limit (memory_mib, pids_max, vcpus) must be in force; a limit the runtime
+    does not report leaves the gate pending."""
+    try:
+        in_force = normalize_limits(facts["limits_in_force"])
+    except (TypeError, ValueError) as exc:
+        return FAIL, {"reason": f"unreadable cgroup limits: {exc}", "raw": facts["limits_in_force"]}
+    wrong, missing = {}, []
     for key, want in expected.items():
-        if key in in_force and not _close(in_force[key], want):
+        if key not in in_force:
+            missing.append(key)
+        elif not _close(in_force[key], want):
             wrong[key] = {"want": want, "have": in_force[key]}
     if wrong:
         return FAIL, {"wrong": wrong}
+    if missing:
+        return PENDING, {"not_reported": missing, "in_force": in_force}
     return PASS, {"in_force": in_force}
 
 
@@ -92,7 +130,7 @@ def judge_init_identity(facts: Mapping[str, Any]) -> Judgement:
 def judge_mount_table(facts: Mapping[str, Any], expected: Sequence[str] | None) -> Judgement:
     expected = facts["extra"].get("expected_mounts", expected)
     if expected is None:
-        return FAIL, {"reason": "the runtime reported no expected mount table"}
+        return PENDING, {"reason": "the runtime does not report the expected mount table"}
     have, want = set(facts["mounts"]), set(expected)
     if have != want:
         return FAIL, {"unexpected": sorted(have - want), "missing": sorted(want - have)}
@@ -120,9 +158,9 @@ def judge_guest_ready(facts: Mapping[str, Any]) -> Judgement:
 def judge_state_hash(facts: Mapping[str, Any], recorded: str | None) -> Judgement:
     restored = facts["extra"].get("upper_sha256")
     if recorded is None:
-        return FAIL, {"reason": "the checkpoint has no recorded upper_sha256"}
+        return PENDING, {"reason": "the checkpoint has no recorded upper_sha256"}
     if restored is None:
-        return FAIL, {"reason": "the runtime did not report the restored upper hash"}
+        return PENDING, {"reason": "the runtime does not report the restored upper hash"}
     if restored != recorded:
         return FAIL, {"recorded": recorded, "restored": restored}
     return PASS, {"upper_sha256": restored}
@@ -176,11 +214,13 @@ def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> 
 
 
 def judge_no_app_crash(facts: Mapping[str, Any], crash_watch: bool) -> Judgement:
-    crashes = list(facts["extra"].get("crash_exits", []))
+    crashes = facts["extra"].get("crash_exits")
     if crashes:
-        return FAIL, {"crash_exits": crashes}
-    if not crash_watch or facts["extra"].get("crash_watch") is False:
+        return FAIL, {"crash_exits": list(crashes)}
+    if not crash_watch:
         return PASS, {"watched": False, "note": "crash_watch off: crashes are not observed"}
+    if crashes is None or facts["extra"].get("crash_watch") is False:
+        return PENDING, {"reason": "the runtime does not watch process events (crash_exits)"}
     return PASS, {"watched": True}
 
 

@@ -452,17 +452,16 @@ class Supervisor:
         self, rec: SlotRecord, facts: dict[str, Any], upper_sha256: str | None, handle: SlotHandle
     ) -> None:
         expected_mounts = handle.extra.get("expected_mounts")
+        host_ns = facts["extra"].get("host_namespaces") or self.host_namespaces
         judged = {
             "lock_applied": G.judge_lock_applied(facts, rec.profile),
             "cgroup": G.judge_cgroup(facts, self._expected_limits()),
             "init_identity": G.judge_init_identity(facts),
             "mount_table": G.judge_mount_table(facts, expected_mounts),
-            "netns": G.judge_netns(facts, self.host_namespaces),
+            "netns": G.judge_netns(facts, host_ns),
             "guest_ready": G.judge_guest_ready(facts),
             "state_hash": G.judge_state_hash(facts, upper_sha256),
-            "isolation": G.judge_isolation(
-                facts, self.host_namespaces, self._other_namespaces(rec.id)
-            ),
+            "isolation": G.judge_isolation(facts, host_ns, self._other_namespaces(rec.id)),
         }
         for name, (status, evidence) in judged.items():
             self._set_gate(rec, name, status, evidence)

@@ -191,8 +191,9 @@ class LocalMachine:
     ) -> tuple[int, str]:
         if command.lstrip().startswith("systemctl "):
             return self.systemctl(command.split(None, 1)[1])
+        # The NixOS test driver runs every command under these shell options: so does this.
         proc = subprocess.run(
-            ["bash", "-c", command],
+            ["bash", "-c", f"set -euo pipefail; {command}"],
             stdout=subprocess.PIPE,
             stderr=None,
             timeout=timeout,

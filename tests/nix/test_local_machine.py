@@ -167,3 +167,10 @@ def test_a_killed_test_run_leaves_no_daemon_behind(tmp_path: Path) -> None:
         time.sleep(0.05)
     os.kill(daemon_pid, signal.SIGKILL)
     raise AssertionError(f"daemon {daemon_pid} outlived its killed launcher")
+
+
+def test_commands_run_under_the_drivers_shell_options(tmp_path: Path) -> None:
+    """Like the NixOS driver: set -euo pipefail, so a failing pipeline stage fails the command."""
+    machine = machine_with_sleeper(tmp_path)
+    assert machine.execute("false | cat")[0] != 0
+    assert machine.execute("echo $UNSET_VARIABLE_FOR_TEST")[0] != 0

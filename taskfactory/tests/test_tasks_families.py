@@ -15,9 +15,10 @@ INDICES = range(4)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_family_checkers_separate_oracle_from_near_misses(family: str) -> None:
+def test_family_checkers_separate_oracle_from_near_misses(family: str, require_check_libs) -> None:
     for index in INDICES:
         tid, spec = generate(5, family, index)
+        require_check_libs(spec.check, spec.check_alt)
         seeded = task_json(spec, tid, 5, index)["evaluator"]["scope"]["seeded"]
         where = f"{family}[{index}]"
 

@@ -60,14 +60,16 @@ GARBAGE.append(_zip({"xl/workbook.xml": b"<nope"}))
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
-def test_missing_file_scores_zero(name: str) -> None:
+def test_missing_file_scores_zero(name: str, require_check_libs) -> None:
+    require_check_libs(name)
     assert CHECKS[name]({"f": None}, _opts(name)) == 0.0
     assert CHECKS[name]({}, _opts(name)) == 0.0
     assert CHECKS[name]({"f": "/nonexistent/drums/file"}, _opts(name)) == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
-def test_garbage_scores_zero_without_raising(name: str, tmp_path: Path) -> None:
+def test_garbage_scores_zero_without_raising(name: str, tmp_path: Path, require_check_libs) -> None:
+    require_check_libs(name)
     for i, data in enumerate(GARBAGE):
         p = tmp_path / f"g{i}"
         p.write_bytes(data)

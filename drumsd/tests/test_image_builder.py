@@ -99,3 +99,16 @@ def test_prune_keeps_what_profiles_point_to(tmp_path: Path) -> None:
     image.prune_images(tmp_path, progress=lambda m: None)
     assert not old.exists() and not (images / "layers" / "L1").exists()
     assert new.exists() and (images / "layers" / "L2").exists()
+
+
+def test_writes_follow_symlinks_inside_the_image_only(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc" / "libreoffice" / "registry").mkdir(parents=True)
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "registry").symlink_to("/etc/libreoffice/registry")
+    (root / "usr" / "lib" / "rel").symlink_to("../../etc")
+    assert image.resolve_in_root(root, "usr/lib/registry/x.xcd") == (
+        root / "etc" / "libreoffice" / "registry" / "x.xcd"
+    )
+    assert image.resolve_in_root(root, "usr/lib/rel/hostname") == root / "etc" / "hostname"
+    assert image.resolve_in_root(root, "../../../etc/passwd") == root / "etc" / "passwd"

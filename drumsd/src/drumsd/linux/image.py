@@ -144,7 +144,7 @@ PROFILES: dict[str, Profile] = {
         files={
             "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
             "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
-            "usr/lib/libreoffice/share/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
+            "etc/libreoffice/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
         },
     ),
 }
@@ -339,8 +339,30 @@ def _in_chroot(root: Path, script: str, apt_cache: Path | None = None) -> list[s
     ]
 
 
+def resolve_in_root(root: Path, rel: str, _depth: int = 0) -> Path:
+    """Host path of `rel` as the image sees it: symlinks inside the tree are followed relative to
+    `root`, so an absolute link (Debian's share/registry -> /etc/libreoffice/registry) can never
+    send a write to the host's own /etc."""
+    if _depth > 40:
+        raise ImageBuildError(f"too many symlinks resolving {rel} in {root}")
+    current = root
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for i, part in enumerate(parts):
+        if part == "..":
+            current = current.parent if current != root else root
+            continue
+        candidate = current / part
+        if candidate.is_symlink():
+            target = os.readlink(candidate)
+            rest = "/".join(parts[i + 1 :])
+            base = "" if target.startswith("/") else str(current.relative_to(root))
+            return resolve_in_root(root, f"{base}/{target}/{rest}", _depth + 1)
+        current = candidate
+    return current
+
+
 def _write(root: Path, rel: str, content: str, mode: int = 0o644) -> None:
-    path = root / rel
+    path = resolve_in_root(root, rel)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content)
     path.chmod(mode)

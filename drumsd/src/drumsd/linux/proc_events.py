@@ -124,6 +124,7 @@ class Exit:
     exit_signal: int
     parent_pid: int
     parent_tgid: int
+    timestamp_ns: int = 0  # CLOCK_MONOTONIC (ktime_get_ns) when the kernel sent it
 
     @property
     def is_leader(self) -> bool:
@@ -185,7 +186,7 @@ def parse_event(data: bytes) -> Event:
     """One `struct proc_event` (what, cpu, timestamp, union) -> an event record."""
     if len(data) < _EVENT_HEAD.size:
         raise ValueError(f"proc_event of {len(data)} bytes is shorter than its header")
-    what, _cpu, _ts = _EVENT_HEAD.unpack_from(data, 0)
+    what, _cpu, ts = _EVENT_HEAD.unpack_from(data, 0)
     body = _EVENT_HEAD.size
     if what == PROC_EVENT_NONE:
         (err,) = struct.unpack_from("=I", data, body)
@@ -197,7 +198,8 @@ def parse_event(data: bytes) -> Event:
     if what == PROC_EVENT_EXIT:
         pid, tgid, code, sig, ppid, ptgid = _EXIT.unpack_from(data, body)
         # exit_signal is an int in the kernel (-1 for threads) but a __u32 in the uapi struct.
-        return Exit(pid, tgid, code, sig - (1 << 32) if sig >= 1 << 31 else sig, ppid, ptgid)
+        sig = sig - (1 << 32) if sig >= 1 << 31 else sig
+        return Exit(pid, tgid, code, sig, ppid, ptgid, ts)
     if what == PROC_EVENT_COMM:
         pid, tgid, raw = _COMM.unpack_from(data, body)
         return Comm(pid, tgid, raw.split(b"\0", 1)[0].decode("utf-8", "replace"))
@@ -225,9 +227,10 @@ def parse_datagram(data: bytes) -> Iterator[Event | Overrun]:
 
 
 class ProcEventsSocket:
-    """A subscribed connector socket (non-blocking). Needs root (CAP_NET_ADMIN in the initial
-    user namespace) and a socket in the host's network namespace: the kernel sends process
-    events only there."""
+    """A subscribed connector socket (non-blocking). Before Linux 6.6 subscribing needs root
+    (CAP_NET_ADMIN in the initial user namespace); since 6.6 any user may listen (measured here
+    on 6.18 as uid 65534). Always the host's network namespace: the connector exists only there
+    (from another one the subscribe fails with ECONNREFUSED)."""
 
     RCVBUF = 8 * 1024 * 1024
 
@@ -273,9 +276,14 @@ class ProcEventsSocket:
                     )
         except OSError as exc:
             sock.close()
+            where = (
+                "the connector exists only in the host's network namespace; "
+                if exc.errno == errno.ECONNREFUSED
+                else ""
+            )
             raise ProcEventsError(
-                f"cannot subscribe to process events: {exc.strerror}; run drumsd as root in "
-                "the host's network namespace (or set crash_watch = false)"
+                f"cannot subscribe to process events: {exc.strerror}; {where}run drumsd as root "
+                "in the host's network namespace (or set crash_watch = false)"
             ) from exc
         except BaseException:
             sock.close()

@@ -67,31 +67,43 @@ let
 
   stateDir = cfg.settings.state_dir;
 
-  # Where the image tarball is unpacked: one directory per store path, so a new image never
-  # changes a root that running slots and checkpoints still use.
-  imageRoot =
-    if cfg.image == null then
-      null
-    else
-      "/var/lib/drums/nix-images/${builtins.substring 0 32 (baseNameOf cfg.image)}/root";
+  # Nix images are unpacked where drumsd looks for built images: <images_dir>/<profile>-<hash>/
+  # with root/ and an image.json carrying the sha256 drumsd's own manifest function computes,
+  # so the daemon finds them by profile exactly like images it built itself. One directory per
+  # store path: a new image never changes a root that checkpoints still use.
+  nixImagesDir = "/var/lib/drums/nix-images";
+  imageProfile = if cfg.image == null then "base" else cfg.image.profile or "base";
+  imageDir = "${nixImagesDir}/${imageProfile}-${builtins.substring 0 32 (baseNameOf cfg.image)}";
+  python = cfg.package.pythonModule;
 
   unpackImage = pkgs.writeShellScript "drumsd-unpack-image" ''
     set -eu
-    dest=${lib.escapeShellArg imageRoot}
-    if [ -d "$dest" ]; then
+    dir=${lib.escapeShellArg imageDir}
+    if [ -e "$dir/image.json" ]; then
       exit 0
     fi
-    parent="$(dirname "$dest")"
-    mkdir -p "$parent"
-    chmod 0755 "$parent"
-    tmp="$(mktemp -d "$parent/.unpack.XXXXXX")"
-    trap 'rm -rf "$tmp"' EXIT
-    echo "drumsd-image: unpacking ${toString cfg.image}/root.tar into $dest"
-    tar -x -p --numeric-owner -f ${toString cfg.image}/root.tar -C "$tmp"
-    chmod 0755 "$tmp"
-    # rename is atomic: a root exists whole or not at all.
-    mv -T "$tmp" "$dest"
-    trap - EXIT
+    mkdir -p "$dir"
+    chmod 0755 ${lib.escapeShellArg nixImagesDir} "$dir"
+    # A run that died half-way left no image.json: start over.
+    rm -rf "$dir/root.partial" "$dir/root"
+    mkdir "$dir/root.partial"
+    echo "drumsd-image: unpacking ${toString cfg.image}/root.tar into $dir/root"
+    tar -x -p --numeric-owner -f ${toString cfg.image}/root.tar -C "$dir/root.partial"
+    chmod 0755 "$dir/root.partial"
+    mv -T "$dir/root.partial" "$dir/root"
+    # image.json last, atomically: its presence means the image is whole.
+    PYTHONPATH=${cfg.package}/${python.sitePackages} ${python.interpreter} -I -c '
+    import json, sys
+    from pathlib import Path
+    from drumsd.linux.image import write_manifest
+    d = Path(sys.argv[1])
+    sha = write_manifest(d / "root", d / "manifest")
+    meta = {"profile": sys.argv[2], "root": str(d / "root"), "sha256": sha,
+            "builder": "nix", "store_path": sys.argv[3]}
+    (d / "image.json.partial").write_text(json.dumps(meta, indent=2) + "\n")
+    (d / "image.json.partial").rename(d / "image.json")
+    print(f"drumsd-image: {d}/root sha256 {sha}")
+    ' "$dir" ${lib.escapeShellArg imageProfile} ${toString cfg.image}
   '';
 in
 {
@@ -124,10 +136,12 @@ in
       default = pkgs.drums-desktop-image or null;
       defaultText = lib.literalExpression "pkgs.drums-desktop-image";
       description = ''
-        The desktop image: a package with `root.tar` (nix/desktop-image.nix), unpacked once by
-        drumsd-image.service into /var/lib/drums/nix-images/<hash>/root (tar keeps the owners the
-        store cannot) and used read-only as the lower layer of every slot. Wired in as
-        `settings.lower`. null leaves `settings.lower` to you.
+        The desktop image: a package with `root.tar` and a `profile` attribute
+        (nix/desktop-image.nix), unpacked once by drumsd-image.service into
+        /var/lib/drums/nix-images/<profile>-<hash>/root (tar keeps the owners the store cannot),
+        with the image.json drumsd reads; the lower layer of every slot. Wired in as
+        `settings.images_dir` and `settings.default_image`. null leaves images to you
+        (`settings.lower` or `drumsd image build`).
       '';
     };
 
@@ -215,7 +229,8 @@ in
     services.drumsd.settings = {
       token_file = toString cfg.tokenFile;
       criu = lib.mkDefault "${cfg.criuPackage}/bin/criu";
-      lower = lib.mkIf (cfg.image != null) (lib.mkDefault imageRoot);
+      images_dir = lib.mkIf (cfg.image != null) (lib.mkDefault nixImagesDir);
+      default_image = lib.mkIf (cfg.image != null) (lib.mkDefault imageProfile);
     };
 
     environment.systemPackages = [

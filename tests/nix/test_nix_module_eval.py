@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,11 @@ def test_defaults_evaluate_and_the_real_check_config_accepts_them(tmp_path: Path
     settings = out["settings"]
     assert settings["token_file"] == "/var/lib/drums/token"
     assert settings["criu"].endswith("-criu-4.2.1/bin/criu")
-    assert settings["lower"].startswith("/var/lib/drums/nix-images/")
+    assert settings["lower"] is None
+    assert settings["images_dir"] == "/var/lib/drums/nix-images"
+    assert settings["default_image"] == "base"
+    unpack = out["imageService"]["serviceConfig"]["ExecStart"]
+    assert "/var/lib/drums/nix-images/base-" in unpack and "write_manifest" in unpack
     unit = out["service"]["serviceConfig"]
     assert unit["Delegate"] == "yes" and unit["KillMode"] == "process"
     assert unit["DelegateSubgroup"] == "daemon"
@@ -153,3 +158,75 @@ def test_an_unknown_key_passes_the_freeform_type_and_fails_check_config(tmp_path
     result = check_config(out["settingsJson"], tmp_path)
     assert result.returncode != 0
     assert "quiesce.windw_s" in result.stdout + result.stderr
+
+
+def build_root_tar(tmp_path: Path) -> Path:
+    """A tiny image tarball made with the same tar options as nix/desktop-image.nix."""
+    root = tmp_path / "build" / "root"
+    for d in ("etc", "home/user/Desktop", "tmp", "var/tmp", "opt/drums/guest"):
+        (root / d).mkdir(parents=True)
+    (root / "etc" / "passwd").write_text(
+        "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n"
+    )
+    (root / "opt/drums/guest/desktop-init").write_text("#!/usr/bin/python3 -I\n")
+    (root / "bin").symlink_to("/nix/store/x-env/bin")
+    out = tmp_path / "image"
+    out.mkdir()
+    tar = out / "root.tar"
+    common = ["--sort=name", "--mtime=@1", "--numeric-owner", "--format=gnu"]
+    run = lambda *a: subprocess.run(["tar", "-C", str(root), *common, *a], check=True)  # noqa: E731
+    run(
+        "--owner=0",
+        "--group=0",
+        "--mode=go-w",
+        "--exclude=./home/user",
+        "--exclude=./tmp",
+        "--exclude=./var/tmp",
+        "-cf",
+        str(tar),
+        ".",
+    )
+    run("--owner=1000", "--group=1000", "--mode=u+rwX,go-w", "-rf", str(tar), "./home/user")
+    run(
+        "--owner=0",
+        "--group=0",
+        "--mode=1777",
+        "--no-recursion",
+        "-rf",
+        str(tar),
+        "./tmp",
+        "./var/tmp",
+    )
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unpacking with owners needs root")
+def test_the_image_unpack_script_makes_an_image_drumsd_finds(tmp_path: Path) -> None:
+    out = evaluated({"enable": True})
+    script = out["imageService"]["serviceConfig"]["ExecStart"]
+    package = re.search(r"(/nix/store/[a-z0-9]+-drums-desktop-image-base-0\.1\.0)", script)
+    site = re.search(r"PYTHONPATH=(\S+)", script)
+    interpreter = re.search(r" (/nix/store/\S+/bin/python3\.13) ", script)
+    assert package and site and interpreter, script
+    images = tmp_path / "nix-images"
+    script = (
+        script.replace(package.group(1), str(build_root_tar(tmp_path)))
+        .replace(site.group(1), str(REPO / "drumsd" / "src"))
+        .replace(interpreter.group(1), sys.executable)
+        .replace("/var/lib/drums/nix-images", str(images))
+    )
+    for _attempt in range(2):  # the second run finds image.json and changes nothing
+        result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    (image_dir,) = images.iterdir()
+    assert image_dir.name.startswith("base-")
+    meta = json.loads((image_dir / "image.json").read_text())
+    root = Path(meta["root"])
+    assert root == image_dir / "root" and meta["profile"] == "base"
+    assert (root / "home" / "user" / "Desktop").stat().st_uid == 1000
+    assert oct((root / "tmp").stat().st_mode & 0o7777) == "0o1777"
+    assert (root / "etc" / "passwd").stat().st_uid == 0
+    from drumsd.linux.image import write_manifest
+
+    assert meta["sha256"] == write_manifest(root, tmp_path / "manifest")
+    assert not list(image_dir.glob("*.partial"))

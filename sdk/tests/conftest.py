@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator
 
 import pytest
 
@@ -16,22 +18,32 @@ import drums
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fake_app import FakeDaemon, FaultInjector
+from fake_app import FaultInjector, open_fake_app
 from sdk_asgi_bridge import serve_in_thread
-from sdk_harness import BACKENDS, TOKEN, Daemon
+from sdk_harness import BACKENDS, TOKEN, Daemon, open_drumsd_app
 
 
-def make_app(token: str) -> Any:
-    """The app under test. For the real daemon: `return drumsd.api.app.create_app(...)`."""
-    return FakeDaemon(token=token)
+def open_app(tmp_path: Path) -> AsyncContextManager[Any]:
+    """The app under test, opened on its own trio loop. This is the one line to change to run
+    every SDK test against drumsd's real app (DRUMS_SDK_TEST_APP=drumsd does it without an edit):
+    `return open_drumsd_app(tmp_path, TOKEN)`."""
+    if os.environ.get("DRUMS_SDK_TEST_APP") == "drumsd":
+        return open_drumsd_app(tmp_path, TOKEN)
+    return open_fake_app(TOKEN)
 
 
 @pytest.fixture
-def daemon() -> Iterator[Daemon]:
-    app = make_app(TOKEN)
-    faults = FaultInjector(app)
-    with serve_in_thread(faults) as served:
-        yield Daemon(served, faults, app)
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    faults = FaultInjector(None)
+
+    @asynccontextmanager
+    async def open_wrapped_app() -> AsyncIterator[FaultInjector]:
+        async with open_app(tmp_path) as app:
+            faults.app = app
+            yield faults
+
+    with serve_in_thread(open_wrapped_app) as served:
+        yield Daemon(served, faults, faults.app)
 
 
 @pytest.fixture

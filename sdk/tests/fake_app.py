@@ -16,9 +16,10 @@ import json
 import re
 import struct
 import zlib
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
 
 import anyio
 import pydantic
@@ -470,6 +471,11 @@ class FakeDaemon:
         return rec.slot
 
 
+@asynccontextmanager
+async def open_fake_app(token: str) -> AsyncIterator[FakeDaemon]:
+    yield FakeDaemon(token=token)
+
+
 # --- fault injection around any ASGI app -------------------------------------------------------
 
 
@@ -494,7 +500,7 @@ class Seen:
 class FaultInjector:
     """Wraps an ASGI app; answers matching requests with a canned error, body or hang."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+    def __init__(self, app: Optional[Callable[..., Awaitable[None]]]) -> None:
         self.app = app
         self.faults: List[Fault] = []
         self.seen: List[Seen] = []
@@ -564,4 +570,5 @@ class FaultInjector:
                         )
                         await send({"type": "http.response.body", "body": fault.body})
                         return
+        assert self.app is not None, "FaultInjector.app is set when the app opens"
         await self.app(scope, receive, send)

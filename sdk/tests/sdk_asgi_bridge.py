@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Tuple
+from typing import Any, AsyncContextManager, Callable, Iterator, List, Tuple
 
 import anyio
 import anyio.abc
@@ -117,13 +117,16 @@ async def _run_lifespan(
 
 
 @contextmanager
-def serve_in_thread(app: Callable[..., Any]) -> Iterator[ServedApp]:
+def serve_in_thread(open_app: Callable[[], AsyncContextManager[Any]]) -> Iterator[ServedApp]:
+    """`open_app()` is entered on the app's own trio loop (a real daemon needs its supervisor
+    running there), then the app's lifespan runs; both end when the block does."""
     with start_blocking_portal(backend="trio") as portal:
-        stop = portal.call(anyio.Event)
-        lifespan, _ = portal.start_task(_run_lifespan, app, stop)
-        try:
-            yield ServedApp(_Served(portal, app), app)
-        finally:
-            portal.call(stop.set)
-            lifespan.result(timeout=15)
-            portal.call(portal.stop, True)  # requests a test abandoned (hangs) end here
+        with portal.wrap_async_context_manager(open_app()) as app:
+            stop = portal.call(anyio.Event)
+            lifespan, _ = portal.start_task(_run_lifespan, app, stop)
+            try:
+                yield ServedApp(_Served(portal, app), app)
+            finally:
+                portal.call(stop.set)
+                lifespan.result(timeout=15)
+        portal.call(portal.stop, True)  # requests a test abandoned (hangs) end here

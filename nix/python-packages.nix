@@ -72,6 +72,9 @@ let
       ps.python-docx
       ps.python-pptx
       ps.pillow
+      ps.pypdf
+      ps.pymupdf
+      ps.odfpy
     ];
     optional-dependencies.validate = [ drums-sdk ];
     pythonImportsCheck = [ "drums_tasks" ];

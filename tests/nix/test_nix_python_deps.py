@@ -88,7 +88,10 @@ def test_dependencies_match_pyproject(package: str, evaluated: dict) -> None:
     nix = evaluated[package]
     assert nix["pname"] == project["name"]
     assert nix["pyproject"] is True
-    assert set(nix["dependencies"]) == expected(project["dependencies"])
+    assert set(nix["dependencies"]) == expected(project["dependencies"]), (
+        f"{DIRS[package]}/pyproject.toml and nix/python-packages.nix ({package}) disagree: "
+        "add or remove the python3Packages there (and in tests/nix/stub-nixpkgs if new)"
+    )
     declared = {
         k: names
         for k, v in project.get("optional-dependencies", {}).items()

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from drumsd.linux import proc_events as pe
 
 # Datagrams captured on this VM (kernel 6.18, x86_64) for `sh -c 'kill -SEGV $$'` (pid 3584,

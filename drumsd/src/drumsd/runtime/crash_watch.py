@@ -1,0 +1,361 @@
+"""Crash watch: crash-signal exits of any process in a tracked slot's cgroup, seen through the
+kernel's process events connector (`drumsd.linux.proc_events`), for the no_app_crash gate.
+
+A process belongs to a slot when its cgroup is the slot's (or below it). Membership is a
+tgid -> slot map, so per-event work is a dict lookup. It is seeded from the slot's cgroup.procs
+on `track` and every `resync_s`, inherited on fork (a child starts in its parent's cgroup), and
+read from /proc/<pid>/cgroup on exec of an unknown process while any slot is tracked (the exec
+helper joins a cgroup between fork and exec). The exit itself cannot be placed: by then the
+task's /proc/<pid>/cgroup reads "/" on every hierarchy, zombie or not (measured).
+
+Crashes are `proc_events.CRASH_SIGNALS`. SIGKILL and SIGTERM never count: the daemon's own kills,
+resets and destroys send them, and an OOM kill (SIGKILL) is the no_oom_kill gate's to judge.
+A multi-threaded crash reports one exit per thread; it is counted once per thread group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from drumsd.linux import proc_events as pe
+from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
+
+log = logging.getLogger("drumsd.crash_watch")
+
+MAX_RECORDS_PER_SLOT = 256
+
+
+@dataclass(frozen=True)
+class SlotCgroup:
+    """Where a slot's processes are: `key` is the /proc/<pid>/cgroup controller to compare
+    ("pids" on v1, "" on v2), `path` the cgroup path there, `procs` its cgroup.procs file."""
+
+    key: str
+    path: str
+    procs: str
+
+
+def slot_cgroup(dirs: Mapping[str, str], mountinfo: str) -> SlotCgroup:
+    """A slot's cgroup dirs (controller -> dir, as the cgroup drivers return them) -> what to
+    compare /proc/<pid>/cgroup lines against."""
+    v1, v2 = parse_cgroup_mounts(mountinfo)
+    if "unified" in dirs:
+        if v2 is None:
+            raise ValueError(f"slot cgroup {dirs['unified']} is v2 but no cgroup2 is mounted")
+        return SlotCgroup(
+            "", _relative(dirs["unified"], v2), str(Path(dirs["unified"]) / "cgroup.procs")
+        )
+    for key in ("pids", "memory", "freezer", "cpu"):
+        if key in dirs and key in v1:
+            return SlotCgroup(
+                key, _relative(dirs[key], v1[key]), str(Path(dirs[key]) / "cgroup.procs")
+            )
+    raise ValueError(f"slot cgroup dirs {dict(dirs)} name no mounted v1 controller")
+
+
+def _relative(directory: str, mount: Path) -> str:
+    rel = Path(directory).relative_to(mount)
+    return "/" + str(rel).strip(".").strip("/") if str(rel) != "." else "/"
+
+
+class ProcReader:
+    """The /proc and cgroupfs reads the watch makes (a seam: tests of the folding logic give a
+    fake). Every read tolerates a process that is gone: None or empty."""
+
+    def cgroup(self, pid: int) -> str | None:
+        return _read(f"/proc/{pid}/cgroup")
+
+    def comm(self, pid: int) -> str | None:
+        text = _read(f"/proc/{pid}/comm")
+        return text.rstrip("\n") if text is not None else None
+
+    def procs(self, path: str) -> list[int]:
+        text = _read(path)
+        return [int(x) for x in text.split()] if text else []
+
+    def exists(self, pid: int) -> bool:
+        return os.path.exists(f"/proc/{pid}")
+
+    def mountinfo(self) -> str:
+        return Path("/proc/self/mountinfo").read_text()
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    except OSError:
+        return None  # ESRCH and friends from a task that is exiting
+
+
+class CrashLedger:
+    """Folds process events into pid ownership and per-slot crash records. No I/O of its own
+    beyond `reader`, no trio: the watch feeds it, tests feed it crafted events."""
+
+    def __init__(self, reader: ProcReader | None = None, clock: Callable[[], float] = time.time):
+        self.reader = reader or ProcReader()
+        self.clock = clock
+        self.slots: dict[str, SlotCgroup] = {}
+        self._by_path: dict[tuple[str, str], str] = {}
+        self.owner: dict[int, str] = {}  # tgid -> slot id
+        self.comm: dict[int, str] = {}  # tgid -> comm, for owned tgids
+        self._crashed: set[int] = set()  # tgids already recorded (a group exit reports per thread)
+        self._missing: set[int] = set()  # owned tgids gone at the last prune
+        self.records: dict[str, deque[dict[str, Any]]] = {}
+        self.events = 0
+        self.overruns = 0
+        self.proc_reads = 0
+
+    # -- slots --------------------------------------------------------------------------
+
+    def track(self, slot_id: str, where: SlotCgroup) -> None:
+        self.untrack(slot_id, keep_records=True)
+        self.slots[slot_id] = where
+        self._by_path[(where.key, where.path)] = slot_id
+        self.records.setdefault(slot_id, deque(maxlen=MAX_RECORDS_PER_SLOT))
+        self.resync(slot_id)
+
+    def untrack(self, slot_id: str, keep_records: bool = False) -> None:
+        where = self.slots.pop(slot_id, None)
+        if where is not None:
+            self._by_path.pop((where.key, where.path), None)
+        for tgid in [t for t, s in self.owner.items() if s == slot_id]:
+            self._forget(tgid)
+        if not keep_records:
+            self.records.pop(slot_id, None)
+
+    def resync(self, slot_id: str) -> None:
+        """Claim every process now in the slot's cgroup. Nothing is dropped here: a process that
+        left may have an exit event still queued, which must find its owner."""
+        where = self.slots[slot_id]
+        for tgid in self.reader.procs(where.procs):
+            if self.owner.get(tgid) != slot_id:
+                self.owner[tgid] = slot_id
+                self.comm[tgid] = self.reader.comm(tgid) or "?"
+
+    def resync_all(self) -> None:
+        for slot_id in list(self.slots):
+            self.resync(slot_id)
+
+    def prune(self) -> None:
+        """Drop owned tgids that are gone now and were gone at the previous prune too: by then
+        any exit event of theirs has long been folded (exit-0 events are filtered out by the
+        kernel, so this is how quiet exits leave the map)."""
+        gone = {t for t in self.owner if not self.reader.exists(t)}
+        for tgid in gone & self._missing:
+            self._forget(tgid)
+        self._missing = gone - self._missing
+
+    def slot_of_path(self, text: str | None) -> str | None:
+        """/proc/<pid>/cgroup text -> the tracked slot whose cgroup holds it (or an ancestor)."""
+        if not text or not self._by_path:
+            return None
+        paths = parse_proc_cgroup(text)
+        for key in {k for k, _ in self._by_path}:
+            path = paths.get(key)
+            while path:
+                slot = self._by_path.get((key, path))
+                if slot is not None:
+                    return slot
+                if path == "/":
+                    break
+                path = path.rsplit("/", 1)[0] or "/"
+        return None
+
+    def _lookup(self, tgid: int) -> str | None:
+        self.proc_reads += 1
+        slot = self.slot_of_path(self.reader.cgroup(tgid))
+        if slot is not None:
+            self.owner[tgid] = slot
+            self.comm[tgid] = self.reader.comm(tgid) or "?"
+        return slot
+
+    def _forget(self, tgid: int) -> None:
+        self.owner.pop(tgid, None)
+        self.comm.pop(tgid, None)
+
+    # -- events -------------------------------------------------------------------------
+
+    def apply(self, events: Iterable[pe.Event | pe.Overrun]) -> None:
+        for ev in events:
+            self.events += 1
+            if isinstance(ev, pe.Fork):
+                self._fork(ev)
+            elif isinstance(ev, pe.Exit):
+                self._exit(ev)
+            elif isinstance(ev, pe.Exec):
+                self._exec(ev)
+            elif isinstance(ev, pe.Comm):
+                if ev.pid == ev.tgid and ev.tgid in self.owner:
+                    self.comm[ev.tgid] = ev.comm
+            elif isinstance(ev, pe.Overrun):
+                self.overruns += 1
+                self.resync_all()
+
+    def _fork(self, ev: pe.Fork) -> None:
+        if ev.is_thread:
+            return
+        child = ev.child_tgid
+        # A new process: its pid may be a reused one, so whatever we knew about it is stale.
+        self._crashed.discard(child)
+        self._missing.discard(child)
+        slot = self.owner.get(ev.parent_tgid)
+        if slot is None:
+            if child in self.owner:
+                self._forget(child)
+        else:
+            self.owner[child] = slot
+            self.comm[child] = self.comm.get(ev.parent_tgid, "?")
+
+    def _exec(self, ev: pe.Exec) -> None:
+        tgid = ev.tgid
+        if tgid in self.owner:
+            self.comm[tgid] = self.reader.comm(tgid) or self.comm.get(tgid, "?")
+        elif self.slots:
+            self._lookup(tgid)
+
+    def _exit(self, ev: pe.Exit) -> None:
+        tgid = ev.tgid
+        if not ev.is_crash:
+            if ev.is_leader and tgid in self.owner:
+                self._forget(tgid)
+            return
+        if tgid in self._crashed:
+            return
+        # No /proc fallback here: a zombie's /proc/<pid>/cgroup already reads "/" (measured).
+        slot = self.owner.get(tgid)
+        if slot is None:
+            return
+        self._crashed.add(tgid)
+        comm = self.comm.get(tgid, "?")
+        when = self.clock()
+        if ev.timestamp_ns:
+            # The kernel's stamp is CLOCK_MONOTONIC: place it on the wall clock.
+            when -= max(0.0, time.monotonic() - ev.timestamp_ns / 1e9)
+        record = {
+            "pid": tgid,
+            "tgid": tgid,
+            "tid": ev.pid,
+            "name": comm,
+            "comm": comm,
+            "signal": ev.signal,
+            "signal_name": pe.signal_name(ev.signal),
+            "core_dumped": ev.core_dumped,
+            "time": when,
+        }
+        self.records.setdefault(slot, deque(maxlen=MAX_RECORDS_PER_SLOT)).append(record)
+        log.warning(
+            "crash exit in slot",
+            extra={"slot": slot, "pid": tgid, "comm": comm, "signal": record["signal_name"]},
+        )
+        if ev.is_leader:
+            self._forget(tgid)
+
+    def crashes(self, slot_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        return [
+            dict(r) for r in self.records.get(slot_id, ()) if since is None or r["time"] >= since
+        ]
+
+
+class CrashWatch:
+    """The trio service. Start it in the root nursery with `await nursery.start(watch.run)`:
+    that raises `proc_events.ProcEventsError` (and drumsd must refuse to start) when the
+    connector cannot be opened; `available`/`error` say the same for /v1/health."""
+
+    def __init__(
+        self,
+        *,
+        resync_s: float = 2.0,
+        prune_s: float = 10.0,
+        reader: ProcReader | None = None,
+        open_socket: Callable[[], pe.ProcEventsSocket] = pe.ProcEventsSocket.open,
+    ) -> None:
+        self.ledger = CrashLedger(reader)
+        self.resync_s = resync_s
+        self.prune_s = prune_s
+        self._open_socket = open_socket
+        self._mountinfo: str | None = None
+        self.available = False
+        self.error: str | None = None
+        self.filtered: bool | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            sock = await trio.to_thread.run_sync(self._open_socket)
+        except pe.ProcEventsError as exc:
+            self.error = str(exc)
+            raise
+        self.available, self.error, self.filtered = True, None, sock.filtered
+        log.info("crash watch subscribed", extra={"kernel_filter": sock.filtered})
+        task_status.started()
+        try:
+            await self._serve(sock)
+        except BaseException as exc:
+            self.available = False
+            if not isinstance(exc, trio.Cancelled):
+                self.error = f"crash watch stopped: {exc!r}"
+            raise
+        finally:
+            sock.close()
+
+    async def _serve(self, sock: pe.ProcEventsSocket) -> None:
+        next_resync = trio.current_time() + self.resync_s
+        next_prune = trio.current_time() + self.prune_s
+        while True:
+            with trio.move_on_after(max(0.0, next_resync - trio.current_time())):
+                await trio.lowlevel.wait_readable(sock.fileno())
+            self.ledger.apply(sock.read_ready())
+            now = trio.current_time()
+            if now >= next_resync:
+                # Drain first: an exit queued before the resync must meet the old ownership.
+                self.ledger.apply(sock.read_ready())
+                self.ledger.resync_all()
+                next_resync = now + self.resync_s
+            if now >= next_prune:
+                self.ledger.prune()
+                next_prune = now + self.prune_s
+            await trio.lowlevel.checkpoint()
+
+    def track(self, slot_id: str, cgroup_dirs: Mapping[str, str]) -> None:
+        """Watch the processes in this cgroup for `slot_id` (again: replaces its cgroup and
+        keeps its crash records, for a reset into a new instance)."""
+        if self._mountinfo is None:
+            self._mountinfo = self.ledger.reader.mountinfo()
+        self.ledger.track(slot_id, slot_cgroup(cgroup_dirs, self._mountinfo))
+
+    def untrack(self, slot_id: str) -> None:
+        """Stop watching the slot and forget its crash records."""
+        self.ledger.untrack(slot_id)
+
+    def crashes(self, slot_id: str, since: float | None = None) -> list[dict[str, Any]]:
+        """Crash exits of the slot's processes, oldest first, at or after `since` (a time.time()
+        value): {pid, tgid, tid, name, comm, signal, signal_name, core_dumped, time}."""
+        return self.ledger.crashes(slot_id, since)
+
+    def facts(self, slot_id: str, since: float | None = None) -> dict[str, Any]:
+        """The SlotFacts.extra keys the no_app_crash gate reads."""
+        return {"crash_exits": self.crashes(slot_id, since), "crash_watch": self.available}
+
+    def health(self) -> dict[str, Any]:
+        led = self.ledger
+        return {
+            "available": self.available,
+            "error": self.error,
+            "kernel_filter": self.filtered,
+            "tracked_slots": len(led.slots),
+            "tracked_pids": len(led.owner),
+            "events": led.events,
+            "overruns": led.overruns,
+            "proc_reads": led.proc_reads,
+        }

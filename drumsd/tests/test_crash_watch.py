@@ -1,0 +1,362 @@
+"""Crash watch: the ledger's folding of events (crafted, with a fake /proc), and the live service
+on real cgroups (root: v1 memory + pids groups under this process's own cgroup paths)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from drumsd.linux import proc_events as pe
+from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
+from drumsd.runtime.crash_watch import CrashLedger, CrashWatch, ProcReader, SlotCgroup, slot_cgroup
+
+MOUNTINFO = (
+    "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+    "39 31 0:36 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+)
+
+
+def proc_cgroup(pids_path: str) -> str:
+    return f"8:pids:{pids_path}\n4:memory:/base{pids_path}\n0::/\n"
+
+
+class FakeReader(ProcReader):
+    def __init__(self) -> None:
+        self.cgroups: dict[int, str] = {}
+        self.comms: dict[int, str] = {}
+        self.members: dict[str, list[int]] = {}
+        self.alive: set[int] = set()
+
+    def cgroup(self, pid: int) -> str | None:
+        return self.cgroups.get(pid)
+
+    def comm(self, pid: int) -> str | None:
+        return self.comms.get(pid)
+
+    def procs(self, path: str) -> list[int]:
+        return list(self.members.get(path, []))
+
+    def exists(self, pid: int) -> bool:
+        return pid in self.alive
+
+
+A = SlotCgroup("pids", "/drums/a", "/sys/fs/cgroup/pids/drums/a/cgroup.procs")
+B = SlotCgroup("pids", "/drums/b", "/sys/fs/cgroup/pids/drums/b/cgroup.procs")
+
+
+def ledger_with_slots() -> tuple[CrashLedger, FakeReader]:
+    reader = FakeReader()
+    reader.members[A.procs] = [100]
+    reader.members[B.procs] = [200]
+    reader.comms.update({100: "init-a", 200: "init-b"})
+    ledger = CrashLedger(reader, clock=lambda: 1000.0)
+    ledger.track("a", A)
+    ledger.track("b", B)
+    return ledger, reader
+
+
+def exit_(pid: int, tgid: int, code: int) -> pe.Exit:
+    return pe.Exit(pid, tgid, code, 17 if pid == tgid else -1, 1, 1)
+
+
+def test_slot_cgroup_v1_and_v2() -> None:
+    v1 = {
+        "memory": "/sys/fs/cgroup/memory/base/drums/x",
+        "pids": "/sys/fs/cgroup/pids/drums/x",
+    }
+    assert slot_cgroup(v1, MOUNTINFO) == SlotCgroup(
+        "pids", "/drums/x", "/sys/fs/cgroup/pids/drums/x/cgroup.procs"
+    )
+    v2 = {"unified": "/sys/fs/cgroup/unified/d/drums/x", "memory": "/sys/fs/cgroup/unified/d/x"}
+    assert slot_cgroup(v2, MOUNTINFO).path == "/d/drums/x"
+    assert slot_cgroup(v2, MOUNTINFO).key == ""
+    with pytest.raises(ValueError, match="no mounted v1 controller"):
+        slot_cgroup({"cpu": "/sys/fs/cgroup/cpu/x"}, MOUNTINFO)
+
+
+def test_forked_child_crash_is_the_parents_slot_and_kills_are_not_crashes() -> None:
+    ledger, _ = ledger_with_slots()
+    ledger.apply([pe.Fork(100, 100, 101, 101), pe.Fork(100, 100, 102, 102)])
+    ledger.apply([pe.Fork(200, 200, 201, 201)])
+    ledger.apply([exit_(101, 101, signal.SIGSEGV | 0x80), exit_(102, 102, signal.SIGKILL)])
+    ledger.apply([exit_(201, 201, signal.SIGTERM), exit_(300, 300, signal.SIGSEGV)])
+    [crash] = ledger.crashes("a")
+    assert crash["pid"] == 101 and crash["signal"] == 11 and crash["signal_name"] == "SIGSEGV"
+    assert crash["core_dumped"] and crash["name"] == "init-a" and crash["time"] == 1000.0
+    assert ledger.crashes("b") == []
+    assert 101 not in ledger.owner and 102 not in ledger.owner  # leaders that exited
+
+
+def test_a_group_exit_counts_once_whichever_thread_reports_first() -> None:
+    ledger, _ = ledger_with_slots()
+    ledger.apply([pe.Fork(100, 100, 110, 110), pe.Fork(110, 110, 111, 110)])  # + a thread
+    ledger.apply([exit_(111, 110, signal.SIGABRT), exit_(110, 110, signal.SIGABRT)])
+    assert [(c["pid"], c["tid"]) for c in ledger.crashes("a")] == [(110, 111)]
+    # The same pid reused by a new process of the slot may crash again and counts again.
+    ledger.apply([pe.Fork(100, 100, 110, 110), exit_(110, 110, signal.SIGBUS)])
+    assert [c["signal_name"] for c in ledger.crashes("a")] == ["SIGABRT", "SIGBUS"]
+
+
+def test_a_reused_pid_outside_the_slot_is_forgotten() -> None:
+    ledger, _ = ledger_with_slots()
+    ledger.apply([pe.Fork(100, 100, 120, 120)])
+    # 120 exits 0 (filtered out by the kernel, never seen); a host process gets pid 120.
+    ledger.apply([pe.Fork(5, 5, 120, 120), exit_(120, 120, signal.SIGSEGV)])
+    assert ledger.crashes("a") == []
+
+
+def test_exec_of_an_unknown_process_reads_its_cgroup_and_comm_follows() -> None:
+    ledger, reader = ledger_with_slots()
+    reader.cgroups[130] = proc_cgroup("/drums/b/sub")  # nested below the slot's cgroup
+    reader.comms[130] = "soffice.bin"
+    reader.cgroups[131] = proc_cgroup("/elsewhere")
+    ledger.apply([pe.Exec(130, 130), pe.Exec(131, 131)])
+    assert ledger.owner.get(130) == "b" and 131 not in ledger.owner
+    ledger.apply([pe.Comm(130, 130, "soffice:renamed"), exit_(130, 130, signal.SIGILL)])
+    assert [c["comm"] for c in ledger.crashes("b")] == ["soffice:renamed"]
+    assert ledger.proc_reads == 2
+
+
+def test_no_proc_reads_while_nothing_is_tracked() -> None:
+    reader = FakeReader()
+    ledger = CrashLedger(reader)
+    ledger.apply([pe.Exec(5, 5), pe.Fork(5, 5, 6, 6), exit_(6, 6, signal.SIGSEGV)])
+    assert ledger.proc_reads == 0 and ledger.records == {}
+
+
+def test_untrack_forgets_and_retrack_keeps_records() -> None:
+    ledger, reader = ledger_with_slots()
+    ledger.apply([exit_(100, 100, signal.SIGFPE)])
+    moved = SlotCgroup("pids", "/drums/a2", "/sys/fs/cgroup/pids/drums/a2/cgroup.procs")
+    reader.members[moved.procs] = [150]
+    ledger.track("a", moved)  # a reset into a new instance
+    assert ledger.owner.get(150) == "a" and len(ledger.crashes("a")) == 1
+    assert ledger.crashes("a", since=1000.5) == []
+    ledger.untrack("a")
+    assert ledger.crashes("a") == [] and 150 not in ledger.owner
+    assert ledger._by_path == {("pids", "/drums/b"): "b"}
+
+
+def test_overrun_resyncs_and_prune_waits_one_round() -> None:
+    ledger, reader = ledger_with_slots()
+    reader.members[A.procs] = [100, 140]
+    reader.comms[140] = "late"
+    ledger.apply([pe.Overrun()])
+    assert ledger.owner.get(140) == "a" and ledger.overruns == 1
+    reader.alive = {100, 200}
+    ledger.prune()
+    assert 140 in ledger.owner  # gone once: its exit event may still be queued
+    ledger.prune()
+    assert 140 not in ledger.owner and 100 in ledger.owner
+
+
+# -- live --------------------------------------------------------------------------------------
+
+needs_root_v1 = pytest.mark.skipif(
+    os.geteuid() != 0
+    or not {"memory", "pids"}
+    <= set(parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())[0]),
+    reason="needs root and cgroup v1 memory + pids",
+)
+
+
+def make_cgroup() -> dict[str, str]:
+    """A memory + pids group under this process's own cgroups, named so no drumsd reconciler
+    mistakes it for one of its slots."""
+    mounts, _ = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
+    bases = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    name = f"crash-watch-test-{uuid.uuid4().hex[:8]}"
+    dirs = {c: str(mounts[c] / bases.get(c, "/").lstrip("/") / name) for c in ("memory", "pids")}
+    for d in dirs.values():
+        os.makedirs(d)
+    return dirs
+
+
+def remove_cgroup(dirs: dict[str, str]) -> None:
+    deadline = time.monotonic() + 10
+    for d in dirs.values():
+        while True:
+            for pid in ProcReader().procs(f"{d}/cgroup.procs"):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+
+@pytest.fixture
+def cgroups() -> Iterator[list[dict[str, str]]]:
+    made: list[dict[str, str]] = []
+    yield made
+    for dirs in made:
+        remove_cgroup(dirs)
+
+
+def join(dirs: dict[str, str]) -> str:
+    """Shell lines that move the shell itself into the group."""
+    return "".join(f"echo $$ > {d}/cgroup.procs; " for d in dirs.values())
+
+
+class Shell:
+    """A shell in a slot cgroup: joins, says `joined`, then runs `script` when told `go`."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.buffer = b""
+
+    @classmethod
+    async def start(cls, dirs: dict[str, str], script: str) -> Shell:
+        body = f"{join(dirs)}echo joined; read go; ulimit -c 0; {script} echo done; read end"
+        proc = await trio.lowlevel.open_process(
+            ["sh", "-c", body], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        shell = cls(proc)
+        await shell.expect("joined")
+        return shell
+
+    async def expect(self, word: str, timeout_s: float = 20) -> str:
+        assert self.proc.stdout is not None
+        with trio.fail_after(timeout_s):
+            while f"{word}\n".encode() not in self.buffer:
+                chunk = await self.proc.stdout.receive_some()
+                assert chunk, f"shell ended before {word!r}: {self.buffer!r}"
+                self.buffer += chunk
+        return self.buffer.decode()
+
+    async def go(self) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(b"go\n")
+
+    async def aclose(self) -> None:
+        self.proc.kill()
+        await self.proc.wait()
+
+
+async def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not predicate():  # noqa: ASYNC110 - the watch has no event to wait on: poll
+            await trio.sleep(0.01)
+
+
+THREADED_ABORT = (
+    f"{sys.executable} -c 'import os, threading; e = threading.Event(); "
+    "[threading.Thread(target=e.wait, daemon=True).start() for _ in range(4)]; os.abort()'"
+)
+
+
+@needs_root_v1
+async def test_live_only_the_crash_counts_and_only_for_its_slot(cgroups) -> None:
+    a, b, barrier = make_cgroup(), make_cgroup(), make_cgroup()
+    cgroups.extend([a, b, barrier])
+    watch = CrashWatch()
+    started = time.time()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        assert watch.available and watch.error is None
+        shell_a = await Shell.start(
+            a,
+            "sh -c 'kill -SEGV $$'; echo segv $?; true; echo true $?; "
+            "sh -c 'kill -KILL $$'; echo kill $?; sh -c 'kill -TERM $$'; echo term $?; "
+            f"sh -c 'exit 3'; echo exit $?; {THREADED_ABORT}; echo abort $?;",
+        )
+        shell_b = await Shell.start(b, "true; sh -c 'kill -KILL $$'; echo kill $?; sh -c 'exit 3';")
+        shell_x = await Shell.start(barrier, "sh -c 'kill -SEGV $$';")
+        watch.track("a", a)
+        watch.track("b", b)
+        watch.track("barrier", barrier)
+        assert watch.ledger.owner.get(shell_a.proc.pid) == "a"  # seeded from cgroup.procs
+        await shell_a.go()
+        await shell_b.go()
+        out_a = await shell_a.expect("done")
+        await shell_b.expect("done")
+        for line in ("segv 139", "true 0", "kill 137", "term 143", "exit 3", "abort 134"):
+            assert line in out_a, out_a
+        # Events come in order: once the barrier's crash is seen, a's and b's were folded.
+        await shell_x.go()
+        await wait_for(lambda: watch.crashes("barrier"))
+        crashes = watch.crashes("a")
+        assert [(c["signal_name"], c["comm"]) for c in crashes] == [
+            ("SIGSEGV", "sh"),
+            ("SIGABRT", Path(sys.executable).name[:15]),
+        ]
+        assert all(started <= c["time"] <= time.time() for c in crashes)
+        assert watch.crashes("b") == []
+        assert watch.crashes("a", since=time.time()) == []
+        assert watch.facts("a")["crash_watch"] is True
+        health = watch.health()
+        assert health["available"] and health["tracked_slots"] == 3 and health["overruns"] == 0
+        for shell in (shell_a, shell_b, shell_x):
+            await shell.aclose()
+        nursery.cancel_scope.cancel()
+    assert not watch.available
+
+
+@needs_root_v1
+async def test_live_process_that_joins_after_track_is_seen_at_exec_and_by_resync(cgroups) -> None:
+    d = make_cgroup()
+    cgroups.append(d)
+    watch = CrashWatch(resync_s=0.2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        watch.track("s", d)
+        # Exec-helper style: join, then exec a program that crashes a little later.
+        helper = await trio.lowlevel.open_process(
+            ["sh", "-c", f'{join(d)}exec sh -c "sleep 0.3; kill -SEGV \\$\\$"']
+        )
+        assert await helper.wait() == -signal.SIGSEGV
+        await wait_for(lambda: len(watch.crashes("s")) == 1)
+        # A shell that joins without exec'ing is claimed by the periodic resync.
+        shell = await Shell.start(d, "sh -c 'kill -BUS $$';")
+        await wait_for(lambda: watch.ledger.owner.get(shell.proc.pid) == "s")
+        await shell.go()
+        await shell.expect("done")
+        await wait_for(lambda: len(watch.crashes("s")) == 2)
+        assert [c["signal_name"] for c in watch.crashes("s")] == ["SIGSEGV", "SIGBUS"]
+        watch.untrack("s")
+        assert watch.crashes("s") == [] and watch.health()["tracked_pids"] == 0
+        await shell.aclose()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for unshare --net")
+def test_run_refuses_to_start_without_the_connector() -> None:
+    code = (
+        "import trio\n"
+        "from drumsd.linux.proc_events import ProcEventsError\n"
+        "from drumsd.runtime.crash_watch import CrashWatch\n"
+        "w = CrashWatch()\n"
+        "async def main():\n"
+        "    async with trio.open_nursery() as n:\n"
+        "        await n.start(w.run)\n"
+        "try:\n    trio.run(main)\n"
+        "except* ProcEventsError:\n    print('REFUSED', w.available, w.error)\n"
+    )
+    src = str(Path(pe.__file__).parents[2])
+    out = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": src},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.startswith("REFUSED False cannot subscribe"), out
+    assert "host's network namespace" in out.stdout

@@ -25,6 +25,13 @@ let
       ];
     };
 
+  # The scenario modules, without the bytecode caches a local run leaves beside them.
+  scenarios = builtins.path {
+    name = "drums-vm-scenarios";
+    path = ./scenarios;
+    filter = path: type: baseNameOf path != "__pycache__";
+  };
+
   mkTest =
     name: scenario:
     pkgs.testers.runNixOSTest {
@@ -36,7 +43,7 @@ let
         { nodes, ... }:
         ''
           import sys
-          sys.path.insert(0, "${./scenarios}")
+          sys.path.insert(0, "${scenarios}")
 
           import drums_http
           import ${scenario}

@@ -208,3 +208,10 @@ def test_raw_cgroup_files_are_normalized() -> None:
     assert G.normalize_limits(v2) == {"memory_mib": "max", "pids_max": "max", "vcpus": 2.0}
     status, evidence = G.judge_cgroup(facts(limits_in_force=v2), want)
     assert status == G.FAIL and set(evidence["wrong"]) == {"memory_mib", "pids_max", "vcpus"}
+
+
+def test_exits_of_unnamed_processes_leave_alive_after_resume_pending() -> None:
+    status, evidence = G.judge_alive_after_resume(facts(pids=[1, 2]), {"pids": [1, 2, 3]}, [])
+    assert status == G.PENDING and evidence["unnamed_exits"] == [3]
+    dead = facts(alive=False)
+    assert G.judge_alive_after_resume(dead, {"pids": [1]}, [])[0] == G.FAIL

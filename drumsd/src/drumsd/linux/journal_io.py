@@ -57,12 +57,17 @@ class Journal:
     def record_path(self, kind: RecordKind, record_id: str) -> Path:
         return self.root / _DIRS[kind] / f"{record_id}.json"
 
-    def save(self, kind: RecordKind, record: dict[str, Any], event: str, now: float) -> None:
-        """Write the record file, then log the change (either alone is enough to recover)."""
-        write_atomic(
-            self.record_path(kind, record["id"]),
-            json.dumps(record, separators=(",", ":")).encode(),
-        )
+    def save(
+        self, kind: RecordKind, record: dict[str, Any], event: str, now: float, *, file: bool = True
+    ) -> None:
+        """Write the record file, then log the change (either alone is enough to recover).
+        Hot-path changes (reset, gate results) pass file=False: the event alone is durable
+        (one fsync), and the next compaction rewrites the record file."""
+        if file:
+            write_atomic(
+                self.record_path(kind, record["id"]),
+                json.dumps(record, separators=(",", ":")).encode(),
+            )
         self.append(Event(seq=0, ts=now, kind=kind, id=record["id"], event=event, record=record))
 
     def delete(self, kind: RecordKind, record_id: str, event: str, now: float) -> None:

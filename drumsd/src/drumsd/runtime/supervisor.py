@@ -93,6 +93,7 @@ ACTION_REQUIRES: dict[str, tuple[str, ...]] = {
     "execute": ("command",),
 }
 TERMINAL_ACTIONS = ("done", "fail")
+EVENTS_COMPACT_BYTES = 64 * 1024 * 1024
 
 
 def handle_to_json(handle: SlotHandle) -> dict[str, Any]:
@@ -202,10 +203,10 @@ class Supervisor:
 
     # --- persistence ----------------------------------------------------------------------------
 
-    def _save_slot(self, rec: SlotRecord, event: str) -> None:
+    def _save_slot(self, rec: SlotRecord, event: str, *, file: bool = True) -> None:
         rec.rev += 1
         self.slots[rec.id] = rec
-        self.journal.save("slot", rec.model_dump(mode="json"), event, self.clock())
+        self.journal.save("slot", rec.model_dump(mode="json"), event, self.clock(), file=file)
         self._dirty.discard(rec.id)
         log.info(
             "slot=%s episode=%s status=%s event=%s", rec.id, rec.episode, rec.status.value, event
@@ -222,7 +223,7 @@ class Supervisor:
         for slot_id in list(self._dirty):
             rec = self.slots.get(slot_id)
             if rec is not None:
-                self._save_slot(rec, "touched")
+                self._save_slot(rec, "touched", file=False)
         self._dirty.clear()
 
     # --- lookups --------------------------------------------------------------------------------
@@ -411,7 +412,9 @@ class Supervisor:
         c = self.config
         return {"memory_mib": c.memory_mib, "pids_max": c.pids_max, "vcpus": c.vcpus}
 
-    async def _begin_episode(self, rec: SlotRecord, handle: SlotHandle, event: str) -> None:
+    async def _begin_episode(
+        self, rec: SlotRecord, handle: SlotHandle, event: str, *, file: bool = True
+    ) -> None:
         """A new episode: fresh gate report, start gates judged now, alive_after later."""
         rec.episode += 1
         rec.episode_id = uuid.uuid4().hex
@@ -443,7 +446,7 @@ class Supervisor:
                 "alive_after_resume",
                 *G.judge_alive_after_resume(facts, rec.baseline, self.config.natural_exits),
             )
-        self._save_slot(rec, event)
+        self._save_slot(rec, event, file=file)
         self._quarantine_on_failure(rec)
         self._spawn(self._judge_alive_after, rec.id, rec.episode_id)
         self._spawn(self._watch_exit, rec.id, rec.episode_id, handle)
@@ -511,7 +514,7 @@ class Supervisor:
         before = [(g.name, g.status) for g in rec.gates]
         self._judge_running(rec, facts)
         if [(g.name, g.status) for g in rec.gates] != before:
-            self._save_slot(rec, "gates")
+            self._save_slot(rec, "gates", file=False)
         self._quarantine_on_failure(rec)
 
     async def _judge_alive_after(self, slot_id: str, episode_id: str) -> None:
@@ -531,7 +534,7 @@ class Supervisor:
                     facts, rec.baseline, self.config.natural_exits
                 )
             self._set_gate(rec, "alive_after_resume", status, evidence)
-            self._save_slot(rec, "gates")
+            self._save_slot(rec, "gates", file=False)
             self._quarantine_on_failure(rec)
 
     async def _watch_exit(self, slot_id: str, episode_id: str, handle: SlotHandle) -> None:
@@ -655,8 +658,9 @@ class Supervisor:
             cp = self.get_checkpoint(rec.checkpoint)
             old = self._handle(rec)
             self._finish_episode(rec)
+            # Busy in memory only: after a crash mid-reset the journal still names the old tree,
+            # which adopt() finds gone, so the slot is marked down and cleaned.
             rec.status = SlotStatus.busy
-            self._save_slot(rec, "resetting")
             started = time.monotonic()
             try:
                 handle = await self.runtime.reset(old, self._ref(cp), self._limits())
@@ -671,7 +675,7 @@ class Supervisor:
                 rec.failure = "reset was cancelled midway"
                 self._save_slot(rec, "failed")
                 raise
-            await self._begin_episode(rec, handle, "reset")
+            await self._begin_episode(rec, handle, "reset", file=False)
             self._observe("reset", slot_id, time.monotonic() - started)
             if rec.task is not None and rec.status is SlotStatus.ready:
                 await self._load_task(rec, handle, rec.task)
@@ -775,7 +779,7 @@ class Supervisor:
             rec.actions += 1
             rec.last_action = kind
             if kind in TERMINAL_ACTIONS:
-                self._save_slot(rec, f"terminal_{kind}")
+                self._save_slot(rec, f"terminal_{kind}", file=False)
             else:
                 self._dirty.add(rec.id)
             elapsed = time.monotonic() - started
@@ -1343,7 +1347,11 @@ class Supervisor:
         if self.config.lower is not None:
             return name, self.config.lower, self.config.image_sha256 or ""
         candidates = []
-        for meta_path in self.config.images_dir.glob(f"{name}-*/image.json"):
+        # The builder points `<images_dir>/<profile>` at the current build; else the newest.
+        current = self.config.images_dir / name / "image.json"
+        paths = [current] if current.exists() else []
+        paths = paths or list(self.config.images_dir.glob(f"{name}-*/image.json"))
+        for meta_path in paths:
             try:
                 meta = json.loads(meta_path.read_text())
                 sha = str(meta.get("sha256") or meta.get("image_sha256"))
@@ -1410,6 +1418,7 @@ class Supervisor:
             self._locks.pop(rec.id, None)
             self.journal.delete("slot", rec.id, "forgotten", now)
         self._flush_dirty()
+        self._compact_if_large()
         files = await trio.to_thread.run_sync(scan_forgotten, self.config.forgotten_dir)
         doomed = files_to_delete(files, self.config)
         if doomed:
@@ -1417,6 +1426,20 @@ class Supervisor:
             done["archives"] = [f.path for f in doomed]
         self._forgotten_bytes = sum(f.size for f in files) - sum(f.size for f in doomed)
         return done
+
+    def _compact_if_large(self) -> None:
+        """Bound events.jsonl between restarts. Synchronous on purpose: no append may
+        interleave with the rewrite."""
+        try:
+            size = self.journal.events_path.stat().st_size
+        except OSError:
+            return
+        if size > EVENTS_COMPACT_BYTES:
+            snapshot = JournalState(
+                slots=self.slots, checkpoints=self.checkpoints, last_seq=self.journal.last_seq
+            )
+            self.journal.compact(snapshot_events(snapshot, self.clock()))
+            log.info("journal compacted (events.jsonl was %d bytes)", size)
 
     # --- health / metrics -----------------------------------------------------------------------
 

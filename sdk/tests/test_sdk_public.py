@@ -17,7 +17,7 @@ PUBLIC = {
     "DrumsError", "ConnectionFailed", "Timeout", "BadResponse", "CleanupFailed", "Unauthorized",
     "NotFound", "EnvGone", "InvalidRequest", "UnsupportedTask", "ActionFailed", "Conflict",
     "NotQuiescent", "InvalidEpisode", "Quarantined", "Overloaded", "StateDirFull",
-    "RestoreFailed", "CheckerFailed", "DaemonUnavailable", "ShuttingDown",
+    "RestoreFailed", "CheckerFailed", "SetupFailed", "DaemonUnavailable", "ShuttingDown",
 }  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from ._exceptions import NotQuiescent as NotQuiescent
 from ._exceptions import Overloaded as Overloaded
 from ._exceptions import Quarantined as Quarantined
 from ._exceptions import RestoreFailed as RestoreFailed
+from ._exceptions import SetupFailed as SetupFailed
 from ._exceptions import ShuttingDown as ShuttingDown
 from ._exceptions import StateDirFull as StateDirFull
 from ._exceptions import Timeout as Timeout

@@ -19,6 +19,7 @@
     ├── StateDirFull            507: no room for another slot or saved state
     ├── RestoreFailed           502: CRIU could not restore the desktop
     ├── CheckerFailed           502: the task's checker crashed or hung: no reward
+    ├── SetupFailed             502: the task's setup steps failed in the env
     └── DaemonUnavailable       503: the daemon's runtime failed
         └── ShuttingDown        503: the daemon is stopping
 
@@ -162,6 +163,10 @@ class CheckerFailed(DrumsError):
     default_code = "checker_failed"
 
 
+class SetupFailed(DrumsError):
+    default_code = "setup_failed"
+
+
 class DaemonUnavailable(DrumsError):
     default_code = "runtime_error"
 
@@ -186,6 +191,7 @@ ERROR_CLASSES: Dict[str, Type[DrumsError]] = {
     "state_dir_full": StateDirFull,
     "restore_failed": RestoreFailed,
     "checker_failed": CheckerFailed,
+    "setup_failed": SetupFailed,
     "timeout": Timeout,
     "runtime_error": DaemonUnavailable,
     "shutting_down": ShuttingDown,

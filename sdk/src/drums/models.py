@@ -48,6 +48,7 @@ class ErrorCode(str, Enum):
     timeout = "timeout"
     runtime_error = "runtime_error"
     shutting_down = "shutting_down"
+    setup_failed = "setup_failed"  # a task's setup steps failed in the slot (drumsd.tasks.bridge)
 
 
 ERROR_STATUS: Dict[str, int] = {
@@ -68,6 +69,7 @@ ERROR_STATUS: Dict[str, int] = {
     "timeout": 504,
     "runtime_error": 503,
     "shutting_down": 503,
+    "setup_failed": 502,
 }
 
 

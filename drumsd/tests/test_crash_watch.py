@@ -311,10 +311,10 @@ async def test_live_only_the_crash_counts_and_only_for_its_slot(cgroups) -> None
 
 
 @needs_root_v1
-async def test_live_process_that_joins_after_track_is_seen_at_exec_and_by_resync(cgroups) -> None:
+async def test_live_process_that_joins_and_execs_after_track_is_seen_at_exec(cgroups) -> None:
     d = make_cgroup()
     cgroups.append(d)
-    watch = CrashWatch(resync_s=0.2)
+    watch = CrashWatch(resync_s=3600)  # no resync: only the exec lookup can place it
     async with trio.open_nursery() as nursery:
         await nursery.start(watch.run)
         watch.track("s", d)
@@ -324,15 +324,27 @@ async def test_live_process_that_joins_after_track_is_seen_at_exec_and_by_resync
         )
         assert await helper.wait() == -signal.SIGSEGV
         await wait_for(lambda: len(watch.crashes("s")) == 1)
-        # A shell that joins without exec'ing is claimed by the periodic resync.
+        assert watch.crashes("s")[0]["pid"] == helper.pid
+        assert watch.health()["proc_reads"] >= 1
+        watch.untrack("s")
+        assert watch.crashes("s") == [] and watch.health()["tracked_pids"] == 0
+        nursery.cancel_scope.cancel()
+
+
+@needs_root_v1
+async def test_live_process_that_joins_without_exec_is_claimed_by_resync(cgroups) -> None:
+    d = make_cgroup()
+    cgroups.append(d)
+    watch = CrashWatch(resync_s=0.2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        watch.track("s", d)
         shell = await Shell.start(d, "sh -c 'kill -BUS $$';")
         await wait_for(lambda: watch.ledger.owner.get(shell.proc.pid) == "s")
         await shell.go()
         await shell.expect("done")
-        await wait_for(lambda: len(watch.crashes("s")) == 2)
-        assert [c["signal_name"] for c in watch.crashes("s")] == ["SIGSEGV", "SIGBUS"]
-        watch.untrack("s")
-        assert watch.crashes("s") == [] and watch.health()["tracked_pids"] == 0
+        await wait_for(lambda: len(watch.crashes("s")) == 1)
+        assert [c["signal_name"] for c in watch.crashes("s")] == ["SIGBUS"]
         await shell.aclose()
         nursery.cancel_scope.cancel()
 

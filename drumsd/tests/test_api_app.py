@@ -444,3 +444,18 @@ async def test_journal_holds_every_record_before_work_starts(tmp_path: Path) -> 
             on_disk = Journal(api.config.journal_dir).load().slots
             assert on_disk[rec.id].status.value == "creating"
         assert api.sup.slots[rec.id].status.value == "ready"
+
+
+async def test_capture_below_state_min_free_is_507(tmp_path: Path) -> None:
+    def full_disk(_: Path) -> HostSample:
+        return HostSample(time.time(), 20_000, 24_000, 0.0, 500, 100_000)
+
+    async with open_api(tmp_path, sampler=full_disk, admission={"min_state_free_mib": 0}) as api:
+        sid = (await create(api))["id"]
+        err = error_of(await api.client.post(f"/v1/slots/{sid}/capture"), 507, "state_dir_full")
+        assert "state_min_free_mib" in err["message"]
+        error_of(
+            await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 1}), 507, "state_dir_full"
+        )
+        health = (await api.client.get("/v1/health")).json()
+        assert any("state_min_free_mib" in w for w in health["warnings"])

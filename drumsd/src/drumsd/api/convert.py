@@ -93,6 +93,7 @@ def health(data: dict[str, Any]) -> wire.Health:
         journal_dir=wire.SpaceState(**data["journal_dir"]) if data["journal_dir"] else None,
         forgotten_gib=data["forgotten_gib"],
         pools=data["pools"],
+        ksm=data.get("ksm", {}),
         warnings=data["warnings"],
     )
 

@@ -306,6 +306,19 @@ class Supervisor:
             await trio.sleep(self.config.admission.sample_interval_s)
             await self.sample_now()
 
+    def _check_state_space(self, operation: str) -> None:
+        """A dump needs room in state_dir; below state_min_free_mib it is refused (507)."""
+        free = self.sample.state_free_mib if self.sample else None
+        if free is not None and free < self.config.state_min_free_mib:
+            self.metrics.failure("state_dir_full")
+            raise DrumsdError(
+                "state_dir_full",
+                f"{operation} refused: state_dir {self.config.state_dir} has {free:.0f} MiB free,"
+                f" below state_min_free_mib={self.config.state_min_free_mib}; delete saved states"
+                " (DELETE /v1/checkpoints/{id}) or destroy slots",
+                free_mib=free,
+            )
+
     def _admit(self, operation: str, cost_mib: float) -> None:
         decision = decide(
             self.sample, self.config.admission, cost_mib, pending_mib=self._pending_mib
@@ -841,6 +854,7 @@ class Supervisor:
     async def capture(self, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
         self._check_open()
         self.get_slot(slot_id)
+        self._check_state_space("capture")
         self._admit("capture", self.config.admission.capture_mib)
         async with self._lock(slot_id):
             rec = self.get_slot(slot_id)
@@ -855,6 +869,7 @@ class Supervisor:
         reusable = self._reusable_prefork(rec)
         if reusable is not None:
             return reusable
+        self._check_state_space("prefork")
         self._admit("prefork", self.config.admission.capture_mib)
         async with self._lock(slot_id):
             rec = self.get_slot(slot_id)
@@ -955,6 +970,7 @@ class Supervisor:
         cost = self.config.admission.env_mib * req.n
         if source is None:
             cost += self.config.admission.capture_mib
+            self._check_state_space("branch")
         self._admit("branch", cost)
         async with self._lock(slot_id):
             rec = self.get_slot(slot_id)
@@ -1480,12 +1496,26 @@ class Supervisor:
             "state_dir": state_space,
             "journal_dir": journal_space,
             "forgotten_gib": self._forgotten_bytes / 1024**3,
+            "ksm": await self._runtime_ksm(),
             "pools": {
                 "templates": dict(self.template_status),
                 "reconciled": {k: len(v) for k, v in self.reconciled.items()},
             },
             "warnings": warnings,
         }
+
+    async def _runtime_ksm(self) -> dict[str, Any]:
+        """KSM figures when the runtime offers them (an optional extra of the Linux runtime)."""
+        stats = getattr(self.runtime, "ksm_stats", None)
+        if stats is None:
+            return {}
+        try:
+            value = stats()
+            if hasattr(value, "__await__"):
+                value = await value
+            return dict(value or {})
+        except Exception as exc:  # optional figures must never break /v1/health
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def admission_state(self, decision: Decision | None = None) -> dict[str, Any]:
         s = self.sample

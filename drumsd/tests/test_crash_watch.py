@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -159,6 +160,39 @@ def test_overrun_resyncs_and_prune_waits_one_round() -> None:
     assert 140 in ledger.owner  # gone once: its exit event may still be queued
     ledger.prune()
     assert 140 not in ledger.owner and 100 in ledger.owner
+
+
+class BrokenSocket:
+    """Readable at once, then fails to read: what a connector socket that breaks looks like."""
+
+    def __init__(self) -> None:
+        self.ends = socket.socketpair()
+        self.ends[1].send(b"x")
+        self.filtered = True
+        self.closed = False
+
+    def fileno(self) -> int:
+        return self.ends[0].fileno()
+
+    def read_ready(self) -> list:
+        raise OSError(errno.EIO, "read failed")
+
+    def close(self) -> None:
+        self.closed = True
+        for end in self.ends:
+            end.close()
+
+
+async def test_a_watch_that_breaks_says_so_and_does_not_take_the_daemon_down() -> None:
+    broken = BrokenSocket()
+    watch = CrashWatch(open_socket=lambda: broken)  # type: ignore[arg-type, return-value]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        assert watch.available
+        await wait_for(lambda: not watch.available)
+    assert (broken.closed and "EIO" not in (watch.error or "x")) or "read failed" in watch.error
+    assert watch.facts("any") == {"crash_exits": [], "crash_watch": False}
+    assert watch.health()["error"].startswith("crash watch stopped")
 
 
 # -- live --------------------------------------------------------------------------------------

@@ -301,12 +301,13 @@ class CrashWatch:
         task_status.started()
         try:
             await self._serve(sock)
-        except BaseException as exc:
-            self.available = False
-            if not isinstance(exc, trio.Cancelled):
-                self.error = f"crash watch stopped: {exc!r}"
-            raise
+        except Exception as exc:
+            # Not fatal to the daemon: with `available` False the no_app_crash gate stays
+            # pending, so no episode is judged valid unwatched, and /v1/health says why.
+            self.error = f"crash watch stopped: {exc!r}; restart drumsd to watch again"
+            log.exception("crash watch stopped", extra={"error": repr(exc)})
         finally:
+            self.available = False
             sock.close()
 
     async def _serve(self, sock: pe.ProcEventsSocket) -> None:

@@ -409,6 +409,9 @@ class Supervisor:
         except RuntimeError_ as exc:
             log.warning("slot=%s facts failed: %s", rec.id, exc.message)
             return None
+        except OSError as exc:
+            log.warning("slot=%s facts failed: %s", rec.id, exc)
+            return None
         return {
             "alive": facts.alive,
             "init_identity_ok": facts.init_identity_ok,
@@ -1087,7 +1090,10 @@ class Supervisor:
                 )
             check_can_verify(rec)
             handle = self._handle(rec)
-            timeout = req.timeout_s or (self.config.tasks.eval_timeout_s * 3 + 30)
+            # One checker run is bounded by timeout_s (or eval_timeout_s); verify runs it twice
+            # plus the redundant checker, so the whole call gets three runs and a margin.
+            per_run = req.timeout_s or self.config.tasks.eval_timeout_s
+            timeout = per_run * 3 + 30
             started = time.monotonic()
             try:
                 with trio.fail_after(timeout):

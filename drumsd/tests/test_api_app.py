@@ -459,3 +459,25 @@ async def test_capture_below_state_min_free_is_507(tmp_path: Path) -> None:
         )
         health = (await api.client.get("/v1/health")).json()
         assert any("state_min_free_mib" in w for w in health["warnings"])
+
+
+async def test_the_reaper_runs_on_its_own_interval(tmp_path: Path) -> None:
+    async with open_api(tmp_path, lease={"reap_interval_s": 0.05}) as api:
+        sid = (await create(api, idle_timeout_s=0.3))["id"]
+        kept = (await create(api))["id"]
+        await wait_for(lambda: api.sup.slots[sid].status.value == "destroyed")
+        assert ("destroy", sid) in api.runtime.calls
+        assert api.sup.slots[kept].status.value == "ready"
+
+
+async def test_the_sampler_lifts_a_refusal_when_memory_returns(tmp_path: Path) -> None:
+    available = [1000.0]
+
+    def changing(_: Path) -> HostSample:
+        return HostSample(time.time(), available[0], 24_000, 0.0, 50_000, 100_000)
+
+    async with open_api(tmp_path, sampler=changing, admission={"sample_interval_s": 0.05}) as api:
+        error_of(await api.client.post("/v1/slots", json={}), 429, "overloaded")
+        available[0] = 20_000.0
+        await wait_for(lambda: api.sup.sample.mem_available_mib == 20_000.0)
+        await create(api)

@@ -87,7 +87,7 @@ port=--remote-debugging-port=1337
 for a in "$@"; do case "$a" in --remote-debugging-port=*) port=;; esac; done
 exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
     --disable-background-networking --disable-component-update --disable-sync \\
-    --password-store=basic --disable-dev-shm-usage $port "$@"
+    --password-store=basic --disable-dev-shm-usage --start-maximized $port "$@"
 """
 
 # pyautogui and its pure-Python dependencies, pinned and installed with --no-deps: its declared
@@ -125,6 +125,21 @@ LIBREOFFICE_DEFAULTS = """\
 </oor:data>
 """
 
+# Chromium policies: no "unsupported command-line flag: --no-sandbox" infobar over every page, no
+# default-browser or metrics prompts.
+CHROMIUM_POLICY = (
+    json.dumps(
+        {
+            "CommandLineFlagSecurityWarningsEnabled": False,
+            "DefaultBrowserSettingEnabled": False,
+            "MetricsReportingEnabled": False,
+            "PromotionalTabsEnabled": False,
+        },
+        indent=2,
+    )
+    + "\n"
+)
+
 PROFILES: dict[str, Profile] = {
     "base": Profile("base", BASE_PACKAGES, pip=PYAUTOGUI),
     "office": Profile(
@@ -145,6 +160,7 @@ PROFILES: dict[str, Profile] = {
             "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
             "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
             "etc/libreoffice/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
+            "etc/chromium/policies/managed/drums.json": (0o644, CHROMIUM_POLICY),
         },
     ),
 }

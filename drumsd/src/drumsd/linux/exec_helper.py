@@ -20,7 +20,10 @@ C_SOURCE = r"""
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/fsuid.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -39,10 +42,30 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--")) { i++; break; }
         if (!strcmp(argv[i], "-k")) { ksm = 1; continue; }
         if (!strcmp(argv[i], "-c") && i + 1 < argc) { join(argv[++i]); continue; }
-        fprintf(stderr, "usage: drums-exec [-k] [-c cgroup.procs]... -- prog args\n");
+        if (!strcmp(argv[i], "-u") && i + 1 < argc) {
+            /* Act as host id N for file creation, keeping capabilities (overlay on idmapped
+               layers must be mounted by an id the upper layer maps). */
+            unsigned id = (unsigned)strtoul(argv[++i], NULL, 10);
+            if (prctl(PR_SET_SECUREBITS, 1 << 2 /* SECBIT_NO_SETUID_FIXUP */, 0, 0, 0)) {
+                fprintf(stderr, "drums-exec: securebits: %m\n");
+                return 126;
+            }
+            setfsgid(id);
+            setfsuid(id);
+            continue;
+        }
+        if (!strcmp(argv[i], "-M") && i + 2 < argc) {
+            if (mount("drums-root", argv[i + 1], "overlay", 0, argv[i + 2])) {
+                fprintf(stderr, "drums-exec: overlay on %s (%s): %m\n", argv[i + 1], argv[i + 2]);
+                return 125;
+            }
+            i += 2;
+            continue;
+        }
+        fprintf(stderr, "usage: drums-exec [-k] [-u id] [-M dir opts] [-c procs]... [-- prog]\n");
         return 2;
     }
-    if (i >= argc) { fprintf(stderr, "drums-exec: no program\n"); return 2; }
+    if (i >= argc) return 0;
     if (ksm && prctl(67 /* PR_SET_MEMORY_MERGE */, 1, 0, 0, 0) != 0)
         fprintf(stderr, "drums-exec: PR_SET_MEMORY_MERGE failed: %m (KSM off for this slot)\n");
     execv(argv[i], argv + i);
@@ -53,12 +76,17 @@ int main(int argc, char **argv) {
 
 PY_SOURCE = (
     "import os,sys,ctypes\n"
-    "a=sys.argv[1:];i=0;k=0\n"
-    "while a[i]!='--':\n"
+    "L=ctypes.CDLL(None,use_errno=True);a=sys.argv[1:];i=0;k=0\n"
+    "while i<len(a) and a[i]!='--':\n"
     " if a[i]=='-k':k=1;i+=1\n"
+    " elif a[i]=='-u':L.prctl(28,4,0,0,0);L.setfsgid(int(a[i+1]));L.setfsuid(int(a[i+1]));i+=2\n"
+    " elif a[i]=='-M':\n"
+    "  if L.mount(b'drums-root',a[i+1].encode(),b'overlay',0,a[i+2].encode()):sys.exit(125)\n"
+    "  i+=3\n"
     " else:\n"
     "  f=os.open(a[i+1],os.O_WRONLY);os.write(f,b'%d\\n'%os.getpid());os.close(f);i+=2\n"
-    "if k:ctypes.CDLL(None).prctl(67,1,0,0,0)\n"
+    "if i>=len(a):sys.exit(0)\n"
+    "if k:L.prctl(67,1,0,0,0)\n"
     "os.execv(a[i+1],a[i+1:])\n"
 )
 
@@ -92,3 +120,9 @@ def helper_argv(
         opts += ["-c", str(f)]
     prefix = [str(helper)] if helper else [sys.executable, "-S", "-c", PY_SOURCE]
     return [*prefix, *opts, "--", *command]
+
+
+def overlay_as_argv(helper: Path | None, fsuid: int, target: Path, options: str) -> list[str]:
+    """argv that mounts an overlay at `target` acting as host id `fsuid` (then exits)."""
+    prefix = [str(helper)] if helper else [sys.executable, "-S", "-c", PY_SOURCE]
+    return [*prefix, "-u", str(fsuid), "-M", str(target), options]

@@ -34,6 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hostname", default="drums")
     p.add_argument("--init", default=DESKTOP_INIT)
     p.add_argument("--log", default="/var/log/desktop-init.log", help="inside the slot")
+    p.add_argument("--uid-base", type=int, default=None,
+                   help="hardened: map in-slot ids 0..65535 to host ids from this base")
     p.add_argument("--no-userns", action="store_true",
                    help="no user namespace: /dev becomes a tmpfs with mknod'ed nodes")
     p.add_argument("--dry-run", action="store_true", help="print the mount plan and exit")
@@ -51,7 +53,7 @@ def _wait_and_exit(pid: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def enter_namespaces(userns: bool) -> None:
+def enter_namespaces(userns: bool, id_map: str = IDENTITY_MAP) -> None:
     """Return in pid 1 of fresh mount/pid/net/ipc/uts namespaces (inside a fresh identity-mapped
     user namespace when `userns`); the ancestors wait and exit with its status. No parent-death
     signal anywhere: the slot outlives a daemon crash."""
@@ -74,9 +76,9 @@ def enter_namespaces(userns: bool) -> None:
             os.read(ready_r, 1)
             # No newuidmap here: the (privileged) parent writes the maps itself.
             with open(f"/proc/{child}/uid_map", "w") as f:
-                f.write(IDENTITY_MAP)
+                f.write(id_map)
             with open(f"/proc/{child}/gid_map", "w") as f:
-                f.write(IDENTITY_MAP)
+                f.write(id_map)
             os.write(mapped_w, b"m")
             _wait_and_exit(child)
     syscalls.unshare(NS_FLAGS)
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(mounts.render(plan))
         return 0
     if os.getpid() != 1:
-        enter_namespaces(userns=not args.no_userns)
+        id_map = IDENTITY_MAP if args.uid_base is None else f"0 {args.uid_base} 65536\n"
+        enter_namespaces(userns=not args.no_userns, id_map=id_map)
     os.setsid()  # the session leader must be inside the pid namespace for CRIU
     mounts.apply(plan)
     syscalls.sethostname(args.hostname)

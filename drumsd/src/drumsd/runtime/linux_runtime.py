@@ -35,8 +35,8 @@ from typing import Any
 import trio
 
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, mounts, procfs
-from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv
+from drumsd.linux import cgroups, criu, idmap, mounts, procfs
+from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
 from drumsd.linux.launcher import Launcher
 from drumsd.runtime import agent_client
 from drumsd.runtime.interface import (
@@ -169,6 +169,7 @@ class _Instance:
     error: str = ""
     boot_proc: trio.Process | None = None
     phases: dict[str, float] = field(default_factory=dict)
+    uid_index: int | None = None  # hardened: the slot's host uid range
     born: float = field(default_factory=time.monotonic)
 
     @property
@@ -183,23 +184,35 @@ class _Prepared:
     iid: str
     paths: mounts.SlotPaths
     checkpoint_id: str
+    uid_index: int | None = None
 
 
 def _new_iid(prefix: str) -> str:
     return f"{prefix[:40]}-{secrets.token_hex(3)}"
 
 
-def _write_owner(paths: mounts.SlotPaths, owner: str) -> None:
+def _read_owner_record(d: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((d / "owner.json").read_text())
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_owner(paths: mounts.SlotPaths, owner: str, uid_index: int | None = None) -> None:
+    """owner.json: who the instance serves and, hardened, its uid range (kept across claims)."""
+    record = _read_owner_record(paths.dir)
+    record["owner"] = owner
+    if uid_index is not None:
+        record["uid_index"] = uid_index
     tmp = paths.dir / "owner.json.tmp"
-    tmp.write_text(json.dumps({"owner": owner}))
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, paths.dir / "owner.json")
 
 
 def _read_owner(d: Path) -> str | None:
-    try:
-        return str(json.loads((d / "owner.json").read_text())["owner"])
-    except (OSError, ValueError, KeyError):
-        return None
+    owner = _read_owner_record(d).get("owner")
+    return str(owner) if owner is not None else None
 
 
 def tree_sha256(root: Path) -> str:
@@ -249,6 +262,9 @@ class LinuxRuntime:
         self._image_cache: dict[str, Path] = {}
         self._image_lock = trio.Lock()
         self._ksm_saved: dict[str, str] = {}
+        self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
+        self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
+        self._userns_fds: dict[int, int] = {}
         self.stats: dict[str, int] = {"spare_hits": 0, "spare_misses": 0, "restores": 0,
                                       "restore_retries": 0}
 
@@ -258,6 +274,10 @@ class LinuxRuntime:
         """Own the background work until cancelled; on exit, live slots keep running (a restarted
         daemon adopts them) but spares and warm uppers are removed."""
         (self.state_dir / "slots").mkdir(parents=True, exist_ok=True)
+        for d in (self.state_dir / "slots").iterdir():
+            index = _read_owner_record(d).get("uid_index")
+            if isinstance(index, int):
+                self._ranges.add(index)  # held by a slot of a previous daemon until swept
         self._helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
         self._launcher = Launcher(self.config.max_concurrent_restores + 2)
         if self.config.ksm:
@@ -283,6 +303,9 @@ class LinuxRuntime:
                         os.close(inst.pidfd)
                 self._launcher.close()
                 self._ksm_restore()
+                for fd in self._userns_fds.values():
+                    os.close(fd)
+                self._userns_fds.clear()
 
     def _require_running(self) -> trio.Nursery:
         if self._nursery is None or self._launcher is None:
@@ -312,26 +335,101 @@ class LinuxRuntime:
 
     # ------------------------------------------------------------------ file systems
 
+    def _busy_iid(self, prefix: str) -> str:
+        """A new instance id, protected from sweep until it is registered or torn down."""
+        iid = _new_iid(prefix)
+        self._busy.add(iid)
+        return iid
+
+    @property
+    def hardened(self) -> bool:
+        return self.config.profile == "hardened"
+
+    def _alloc_range(self) -> int | None:
+        """The lowest free uid range (hardened), or None (trusted: identity map)."""
+        if not self.hardened:
+            return None
+        index = 0
+        while index in self._ranges:
+            index += 1
+        self._ranges.add(index)
+        return index
+
+    def _userns_of(self, index: int) -> int:
+        fd = self._userns_fds.get(index)
+        if fd is None:
+            fd = self._userns_fds[index] = idmap.userns_fd(idmap.range_map(index))
+        return fd
+
     def _prepare_fs(self, iid: str, owner: str, upper_src: Path | None,
-                    lower: Sequence[Path], tmpfs_mib: int) -> mounts.SlotPaths:
+                    lower: Sequence[Path], tmpfs_mib: int,
+                    uid_index: int | None = None) -> mounts.SlotPaths:
+        """The instance's tmpfs with a copy of the upper snapshot and the overlay root. Hardened:
+        the image and the tmpfs are seen through idmapped binds of the slot's uid range (files
+        on disk keep in-slot ids) and the overlay is mounted acting as the range's root."""
         paths = mounts.SlotPaths.of(self.state_dir, iid)
         paths.dir.mkdir(parents=True, exist_ok=False)
-        _write_owner(paths, owner)
+        _write_owner(paths, owner, uid_index)
         try:
             mounts.apply(mounts.plan_rw(paths, tmpfs_mib))
             if upper_src is not None and upper_src.is_dir():
                 _copy_tree(upper_src, paths.upper)
-            mounts.apply(mounts.plan_overlay(paths, lower))
             (paths.rw / "criu").mkdir()
+            if uid_index is None:
+                mounts.apply(mounts.plan_overlay(paths, lower))
+                return paths
+            ns = self._userns_of(uid_index)
+            mapped: list[Path] = []
+            for i, layer in enumerate(lower):
+                target = paths.dir / f"lower{i}"
+                target.mkdir()
+                idmap.idmapped_bind(layer, target, ns, readonly=True)
+                mapped.append(target)
+            rwi = paths.dir / "rw-idmap"
+            rwi.mkdir()
+            idmap.idmapped_bind(paths.rw, rwi, ns, readonly=False)
+            opts = mounts.overlay_options(mapped, rwi / "upper", rwi / "work")
+            proc = subprocess.run(
+                overlay_as_argv(self._helper, idmap.uid_base(uid_index), paths.root, opts),
+                capture_output=True, text=True,
+            )
+            if proc.returncode != 0:
+                raise OSError(f"overlay for {iid} failed: {proc.stderr.strip()}")
         except BaseException:
             self._teardown_fs(paths)
             raise
         return paths
 
     def _teardown_fs(self, paths: mounts.SlotPaths) -> None:
+        index = _read_owner_record(paths.dir).get("uid_index")
+        self._busy.discard(paths.dir.name)
         for m in mounts.mounts_under(paths.dir):
             mounts.apply([mounts.MountOp("umount", m)])
         shutil.rmtree(paths.dir, ignore_errors=True)
+        if isinstance(index, int):
+            self._ranges.discard(index)
+
+    def _id_map(self, uid_index: int | None) -> tuple[tuple[int, int, int], ...]:
+        return idmap.IDENTITY if uid_index is None else idmap.range_map(uid_index)
+
+    async def _images_for(self, checkpoint: CheckpointRef, uid_index: int | None) -> Path:
+        """The checkpoint's images with the userns map of the target range (a dir of hard links
+        and a rewritten userns image, made once per range next to the images)."""
+        images = await self._images_of(checkpoint)
+        extents = self._id_map(uid_index)
+        userns_imgs = sorted(images.glob("userns-*.img"))
+        if not userns_imgs:
+            return images
+        current = idmap.decode_userns_image(userns_imgs[0].read_bytes()).uid_map
+        if tuple(current) == tuple(extents):
+            return images
+        tag = "identity" if uid_index is None else str(uid_index)
+        variant = images.parent / f".{images.name}-map-{tag}"
+        if not variant.exists():
+            async with self._image_lock:
+                if not variant.exists():
+                    await trio.to_thread.run_sync(idmap.images_for_map, images, variant, extents)
+        return variant
 
     async def _images_of(self, checkpoint: CheckpointRef) -> Path:
         """CRIU images on tmpfs: used in place when already there, else copied once into the
@@ -374,27 +472,40 @@ class LinuxRuntime:
     ) -> _Instance:
         """Restore one tree. Retries failures that happened before any restored task ran."""
         self._require_running()
-        images = await self._images_of(checkpoint)
         lower = (checkpoint.lower,)
         last_error = ""
         for attempt in range(1, self.config.max_attempts + 1):
+            t_fs = time.monotonic()
             if prepared is not None and prepared.checkpoint_id == checkpoint.id:
-                iid, paths, prepared = prepared.iid, prepared.paths, None
+                iid, paths, index, prepared = (prepared.iid, prepared.paths, prepared.uid_index,
+                                               None)
                 await trio.to_thread.run_sync(_write_owner, paths, owner)
             else:
                 if prepared is not None:
                     await trio.to_thread.run_sync(self._teardown_fs, prepared.paths)
                     prepared = None
-                iid = _new_iid(owner.replace(":", "-"))
-                t_fs = time.monotonic()
-                paths = await trio.to_thread.run_sync(
-                    self._prepare_fs, iid, owner, checkpoint.dir / "upper", lower,
-                    limits.tmpfs_mib,
-                )
-                t_fs = time.monotonic() - t_fs
+                iid = self._busy_iid(owner.replace(":", "-"))
+                index = self._alloc_range()
+                # Shielded: a cancel arriving while the thread works must not lose the mounts.
+                with trio.CancelScope(shield=True):
+                    try:
+                        paths = await trio.to_thread.run_sync(
+                            self._prepare_fs, iid, owner, checkpoint.dir / "upper", lower,
+                            limits.tmpfs_mib, index,
+                        )
+                    except BaseException:
+                        if index is not None:
+                            self._ranges.discard(index)
+                        raise
             inst = _Instance(iid, paths, {}, checkpoint.id, lower, attempts=attempt,
-                             image_sha256=checkpoint.image_sha256)
-            inst.phases["fs"] = round(t_fs if "t_fs" in locals() else 0.0, 4)
+                             image_sha256=checkpoint.image_sha256, uid_index=index)
+            inst.phases["fs"] = round(time.monotonic() - t_fs, 4)
+            try:
+                images = await self._images_for(checkpoint, index)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(self._teardown, inst)
+                raise
             ok = False
             try:
                 ok = await self._restore_once(inst, images, limits, freeze=freeze)
@@ -545,7 +656,9 @@ class LinuxRuntime:
             attempts=inst.attempts,
             extra={"iid": inst.iid, "lower": [str(p) for p in inst.lower], "spare": spare,
                    "cgroup_version": self.driver.version, "profile": self.config.profile,
-                   "image_sha256": inst.image_sha256, "phases": dict(inst.phases)},
+                   "image_sha256": inst.image_sha256, "phases": dict(inst.phases),
+                   "uid_index": inst.uid_index,
+                   "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index)},
         )
 
     def _inst(self, handle: SlotHandle) -> _Instance:
@@ -609,17 +722,21 @@ class LinuxRuntime:
             self._nursery.start_soon(self._make_warm, slot_id, checkpoint, limits)
 
     async def _make_warm(self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
-        iid = _new_iid(f"warm-{slot_id}")
+        iid = self._busy_iid(f"warm-{slot_id}")
+        index = self._alloc_range()
         try:
-            paths = await trio.to_thread.run_sync(
-                self._prepare_fs, iid, f"warm:{slot_id}", checkpoint.dir / "upper",
-                (checkpoint.lower,), limits.tmpfs_mib,
-            )
+            with trio.CancelScope(shield=True):
+                paths = await trio.to_thread.run_sync(
+                    self._prepare_fs, iid, f"warm:{slot_id}", checkpoint.dir / "upper",
+                    (checkpoint.lower,), limits.tmpfs_mib, index,
+                )
         except OSError as exc:
+            if index is not None:
+                self._ranges.discard(index)
             _log("warm_upper_failed", slot=slot_id, error=exc)
             return
         if slot_id in self._slots and slot_id not in self._warm:
-            self._warm[slot_id] = _Prepared(iid, paths, checkpoint.id)
+            self._warm[slot_id] = _Prepared(iid, paths, checkpoint.id, index)
         else:
             await trio.to_thread.run_sync(self._teardown_fs, paths)
 
@@ -690,7 +807,9 @@ class LinuxRuntime:
 
     def _nsenter(self, inst: _Instance, argv: Sequence[str], uid: int | None = None) -> list[str]:
         ids = ["-S", str(uid), "-G", str(uid)] if uid is not None else []
-        ns = ["nsenter", "-t", str(inst.pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", *ids]
+        # -U: act as the slot's root (hardened: an unprivileged host uid), never as host root.
+        ns = ["nsenter", "-t", str(inst.pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w",
+              *ids]
         return helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False,
                            [shutil.which("nsenter") or "/usr/bin/nsenter", *ns[1:], "--", *argv])
 
@@ -757,13 +876,17 @@ class LinuxRuntime:
             except OSError:
                 mountinfo, netdev = [], []
             links = [ln.split(":")[0].strip() for ln in netdev]
+            try:
+                uid_map = Path(f"/proc/{pid}/uid_map").read_text().split()
+            except OSError:
+                uid_map = []
             return SlotFacts(
                 alive=alive, init_identity_ok=identity, limits_in_force=limits,
                 mounts=mountinfo, net_links=links, namespaces=procfs.namespaces(pid),
                 oom_kills=oom, pids=pids,
                 extra={"host_namespaces": procfs.namespaces("self"),
                        "cgroup_version": self.driver.version, "cgroups": dirs,
-                       "profile": self.config.profile},
+                       "profile": self.config.profile, "uid_map": uid_map},
             )
         return await trio.to_thread.run_sync(read)
 
@@ -896,17 +1019,26 @@ class LinuxRuntime:
         drawn (the ready file). Returns the instance and the boot time (the bench baseline)."""
         self._require_running()
         limits = TEMPLATE_LIMITS
-        iid = _new_iid(owner.replace(":", "-"))
-        paths = await trio.to_thread.run_sync(
-            self._prepare_fs, iid, owner, None, (image_root,), limits.tmpfs_mib
-        )
-        inst = _Instance(iid, paths, {}, owner, (image_root,))
+        iid = self._busy_iid(owner.replace(":", "-"))
+        index = self._alloc_range()
+        with trio.CancelScope(shield=True):
+            try:
+                paths = await trio.to_thread.run_sync(
+                    self._prepare_fs, iid, owner, None, (image_root,), limits.tmpfs_mib, index
+                )
+            except BaseException:
+                if index is not None:
+                    self._ranges.discard(index)
+                raise
+        inst = _Instance(iid, paths, {}, owner, (image_root,), uid_index=index)
         ok = False
         try:
             inst.cgroups = await trio.to_thread.run_sync(self.driver.create, iid, limits)
             pkg_root = Path(__file__).resolve().parents[2]
             stage1 = [sys.executable, "-m", "drumsd.linux.stage1", "--root", str(paths.root),
                       "--tmpfs-mib", str(limits.tmpfs_mib), "--hostname", "drums"]
+            if index is not None:
+                stage1 += ["--uid-base", str(idmap.uid_base(index))]
             argv = helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False,
                                stage1)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(pkg_root)}
@@ -931,9 +1063,18 @@ class LinuxRuntime:
             deadline = trio.current_time() + self.config.boot_timeout_s
             while not ready.exists() and trio.current_time() < deadline:
                 await trio.sleep(0.01)
+            # Drawn = the agent sees a window. The tree can sit idle before that (an app waiting
+            # on a timeout), so quiescence alone would dump a half-started desktop.
+            windows: list[Any] = []
+            while trio.current_time() < deadline:
+                header, _ = await self._agent_raw(inst, {"op": "windows"}, 5.0)
+                windows = list(header.get("windows") or [])
+                if windows:
+                    break
+                await trio.sleep(0.05)
             boot_s = time.monotonic() - t0
             _log("cold_boot", owner=owner, iid=iid, pid=inst.pid, boot_s=f"{boot_s:.3f}",
-                 ready_file=ready.exists())
+                 ready_file=ready.exists(), windows=len(windows))
             ok = True
             return inst, boot_s
         finally:
@@ -957,14 +1098,17 @@ class LinuxRuntime:
             pid=handle.init_pid, starttime=handle.init_starttime,
             pidfd=os.pidfd_open(handle.init_pid), restore_s=handle.restore_s,
             image_sha256=str(handle.extra.get("image_sha256", "")),
+            uid_index=handle.extra.get("uid_index"),
         )
+        if inst.uid_index is not None:
+            self._ranges.add(inst.uid_index)
         self._slots[handle.slot_id] = inst
         self._watch(inst)
         _log("adopted", slot=handle.slot_id, iid=iid, pid=inst.pid)
         return True
 
     def _owned_in_memory(self) -> set[str]:
-        iids = {i.iid for i in self._slots.values()}
+        iids = {i.iid for i in self._slots.values()} | set(self._busy)
         iids |= {p.iid for p in self._warm.values()}
         iids |= {i.iid for pool in self._spares.values() for i in pool}
         return iids

@@ -81,3 +81,34 @@ def test_mock_policy_serves_openai_streaming(policy):
     call = final.choices[0].message.tool_calls[0]
     assert call.function.name == "computer_click"
     assert json.loads(call.function.arguments) == {"x": 50, "y": 40}
+
+
+def test_episode_desktops_close_on_cancellation_and_error(fake_host):
+    from drums_verifiers.episode import EpisodeDesktops
+
+    daemon = DaemonConfig(url=fake_host.url, token_file=fake_host.token_file)
+    created = asyncio.Event()
+
+    async def episode(fail: bool):
+        async with EpisodeDesktops(daemon) as owner:
+            await owner.create("solve", 60)
+            await owner.create("probe", 60)
+            created.set()
+            if fail:
+                raise RuntimeError("the rollout crashed")
+            await asyncio.sleep(60)
+
+    async def cancelled():
+        task = asyncio.create_task(episode(fail=False))
+        await created.wait()
+        assert len(fake_host.stats()["live_slots"]) == 2
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert fake_host.stats()["live_slots"] == []
+    with pytest.raises(RuntimeError, match="crashed"):
+        asyncio.run(episode(fail=True))
+    stats = fake_host.stats()
+    assert stats["live_slots"] == [] and stats["counters"]["slots_destroyed"] == 4

@@ -45,6 +45,8 @@ class EpisodeDesktops:
         self._client: Any = None
         self._client_lock = asyncio.Lock()
         self._owned: list[Any] = []
+        self.by_trace: dict[str, Any] = {}
+        """The env each rollout (trace id) plays on, for its finalize."""
         self.closed = False
 
     async def client(self) -> Any:
@@ -74,6 +76,7 @@ class EpisodeDesktops:
                 log.warning("closing env=%s failed; its idle lease will reap it",
                             desktop.env_id(env), exc_info=True)
         self._owned.clear()
+        self.by_trace.clear()
         if self._client is not None:
             try:
                 await asyncio.wait_for(desktop.aclose_client(self._client), CLOSE_TIMEOUT_S)

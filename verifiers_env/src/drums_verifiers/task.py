@@ -122,6 +122,7 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         else:
             owner = owner_for(trace.id, cfg.daemon)
             env = await owner.create(self.data.drums_task, cfg.idle_timeout_s)
+            owner.by_trace[trace.id] = env
         base.env = state.env_id = desktop.env_id(env)
         trace.info["drums"] = base.to_info()
         try:
@@ -183,7 +184,10 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         if seat is not None:
             return seat.env
         owner = owner_for(trace.id, self.config.daemon)
-        return await desktop.attach_env(await owner.client(), trace.state.env_id)
+        env = owner.by_trace.get(trace.id)
+        if env is None:  # set up by another process (a served env worker): attach by id
+            env = await desktop.attach_env(await owner.client(), trace.state.env_id)
+        return env
 
     # --- signals -------------------------------------------------------------------------------
 

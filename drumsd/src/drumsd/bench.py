@@ -42,6 +42,7 @@ class BenchOptions:
     cache_root: Path = Path("/var/cache/drums")
     state_dir: Path = Path("/run/drums-bench")
     criu: Path = Path("/usr/local/sbin/criu")
+    profile: str = "hardened"
     out: Path = Path("bench.json")
     resets: int = 50
     spare_resets: int = 30
@@ -148,11 +149,12 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
-    base_cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu)
+    base_cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile)
     results: dict[str, Any] = {
         "host": {"cpus": os.cpu_count(), "kernel": os.uname().release,
                  "mem_total_mib": _meminfo()["MemTotal"], "loadavg_start": os.getloadavg()},
         "image": {"profile": image.profile, "sha256": image.sha256},
+        "slot_profile": opts.profile,
         "options": {k: (str(v) if isinstance(v, Path) else v)
                     for k, v in asdict(opts).items() if k != "limits"},
     }
@@ -229,6 +231,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
 
     if KSM.is_dir():
         cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, ksm=True,
+                                 profile=opts.profile,
                                  ksm_pages_to_scan=5000, ksm_sleep_millisecs=10,
                                  spares_per_checkpoint=2)
         async with open_linux_runtime(cfg) as rt:
@@ -303,6 +306,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", type=Path, default=d.cache_root)
     parser.add_argument("--state-dir", type=Path, default=d.state_dir)
     parser.add_argument("--criu", type=Path, default=d.criu)
+    parser.add_argument("--profile", choices=("hardened", "trusted"), default=d.profile,
+                        help="slot isolation profile to measure")
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
     parser.add_argument("--resets", type=int, default=d.resets)
     parser.add_argument("--spare-resets", type=int, default=d.spare_resets)
@@ -314,6 +319,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 def main_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(
         image=args.image, cache_root=args.cache_root, state_dir=args.state_dir, criu=args.criu,
+        profile=args.profile,
         out=args.out, resets=max(1, args.resets), spare_resets=args.spare_resets,
         steps=max(1, args.steps), idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
     )

@@ -83,7 +83,8 @@ class LinuxRuntimeConfig:
     quiesce_window_s: float = 1.0
     quiesce_timeout_s: float = 30.0
     quiesce_poll_ms: int = 50
-    profile: str = "trusted"  # the unhardened root-in-slot profile (issue 7 adds "hardened")
+    # "hardened": a per-slot host uid range; "trusted": identity-mapped ids (trusted code only).
+    profile: str = "hardened"
 
     @classmethod
     def from_config(cls, cfg: Any) -> LinuxRuntimeConfig:

@@ -93,3 +93,16 @@ def test_check_config_prints_the_effective_config(tmp_path: Path) -> None:
     bad.write_text("{nope")
     done = run_drumsd("check-config", str(bad))
     assert done.returncode != 0 and "not valid JSON" in done.stderr
+
+
+def test_listen_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    write_token(tmp_path / "token")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, err = serve_with(tmp_path, listen=f"127.0.0.1:{port}")
+    line = refusal_line(err)
+    assert code != 0 and "cannot listen" in line

@@ -20,7 +20,7 @@ from pathlib import Path
 import trio
 
 from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
-from drumsd.runtime.interface import SlotRuntime
+from drumsd.runtime.interface import RuntimeError_, SlotRuntime
 
 log = logging.getLogger("drumsd.serve")
 
@@ -169,7 +169,15 @@ async def serve_async(config: Config, token: str) -> None:
         hc.errorlog = logging.getLogger("hypercorn.error")
 
         async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+            try:
+                await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+            except* OSError as group:
+                exc = _leaves(group)[0]
+                reason = getattr(exc, "strerror", None) or exc
+                raise Refusal(
+                    f"cannot listen on {config.listen}: {reason}; is another drumsd running? "
+                    "change listen or stop it"
+                ) from None
             root.cancel_scope.cancel()  # HTTP drained: stop the supervisor and the runtime
 
         binds = await root.start(run_http)
@@ -180,6 +188,17 @@ async def serve_async(config: Config, token: str) -> None:
             config.runtime,
         )
         print(f"drumsd: listening on {', '.join(binds)}", file=sys.stderr, flush=True)
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or str(exc)
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
@@ -199,8 +218,16 @@ def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
     try:
         token = preflight(config)
         trio.run(serve_async, config, token)
-    except Refusal as exc:
-        print(f"drumsd: refusing to start: {exc}", file=sys.stderr)
+    except (Refusal, RuntimeError_) as exc:
+        print(f"drumsd: refusing to start: {_reason(exc)}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        # A refusal from inside a nursery (e.g. the runtime's own start checks).
+        found = group.subgroup((Refusal, RuntimeError_))
+        if found is None:
+            raise
+        first = _leaves(found)[0]
+        print(f"drumsd: refusing to start: {_reason(first)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,106 @@
+"""A real `drumsd serve` with the Linux runtime, for live tests through the API.
+
+Without DRUMS_LIVE=1 the fixtures skip; with it (CI) a host that cannot run the runtime (not root,
+no CRIU, no image) is a failure, never a skip. One daemon serves a whole test session: its
+template checkpoint (a cold boot and a dump) is made once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from drumsd_process import Daemon, free_port, write_token  # noqa: E402
+
+CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))
+CRIU = Path(os.environ.get("DRUMS_CRIU", "/usr/local/sbin/criu"))
+
+
+def require_live(profile: str = "base") -> None:
+    """Skip without DRUMS_LIVE=1; fail when it is set and the host lacks what is needed."""
+    live = os.environ.get("DRUMS_LIVE") == "1"
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root")
+    if not os.access(CRIU, os.X_OK):
+        problems.append(f"no CRIU at {CRIU} (run scripts/setup.sh)")
+    try:
+        from drumsd.linux.image import find_image
+
+        find_image(profile, CACHE_ROOT)
+    except Exception as exc:
+        problems.append(f"no {profile} image: {exc}")
+    if problems:
+        if live:
+            pytest.fail("DRUMS_LIVE=1 but " + "; ".join(problems))
+        pytest.skip("live tests need DRUMS_LIVE=1: " + "; ".join(problems))
+
+
+def live_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
+    """A config for a test daemon: its own state and journal, admission that fits a CI host."""
+    config: dict[str, Any] = {
+        "listen": f"127.0.0.1:{port}",
+        "token_file": str(tmp / "token"),
+        "state_dir": str(tmp / "state"),
+        "journal_dir": str(tmp / "journal"),
+        "forgotten_dir": str(tmp / "forgotten"),
+        "images_dir": str(CACHE_ROOT / "images"),
+        "criu": str(CRIU),
+        "alive_after_s": 1.0,
+        "drain_timeout_s": 10,
+        "admission": {"min_available_mib": 1024, "min_available_pct": 2, "min_state_free_mib": 256},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def start_live_daemon(tmp: Path, *, image: str = "base", **overrides: Any) -> Daemon:
+    """Start the daemon and wait until the template checkpoint of `image` is ready."""
+    require_live(image)
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    token = write_token(tmp / "token")
+    config_path = tmp / "drumsd.json"
+    overrides.setdefault("default_image", image)
+    config_path.write_text(json.dumps(live_config(tmp, port, **overrides)))
+    daemon = Daemon(tmp, config_path, token, f"http://127.0.0.1:{port}").start(limit_s=60)
+    wait_template(daemon, image)
+    return daemon
+
+
+def wait_template(daemon: Daemon, image: str, limit_s: float = 180) -> None:
+    deadline = time.monotonic() + limit_s
+    last: Any = None
+    with daemon.client() as http:
+        while time.monotonic() < deadline:
+            body = http.get("/v1/checkpoints").json()
+            last = body
+            if any(
+                cp["kind"] == "template" and cp.get("image") == image
+                for cp in body.get("checkpoints", [])
+            ):
+                return
+            if daemon.proc is not None and daemon.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+    raise AssertionError(
+        f"no template checkpoint of {image!r} within {limit_s}s: {last}\n{daemon.log()[-4000:]}"
+    )
+
+
+def http_client(daemon: Daemon, timeout: float = 120) -> httpx.Client:
+    return httpx.Client(
+        base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=timeout
+    )

@@ -81,10 +81,61 @@ async def open_drumsd_app(tmp_path: Path, token: str) -> AsyncIterator[Any]:
 
     namespaces = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
     runtime = MemoryRuntime(config.state_dir)
+    tasks = StubTaskBridge()
     async with open_supervisor(
-        config, runtime, sampler=roomy, host_namespaces=namespaces
+        config, runtime, sampler=roomy, host_namespaces=namespaces, tasks=tasks, verifier=tasks
     ) as supervisor:
         with trio.fail_after(10):  # the template checkpoint is built in the background
             while supervisor.template_status.get("base") == "building":  # noqa: ASYNC110
                 await trio.sleep(0.01)
         yield create_app(supervisor, config, token)
+
+
+class StubTaskBridge:
+    """drumsd's TaskCatalog and Verifier seams with the fake app's tasks and scoring (score 1.0
+    once the episode took an action), so the real API and supervisor run under every SDK test
+    without OSWorld checkers. Only the task bridge is stubbed, as the in-memory runtime stubs
+    the desktops."""
+
+    def __init__(self) -> None:
+        from fake_app import DEFAULT_TASKS
+
+        self.tasks = {t.id: t for t in DEFAULT_TASKS}
+
+    def list_tasks(self) -> list[Any]:
+        return list(self.tasks.values())
+
+    def get_task(self, task_id: str) -> Any:
+        return self.tasks.get(task_id)
+
+    async def load(self, slot_record: Any, handle: Any, task: Any) -> tuple[Any, dict[str, Any]]:
+        from drumsd.core.errors import DrumsdError
+
+        if isinstance(task, dict):
+            info = drums.models.TaskInfo(
+                id=str(task.get("id") or "inline"),
+                instruction=str(task.get("instruction") or ""),
+                supported=True,
+            )
+            self.tasks[info.id] = info
+            return info, dict(task)
+        info = self.tasks.get(task)
+        if info is None:
+            raise DrumsdError("not_found", f"no task {task}")
+        if not info.supported:
+            raise DrumsdError("unsupported_task", f"task {task} is unsupported: {info.reason}")
+        return info, {"id": info.id, "instruction": info.instruction}
+
+    async def verify(self, slot_record: Any, handle: Any) -> Any:
+        score = None if slot_record.task_id is None else (1.0 if slot_record.actions else 0.0)
+        return drums.models.VerifyResult(
+            slot=slot_record.id,
+            episode=slot_record.episode,
+            task_id=slot_record.task_id,
+            score=score,
+            valid=False,
+            verdict="pending",
+            checker_error=None if score is not None else "no task loaded",
+            last_action=slot_record.last_action,
+            actions=slot_record.actions,
+        )

@@ -88,7 +88,7 @@ def test_verify_returns_a_trainable_reward(client: drums.Client) -> None:
         env.step({"type": "key", "key": "enter"})
         result = env.verify()
         assert result.valid and result.score == 1.0
-        assert result.audit.checker_s is not None
+        assert isinstance(result.audit, m.Audit) and result.task_id == "task-ok"
         assert env.verify(strict=False, timeout=30).score == 1.0
 
 
@@ -140,7 +140,7 @@ def test_save_get_delete_and_keep(daemon: Daemon) -> None:
 def test_quarantine_release_attach_and_close(daemon: Daemon, client: drums.Client) -> None:
     env = client.create(task="task-ok")
     slot = env.quarantine("looks wrong")
-    assert slot.state == m.SlotState.quarantined and slot.quarantine_reason == "looks wrong"
+    assert slot.state == m.SlotState.quarantined and "looks wrong" in (slot.quarantine_reason or "")
     with pytest.raises(drums.Quarantined):
         env.step("pyautogui.press('a')")
     assert env.release().state == m.SlotState.ready

@@ -34,10 +34,11 @@ def task() -> Any:
 
 def test_first_episode_runs_and_cleans_up(daemon: Daemon, tmp_path: Path) -> None:
     example = load("first_episode")
+    out = tmp_path / "out"
     with daemon.client() as client:
-        scores = example.first_episode(client, task(), tmp_path)
+        scores = example.first_episode(client, task(), out)
     assert list(scores.values()) == [1.0, 0.0, 1.0, 0.0]  # the two solved copies score
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir()) == [
         "child0.png", "child1.png", "child2.png", "child3.png", "start.png",
     ]  # fmt: skip
     assert daemon.leftovers() == ([], [])
@@ -47,13 +48,14 @@ def test_rl_loop_runs_episodes_and_drops_invalid_ones(daemon: Daemon) -> None:
     example = load("rl_loop")
     calls = {"n": 0}
 
-    def policy(obs: drums.Observation) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 4:  # the second episode goes bad: the env gets quarantined
-            daemon.faults.error("POST", r"/v1/slots/[^/]+/step", "quarantined")
-        return {"type": "done"} if calls["n"] % 3 == 0 else "pyautogui.press('a')"
-
     with daemon.client() as client:
+
+        def policy(obs: drums.Observation) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 4:  # the second episode goes bad, as when a gate fails mid-episode
+                client.attach(obs.meta["env_id"]).quarantine("a gate failed mid-episode")
+            return {"type": "done"} if calls["n"] % 3 == 0 else "pyautogui.press('a')"
+
         rewards = example.run_episodes(client, task(), episodes=3, policy=policy, max_steps=5)
     assert rewards == [1.0, None, 1.0]
     assert daemon.leftovers() == ([], [])

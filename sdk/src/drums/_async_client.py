@@ -362,10 +362,12 @@ class AsyncEnv(EnvBase):
                     await self._client._delete_states([state.id])
 
     async def verify(
-        self, *, strict: bool = True, timeout: Optional[float] = None
+        self, *, strict: bool = True, timeout: Optional[float] = None, gates_timeout: float = 60.0
     ) -> m.VerifyResult:
-        """Run the checker; strict=True raises InvalidEpisode / CheckerFailed instead of
-        returning something that is not a trainable reward."""
+        """Run the checker. strict=True waits for the gates first, then raises InvalidEpisode /
+        CheckerFailed instead of returning something that is not a trainable reward."""
+        if strict:
+            await self.wait_valid(timeout=gates_timeout)
         result = await self._send(
             routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t)
         )

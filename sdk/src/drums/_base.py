@@ -40,6 +40,7 @@ from ._exceptions import (
     InvalidEpisode,
     InvalidRequest,
     NotFound,
+    Quarantined,
     Unauthorized,
     bad_response,
     error_from_response,
@@ -243,7 +244,8 @@ def gate_verdict(report: m.GateReport, env_id: str) -> Optional[m.GateReport]:
     ]
     if failed or report.valid is False:
         evidence = {g.name: g.evidence for g in report.gates if g.name in failed}
-        raise InvalidEpisode(
+        cls = Quarantined if "not_quarantined" in failed else InvalidEpisode
+        raise cls(
             f"gate(s) failed: {', '.join(failed) or '?'}; the episode is invalid and the env is "
             "quarantined: close it, or release() then reset() it",
             env_id=env_id,
@@ -260,6 +262,8 @@ def verify_outcome(result: m.VerifyResult, strict: bool) -> m.VerifyResult:
         return result
     if not result.valid:
         reasons = ", ".join(result.invalid_reasons or result.failed_gates) or result.verdict
+        if result.verdict == "pending":
+            reasons += "; the gates are not judged yet: wait_valid() first"
         raise InvalidEpisode(
             f"episode {result.episode} is invalid ({reasons}): no reward; do not train on it",
             env_id=result.slot,

@@ -332,9 +332,17 @@ class Env(EnvBase):
                 if not keep_state:
                     self._client._delete_states([state.id], deadline)
 
-    def verify(self, *, strict: bool = True, timeout: Optional[float] = None) -> m.VerifyResult:
-        """Run the task's checker. strict=True: an invalid episode raises InvalidEpisode and a
-        missing score CheckerFailed, so what returns is a reward you may train on."""
+    def verify(
+        self, *, strict: bool = True, timeout: Optional[float] = None, gates_timeout: float = 60.0
+    ) -> m.VerifyResult:
+        """Run the task's checker (`timeout` bounds one checker run on the daemon).
+
+        strict=True first waits for the episode's gates (up to `gates_timeout`), then raises
+        InvalidEpisode for an invalid episode and CheckerFailed for a missing score: what
+        returns is a reward you may train on. strict=False returns whatever the daemon says.
+        """
+        if strict:
+            self.wait_valid(timeout=gates_timeout)
         result = self._send(routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t))
         return verify_outcome(result, strict)
 

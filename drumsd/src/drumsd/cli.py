@@ -25,11 +25,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     check.add_argument("--defaults", action="store_true", help="print every default and exit")
     check.set_defaults(func=_cmd_check_config)
 
+    # Host subcommands (doctor, image, host, bench) register themselves when installed.
     try:
         from drumsd import cli_host
     except ImportError:
-        cli_host = None
-    if cli_host is not None:
+        pass
+    else:
         cli_host.register(sub)
     return parser, sub
 

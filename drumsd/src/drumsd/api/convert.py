@@ -16,6 +16,10 @@ def ts(value: float | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value, tz=UTC)
 
 
+def at(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=UTC)
+
+
 def slot(rec: SlotRecord) -> wire.Slot:
     statuses = {g.name: g.status for g in rec.gates}
     valid = G.episode_valid(statuses) if rec.gates else None
@@ -28,8 +32,8 @@ def slot(rec: SlotRecord) -> wire.Slot:
         episode_id=rec.episode_id or None,
         parent=rec.parent,
         task_id=rec.task_id,
-        created_at=ts(rec.created_at),
-        last_used_at=ts(rec.last_used_at),
+        created_at=at(rec.created_at),
+        last_used_at=at(rec.last_used_at),
         expires_at=ts(record_expires_at(rec)) if rec.status is not SlotStatus.destroyed else None,
         idle_timeout_s=rec.idle_timeout_s or 0.0,
         ttl_s=rec.ttl_s,
@@ -47,7 +51,7 @@ def checkpoint(cp: CheckpointRecord) -> wire.Checkpoint:
         image=cp.image,
         image_sha256=cp.image_sha256 or None,
         source_slot=cp.source_slot,
-        created_at=ts(cp.created_at),
+        created_at=at(cp.created_at),
         last_used_at=ts(cp.last_used_at),
         expires_at=ts(record_expires_at(cp)),
         size_mib=cp.size_mib,
@@ -100,7 +104,7 @@ def health(data: dict[str, Any]) -> wire.Health:
 
 def metrics(data: dict[str, Any]) -> wire.Metrics:
     return wire.Metrics(
-        window_started_at=ts(data["window_started_at"]),
+        window_started_at=at(data["window_started_at"]),
         window_s=data["window_s"],
         latencies={k: wire.LatencySummary(**v) for k, v in data["latencies"].items()},
         episodes_by_verdict=data["episodes_by_verdict"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from drums import models as wire
 from pydantic import BaseModel
@@ -22,7 +22,8 @@ ERROR_RESPONSES = {
 
 
 def build_openapi(version: str) -> dict[str, Any]:
-    models: list[tuple[type[BaseModel], str]] = [(wire.ErrorEnvelope, "serialization")]
+    Mode = Literal["validation", "serialization"]
+    models: list[tuple[type[BaseModel], Mode]] = [(wire.ErrorEnvelope, "serialization")]
     for route in ROUTES:
         if route.request is not None:
             models.append((route.request, "validation"))

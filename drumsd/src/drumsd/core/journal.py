@@ -71,12 +71,12 @@ def fold(
             )
             continue
         _offer(state, event.kind, event.record)
-    for (kind, record_id), rev in deleted_rev.items():
-        table: dict[str, Any] = state.slots if kind == "slot" else state.checkpoints
+    for (deleted_kind, record_id), rev in deleted_rev.items():
+        table: dict[str, Any] = state.slots if deleted_kind == "slot" else state.checkpoints
         current = table.get(record_id)
         if current is not None and current.rev <= rev:
             del table[record_id]
-            if kind == "checkpoint":
+            if deleted_kind == "checkpoint":
                 state.deleted_checkpoints.add(record_id)
     return state
 

@@ -340,6 +340,7 @@ class Supervisor:
             raise DrumsdError(
                 "invalid_request", "give either image or from_state, not both", field="image"
             )
+        cp: CheckpointRecord | None
         if req.from_state:
             cp = self.get_checkpoint(req.from_state)
         else:

@@ -746,7 +746,7 @@ class Supervisor:
         }
         screenshot = self.last_screenshot.get(rec.id)
         logs = [str(p) for p in (rec.handle or {}).get("extra", {}).get("log_files", [])]
-        events = self.journal.events_of(rec.id)
+        events = await trio.to_thread.run_sync(self.journal.events_of, rec.id)
         try:
             await trio.to_thread.run_sync(
                 write_forgotten,

@@ -336,6 +336,11 @@ def calc_count_to_answer(rng: random.Random) -> TaskSpec:
         ("at_most", sum(v <= threshold for v in vals)),
     ]
     near = [chromium.answer(nm, str(v), why=nm) for nm, v in cands if v != want][:3]
+    near.append(
+        chromium.answer(
+            "wrong_folder", str(want), f"{DOCS}/answer.txt", why="right count, saved in Documents"
+        )
+    )
     return TaskSpec(
         family="",
         app="multi_apps",

@@ -18,6 +18,16 @@ command -v uv >/dev/null || python3 -m pip install --quiet --root-user-action=ig
 uv sync --frozen --all-packages --group dev --quiet || uv sync --all-packages --group dev
 export PATH="$PWD/.venv/bin:$PATH"
 
-step "host packages, CRIU and images: ${profiles[*]}"
-bash scripts/prepare-host.sh "${profiles[@]}"
+for profile in "${profiles[@]}"; do
+    step "host packages, CRIU and the '$profile' desktop image"
+    bash scripts/prepare-host.sh "$profile"
+done
+
+step "tools the tests use (nix-instantiate for the Nix checks)"
+command -v nix-instantiate >/dev/null || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin
+}
+
+step "checker virtualenv (OSWorld's metric functions, run as an unprivileged uid)"
+python -m drumsd.tasks
 step "done"

@@ -37,9 +37,7 @@ import time, drums
 deadline = time.monotonic() + 300
 with drums.connect() as client:
     while True:
-        ready = [c for c in client.list_states(kind="template") if c.image == "office"] \
-            if "kind" in client.list_states.__code__.co_varnames else \
-            [c for c in client.list_states() if c.kind == "template" and c.image == "office"]
+        ready = [c for c in client.list_states() if c.kind == "template" and c.image == "office"]
         if ready:
             print(f"==> template checkpoint {ready[0].id} of the office image is ready")
             break

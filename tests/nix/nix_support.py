@@ -1,5 +1,6 @@
-"""Shared pieces of the Nix packaging's CI tests: tool lookup that fails under CI, and a real
-`drumsd serve` managed by the local stand-in for a NixOS test machine."""
+"""Shared helpers of the Nix packaging's CI tests (a uniquely named module, not a conftest, so a
+whole-repo pytest session cannot confuse it with another directory's): tool lookup that fails
+under CI, and a real `drumsd serve` managed by the local stand-in for a NixOS test machine."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, nix_env, require_tool
+from nix_support import REPO, nix_env, require_tool
 
 STUB = Path(__file__).with_name("stub-nixpkgs")
 

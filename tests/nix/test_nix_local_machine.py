@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import open_local_daemon
 from local_machine import CommandFailed, LocalMachine, LocalUnit, UnsupportedByStandIn
+from nix_support import open_local_daemon
 
 # A tiny long-running "daemon": sleeps until signalled.
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, nix_env, require_tool
+from nix_support import REPO, nix_env, require_tool
 
 EVAL = Path(__file__).with_name("module_eval.nix")
 LIB = os.environ.get("DRUMS_NIXPKGS_LIB")

@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, nix_env, require_tool
+from nix_support import REPO, nix_env, require_tool
 
 SKIP_DIRS = {".git", ".venv", "node_modules", "__pycache__", ".ruff_cache", "result"}
 

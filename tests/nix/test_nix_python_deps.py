@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import REPO, nix_env, require_tool
+from nix_support import REPO, nix_env, require_tool
 
 EVAL = Path(__file__).with_name("python_packages_eval.nix")
 DIRS = {

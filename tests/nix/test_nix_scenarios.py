@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 
 import pytest
-from conftest import open_local_daemon, require_live_runtime
+from nix_support import open_local_daemon, require_live_runtime
 
 
 def run_scenario(name: str, tmp_path: Path, live: bool) -> None:

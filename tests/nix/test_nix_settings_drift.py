@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import annotated_types
-from conftest import REPO, nix_env, require_tool
 from drumsd.core.config import Block, Config
+from nix_support import REPO, nix_env, require_tool
 from pydantic import BaseModel, TypeAdapter, ValidationError, create_model
 from pydantic.fields import FieldInfo
 

@@ -1176,6 +1176,15 @@ class LinuxRuntime:
         for inst in self._spares.pop(checkpoint_id, []):
             await self._dispose(inst, background=False)
 
+    async def forget_checkpoint(self, checkpoint_id: str) -> None:
+        """A checkpoint was deleted or replaced: drop its spares and its image copies on the
+        runtime's tmpfs (they would otherwise hold its memory image in RAM)."""
+        await self.drop_spares(checkpoint_id)
+        for key in [k for k in self._image_cache if k.rsplit("-", 2)[0] == checkpoint_id]:
+            path = self._image_cache.pop(key)
+            for d in [path, *path.parent.glob(f".{path.name}-map-*")]:
+                await trio.to_thread.run_sync(shutil.rmtree, d, True)
+
     def ksm_stats(self) -> dict[str, int | bool]:
         """For /v1/health and metrics: whether KSM is on and the memory it saves right now."""
         out: dict[str, int | bool] = {"enabled": self.config.ksm}

@@ -112,6 +112,27 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
         yield runtime
 
 
+def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
+    """The task bridge as the supervisor's `tasks` and `verifier` seams, for the Linux runtime.
+    The memory runtime keeps the placeholders (no task runs on a fake desktop)."""
+    if config.runtime != "linux":
+        return {}
+    try:
+        from drumsd.tasks.bridge import TaskBridge, context_from_config
+        from drumsd.tasks.checker_venv import load_checker_venv
+    except ImportError as exc:
+        log.warning("no task bridge (%s): tasks are unsupported, verify has no checker", exc)
+        return {}
+    venv = load_checker_venv()
+    if venv is None:
+        log.warning(
+            "the checker venv is not built: OSWorld metric checkers are unsupported until "
+            "`python -m drumsd.tasks` builds it"
+        )
+    bridge = TaskBridge(context_from_config(config.tasks, venv), runtime)
+    return {"tasks": bridge, "verifier": bridge}
+
+
 async def _watch_signals(
     shutdown: trio.Event,
     on_first: list,
@@ -156,7 +177,8 @@ async def serve_async(config: Config, token: str) -> None:
             partial(_watch_signals, shutdown, hooks, root.cancel_scope, config.drain_timeout_s)
         )
         journal = await trio.to_thread.run_sync(Journal, config.journal_dir)
-        supervisor = Supervisor(config, runtime, journal, version=VERSION)
+        seams = await trio.to_thread.run_sync(task_seams, config, runtime)
+        supervisor = Supervisor(config, runtime, journal, version=VERSION, **seams)  # type: ignore[arg-type]
         with trio.fail_after(300):  # reconcile and adoption have a limit too
             await root.start(supervisor.run)
         hooks.append(lambda: setattr(supervisor, "draining", True))

@@ -1,0 +1,149 @@
+"""The examples as real processes over a real socket: the quickstart runs end to end, and a
+SIGINT to the RL loop mid-episode leaves no env or saved state behind.
+
+The daemon here is the fake app served by hypercorn; with DRUMS_LIVE=1 and DRUMS_URL /
+DRUMS_TOKEN (or DRUMS_TOKEN_FILE) set, the same tests run against that real daemon instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import httpx
+import pytest
+from sdk_harness import TOKEN
+
+import drums
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parents[1] / "examples"
+TASK = {"id": "e0df059f", "instruction": "Rename todo_list_Jan_1 to todo_list_Jan_2.", "config": []}
+LIVE = os.environ.get("DRUMS_LIVE") == "1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Dict[str, str]]:
+    """Environment variables pointing the examples at a daemon."""
+    if LIVE:
+        yield {k: v for k, v in os.environ.items() if k.startswith("DRUMS_")}
+        return
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "sdk_serve_fake.py"), str(port), str(token_file)],
+        cwd=HERE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the fake daemon did not start"
+            time.sleep(0.05)
+        yield {"DRUMS_URL": url, "DRUMS_TOKEN_FILE": str(token_file)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def snapshot(env: Dict[str, str]) -> Tuple[Set[str], Set[str]]:
+    with drums.connect(env["DRUMS_URL"], token_file=env.get("DRUMS_TOKEN_FILE"),
+                       token=env.get("DRUMS_TOKEN")) as client:  # fmt: skip
+        envs = {s.id for s in client.list_envs()}
+        states = {c.id for c in client.list_states() if c.kind != "template"}
+    return envs, states
+
+
+def run_example(name: str, args: List[str], env: Dict[str, str]) -> "subprocess.Popen[str]":
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / f"{name}.py"), *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def task_args(tmp_path: Path) -> List[str]:
+    if LIVE:
+        return []  # the example's default: the OSWorld task e0df059f on the daemon
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(TASK))
+    return ["--task", str(path)]
+
+
+def test_quickstart_runs_end_to_end(server: Dict[str, str], tmp_path: Path) -> None:
+    before = snapshot(server)
+    out = tmp_path / "shots"
+    proc = run_example("first_episode", [*task_args(tmp_path), "--out", str(out)], server)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert output.count("score") == 4 and f"screenshots in {out}" in output
+    assert len(list(out.glob("*.png"))) == 5
+    assert snapshot(server) == before
+
+
+def test_sigint_mid_episode_leaves_nothing(server: Dict[str, str], tmp_path: Path) -> None:
+    before_envs, before_states = snapshot(server)
+    args = [*task_args(tmp_path), "--episodes", "100000", "--max-steps", "50"]
+    proc = run_example("rl_loop", args, server)
+    try:
+        # Wait until the loop is inside an episode: its env exists and has taken actions.
+        deadline = time.monotonic() + 120
+        with drums.connect(server["DRUMS_URL"], token=server.get("DRUMS_TOKEN"),
+                           token_file=server.get("DRUMS_TOKEN_FILE")) as client:  # fmt: skip
+            while True:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                new = [s for s in client.list_envs() if s.id not in before_envs]
+                if new and client.attach(new[0].id).metrics().actions > 0:
+                    break
+                assert time.monotonic() < deadline, "the RL loop never started an episode"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    assert snapshot(server) == (before_envs, before_states)
+
+
+def test_exception_inside_a_fork_block_leaves_nothing(
+    server: Dict[str, str], tmp_path: Path
+) -> None:
+    before = snapshot(server)
+    task = str(tmp_path / "task.json") if not LIVE else "e0df059f-28a6-4169-924f-b9623e7184cc"
+    if not LIVE:
+        Path(task).write_text(json.dumps(TASK))
+    with pytest.raises(ZeroDivisionError):
+        with drums.connect(server["DRUMS_URL"], token=server.get("DRUMS_TOKEN"),
+                           token_file=server.get("DRUMS_TOKEN_FILE")) as client:  # fmt: skip
+            env = client.create(task=task)
+            env.wait_valid()
+            with env.fork(2) as children:
+                children[0].step({"type": "key", "key": "enter"})
+                1 / 0  # noqa: B018
+    assert snapshot(server) == before

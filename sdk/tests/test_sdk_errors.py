@@ -200,6 +200,12 @@ def test_bad_arguments_fail_before_any_request(daemon: Daemon) -> None:
         with pytest.raises(drums.InvalidRequest):
             with env.fork(0):
                 pass
+        with pytest.raises(drums.InvalidRequest, match="ttl_s"):
+            env.save(ttl_s=-1)
+        with pytest.raises(drums.InvalidRequest, match="timeout_s"):
+            env.verify(strict=False, timeout=0)
+        with pytest.raises(drums.InvalidRequest, match="timeout_s"):
+            env.wait_quiescent(timeout=-5)
         assert len(daemon.faults.seen) == sent
 
 

@@ -42,6 +42,7 @@ from ._base import (
     is_already_gone,
     task_ref,
     verify_outcome,
+    wire,
 )
 from ._config import Secret
 from ._exceptions import DrumsError, NotFound, Timeout, foreign_errors
@@ -136,15 +137,15 @@ class AsyncClient(BaseClient["AsyncEnv"]):
         """`env = await client.create(...)` or `async with client.create(...) as env:`."""
 
         async def open_env() -> AsyncEnv:
-            with foreign_errors(what="create", env_id=None, timeout_s=0):
-                body = m.SlotCreate(
-                    image=image,
-                    from_state=routes.state_id(from_state) if from_state is not None else None,
-                    task=task_ref(task) if task is not None else None,
-                    idle_timeout_s=idle_timeout_s,
-                    ttl_s=ttl_s,
-                    labels=labels or {},
-                )
+            body = wire(
+                m.SlotCreate,
+                image=image,
+                from_state=routes.state_id(from_state) if from_state is not None else None,
+                task=task_ref(task) if task is not None else None,
+                idle_timeout_s=idle_timeout_s,
+                ttl_s=ttl_s,
+                labels=labels or {},
+            )
             slot = await self._send(routes.create_slot(body, self.timeouts))
             instruction = instruction_of(body.task) if body.task is not None else None
             return self._adopt_env(AsyncEnv(self, slot, owned=True, instruction=instruction))
@@ -290,8 +291,7 @@ class AsyncEnv(EnvBase):
         return self._observation(png)
 
     async def step(self, action: ActionArg, *, screenshot: bool = False) -> m.StepResult:
-        with foreign_errors(what="step", env_id=self.id, timeout_s=0):
-            request = action_request(action, screenshot)
+        request = action_request(action, screenshot)
         result = await self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions
         return result
@@ -301,7 +301,7 @@ class AsyncEnv(EnvBase):
 
     async def load_task(self, task: TaskArg) -> m.TaskInfo:
         ref = task_ref(task)
-        loaded = await self._send(routes.load_task(self.id, m.TaskLoad(task=ref), self._t))
+        loaded = await self._send(routes.load_task(self.id, wire(m.TaskLoad, task=ref), self._t))
         self._instruction = loaded.task.instruction
         self.slot = self.slot.model_copy(update={"task_id": loaded.task.id})
         return loaded.task
@@ -309,7 +309,7 @@ class AsyncEnv(EnvBase):
     async def wait_quiescent(
         self, timeout: Optional[float] = None, window_s: Optional[float] = None
     ) -> m.QuiescentResult:
-        body = m.QuiescentRequest(timeout_s=timeout, window_s=window_s)
+        body = wire(m.QuiescentRequest, timeout_s=timeout, window_s=window_s)
         return await self._send(routes.quiescent(self.id, body, self._t))
 
     async def save(
@@ -320,7 +320,7 @@ class AsyncEnv(EnvBase):
         ttl_s: Optional[float] = None,
     ) -> m.Checkpoint:
         """Save the desktop; deleted when the client closes unless keep=True."""
-        body = m.CaptureRequest(idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        body = wire(m.CaptureRequest, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = await self._send(routes.capture(self.id, body, self._t))
         if not keep:
             self._client._adopt_state(state)
@@ -337,9 +337,8 @@ class AsyncEnv(EnvBase):
     ) -> AsyncIterator[Forked[AsyncEnv]]:
         """`async with env.fork(4) as children:`; children destroyed on exit, and the prefork
         state too unless keep_state=True (then it lives until the client closes)."""
-        with foreign_errors(what="fork", env_id=self.id, timeout_s=0):
-            request = m.BranchRequest(n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
-        prefork = m.PreforkRequest(idle_timeout_s=idle_timeout_s)
+        request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
         state = self._client._adopt_state(
             await self._send(routes.prefork(self.id, prefork, self._t))
         )
@@ -369,7 +368,7 @@ class AsyncEnv(EnvBase):
         if strict:
             await self.wait_valid(timeout=gates_timeout)
         result = await self._send(
-            routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t)
+            routes.verify(self.id, wire(m.VerifyRequest, timeout_s=timeout), self._t)
         )
         return verify_outcome(result, strict)
 
@@ -377,8 +376,7 @@ class AsyncEnv(EnvBase):
         return await self._send(routes.slot_metrics(self.id, self._t))
 
     async def quarantine(self, reason: str) -> m.Slot:
-        with foreign_errors(what="quarantine", env_id=self.id, timeout_s=0):
-            body = m.QuarantineRequest(reason=reason)
+        body = wire(m.QuarantineRequest, reason=reason)
         return self._update(await self._send(routes.quarantine(self.id, body, self._t)))
 
     async def release(self) -> m.Slot:

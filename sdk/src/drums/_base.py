@@ -20,6 +20,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Type,
     TypeVar,
     Union,
     overload,
@@ -44,6 +45,7 @@ from ._exceptions import (
     Unauthorized,
     bad_response,
     error_from_response,
+    foreign_errors,
 )
 from ._observation import Observation
 from ._retry import RetryPolicy
@@ -53,6 +55,7 @@ log = logging.getLogger("drums")
 
 T = TypeVar("T")
 E = TypeVar("E", bound="EnvBase")
+W = TypeVar("W", bound=m.WireModel)
 
 TaskArg = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 ActionArg = Union[str, m.Action, Mapping[str, Any]]
@@ -82,11 +85,18 @@ def task_ref(task: TaskArg) -> m.TaskRef:
     return str(task)
 
 
+def wire(cls: Type[W], **fields: Any) -> W:
+    """A request body from the caller's arguments; a bad value is InvalidRequest, not pydantic's
+    ValidationError, and fails before anything is sent."""
+    with foreign_errors(what=cls.__name__, env_id=None, timeout_s=0):
+        return cls(**fields)
+
+
 def action_request(action: ActionArg, screenshot: bool) -> m.StepRequest:
     """pyautogui code, an `Action`, or an action dict ({"type": "click", "x": 10, "y": 20})."""
     if isinstance(action, Mapping):
-        action = m.Action.model_validate(dict(action))
-    return m.StepRequest(action=action, screenshot=screenshot)
+        action = wire(m.Action, **action)
+    return wire(m.StepRequest, action=action, screenshot=screenshot)
 
 
 class Forked(Sequence[E]):

@@ -30,6 +30,7 @@ from ._base import (
     is_already_gone,
     task_ref,
     verify_outcome,
+    wire,
 )
 from ._config import Secret
 from ._exceptions import DrumsError, NotFound, Timeout, foreign_errors
@@ -123,15 +124,15 @@ class Client(BaseClient["Env"]):
         labels: Optional[Dict[str, str]] = None,
     ) -> Env:
         """A new env, owned by this client. `task` is an OSWorld id, a JSON file or a dict."""
-        with foreign_errors(what="create", env_id=None, timeout_s=0):
-            body = m.SlotCreate(
-                image=image,
-                from_state=routes.state_id(from_state) if from_state is not None else None,
-                task=task_ref(task) if task is not None else None,
-                idle_timeout_s=idle_timeout_s,
-                ttl_s=ttl_s,
-                labels=labels or {},
-            )
+        body = wire(
+            m.SlotCreate,
+            image=image,
+            from_state=routes.state_id(from_state) if from_state is not None else None,
+            task=task_ref(task) if task is not None else None,
+            idle_timeout_s=idle_timeout_s,
+            ttl_s=ttl_s,
+            labels=labels or {},
+        )
         slot = self._send(routes.create_slot(body, self.timeouts))
         instruction = instruction_of(body.task) if body.task is not None else None
         return self._adopt_env(Env(self, slot, owned=True, instruction=instruction))
@@ -250,8 +251,7 @@ class Env(EnvBase):
     def step(self, action: ActionArg, *, screenshot: bool = False) -> m.StepResult:
         """Run pyautogui code (a str) or an action dict/`Action`. With screenshot=True the result
         carries the PNG after the step (base64 in `screenshot_png_b64`)."""
-        with foreign_errors(what="step", env_id=self.id, timeout_s=0):
-            request = action_request(action, screenshot)
+        request = action_request(action, screenshot)
         result = self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions
         return result
@@ -262,7 +262,7 @@ class Env(EnvBase):
 
     def load_task(self, task: TaskArg) -> m.TaskInfo:
         ref = task_ref(task)
-        loaded = self._send(routes.load_task(self.id, m.TaskLoad(task=ref), self._t))
+        loaded = self._send(routes.load_task(self.id, wire(m.TaskLoad, task=ref), self._t))
         self._instruction = loaded.task.instruction
         self.slot = self.slot.model_copy(update={"task_id": loaded.task.id})
         return loaded.task
@@ -271,7 +271,7 @@ class Env(EnvBase):
         self, timeout: Optional[float] = None, window_s: Optional[float] = None
     ) -> m.QuiescentResult:
         """Wait until the desktop's processes are idle (NotQuiescent if they never settle)."""
-        body = m.QuiescentRequest(timeout_s=timeout, window_s=window_s)
+        body = wire(m.QuiescentRequest, timeout_s=timeout, window_s=window_s)
         return self._send(routes.quiescent(self.id, body, self._t))
 
     def save(
@@ -286,7 +286,7 @@ class Env(EnvBase):
         Without keep=True the state is deleted when the client closes; with it, it outlives the
         client until its lease on the daemon (idle timeout / TTL) runs out or delete_state().
         """
-        body = m.CaptureRequest(idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        body = wire(m.CaptureRequest, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = self._send(routes.capture(self.id, body, self._t))
         if not keep:
             self._client._adopt_state(state)
@@ -306,11 +306,12 @@ class Env(EnvBase):
         On exit the children are destroyed, and the prefork state too unless keep_state=True
         (then it lives until the client closes: `children.state` can seed `create(from_state=)`).
         """
-        with foreign_errors(what="fork", env_id=self.id, timeout_s=0):
-            request = m.BranchRequest(n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = self._client._adopt_state(
             self._send(
-                routes.prefork(self.id, m.PreforkRequest(idle_timeout_s=idle_timeout_s), self._t)
+                routes.prefork(
+                    self.id, wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s), self._t
+                )
             )
         )
         children: List[Env] = []
@@ -343,15 +344,16 @@ class Env(EnvBase):
         """
         if strict:
             self.wait_valid(timeout=gates_timeout)
-        result = self._send(routes.verify(self.id, m.VerifyRequest(timeout_s=timeout), self._t))
+        result = self._send(
+            routes.verify(self.id, wire(m.VerifyRequest, timeout_s=timeout), self._t)
+        )
         return verify_outcome(result, strict)
 
     def metrics(self) -> m.SlotMetrics:
         return self._send(routes.slot_metrics(self.id, self._t))
 
     def quarantine(self, reason: str) -> m.Slot:
-        with foreign_errors(what="quarantine", env_id=self.id, timeout_s=0):
-            body = m.QuarantineRequest(reason=reason)
+        body = wire(m.QuarantineRequest, reason=reason)
         return self._update(self._send(routes.quarantine(self.id, body, self._t)))
 
     def release(self) -> m.Slot:

@@ -43,6 +43,7 @@ class BenchOptions:
     state_dir: Path = Path("/run/drums-bench")
     criu: Path = Path("/usr/local/sbin/criu")
     profile: str = "hardened"
+    apps: Sequence[str] = ()
     out: Path = Path("bench.json")
     resets: int = 50
     spare_resets: int = 30
@@ -155,6 +156,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
                  "mem_total_mib": _meminfo()["MemTotal"], "loadavg_start": os.getloadavg()},
         "image": {"profile": image.profile, "sha256": image.sha256},
         "slot_profile": opts.profile,
+        "apps": list(opts.apps),
         "options": {k: (str(v) if isinstance(v, Path) else v)
                     for k, v in asdict(opts).items() if k != "limits"},
     }
@@ -166,14 +168,15 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         progress(f"cold boot x{opts.cold_boots} of image {image.profile} ...")
         boots = []
         for _ in range(opts.cold_boots):
-            inst, boot_s = await rt.cold_boot(image.root.resolve(), "bench:cold")
+            inst, boot_s = await rt.cold_boot(image.root.resolve(), "bench:cold", opts.apps)
             boots.append(boot_s)
             await rt.dispose_instance(inst)
         results["cold_boot_s"] = summarize(boots)
 
         progress("template (cold boot, quiesce, dump) ...")
         t0 = time.monotonic()
-        ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template")
+        ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template",
+                                     apps=opts.apps)
         results["template_s"] = summarize([time.monotonic() - t0])
         meta = json.loads((ref.dir / "meta.json").read_text())
         results["template_dump_s"] = meta.get("dump_s")
@@ -308,6 +311,9 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--criu", type=Path, default=d.criu)
     parser.add_argument("--profile", choices=("hardened", "trusted"), default=d.profile,
                         help="slot isolation profile to measure")
+    parser.add_argument("--app", action="append", default=[],
+                        help="a command the desktop starts before the checkpoint "
+                             "(e.g. 'libreoffice --calc --norestore'); repeatable")
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
     parser.add_argument("--resets", type=int, default=d.resets)
     parser.add_argument("--spare-resets", type=int, default=d.spare_resets)
@@ -319,7 +325,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 def main_bench(args: argparse.Namespace) -> int:
     opts = BenchOptions(
         image=args.image, cache_root=args.cache_root, state_dir=args.state_dir, criu=args.criu,
-        profile=args.profile,
+        profile=args.profile, apps=tuple(args.app),
         out=args.out, resets=max(1, args.resets), spare_resets=args.spare_resets,
         steps=max(1, args.steps), idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
     )

@@ -33,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tmpfs-mib", type=int, default=1024)
     p.add_argument("--hostname", default="drums")
     p.add_argument("--init", default=DESKTOP_INIT)
+    p.add_argument("--init-arg", action="append", default=[],
+                   help="an argument for the desktop init (repeat; use --init-arg=--app)")
     p.add_argument("--log", default="/var/log/desktop-init.log", help="inside the slot")
     p.add_argument("--uid-base", type=int, default=None,
                    help="hardened: map in-slot ids 0..65535 to host ids from this base")
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(log, 2)
     os.close(null)
     os.close(log)
-    os.execve(args.init, [args.init], SLOT_ENV)
+    os.execve(args.init, [args.init, *args.init_arg], SLOT_ENV)
     return 127  # not reached
 
 

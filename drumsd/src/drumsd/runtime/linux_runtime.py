@@ -992,15 +992,17 @@ class LinuxRuntime:
         return [results[c] for c in child_ids]
 
     async def make_template(
-        self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path
+        self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path,
+        *, apps: Sequence[str] = (),
     ) -> CheckpointRef:
-        """Cold boot: stage 1 in fresh namespaces, wait for the agent, the ready file and a quiet
-        tree, then dump (the booted tree is killed by the dump)."""
+        """Cold boot: stage 1 in fresh namespaces, wait for the agent, the ready file, a window
+        per app (`apps`: shell commands the desktop init starts, e.g. `libreoffice --calc`) and a
+        quiet tree, then dump (the booted tree is killed by the dump)."""
         self._require_running()
         # Pin the real directory: overlay's index ties the upper snapshot to this exact lower
         # (a rebuilt image behind the same symlink would fail with ESTALE).
         image_root = image_root.resolve()
-        inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}")
+        inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}", apps=apps)
         try:
             ok = await self._quiescent(inst, self.config.quiesce_window_s,
                                        self.config.quiesce_timeout_s, self.config.quiesce_poll_ms)
@@ -1015,7 +1017,9 @@ class LinuxRuntime:
             with trio.CancelScope(shield=True):
                 await self._dispose(inst, background=False)
 
-    async def cold_boot(self, image_root: Path, owner: str) -> tuple[_Instance, float]:
+    async def cold_boot(
+        self, image_root: Path, owner: str, apps: Sequence[str] = ()
+    ) -> tuple[_Instance, float]:
         """Boot the image in a fresh instance until its agent answers and the desktop says it is
         drawn (the ready file). Returns the instance and the boot time (the bench baseline)."""
         self._require_running()
@@ -1040,6 +1044,8 @@ class LinuxRuntime:
                       "--tmpfs-mib", str(limits.tmpfs_mib), "--hostname", "drums"]
             if index is not None:
                 stage1 += ["--uid-base", str(idmap.uid_base(index))]
+            for app in apps:
+                stage1 += ["--init-arg=--app", f"--init-arg={app}"]
             argv = helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False,
                                stage1)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(pkg_root)}
@@ -1070,7 +1076,7 @@ class LinuxRuntime:
             while trio.current_time() < deadline:
                 header, _ = await self._agent_raw(inst, {"op": "windows"}, 5.0)
                 windows = list(header.get("windows") or [])
-                if windows:
+                if len(windows) > len(apps):  # the xterm and one window per app
                     break
                 await trio.sleep(0.05)
             boot_s = time.monotonic() - t0

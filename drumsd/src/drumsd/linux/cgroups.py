@@ -2,8 +2,9 @@
 
 Both take their root paths as parameters so tests run against a temp dir. The limit plans are pure
 (`limit_writes_v1`, `limit_writes_v2`); the drivers only write and read files. Slot cgroups nest
-under the daemon's own cgroup (from /proc/self/cgroup) in a `drums/` group, so a host that confines
-the daemon confines its slots too.
+under the daemon's own cgroup (from /proc/self/cgroup) in a group of their own (`drums` by
+default; one per runtime state dir), so a host that confines the daemon confines its slots too and
+two runtimes on one host never sweep each other's slots.
 """
 
 from __future__ import annotations
@@ -178,7 +179,9 @@ class CgroupV1:
 
     version = 1
 
-    def __init__(self, mounts: Mapping[str, Path], bases: Mapping[str, str]) -> None:
+    def __init__(
+        self, mounts: Mapping[str, Path], bases: Mapping[str, str], group: str = GROUP
+    ) -> None:
         missing = [c for c in V1_CONTROLLERS if c not in mounts]
         if missing:
             raise CgroupError(
@@ -187,16 +190,17 @@ class CgroupV1:
             )
         self.mounts = dict(mounts)
         self.bases = dict(bases)
+        self.group = group
 
     @classmethod
-    def from_host(cls) -> CgroupV1:
+    def from_host(cls, group: str = GROUP) -> CgroupV1:
         v1, _ = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
         bases = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
-        return cls(v1, bases)
+        return cls(v1, bases, group)
 
     def _group(self, controller: str) -> Path:
         base = self.bases.get(controller, "/").lstrip("/")
-        return self.mounts[controller] / base / GROUP
+        return self.mounts[controller] / base / self.group
 
     def dirs_of(self, name: str) -> dict[str, str]:
         return {c: str(self._group(c) / name) for c in V1_CONTROLLERS}
@@ -274,18 +278,18 @@ class CgroupV2:
 
     version = 2
 
-    def __init__(self, root: Path, base: str) -> None:
+    def __init__(self, root: Path, base: str, group: str = GROUP) -> None:
         self.root = root
         self.base = root / base.lstrip("/")
-        self.group = self.base / GROUP
+        self.group = self.base / group
 
     @classmethod
-    def from_host(cls) -> CgroupV2:
+    def from_host(cls, group: str = GROUP) -> CgroupV2:
         _, v2 = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
         if v2 is None:
             raise CgroupError("no cgroup2 mount found; mount one at /sys/fs/cgroup")
         base = parse_proc_cgroup(Path("/proc/self/cgroup").read_text()).get("", "/")
-        return cls(v2, base)
+        return cls(v2, base, group)
 
     def prepare(self) -> None:
         missing = set(V2_CONTROLLERS) - _controllers_of(self.base)
@@ -375,14 +379,14 @@ class CgroupV2:
         return sorted(p.name for p in self.group.iterdir() if p.is_dir())
 
 
-def detect_driver() -> CgroupDriver:
+def detect_driver(group: str = GROUP) -> CgroupDriver:
     """v1 when the memory, cpu, pids and freezer hierarchies are mounted (this kind of VM), else
     v2 when its root offers memory, cpu and pids."""
     v1, v2 = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
     if all(c in v1 for c in V1_CONTROLLERS):
-        return CgroupV1.from_host()
+        return CgroupV1.from_host(group)
     if v2 is not None and set(V2_CONTROLLERS) <= _controllers_of(v2):
-        return CgroupV2.from_host()
+        return CgroupV2.from_host(group)
     raise CgroupError(
         "neither cgroup v1 (memory, cpu, pids, freezer) nor a cgroup v2 hierarchy with memory, "
         "cpu and pids is available; run `drumsd doctor`"

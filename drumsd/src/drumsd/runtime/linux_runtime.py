@@ -250,7 +250,9 @@ class LinuxRuntime:
     def __init__(self, config: LinuxRuntimeConfig, driver: cgroups.CgroupDriver | None = None):
         self.config = config
         self.state_dir = config.state_dir
-        self.driver = driver or cgroups.detect_driver()
+        # One cgroup group per state dir: sweep must never see another runtime's slots.
+        group = "drums-" + hashlib.sha256(str(config.state_dir.resolve()).encode()).hexdigest()[:8]
+        self.driver = driver or cgroups.detect_driver(group)
         self.restore_limiter = trio.CapacityLimiter(config.max_concurrent_restores)
         self._launcher: Launcher | None = None
         self._nursery: trio.Nursery | None = None

@@ -175,10 +175,7 @@ class AsyncClient(BaseClient["AsyncEnv"]):
         state_failures: Dict[str, DrumsError] = {}
         try:
             with shielded(self.timeouts.cleanup_s):
-                for env in list(self._owned_envs.values()):
-                    error = await env._destroy()
-                    if error is not None:
-                        env_failures[env.id] = error
+                env_failures = await _destroy_all(list(self._owned_envs.values()))
                 state_failures = await self._delete_states(list(self._owned_states))
         finally:
             with anyio.CancelScope(shield=True):
@@ -355,8 +352,7 @@ class AsyncEnv(EnvBase):
             yield Forked(children, state, result.elapsed_s)
         finally:
             with shielded(self._t.cleanup_s):
-                for child in children:
-                    await child._destroy()
+                await _destroy_all(children)
                 if not keep_state:
                     await self._client._delete_states([state.id])
 
@@ -421,6 +417,22 @@ class AsyncEnv(EnvBase):
             error = await self._destroy()
         if error is not None and exc is None:
             raise error
+
+
+async def _destroy_all(envs: List[AsyncEnv]) -> Dict[str, DrumsError]:
+    """Destroy envs concurrently (a fork of 64 must not take 64 round trips); call inside a
+    shielded scope. Returns the failures by env id."""
+    failures: Dict[str, DrumsError] = {}
+
+    async def destroy(env: AsyncEnv) -> None:
+        error = await env._destroy()
+        if error is not None:
+            failures[env.id] = error
+
+    async with anyio.create_task_group() as tg:
+        for env in envs:
+            tg.start_soon(destroy, env)
+    return failures
 
 
 def aconnect(

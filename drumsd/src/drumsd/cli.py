@@ -64,7 +64,9 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser, _ = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    # Subcommands registered by other modules (cli_host, bench) set `handler`; ours set `func`.
+    run = getattr(args, "func", None) or args.handler
+    return int(run(args) or 0)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from ._exceptions import (
     foreign_errors,
 )
 from ._observation import Observation
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, parse_retry_after
 from ._routes import Call, Timeouts
 
 log = logging.getLogger("drums")
@@ -210,7 +210,7 @@ class BaseClient(Generic[E]):
             )
         if response.status_code == 429:
             retry_after = response.headers.get("Retry-After")
-            error.detail.setdefault("retry_after_s", retry_after)
+            error.detail.setdefault("retry_after_s", parse_retry_after(retry_after))
             error.message += f" (gave up after {attempts} attempt(s); Retry-After: {retry_after})"
         raise error
 
@@ -233,11 +233,13 @@ class BaseClient(Generic[E]):
 
     @staticmethod
     def _leak_error(failures: Dict[str, DrumsError], kind: str) -> CleanupFailed:
+        """kind: "env(s)" or "saved state(s)"."""
         ids = ", ".join(sorted(failures))
         first = next(iter(failures.values()))
+        route = "/v1/slots/<id>" if kind.startswith("env") else "/v1/checkpoints/<id>"
         return CleanupFailed(
             f"could not remove {kind} {ids} ({first}); the daemon's lease reaper removes them "
-            "after their idle timeout, or remove them by hand (DELETE /v1/slots/<id>)",
+            f"after their idle timeout, or remove them by hand (DELETE {route})",
             detail={"ids": sorted(failures)},
         )
 

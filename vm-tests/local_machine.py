@@ -35,6 +35,67 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
+V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")
+
+
+@dataclass
+class UnitCgroup:
+    """The unit's own cgroup, as systemd gives a service with Delegate=yes: a child of the
+    launcher's cgroup in each hierarchy drumsd uses (v1: memory, cpu, pids, freezer; else v2).
+    drumsd nests its slots' groups below its own cgroup, so they are private to this unit: two
+    daemons on one host never see (or sweep) each other's slots."""
+
+    dirs: list[Path]
+
+    @classmethod
+    def create(cls, name: str) -> UnitCgroup:
+        mounts: dict[str, Path] = {}
+        unified: Path | None = None
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            sep = fields.index("-")
+            fstype, options = fields[sep + 1], fields[sep + 3].split(",")
+            if fstype == "cgroup":
+                for option in options:
+                    if option in V1_CONTROLLERS:
+                        mounts.setdefault(option, Path(fields[4]))
+            elif fstype == "cgroup2" and unified is None:
+                unified = Path(fields[4])
+        own: dict[str, str] = {}
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+        if mounts:
+            parents = [mounts[c] / own.get(c, "/").lstrip("/") for c in sorted(mounts)]
+        elif unified is not None:
+            parents = [unified / own.get("", "/").lstrip("/")]
+        else:
+            raise UnsupportedByStandIn("no cgroup hierarchy is mounted; Delegate= needs one")
+        dirs = [parent / f"{name}.service" for parent in parents]
+        for d in dirs:
+            d.mkdir(exist_ok=True)
+        return cls(dirs)
+
+    def enter(self) -> None:
+        """In the child before exec: move this process into the unit's cgroup."""
+        for d in self.dirs:
+            (d / "cgroup.procs").write_text("0")
+
+    def remove(self) -> list[Path]:
+        """Remove the unit's groups bottom-up; returns those still busy (processes left)."""
+        busy = []
+        for d in self.dirs:
+            for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), reverse=True), d]:
+                try:
+                    sub.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    busy.append(sub)
+        return busy
+
+
 class UnsupportedByStandIn(NotImplementedError):
     """The scenario asked for something only a NixOS VM can do."""
 
@@ -55,6 +116,8 @@ class LocalUnit:
     restart_sec: float = 2.0
     timeout_stop_s: float = 30.0
     start_limit_burst: int = 5
+    # Delegate=yes: run in the unit's own cgroup (see UnitCgroup); needs root.
+    delegate: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -63,6 +126,7 @@ class LocalUnit:
         self._failed = False
         self._restarts = 0
         self._generation = 0
+        self.cgroup: UnitCgroup | None = None
 
     # -- what systemctl sees
 
@@ -100,6 +164,15 @@ class LocalUnit:
         """ExecStartPre, then the main process. It dies with the thread that launched it
         (PR_SET_PDEATHSIG): a test run killed mid-way leaves no daemon behind."""
         self._ensure_token()
+        if self.delegate and self.cgroup is None:
+            self.cgroup = UnitCgroup.create(self.name)
+        cgroup = self.cgroup
+
+        def prepare_child() -> None:
+            _die_with_parent()
+            if cgroup is not None:
+                cgroup.enter()
+
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = {**os.environ, **self.env}
         try:
@@ -109,7 +182,7 @@ class LocalUnit:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=prepare_child,
             )
         finally:
             if log is not subprocess.DEVNULL:
@@ -171,6 +244,28 @@ class LocalUnit:
         pid = self.main_pid
         if pid:
             os.kill(pid, sig)
+
+    def power_off(self, timeout_s: float = 10.0) -> list[Path]:
+        """What a VM's shutdown does to the unit: stop it, kill whatever is left in its cgroup
+        (slots KillMode=process kept), remove the cgroup. Returns groups still busy."""
+        self.stop()
+        if self.cgroup is None:
+            return []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = {
+                int(pid)
+                for d in self.cgroup.dirs
+                for procs in d.rglob("cgroup.procs")
+                for pid in procs.read_text().split()
+            }
+            if not pids or time.monotonic() > deadline:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        return self.cgroup.remove()
 
 
 class LocalMachine:
@@ -344,7 +439,9 @@ class LocalMachine:
 
     def shutdown(self) -> None:
         for unit in self.units.values():
-            unit.stop()
+            busy = unit.power_off()
+            if busy:
+                self.log(f"unit {unit.name}: cgroups still busy after power-off: {busy}")
 
     def __getattr__(self, name: str):
         # Only reached for names not defined above: crash, reboot, screenshot, send_key, ...

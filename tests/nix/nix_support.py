@@ -25,6 +25,16 @@ for path in (VM_TESTS, SCENARIOS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+# The stand-in, importable once vm-tests is on the path.
+from local_machine import (  # noqa: E402
+    CommandFailed,
+    LocalMachine,
+    LocalUnit,
+    UnsupportedByStandIn,
+)
+
+__all__ = ["CommandFailed", "LocalMachine", "LocalUnit", "UnsupportedByStandIn"]
+
 CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))
 CRIU = Path(os.environ.get("DRUMS_CRIU", "/usr/local/sbin/criu"))
 
@@ -170,6 +180,9 @@ def open_local_daemon(tmp: Path, live: bool) -> Iterator[LocalDaemon]:
         token_file=Path(config["token_file"]),
         env=env,
         log_path=log_path,
+        # The Linux runtime nests slot cgroups below the daemon's own: a unit cgroup keeps this
+        # daemon's slots apart from any other daemon's on the host, as systemd would.
+        delegate=live,
     )
     machine = LocalMachine([unit])
     target = Target(

@@ -11,8 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from local_machine import CommandFailed, LocalMachine, LocalUnit, UnsupportedByStandIn
-from nix_support import open_local_daemon
+from nix_support import (
+    CommandFailed,
+    LocalMachine,
+    LocalUnit,
+    UnsupportedByStandIn,
+    open_local_daemon,
+)
 
 # A tiny long-running "daemon": sleeps until signalled.
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
@@ -174,3 +179,34 @@ def test_commands_run_under_the_drivers_shell_options(tmp_path: Path) -> None:
     machine = machine_with_sleeper(tmp_path)
     assert machine.execute("false | cat")[0] != 0
     assert machine.execute("echo $UNSET_VARIABLE_FOR_TEST")[0] != 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups need root")
+def test_a_delegated_unit_runs_in_its_own_cgroup_and_power_off_empties_it(tmp_path: Path) -> None:
+    """Delegate=yes: the daemon and everything it leaves (like slots) live in the unit's cgroup;
+    a power-off kills what is left there and removes the cgroup."""
+    import uuid
+
+    name = f"nixtest-{uuid.uuid4().hex[:8]}"
+    # The "daemon" starts a child that outlives it, as a slot outlives a KillMode=process stop.
+    leaver = [
+        sys.executable,
+        "-c",
+        "import subprocess, time\nsubprocess.Popen(['sleep', '600'])\nwhile True: time.sleep(1)",
+    ]
+    unit = LocalUnit(name=name, argv=leaver, delegate=True, timeout_stop_s=5)
+    machine = LocalMachine([unit])
+    machine.start()
+    machine.wait_for_unit(name, timeout=10)
+    pid = unit.main_pid
+    cgroup_line = Path(f"/proc/{pid}/cgroup").read_text()
+    assert f"/{name}.service" in cgroup_line
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        procs = {p for d in unit.cgroup.dirs for p in (d / "cgroup.procs").read_text().split()}
+        if len(procs) >= 2:
+            break
+        time.sleep(0.05)
+    assert len(procs) >= 2, "the daemon's child is not in the unit's cgroup"
+    machine.shutdown()
+    assert not any(d.exists() for d in unit.cgroup.dirs)

@@ -18,7 +18,11 @@ criu.overrideAttrs (
       url = "https://github.com/checkpoint-restore/criu/archive/refs/tags/v${version}.tar.gz";
       hash = "sha256-Njk3RNxmKiFEu5nnVuY16XaJQxkgBL2hf7YU5XFh67Y=";
     };
-    # nixpkgs' postPatch bakes its own version into the Makefile's head-name; keep ours.
+    # Patches in nixpkgs target its own CRIU version (backports that 4.2.1 already has).
+    patches = [ ];
+    # nixpkgs' postPatch bakes its own version into the Makefile's head-name; keep ours. Its
+    # other edits still apply: Documentation/Makefile's `2>/dev/null` and `-m custom.xsl`, the
+    # Makefile's head-name line and images/google/protobuf/ are all in the 4.2.1 tree.
     postPatch =
       builtins.replaceStrings [ "head-name = ${old.version}.0" ] [ "head-name = ${version}.0" ]
         (old.postPatch or "");

@@ -82,6 +82,7 @@ def chromium_spec(
         near_misses=near,
         decoy=decoy,
         related_apps=["chrome", "os"],
+        dirs=[DESKTOP],  # the answer's folder: an image need not have ~/Desktop
     )
 
 

@@ -357,4 +357,5 @@ def calc_count_to_answer(rng: random.Random) -> TaskSpec:
         near_misses=near,
         decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_calc", "os"],
+        dirs=[DESKTOP],
     )

@@ -274,3 +274,36 @@ def test_a_key_renamed_in_the_model_only_is_caught() -> None:
     )
     assert options_text != OPTIONS.read_text()
     assert defaults_text != DEFAULTS.read_text()
+
+
+def test_the_real_check_config_accepts_the_nix_defaults(tmp_path: Path) -> None:
+    """What the module renders with no user settings (the generated defaults plus the keys it
+    sets itself) passes `drumsd check-config`, as the build-time check will."""
+    import os
+
+    result = subprocess.run(
+        [require_tool("nix-instantiate"), "--eval", "--strict", "--json", str(DEFAULTS)],
+        capture_output=True,
+        text=True,
+        env=nix_env(),
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)
+    settings.update(
+        token_file="/var/lib/drums/token",
+        criu="/nix/store/00000000000000000000000000000000-criu-4.2.1/bin/criu",
+        images_dir="/var/lib/drums/nix-images",
+    )
+    path = tmp_path / "drumsd.json"
+    path.write_text(json.dumps(settings))
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'drumsd' / 'src'}:{REPO / 'sdk' / 'src'}"}
+    launcher = "import sys\nfrom drumsd.cli import main\nsys.exit(main())"
+    checked = subprocess.run(
+        [sys.executable, "-c", launcher, "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stderr

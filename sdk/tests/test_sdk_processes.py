@@ -1,8 +1,9 @@
 """The examples as real processes over a real socket: the quickstart runs end to end, and a
 SIGINT to the RL loop mid-episode leaves no env or saved state behind.
 
-The daemon here is the fake app served by hypercorn; with DRUMS_LIVE=1 and DRUMS_URL /
-DRUMS_TOKEN (or DRUMS_TOKEN_FILE) set, the same tests run against that real daemon instead.
+The daemon here is the fake app served by hypercorn. With DRUMS_SDK_LIVE_URL set (and
+DRUMS_TOKEN or DRUMS_TOKEN_FILE), the same tests run against that daemon instead: a real
+`drumsd serve` with the Linux runtime and the OSWorld task e0df059f.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import drums
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "examples"
 TASK = {"id": "e0df059f", "instruction": "Rename todo_list_Jan_1 to todo_list_Jan_2.", "config": []}
-LIVE = os.environ.get("DRUMS_LIVE") == "1"
+LIVE_URL = os.environ.get("DRUMS_SDK_LIVE_URL")
+LIVE = bool(LIVE_URL)
 
 
 def free_port() -> int:
@@ -38,8 +40,9 @@ def free_port() -> int:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Dict[str, str]]:
     """Environment variables pointing the examples at a daemon."""
-    if LIVE:
-        yield {k: v for k, v in os.environ.items() if k.startswith("DRUMS_")}
+    if LIVE_URL:
+        tokens = {k: os.environ[k] for k in ("DRUMS_TOKEN", "DRUMS_TOKEN_FILE") if k in os.environ}
+        yield {"DRUMS_URL": LIVE_URL, **tokens}
         return
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)

@@ -62,6 +62,8 @@ def test_v1_driver_writes_limits_under_daemon_path(tmp_path: Path) -> None:
     assert drv.oom_kills(dirs) == 3
     drv.set_cpu(dirs, None)
     assert Path(dirs["cpu"], "cpu.cfs_quota_us").read_text() == "-1"
+    drv.set_group_weight(16384)
+    assert (tmp_path / "cpu/drums/cpu.shares").read_text() == "16384"
     assert drv.slot_names() == ["s1"]
     Path(dirs["pids"], "cgroup.procs").write_text("")
     assert drv.pids(dirs) == []
@@ -88,6 +90,8 @@ def test_v2_driver_prepare_and_create(tmp_path: Path) -> None:
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n")
     assert drv.oom_kills(dirs) == 1
     assert drv.procs_files(dirs) == [d / "cgroup.procs"]
+    drv.set_group_weight(16384)
+    assert (base / "drums" / "cpu.weight").read_text() == "1600"
     assert drv.slot_names() == ["s2"]
 
 

@@ -98,6 +98,9 @@ def render_table(r: dict[str, Any]) -> str:
     line("create (restore -> agent)", "create_s")
     line("reset, restore path", "reset_s")
     line("reset, restore path", "reset_s", "p99")
+    if "restore_cpu_s" in r:
+        rows.append(("CPU per restore (criu + tree) p50", f"{r['restore_cpu_s']['p50']:.3f} s",
+                     "independent of host load"))
     line("reset, warm spare", "reset_spare_s")
     line("reset, warm spare", "reset_spare_s", "p99")
     for n in r.get("branch", {}):
@@ -192,12 +195,15 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
 
         progress(f"reset x{opts.resets} (restore path) ...")
         h = await rt.restore("bench-r", ref, lim)
-        resets = []
+        resets: list[float] = []
+        cpu: list[float] = []
         for _ in range(opts.resets):
             t0 = time.monotonic()
             h = await rt.reset(h, ref, lim)
             resets.append(time.monotonic() - t0)
+            cpu.append(float(h.extra["phases"].get("restore_cpu", 0.0)))
         results["reset_s"] = summarize(resets)
+        results["restore_cpu_s"] = summarize(cpu)
 
         progress(f"step + screenshot x{opts.steps} ...")
         rtts = []

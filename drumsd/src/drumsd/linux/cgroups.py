@@ -122,6 +122,7 @@ class CgroupDriver(Protocol):
     def limits_in_force(self, dirs: Mapping[str, str]) -> dict[str, str]: ...
     def slot_names(self) -> list[str]: ...
     def dirs_of(self, name: str) -> dict[str, str]: ...
+    def set_group_weight(self, shares: int) -> None: ...
 
 
 def _write(path: Path, value: str) -> None:
@@ -262,6 +263,12 @@ class CgroupV1:
         ]
         return {f: (Path(dirs[c]) / f).read_text().strip() for c, f in files}
 
+    def set_group_weight(self, shares: int) -> None:
+        """The CPU weight of all slots together against the daemon's siblings (v1 shares)."""
+        group = self._group("cpu")
+        group.mkdir(parents=True, exist_ok=True)
+        _write(group / "cpu.shares", str(max(2, min(262144, shares))))
+
     def slot_names(self) -> list[str]:
         names: set[str] = set()
         for c in V1_CONTROLLERS:
@@ -372,6 +379,12 @@ class CgroupV2:
         d = Path(dirs["unified"])
         files = ["memory.max", "cpu.max", "pids.max", "cgroup.freeze"]
         return {f: (d / f).read_text().strip() for f in files if (d / f).exists()}
+
+    def set_group_weight(self, shares: int) -> None:
+        if not (self.group / "cgroup.subtree_control").exists():
+            self.prepare()
+        weight = max(1, min(10000, shares * 100 // 1024))  # v1 shares 1024 = v2 weight 100
+        _write(self.group / "cpu.weight", str(weight))
 
     def slot_names(self) -> list[str]:
         if not self.group.is_dir():

@@ -1,6 +1,7 @@
 """Fixtures: the daemon app served in-process, and SDK clients talking to it.
 
-`make_app` is the one line to change to run every SDK test against drumsd's real app. Faults
+Every test that takes `daemon` runs twice: against the SDK's fake app and against drumsd's real
+app (its API and supervisor over the in-memory runtime, `sdk_harness.open_drumsd_app`). Faults
 (429s, 5xx codes, hangs) are injected by a wrapper around whichever app is served.
 """
 
@@ -22,18 +23,20 @@ from fake_app import FaultInjector, open_fake_app
 from sdk_asgi_bridge import serve_in_thread
 from sdk_harness import BACKENDS, TOKEN, Daemon, open_drumsd_app
 
-
-def open_app(tmp_path: Path) -> AsyncContextManager[Any]:
-    """The app under test, opened on its own trio loop. This is the one line to change to run
-    every SDK test against drumsd's real app (DRUMS_SDK_TEST_APP=drumsd does it without an edit):
-    `return open_drumsd_app(tmp_path, TOKEN)`."""
-    if os.environ.get("DRUMS_SDK_TEST_APP") == "drumsd":
-        return open_drumsd_app(tmp_path, TOKEN)
-    return open_fake_app(TOKEN)
+APPS = {
+    "fake": lambda tmp_path: open_fake_app(TOKEN),  # the SDK's own stand-in (fake_app.py)
+    "drumsd": lambda tmp_path: open_drumsd_app(tmp_path, TOKEN),  # the real API + supervisor
+}
+# Both by default; DRUMS_SDK_TEST_APP=fake or =drumsd runs one.
+CHOSEN = [os.environ["DRUMS_SDK_TEST_APP"]] if os.environ.get("DRUMS_SDK_TEST_APP") else list(APPS)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+@pytest.fixture(params=CHOSEN)
+def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
+    """The app under test, opened on its own trio loop, behind a fault injector."""
+    if request.param == "drumsd":
+        pytest.importorskip("drumsd.api.app")
+    open_app: Callable[[Path], AsyncContextManager[Any]] = APPS[request.param]
     faults = FaultInjector(None)
 
     @asynccontextmanager

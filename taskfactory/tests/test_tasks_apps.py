@@ -211,6 +211,7 @@ def test_checkers_accept_libreoffice_written_files(tmp_path: Path, require_check
             assert out.is_file(), f"LibreOffice did not re-save {f.name}"
             (tmp_path / "out").mkdir(exist_ok=True)
             out.rename(tmp_path / "out" / f.name)
+    assert len(cases) > 50, "the round trip covered too few solutions"
     failures = []
     for family, name, spec, paths, want in cases:
         p = {d: (v or None) for d, v in paths.items()}

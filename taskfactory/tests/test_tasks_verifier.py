@@ -201,3 +201,8 @@ def test_scope_violations_rule() -> None:
     ]
     # outside the roots nothing is judged
     assert scope_violations(scope, {**base, "/home/user/.config/x": "n"}) == []
+
+
+def test_pdf_text_normalizes_ligatures() -> None:
+    # Chromium's PDFs keep the "ff" ligature that pypdf returns as U+FB00 and PyMuPDF expands.
+    assert verifier._squash("The sta\ufb00  survey\n") == "The staff survey"

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import struct
+import unicodedata
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -638,7 +639,8 @@ def pptx_text_raw(paths: Paths, options: Options) -> float:
 
 
 def _squash(s: str) -> str:
-    return re.sub(r"\s+", " ", s).strip()
+    # NFKC: PDF text extractors differ on ligatures (pypdf keeps U+FB00 "ff", PyMuPDF expands).
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", s)).strip()
 
 
 def _judge_pdf(n_pages: int, text: str, doc: Options) -> bool:

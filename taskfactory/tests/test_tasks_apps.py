@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from drums_tasks import FAMILIES, load_all
 from drums_tasks.build import generate
 from drums_tasks.offline import final_state

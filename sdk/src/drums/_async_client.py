@@ -336,9 +336,10 @@ class AsyncEnv(EnvBase):
         state too unless keep_state=True (then it lives until the client closes)."""
         request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
-        state = self._client._adopt_state(
-            await self._send(routes.prefork(self.id, prefork, self._t))
-        )
+        state = await self._send(routes.prefork(self.id, prefork, self._t))
+        # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
+        kept_before = state.id in self._client._owned_states
+        self._client._adopt_state(state)
         children: List[AsyncEnv] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
@@ -353,7 +354,7 @@ class AsyncEnv(EnvBase):
         finally:
             with shielded(self._t.cleanup_s):
                 await _destroy_all(children)
-                if not keep_state:
+                if not (keep_state or kept_before):
                     await self._client._delete_states([state.id])
 
     async def verify(

@@ -307,13 +307,11 @@ class Env(EnvBase):
         (then it lives until the client closes: `children.state` can seed `create(from_state=)`).
         """
         request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
-        state = self._client._adopt_state(
-            self._send(
-                routes.prefork(
-                    self.id, wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s), self._t
-                )
-            )
-        )
+        prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
+        state = self._send(routes.prefork(self.id, prefork, self._t))
+        # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
+        kept_before = state.id in self._client._owned_states
+        self._client._adopt_state(state)
         children: List[Env] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
@@ -330,7 +328,7 @@ class Env(EnvBase):
                 deadline = time.monotonic() + self._t.cleanup_s
                 for child in children:
                     child._destroy(deadline)
-                if not keep_state:
+                if not (keep_state or kept_before):
                     self._client._delete_states([state.id], deadline)
 
     def verify(

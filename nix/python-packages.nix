@@ -32,7 +32,16 @@ let
       ps.pydantic
       ps.anyio
     ];
-    optional-dependencies.image = [ ps.pillow ];
+    optional-dependencies = {
+      image = [ ps.pillow ];
+      test = [
+        ps.pytest
+        ps.pytest-trio
+        ps.trio
+        ps.hypercorn
+        ps.pillow
+      ];
+    };
     pythonImportsCheck = [ "drums" ];
     meta = meta // {
       description = "Python client for drumsd: isolated, resettable, forkable Linux desktops";
@@ -52,6 +61,7 @@ let
       ps.quart
       ps.hypercorn
       ps.pydantic
+      ps.zstandard
     ]
     ++ ps.hypercorn.optional-dependencies.trio;
     pythonImportsCheck = [ "drumsd" ];

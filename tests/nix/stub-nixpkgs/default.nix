@@ -50,6 +50,7 @@ let
     "pypdf"
     "pymupdf"
     "odfpy"
+    "zstandard"
     "pyautogui"
     "python-xlib"
     "pytest"

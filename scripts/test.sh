@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh base
 export PATH="$PWD/.venv/bin:$PATH" DRUMS_LIVE=1 DRUMS_CI=1
 echo "==> ruff"
-ruff check . && ruff format --check .
+ruff check .
+ruff format --check .
 echo "==> pytest"
 exec pytest -q -p no:cacheprovider "$@"

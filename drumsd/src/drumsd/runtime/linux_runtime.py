@@ -1105,6 +1105,10 @@ class LinuxRuntime:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(self._teardown, inst)
 
+    async def wait_instance_quiet(self, inst: _Instance, window_s: float, timeout_s: float) -> bool:
+        """Quiescence of an instance that serves no slot (a cold boot being measured)."""
+        return await self._quiescent(inst, window_s, timeout_s, self.config.quiesce_poll_ms)
+
     async def dispose_instance(self, inst: _Instance) -> None:
         await self._dispose(inst, background=False)
 

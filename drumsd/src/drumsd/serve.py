@@ -133,6 +133,33 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
     return {"tasks": bridge, "verifier": bridge}
 
 
+async def start_gate_seams(config: Config, nursery: trio.Nursery) -> dict[str, object]:
+    """The crash watch (started here, before the supervisor, so no slot is restored unwatched)
+    and the gate evidence reader, for the Linux runtime. With crash_watch on, a connector that
+    cannot be opened refuses the start."""
+    if config.runtime != "linux":
+        return {}
+    from drumsd.linux.proc_events import ProcEventsError
+    from drumsd.runtime.crash_watch import CrashWatch
+    from drumsd.runtime.gate_evidence import GateEvidence
+
+    seams: dict[str, object] = {"evidence": GateEvidence()}
+    if not config.crash_watch:
+        log.warning("crash_watch is off: the no_app_crash gate passes unobserved")
+        return seams
+    watch = CrashWatch()
+    try:
+        await nursery.start(watch.run)
+    except ProcEventsError as exc:
+        raise Refusal(
+            f"crash_watch is on but the kernel's process events connector cannot be opened: {exc}"
+            "; run drumsd as root in the host's network namespace, or set crash_watch: false "
+            "(no_app_crash is then not observed)"
+        ) from None
+    seams["crash_watch"] = watch
+    return seams
+
+
 async def _watch_signals(
     shutdown: trio.Event,
     on_first: list,
@@ -178,6 +205,7 @@ async def serve_async(config: Config, token: str) -> None:
         )
         journal = await trio.to_thread.run_sync(Journal, config.journal_dir)
         seams = await trio.to_thread.run_sync(task_seams, config, runtime)
+        seams.update(await start_gate_seams(config, root))
         supervisor = Supervisor(config, runtime, journal, version=VERSION, **seams)  # type: ignore[arg-type]
         with trio.fail_after(300):  # reconcile and adoption have a limit too
             await root.start(supervisor.run)

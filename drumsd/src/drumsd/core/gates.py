@@ -18,6 +18,9 @@ Keys of `SlotFacts.extra` the judges read (the runtime fills them):
   crash_exits: [ {pid, name, signal} ]  crash-signal exits seen by the proc connector
   crash_watch: bool           False when the runtime has no process-events connector
   host_namespaces: {ns: inode} the host's namespaces as the runtime sees them
+  lock, upper_diff            evidence detail shown with lock_applied and state_hash
+(`drumsd.runtime.gate_evidence` fills lock_applied, upper_sha256, expected_mounts and proc_names
+from the OS; the crash watch fills crash_exits and crash_watch.)
 `limits_in_force` may use normalized keys (memory_mib, pids_max, vcpus) or raw cgroup files
 (v1: memory.limit_in_bytes, cpu.cfs_quota_us, cpu.cfs_period_us, pids.max; v2: memory.max,
 cpu.max, pids.max); `normalize_limits` maps the latter.
@@ -67,7 +70,10 @@ def judge_lock_applied(facts: Mapping[str, Any], profile: str) -> Judgement:
     applied = facts["extra"].get("lock_applied")
     if applied is None:
         return PENDING, {"reason": "the runtime does not report lock_applied"}
-    return (PASS if applied else FAIL), {"lock_applied": bool(applied)}
+    return (PASS if applied else FAIL), {
+        "lock_applied": bool(applied),
+        **({"lock": facts["extra"]["lock"]} if "lock" in facts["extra"] else {}),
+    }
 
 
 def normalize_limits(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,7 +168,12 @@ def judge_state_hash(facts: Mapping[str, Any], recorded: str | None) -> Judgemen
     if restored is None:
         return PENDING, {"reason": "the runtime does not report the restored upper hash"}
     if restored != recorded:
-        return FAIL, {"recorded": recorded, "restored": restored}
+        diff = facts["extra"].get("upper_diff")
+        return FAIL, {
+            "recorded": recorded,
+            "restored": restored,
+            **({"diff": diff} if diff else {}),
+        }
     return PASS, {"upper_sha256": restored}
 
 

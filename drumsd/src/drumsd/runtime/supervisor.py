@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ from drumsd.core.retention import files_to_delete, forgotten_warnings, keep_kind
 from drumsd.linux.host_sampler import read_host_namespaces, read_space, sample_host
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten, write_forgotten
+from drumsd.runtime.gate_evidence import GateEvidence
 from drumsd.runtime.interface import (
     CheckpointRef,
     RuntimeError_,
@@ -93,6 +95,9 @@ ACTION_REQUIRES: dict[str, tuple[str, ...]] = {
     "execute": ("command",),
 }
 TERMINAL_ACTIONS = ("done", "fail")
+# How often live slots' running gates (crash, OOM, mounts, init) are judged without a request, so
+# a failure quarantines the slot mid-episode even when nobody asks for its gates.
+GATE_REFRESH_S = 3.0
 EVENTS_COMPACT_BYTES = 64 * 1024 * 1024
 
 
@@ -140,6 +145,8 @@ class Supervisor:
         host_namespaces: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
         version: str = "0.1.0",
+        crash_watch: Any = None,
+        evidence: GateEvidence | None = None,
     ) -> None:
         self.config = config
         self.runtime = runtime
@@ -152,6 +159,10 @@ class Supervisor:
         )
         self.clock = clock
         self.version = version
+        # A started `CrashWatch` (track/untrack/facts/health) when config.crash_watch is on.
+        self.crash_watch = crash_watch
+        # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
+        self.evidence = evidence
         self.slots: dict[str, SlotRecord] = {}
         self.checkpoints: dict[str, CheckpointRecord] = {}
         self.metrics = MetricsWindow(started_at=clock())
@@ -180,6 +191,7 @@ class Supervisor:
             await self.sample_now()
             self._spawn(self._sample_loop)
             self._spawn(self._reap_loop)
+            self._spawn(self._gate_loop)
             self._start_template_builds()
             task_status.started(self)
             try:
@@ -404,7 +416,11 @@ class Supervisor:
                 out[other.id] = dict(other.handle.get("namespaces", {}))
         return out
 
-    async def _facts(self, rec: SlotRecord, handle: SlotHandle) -> dict[str, Any] | None:
+    async def _facts(
+        self, rec: SlotRecord, handle: SlotHandle, *, at_start: bool = False
+    ) -> dict[str, Any] | None:
+        """The runtime's facts plus the crash watch's and the evidence module's; `at_start` adds
+        the restored upper layer's hash (state_hash is judged once, at episode start)."""
         try:
             facts = await self.runtime.facts(handle)
         except RuntimeError_ as exc:
@@ -413,7 +429,7 @@ class Supervisor:
         except OSError as exc:
             log.warning("slot=%s facts failed: %s", rec.id, exc)
             return None
-        return {
+        out: dict[str, Any] = {
             "alive": facts.alive,
             "init_identity_ok": facts.init_identity_ok,
             "limits_in_force": dict(facts.limits_in_force),
@@ -424,6 +440,25 @@ class Supervisor:
             "pids": list(facts.pids),
             "extra": dict(facts.extra),
         }
+        if self.crash_watch is not None:
+            since = rec.episode_started_at or 0.0
+            out["extra"].update(self.crash_watch.facts(rec.id, since=since))
+        if self.evidence is not None:
+            snapshot = None
+            cp = self.checkpoints.get(rec.checkpoint)
+            if at_start and cp is not None and cp.upper_sha256:
+                snapshot = Path(cp.dir) / "upper"
+            try:
+                extra = await trio.to_thread.run_sync(
+                    partial(self.evidence.read, handle, out, profile=rec.profile, snapshot=snapshot)
+                )
+            except OSError as exc:
+                log.warning("slot=%s gate evidence failed: %s", rec.id, exc)
+                extra = {"evidence_error": str(exc)}
+            out["extra"].update(extra)
+            if "mounts_normalized" in extra:
+                out["mounts"] = extra["mounts_normalized"]
+        return out
 
     def _expected_limits(self) -> dict[str, Any]:
         c = self.config
@@ -443,7 +478,8 @@ class Supervisor:
         rec.quarantined_gates = []
         rec.handle = handle_to_json(handle)
         rec.status = SlotStatus.ready
-        facts = await self._facts(rec, handle)
+        self._track(rec.id, handle)
+        facts = await self._facts(rec, handle, at_start=True)
         if facts is None:
             for name in G.START_GATES:
                 self._set_gate(rec, name, G.FAIL, {"reason": "runtime could not read facts"})
@@ -492,8 +528,12 @@ class Supervisor:
         self._set_gate(rec, "no_app_crash", *G.judge_no_app_crash(facts, self.config.crash_watch))
         if not facts["alive"] or not facts["init_identity_ok"]:
             self._set_gate(rec, "init_identity", *G.judge_init_identity(facts))
-        statuses = self.gate_statuses(rec)
-        if statuses.get("alive_after_resume") in (G.PASS, G.FAIL) or not facts["alive"]:
+        if facts["alive"] and facts["extra"].get("expected_mounts") is not None:
+            # A mount added mid-episode (e.g. by a root process in the slot) is a failure too.
+            self._set_gate(rec, "mount_table", *G.judge_mount_table(facts, None))
+        # alive_after_resume is judged once, alive_after_s after ready (an agent may close apps
+        # later on purpose); only the init's death turns it to fail afterwards.
+        if not facts["alive"]:
             self._set_gate(
                 rec,
                 "alive_after_resume",
@@ -533,6 +573,34 @@ class Supervisor:
         if [(g.name, g.status) for g in rec.gates] != before:
             self._save_slot(rec, "gates", file=False)
         self._quarantine_on_failure(rec)
+
+    def _track(self, slot_id: str, handle: SlotHandle) -> None:
+        """Point the crash watch at the slot's (new) cgroups; records of earlier episodes stay
+        but facts() reads only those since the episode's start."""
+        if self.crash_watch is None or not handle.cgroups:
+            return
+        try:
+            self.crash_watch.track(slot_id, dict(handle.cgroups))
+        except (OSError, ValueError) as exc:
+            # Untracked, the slot's crash_exits stay empty and its no_app_crash gate would pass
+            # unwatched: say so in the evidence instead (the gate stays pending).
+            log.error("slot=%s crash watch cannot track %s: %s", slot_id, handle.cgroups, exc)
+
+    def _untrack(self, slot_id: str) -> None:
+        if self.crash_watch is not None:
+            self.crash_watch.untrack(slot_id)
+
+    async def _gate_loop(self) -> None:
+        while True:
+            await trio.sleep(GATE_REFRESH_S)
+            for slot_id in [r.id for r in self.slots.values() if r.status is SlotStatus.ready]:
+                lock = self._lock(slot_id)
+                if lock.locked():
+                    continue  # a request holds it (and refreshes gates itself when it matters)
+                async with lock:
+                    rec = self.slots.get(slot_id)
+                    if rec is not None and rec.status is SlotStatus.ready:
+                        await self.refresh_gates(rec)
 
     async def _judge_alive_after(self, slot_id: str, episode_id: str) -> None:
         await trio.sleep(self.config.alive_after_s)
@@ -637,6 +705,7 @@ class Supervisor:
                 await self.runtime.destroy(rec.id)
         except RuntimeError_ as exc:
             log.error("slot=%s cleanup after failure failed: %s", rec.id, exc.message)
+        self._untrack(rec.id)
         rec.status = SlotStatus.destroyed
         rec.destroyed_at = self.clock()
         self._save_slot(rec, "rejected")
@@ -720,6 +789,7 @@ class Supervisor:
                 await self.runtime.destroy(rec.id)
         except RuntimeError_ as exc:
             log.error("slot=%s destroy failed: %s; the next start sweeps it", rec.id, exc.message)
+        self._untrack(rec.id)
         rec.status = SlotStatus.destroyed
         rec.destroyed_at = self.clock()
         self._save_slot(rec, f"destroyed ({reason})")
@@ -1303,6 +1373,7 @@ class Supervisor:
                 self._save_slot(rec, "adopted")
                 report["adopted"].append(rec.id)
                 handle = handle_from_json(rec.handle or {})
+                self._track(rec.id, handle)
                 self._spawn(self._watch_exit, rec.id, rec.episode_id, handle)
                 if self.gate_statuses(rec).get("alive_after_resume") == G.PENDING:
                     self._spawn(self._judge_alive_after, rec.id, rec.episode_id)
@@ -1490,6 +1561,8 @@ class Supervisor:
                 warnings.append(f"image {image}: {status}")
         if by_state["quarantined"]:
             warnings.append(f"{by_state['quarantined']} slot(s) quarantined")
+        if self.crash_watch is not None and not self.crash_watch.available:
+            warnings.append(f"crash watch not running: {self.crash_watch.error}")
         journal_space = await trio.to_thread.run_sync(_space, self.config.journal_dir)
         state_space = await trio.to_thread.run_sync(_space, self.config.state_dir)
         return {
@@ -1499,7 +1572,10 @@ class Supervisor:
             "slots_by_state": by_state,
             "checkpoints": self.list_checkpoints(),
             "admission": self.admission_state(decision),
-            "crash_watch": {"enabled": self.config.crash_watch},
+            "crash_watch": {
+                "enabled": self.config.crash_watch,
+                **(self.crash_watch.health() if self.crash_watch is not None else {}),
+            },
             "state_dir": state_space,
             "journal_dir": journal_space,
             "forgotten_gib": self._forgotten_bytes / 1024**3,

@@ -1,0 +1,184 @@
+"""Gate evidence read from /proc and the slot's upper layer, with the parsing kept pure.
+
+The runtime reports raw facts (mountinfo lines, pids, namespace inodes); the gates need them in a
+comparable form: a mount table as `"<mount point> <fstype>"` entries, the mount table a slot must
+have (derived from the same stage-1 plan that built the template), a manifest of an upper layer
+to compare the restored copy against the checkpoint's snapshot, process names and host uids.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from drumsd.linux.mounts import plan_stage1
+
+# Written by the restored tree itself before the first gate read: the guest agent's log (every
+# ping appends) and the devpts ptmx node that criu's restore recreates in the upper layer.
+# Never part of the state an agent or a checker sees.
+VOLATILE_UPPER = ("run/drums/log/*", "dev/ptmx")
+
+
+@dataclass(frozen=True)
+class Mount:
+    mount_point: str
+    fstype: str
+    source: str
+    options: str
+
+
+def parse_mountinfo_line(line: str) -> Mount:
+    """One /proc/<pid>/mountinfo line (proc(5)): fields, optional fields, '-', fstype, source."""
+    head, sep, tail = line.partition(" - ")
+    if not sep:
+        raise ValueError(f"not a mountinfo line: {line!r}")
+    fields, rest = head.split(), tail.split()
+    return Mount(
+        mount_point=_unescape(fields[4]),
+        fstype=rest[0],
+        source=_unescape(rest[1]) if len(rest) > 1 else "",
+        options=fields[5],
+    )
+
+
+def _unescape(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
+    if "\\" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 4 <= len(text) and text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_entries(lines: Iterable[str]) -> list[str]:
+    """mountinfo lines -> sorted "<mount point> <fstype>" (ids and options change per restore)."""
+    entries = []
+    for line in lines:
+        if line.strip():
+            m = parse_mountinfo_line(line)
+            entries.append(f"{m.mount_point} {m.fstype}")
+    return sorted(entries)
+
+
+def expected_slot_mounts(root_fstype: str = "overlay") -> list[str]:
+    """The mount table of a restored slot: its root plus what stage 1 mounted before pivot_root
+    (criu restores exactly the template's table, and the template was booted by that plan)."""
+    root = "/drums-slot-root"
+    entries = {f"/ {root_fstype}"}
+    for op in plan_stage1(root, 64):
+        if op.kind == "mount" and op.fstype and op.target.startswith(root + "/"):
+            entries.add(f"{op.target[len(root) :]} {op.fstype}")
+    return sorted(entries)
+
+
+# --- upper layer manifests -----------------------------------------------------------------------
+
+
+def upper_manifest(root: Path, volatile: Sequence[str] = VOLATILE_UPPER) -> dict[str, str]:
+    """relative path -> signature (type, mode, owner, size, content hash or link target, overlay
+    xattrs), skipping `volatile` globs. Owners are as stored on disk (in-slot ids)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if any(fnmatch.fnmatchcase(rel, g) for g in volatile):
+                continue
+            try:
+                out[rel] = _signature(p)
+            except FileNotFoundError:
+                continue  # removed while walking: the caller compares again later
+    return out
+
+
+def _signature(p: Path) -> str:
+    st = p.lstat()
+    parts = [f"{st.st_mode:o}", str(st.st_uid), str(st.st_gid)]
+    if stat.S_ISLNK(st.st_mode):
+        parts.append("->" + os.readlink(p))
+    elif stat.S_ISREG(st.st_mode):
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        parts += [str(st.st_size), h.hexdigest()]
+    elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        parts.append(f"dev={os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    try:
+        for attr in sorted(os.listxattr(p, follow_symlinks=False)):
+            if attr.startswith("trusted.overlay.opaque"):
+                parts.append(f"{attr}={os.getxattr(p, attr, follow_symlinks=False)!r}")
+    except OSError:
+        pass
+    return " ".join(parts)
+
+
+def manifest_diff(have: Mapping[str, str], want: Mapping[str, str]) -> dict[str, list[str]]:
+    """Entries added, removed or changed in `have` compared to `want`."""
+    return {
+        "added": sorted(set(have) - set(want)),
+        "removed": sorted(set(want) - set(have)),
+        "changed": sorted(k for k in set(have) & set(want) if have[k] != want[k]),
+    }
+
+
+def manifest_sha256(manifest: Mapping[str, str]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(manifest):
+        h.update(f"{rel}\0{manifest[rel]}\n".encode())
+    return h.hexdigest()
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def parse_uid_map(text: str) -> list[tuple[int, int, int]]:
+    nums = [int(x) for x in text.split()]
+    return [tuple(nums[i : i + 3]) for i in range(0, len(nums) - 2, 3)]  # type: ignore[misc]
+
+
+def parse_status_uids(text: str) -> tuple[int, ...]:
+    """The Uid: line of /proc/<pid>/status (real, effective, saved, fs) as the reader sees them."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            return tuple(int(x) for x in line.split()[1:])
+    return ()
+
+
+def read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None  # the process is gone (or going): the caller treats it as absent
+
+
+def proc_names(pids: Iterable[int]) -> dict[str, str]:
+    """{pid: comm} of the processes still there (str keys: the record is JSON)."""
+    out = {}
+    for pid in pids:
+        comm = read_text(f"/proc/{pid}/comm")
+        if comm is not None:
+            out[str(pid)] = comm.rstrip("\n")
+    return out
+
+
+def host_uids(pids: Iterable[int]) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for pid in pids:
+        text = read_text(f"/proc/{pid}/status")
+        if text is not None:
+            out[str(pid)] = parse_status_uids(text)
+    return out

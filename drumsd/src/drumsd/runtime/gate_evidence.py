@@ -1,0 +1,104 @@
+"""Gate evidence the runtime's `facts()` does not give, read from the OS for a `SlotHandle`.
+
+`GateEvidence.read` returns keys to merge into `SlotFacts.extra` (see `drumsd.core.gates`):
+  mounts_normalized  the slot's mount table as "<mount point> <fstype>" (from the runtime's raw
+                     mountinfo lines); the supervisor judges these instead of the raw lines
+  expected_mounts    the table a restored slot must have (the stage-1 plan of its template)
+  proc_names         {pid: comm} of the tree, so natural_exits can apply
+  lock_applied       hardened profile: the init's user namespace maps in-slot root to the slot's
+                     own unprivileged host range, and every process of the tree runs inside it
+  upper_sha256       (at episode start) the hash of what was restored into the upper layer: the
+                     checkpoint snapshot's tree hash when the live upper still equals the snapshot
+                     (outside the volatile paths the restored tree writes itself), else a hash of
+                     the live upper, with the difference in `upper_diff`
+Reading is synchronous file work; call it through `trio.to_thread`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from drumsd.linux import evidence as ev
+from drumsd.runtime.interface import SlotHandle
+
+HARDENED_RANGE = 65536
+
+
+def _tree_sha256(root: Path) -> str:
+    # The runtime's own hash function recorded the snapshot's upper_sha256: use the same one.
+    from drumsd.runtime.linux_runtime import tree_sha256
+
+    return tree_sha256(root)
+
+
+def state_hash_evidence(
+    live_upper: Path, snapshot: Path, volatile: Sequence[str] = ev.VOLATILE_UPPER
+) -> dict[str, Any]:
+    """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc."""
+    if not snapshot.is_dir():
+        return {"upper_unreadable": f"checkpoint snapshot {snapshot} is missing"}
+    if not live_upper.is_dir():
+        return {"upper_unreadable": f"slot upper {live_upper} is missing"}
+    snapshot_sha = _tree_sha256(snapshot)
+    live = ev.upper_manifest(live_upper, volatile)
+    diff = ev.manifest_diff(live, ev.upper_manifest(snapshot, volatile))
+    if any(diff.values()):
+        return {
+            "upper_sha256": "live:" + ev.manifest_sha256(live),
+            "upper_diff": {k: v[:20] for k, v in diff.items()},
+        }
+    return {"upper_sha256": snapshot_sha}
+
+
+def lock_evidence(pids: Sequence[int], init_pid: int, uid_base: int | None) -> dict[str, Any]:
+    """lock_applied for the hardened profile: uid_map and every process's host uids."""
+    if uid_base is None:
+        return {"lock_applied": False, "lock": {"reason": "the slot has no uid range (uid_base)"}}
+    text = ev.read_text(f"/proc/{init_pid}/uid_map")
+    if text is None:
+        return {"lock": {"reason": "the init's uid_map cannot be read"}}
+    uid_map = ev.parse_uid_map(text)
+    want = [(0, uid_base, HARDENED_RANGE)]
+    outside = {
+        pid: uids
+        for pid, uids in ev.host_uids(pids).items()
+        if any(not uid_base <= u < uid_base + HARDENED_RANGE for u in uids)
+    }
+    applied = uid_map == want and uid_base > 0 and not outside
+    detail: dict[str, Any] = {"uid_map": uid_map, "uid_base": uid_base}
+    if outside:
+        detail["host_uids_outside_range"] = dict(list(outside.items())[:10])
+    return {"lock_applied": applied, "lock": detail}
+
+
+class GateEvidence:
+    """Reads the evidence; stateless apart from the expected mount table (same for every slot)."""
+
+    def __init__(self, volatile: Sequence[str] = ev.VOLATILE_UPPER) -> None:
+        self.volatile = tuple(volatile)
+        self.expected_mounts = ev.expected_slot_mounts()
+
+    def read(
+        self,
+        handle: SlotHandle,
+        facts: Mapping[str, Any],
+        *,
+        profile: str,
+        snapshot: Path | None = None,
+    ) -> dict[str, Any]:
+        """Evidence for `facts` (the supervisor's dict form of SlotFacts) of this handle; with
+        `snapshot` (the checkpoint's upper dir), the state_hash evidence too."""
+        out: dict[str, Any] = {"expected_mounts": self.expected_mounts}
+        try:
+            out["mounts_normalized"] = ev.mount_entries(facts.get("mounts", ()))
+        except (ValueError, IndexError) as exc:
+            out["mounts_unparsed"] = str(exc)
+        pids = [int(p) for p in facts.get("pids", ())]
+        out["proc_names"] = ev.proc_names(pids)
+        if profile == "hardened" and facts.get("alive"):
+            out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
+        if snapshot is not None:
+            out.update(state_hash_evidence(handle.upper, snapshot, self.volatile))
+        return out

@@ -880,3 +880,135 @@ def test_filling_the_tmpfs_fails_with_enospc(
     assert_slot_works(http, other_slot)
     assert execute(http, slot, "rm /tmp/escape-fill").returncode == 0
     assert_slot_works(http, slot)
+
+
+# ---------------------------------------------------------------- kernel knobs
+
+
+def test_kernel_knobs_are_read_only(http: httpx.Client, slot: str) -> None:
+    """core_pattern is the classic way out of a container (the host kernel runs a `|program`
+    as host root on the next crash); the slot cannot write it, nor other host sysctls."""
+    knobs = {
+        "kernel/core_pattern": "|/bin/false drums-escape",
+        "kernel/hostname": "drums-escape",
+        "vm/drop_caches": "1",
+    }
+    readable = ("kernel/core_pattern", "kernel/hostname")  # drop_caches is write-only
+    before = {k: Path("/proc/sys", k).read_text() for k in readable}
+    try:
+        script = "".join(
+            f"echo '{v}' > /proc/sys/{k}; echo \"{k} rc=$?\"\n" for k, v in knobs.items()
+        )
+        out = execute(http, slot, script)
+        for knob in knobs:
+            assert f"{knob} rc=0" not in out.stdout, out
+        for knob in readable:
+            assert Path("/proc/sys", knob).read_text() == before[knob], f"host {knob} changed"
+    finally:
+        for knob in readable:
+            if Path("/proc/sys", knob).read_text() != before[knob]:
+                Path("/proc/sys", knob).write_text(before[knob])
+    assert_slot_works(http, slot)
+
+
+# ---------------------------------------------------------------- the daemon's channel to the guest
+
+
+def _restore_agent_socket(view: HostView) -> None:
+    """Host side: put the guest agent's real socket back where the daemon looks for it."""
+    run = Path(f"/proc/{view.init}/root/run/drums")
+    os.replace(run / "escape-real.sock", run / "agent.sock")
+
+
+def test_agent_socket_symlink_cannot_point_the_daemon_at_a_host_socket(
+    http: httpx.Client, slot: str
+) -> None:
+    """The desktop user owns /run/drums in the slot. If it swaps agent.sock for a symlink to a
+    host path, the daemon (host root) must not follow it out of the slot's root: it would
+    connect to any host unix socket, write requests the agent shapes and relay the answers."""
+    host_path = Path(f"/tmp/drums-escape-{uuid.uuid4().hex[:8]}.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(host_path))
+    listener.listen(4)
+    listener.setblocking(False)
+    view = host_view(http, slot)
+    try:
+        out = execute(
+            http,
+            slot,
+            f"mv /run/drums/agent.sock /run/drums/escape-real.sock && "
+            f"ln -s {host_path} /run/drums/agent.sock && echo swapped",
+        )
+        assert "swapped" in out.stdout, out
+        try:
+            http.get(f"/v1/slots/{slot}/screenshot")  # any agent call
+            got: bytes | None = None
+            try:
+                conn, _ = listener.accept()
+                conn.settimeout(2)
+                got = conn.recv(4096)
+                conn.close()
+            except BlockingIOError:
+                pass
+            assert got is None, f"the daemon connected to host socket {host_path}: {got!r}"
+        finally:
+            _restore_agent_socket(view)
+    finally:
+        listener.close()
+        host_path.unlink(missing_ok=True)
+    assert_slot_works(http, slot)
+
+
+_FAKE_AGENT = """
+import json, os, socket
+os.rename("/run/drums/agent.sock", "/run/drums/escape-real.sock")
+s = socket.socket(socket.AF_UNIX)
+s.bind("/run/drums/agent.sock")
+s.listen(8)
+s.settimeout(60)
+payload = b"\\x89PNG\\r\\n\\x1a\\nFORGED-BY-THE-AGENT"
+try:
+    while True:
+        c, _ = s.accept()
+        c.recv(65536)
+        c.sendall(json.dumps({"ok": True, "size": len(payload), "rc": 0,
+                              "stdout": "FORGED-BY-THE-AGENT", "stderr": ""}).encode()
+                  + b"\\n" + payload)
+        c.close()
+except OSError:
+    pass
+"""
+
+
+def test_guest_agent_cannot_be_impersonated_by_the_desktop_user(
+    http: httpx.Client, slot: str
+) -> None:
+    """The daemon's screenshots and the checkers' file reads and commands go through the guest
+    agent's socket. The desktop user (the agent's actions) must not be able to answer in its
+    place: forged screenshots and checker inputs are free reward."""
+    view = host_view(http, slot)
+    fake = base64.b64encode(_FAKE_AGENT.encode()).decode()
+    execute(
+        http,
+        slot,
+        f"setsid nohup python3 -c \"import base64; exec(base64.b64decode('{fake}'))\" "
+        ">/dev/null 2>&1 & echo started",
+    )
+    real = Path(f"/proc/{view.init}/root/run/drums/escape-real.sock")
+    deadline = time.monotonic() + 20
+    while not real.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        if real.exists():  # the swap happened: does the daemon believe the impostor?
+            time.sleep(0.5)  # the impostor binds right after the rename
+            r = http.get(f"/v1/slots/{slot}/screenshot")
+            assert b"FORGED-BY-THE-AGENT" not in r.content, "the daemon took a forged screenshot"
+            r = http.post(
+                f"/v1/slots/{slot}/step",
+                json={"action": {"type": "execute", "command": "echo real"}},
+            )
+            assert "FORGED-BY-THE-AGENT" not in r.text, f"a forged step result: {r.text}"
+    finally:
+        if real.exists():
+            _restore_agent_socket(view)
+    assert_slot_works(http, slot)

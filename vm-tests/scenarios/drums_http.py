@@ -238,22 +238,22 @@ def gate_status(report: dict[str, Any], name: str) -> str | None:
     return None
 
 
-def count_lines(machine: MachineLike, command: str) -> int:
-    """Number of lines a (possibly empty) command output has."""
-    return int(machine.succeed(f"({command}) | wc -l").strip())
-
-
-def mounts_under(machine: MachineLike, path: str) -> int:
-    return count_lines(
-        machine, f"findmnt -rn -o TARGET | grep -F -- {shlex.quote(path.rstrip('/') + '/')} || true"
+def mounts_under(machine: MachineLike, path: str, containing: str = "") -> list[str]:
+    """Mount points inside `path` (the state dir), optionally only those whose path contains
+    `containing` (a slot id: the runtime names a slot's directories after it)."""
+    out = machine.succeed(
+        f"findmnt -rn -o TARGET | grep -F -- {shlex.quote(path.rstrip('/') + '/')} "
+        f"| grep -F -- {shlex.quote(containing)} || true"
     )
+    return sorted(line for line in out.splitlines() if line)
 
 
-def processes_rooted_under(machine: MachineLike, path: str) -> int:
-    """Processes whose root directory is inside `path` (the slots' overlay roots)."""
-    prefix = shlex.quote(path.rstrip("/") + "/")
-    return count_lines(
-        machine,
-        'for p in /proc/[0-9]*; do readlink "$p/root" 2>/dev/null; done '
-        f"| grep -F -- {prefix} || true",
+def processes_of(machine: MachineLike, name: str) -> list[int]:
+    """Pids whose cgroup path names `name` (a slot id: the runtime names a slot's cgroup after
+    it). A process's root cannot be used: from the host, a pivoted root reads as "/"."""
+    out = machine.succeed(
+        "for p in /proc/[0-9]*; do "
+        f'grep -qF -- {shlex.quote(name)} "$p/cgroup" 2>/dev/null && echo "${{p#/proc/}}"; '
+        "done; true"
     )
+    return sorted(int(line) for line in out.split())

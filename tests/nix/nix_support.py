@@ -137,15 +137,8 @@ def local_config(tmp: Path, port: int, live: bool) -> dict:
         "log_level": "debug",
     }
     if live:
-        from drumsd.linux.image import find_image
-
-        image = find_image("base", CACHE_ROOT)
-        config.update(
-            lower=str(image.root),
-            image_sha256=image.sha256,
-            criu=str(CRIU),
-            images_dir=str(CACHE_ROOT / "images"),
-        )
+        # As the README's main job does: drumsd finds the built image in images_dir by profile.
+        config.update(criu=str(CRIU), images_dir=str(CACHE_ROOT / "images"))
         if "runtime" in config_model_fields():
             config.update(runtime="linux")
     else:

@@ -1189,16 +1189,18 @@ class Supervisor:
         if valid_state is None:
             pending = [n for n in G.GATES if statuses.get(n, G.PENDING) == G.PENDING]
             reasons.append(f"gates pending: {', '.join(pending)}")
+        # scope_unchecked means "not looked at", not "wrong": it leaves trust unknown (null), as
+        # does a pending gate; any other flag, an error or no score makes it false.
+        bad_flags = [f for f in result.audit.flags if f != "scope_unchecked"]
         trusted: bool | None
-        if valid_state is None:
+        if valid_state is False or bad_flags:
+            trusted = False
+        elif result.score is None or result.checker_error is not None:
+            trusted = False
+        elif valid_state is None or "scope_unchecked" in result.audit.flags:
             trusted = None
         else:
-            trusted = bool(
-                valid_state
-                and result.score is not None
-                and result.checker_error is None
-                and not result.audit.flags
-            )
+            trusted = True
         if result.checker_error:
             self.metrics.failure("checker_error")
         if valid_state and result.score is not None and result.checker_error is None:

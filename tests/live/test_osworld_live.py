@@ -1,0 +1,142 @@
+"""Shared OSWorld tasks on real restored desktops, through the API: each task feasible offline
+scores 1 after a scripted solution and 0 after doing nothing, the infeasible task scores 1 only on
+a final FAIL, and the calc and writer tasks whose downloads are not cached are listed unsupported
+naming the missing files. DRUMS_LIVE=1 (root, CRIU, the base and office images).
+
+Which tasks run where: the base image has no GNOME schemas, so the gsettings tasks cannot be
+solved there (nor on the office image); e0df059f and c288e301 run on base, the Impress and GIMP
+settings tasks on the office image."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from gate_daemons import (
+    OSWORLD,
+    create,
+    destroy,
+    execute,
+    final,
+    settled_gates,
+    shared_daemon,
+    verify,
+)
+from live_daemon import http_client
+
+RENAME = "e0df059f-28a6-4169-924f-b9623e7184cc"
+INFEASIBLE = "c288e301-e626-4b98-a1ab-159dcb162af5"
+IMPRESS_AUTOSAVE = "2cd43775-7085-45d8-89fa-9e35c0a915cf"
+GIMP_UNDO = "7b7617bd-57cc-468e-9c91-40c4ec2bcb3d"
+GIMP_THEME = "7767eef2-56a3-4cea-8c9f-48c070c7d65b"
+
+XCU = "/home/user/.config/libreoffice/4/user/registrymodifications.xcu"
+# The scripted solutions do what the settings dialogs would write, after stopping the app (a
+# running app rewrites its settings file on exit and would drop the change).
+SOLUTIONS = {
+    RENAME: "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2",
+    IMPRESS_AUTOSAVE: (
+        "pkill -KILL -f '[s]office'; sleep 0.5; mkdir -p $(dirname " + XCU + "); "
+        "f=" + XCU + "; [ -s $f ] || printf '%s\\n' '<?xml version=\"1.0\" encoding=\"UTF-8\"?>' "
+        '\'<oor:items xmlns:oor="http://openoffice.org/2001/registry" '
+        'xmlns:xs="http://www.w3.org/2001/XMLSchema" '
+        "xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\">' '</oor:items>' > $f; "
+        'sed -i \'s#</oor:items>#<item oor:path="/org.openoffice.Office.Common/Save/Document">'
+        '<prop oor:name="AutoSaveTimeIntervall" oor:op="fuse"><value>3</value></prop></item>'
+        "</oor:items>#' $f"
+    ),
+    GIMP_UNDO: (
+        "pkill -KILL -x gimp-2.10; pkill -KILL -x gimp; sleep 0.5; mkdir -p ~/.config/GIMP/2.10; "
+        "echo '(undo-levels 100)' >> ~/.config/GIMP/2.10/gimprc"
+    ),
+    GIMP_THEME: (
+        "pkill -KILL -x gimp-2.10; pkill -KILL -x gimp; sleep 0.5; mkdir -p ~/.config/GIMP/2.10; "
+        "echo '(theme \"Light\")' >> ~/.config/GIMP/2.10/gimprc"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def base():
+    return shared_daemon("hardened")
+
+
+@pytest.fixture(scope="module")
+def office():
+    return shared_daemon("office", image="office")
+
+
+def _episode(daemon, task: str, command: str | None, last: str | None) -> dict:
+    with http_client(daemon) as http:
+        sid = create(http, task=task)["id"]
+        try:
+            if command is not None:
+                out = execute(http, sid, command)
+                assert out["output"]["returncode"] == 0, out
+            if last is not None:
+                final(http, sid, last)
+            settled_gates(http, sid)
+            r = verify(http, sid)
+            assert r.status_code == 200, r.text
+            result = r.json()
+        finally:
+            destroy(http, sid)
+    assert result["valid"] is True and result["verdict"] == "valid", result
+    assert result["checker_error"] is None, result
+    return result
+
+
+@pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])
+def test_rename_directory_task(base, solved):
+    result = _episode(
+        base, RENAME, SOLUTIONS[RENAME] if solved else None, "done" if solved else None
+    )
+    assert result["score"] == (1.0 if solved else 0.0), result
+    assert result["audit"]["second_score"] == result["score"]
+
+
+@pytest.mark.parametrize(
+    ("last", "score"), [("fail", 1.0), ("done", 0.0), (None, 0.0)], ids=["fail", "done", "nothing"]
+)
+def test_infeasible_task_scores_only_a_final_fail(base, last, score):
+    result = _episode(base, INFEASIBLE, None, last)
+    assert result["score"] == score, result
+    assert result["last_action"] == last
+
+
+# GIMP never wrote gimprc when nothing was done: the getter must see a missing file (score 0),
+# but the Linux runtime's read_file raises action_failed and the task bridge maps only not_found
+# codes to FileNotFoundError, so verify fails with 422. Runs, and will XPASS once fixed.
+MISSING_FILE_BUG = pytest.mark.xfail(
+    reason="runtime read_file of a missing file is action_failed, not not_found", strict=False
+)
+OFFICE_CASES = [
+    pytest.param(IMPRESS_AUTOSAVE, True, id="impress-solved"),
+    pytest.param(IMPRESS_AUTOSAVE, False, id="impress-nothing"),
+    pytest.param(GIMP_UNDO, True, id="gimp_undo-solved"),
+    pytest.param(GIMP_UNDO, False, id="gimp_undo-nothing", marks=MISSING_FILE_BUG),
+    pytest.param(GIMP_THEME, True, id="gimp_theme-solved"),
+    pytest.param(GIMP_THEME, False, id="gimp_theme-nothing", marks=MISSING_FILE_BUG),
+]
+
+
+@pytest.mark.parametrize(("task", "solved"), OFFICE_CASES)
+def test_office_settings_tasks(office, task, solved):
+    result = _episode(office, task, SOLUTIONS[task] if solved else None, "done" if solved else None)
+    assert result["score"] == (1.0 if solved else 0.0), result
+
+
+def test_uncached_downloads_are_unsupported_naming_the_files(base):
+    assert OSWORLD.is_dir(), f"the shared OSWorld tasks are expected at {OSWORLD}"
+    with http_client(base) as http:
+        rows = {t["id"]: t for t in http.get("/v1/tasks").json()["tasks"]}
+    calc = rows["01b269ae-2111-4a07-81fd-3fcd711993b0"]
+    writer = rows["e528b65e-1107-4b8c-8988-490e4fece599"]
+    assert calc["supported"] is False and "Student_Level_Fill_Blank.xlsx" in calc["reason"], calc
+    assert writer["supported"] is False, writer
+    assert "Geography_And_Magical_Realism.docx" in writer["reason"], writer
+    for task in (RENAME, INFEASIBLE, IMPRESS_AUTOSAVE, GIMP_UNDO, GIMP_THEME):
+        assert rows[task]["supported"] is True, rows[task]

@@ -1,0 +1,221 @@
+"""Gate evidence from the OS (pure parsing, upper-layer hashes on real dirs) and its wiring: the
+crash watch started by serve and followed by the supervisor, evidence merged into the facts."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from drumsd.core import gates as G
+from drumsd.core.config import Config
+from drumsd.linux import evidence as ev
+from drumsd.linux.proc_events import ProcEventsError
+from drumsd.runtime import supervisor as supervisor_mod
+from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
+from drumsd.runtime.linux_runtime import tree_sha256
+from drumsd.runtime.memory_runtime import MemoryRuntime
+from drumsd.runtime.supervisor import open_supervisor
+
+from drumsd import serve
+
+# A restored slot's real /proc/<init>/mountinfo (trusted profile, 2026-11).
+SLOT_MOUNTINFO = """\
+161 157 0:56 / / rw,relatime - overlay drums-root rw,lowerdir=/x,upperdir=/y,workdir=/z
+163 161 0:76 / /dev/pts rw,nosuid,noexec,relatime - devpts devpts rw,gid=5,mode=620,ptmxmode=666
+165 161 0:77 / /dev/shm rw,nosuid,nodev,relatime - tmpfs shm rw,size=1048576k
+167 161 0:78 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+169 161 0:79 / /tmp rw,nosuid,nodev,relatime - tmpfs tmp rw,size=1048576k
+""".splitlines()
+
+
+def test_mount_entries_of_a_restored_slot_are_the_expected_table() -> None:
+    assert ev.mount_entries(SLOT_MOUNTINFO) == ev.expected_slot_mounts()
+    extra = [*SLOT_MOUNTINFO, "98 161 0:142 / /mnt rw,relatime - tmpfs drums-extra rw"]
+    facts = {"mounts": ev.mount_entries(extra), "extra": {}}
+    status, evidence = G.judge_mount_table(facts, ev.expected_slot_mounts())
+    assert status == G.FAIL and evidence["unexpected"] == ["/mnt tmpfs"]
+
+
+def test_mountinfo_parsing_unescapes_and_keeps_optional_fields_apart() -> None:
+    m = ev.parse_mountinfo_line(
+        "36 35 98:0 /mnt1 /mnt\\040two rw,noatime master:1 shared:2 - ext3 /dev/root rw"
+    )
+    assert (m.mount_point, m.fstype, m.source) == ("/mnt two", "ext3", "/dev/root")
+    with pytest.raises(ValueError):
+        ev.parse_mountinfo_line("no separator here")
+
+
+def _tree(root: Path) -> None:
+    (root / "home/user/.cache").mkdir(parents=True)
+    (root / "home/user/.cache/f").write_text("font cache")
+    (root / "run/drums/log").mkdir(parents=True)
+    (root / "run/drums/log/agent.log").write_text("ping\n")
+    os.symlink("f", root / "home/user/.cache/link")
+
+
+def test_state_hash_is_the_recorded_one_when_the_restored_upper_is_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    _tree(snap)
+    _tree(live)
+    recorded = tree_sha256(snap)
+    # The restored tree appends to its own log before the first read: not a state change.
+    (live / "run/drums/log/agent.log").write_text("ping\nping\n")
+    out = state_hash_evidence(live, snap)
+    assert out == {"upper_sha256": recorded}
+    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.PASS
+
+
+def test_state_hash_fails_for_a_changed_live_upper_or_a_tampered_snapshot(tmp_path: Path) -> None:
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    _tree(snap)
+    _tree(live)
+    recorded = tree_sha256(snap)
+    (live / "home/user/planted").write_text("x")
+    out = state_hash_evidence(live, snap)
+    assert out["upper_sha256"].startswith("live:")
+    assert out["upper_diff"]["added"] == ["home/user/planted"]
+    status, evidence = G.judge_state_hash({"extra": out}, recorded)
+    assert status == G.FAIL and evidence["diff"]["added"] == ["home/user/planted"]
+
+    # Same change in the snapshot (and so in its fresh copy): the recorded hash no longer holds.
+    (snap / "home/user/planted").write_text("x")
+    out = state_hash_evidence(live, snap)
+    assert out["upper_sha256"] != recorded and "upper_diff" not in out
+    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+
+
+def test_lock_is_not_applied_for_a_process_outside_the_range() -> None:
+    # This test process runs as host root in the initial user namespace.
+    out = lock_evidence([os.getpid()], os.getpid(), 100_000)
+    assert out["lock_applied"] is False
+    assert out["lock"]["uid_map"] != [(0, 100_000, 65536)]
+    assert str(os.getpid()) in out["lock"]["host_uids_outside_range"]
+    assert lock_evidence([], os.getpid(), None)["lock_applied"] is False
+
+
+def test_uid_map_and_status_parsing() -> None:
+    assert ev.parse_uid_map("0 100000 65536\n") == [(0, 100000, 65536)]
+    assert ev.parse_status_uids("Name:\tx\nUid:\t1000\t1000\t1000\t1000\n") == (1000,) * 4
+    assert ev.proc_names([os.getpid()]) == {
+        str(os.getpid()): Path("/proc/self/comm").read_text().strip()
+    }
+
+
+# --- wiring --------------------------------------------------------------------------------------
+
+
+class FakeWatch:
+    """CrashWatch's surface as the supervisor uses it."""
+
+    def __init__(self) -> None:
+        self.tracked: dict[str, dict[str, str]] = {}
+        self.untracked: list[str] = []
+        self.crashes: dict[str, list[dict[str, Any]]] = {}
+        self.since: list[float | None] = []
+        self.available = True
+        self.error = None
+
+    def track(self, slot_id: str, dirs: dict[str, str]) -> None:
+        self.tracked[slot_id] = dirs
+
+    def untrack(self, slot_id: str) -> None:
+        self.untracked.append(slot_id)
+
+    def facts(self, slot_id: str, since: float | None = None) -> dict[str, Any]:
+        self.since.append(since)
+        crashes = [c for c in self.crashes.get(slot_id, []) if since is None or c["time"] >= since]
+        return {"crash_exits": crashes, "crash_watch": self.available}
+
+    def health(self) -> dict[str, Any]:
+        return {"available": self.available, "tracked_slots": len(self.tracked)}
+
+
+def _config(tmp: Path, **over: Any) -> Config:
+    (tmp / "lower").mkdir(exist_ok=True)
+    raw = {
+        "token_file": str(tmp / "token"),
+        "state_dir": str(tmp / "state"),
+        "journal_dir": str(tmp / "journal"),
+        "forgotten_dir": str(tmp / "forgotten"),
+        "lower": str(tmp / "lower"),
+        "image_sha256": "ab" * 32,
+        "runtime": "memory",
+        "alive_after_s": 0.05,
+        "admission": {"enabled": False},
+        "lease": {"reap_interval_s": 3600},
+    }
+    raw.update(over)
+    return Config.model_validate(raw)
+
+
+async def _wait(predicate, limit_s: float = 5.0) -> None:
+    """Poll with a deadline (the state lives in the supervisor's tasks; no event to wait on)."""
+    with trio.fail_after(limit_s):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def test_supervisor_follows_each_slot_with_the_crash_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drums.models import SlotCreate
+
+    monkeypatch.setattr(supervisor_mod, "GATE_REFRESH_S", 0.05)
+    watch = FakeWatch()
+    config = _config(tmp_path)
+    runtime = MemoryRuntime(config.state_dir)
+    async with open_supervisor(
+        config,
+        runtime,
+        crash_watch=watch,
+        host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
+    ) as sup:
+        await _wait(lambda: sup.template_status.get("base") == "ready")
+        rec = await sup.create(SlotCreate())
+        assert watch.tracked[rec.id] == dict(sup._handle(rec).cgroups)
+        assert watch.since[-1] == rec.episode_started_at
+        health = await sup.health()
+        assert health["crash_watch"]["available"] is True and health["crash_watch"]["enabled"]
+
+        # A crash of an earlier episode does not count; one in this episode quarantines the
+        # slot without any request (the gate loop).
+        watch.crashes[rec.id] = [{"pid": 9, "name": "old", "signal": 11, "time": 0.0}]
+        await trio.sleep(0.2)
+        assert rec.status.value == "ready"
+        watch.crashes[rec.id].append(
+            {"pid": 10, "name": "soffice", "signal": 11, "time": time.time()}
+        )
+        await _wait(lambda: rec.status.value == "quarantined")
+        assert "no_app_crash" in (rec.quarantine_reason or "")
+
+        await sup.release(rec.id)
+        await sup.reset(rec.id)
+        assert rec.status.value == "ready"  # the new episode starts after that crash...
+        await sup.destroy(rec.id)
+        assert watch.untracked == [rec.id]
+
+
+async def test_serve_refuses_to_start_when_the_connector_cannot_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import drumsd.runtime.crash_watch as cw
+
+    class Broken(cw.CrashWatch):
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+            raise ProcEventsError("no CAP_NET_ADMIN")
+
+    monkeypatch.setattr(cw, "CrashWatch", Broken)
+    config = _config(tmp_path, runtime="linux")
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            await serve.start_gate_seams(config, nursery)
+    assert info.group_contains(serve.Refusal, match=r"crash_watch is on.*no CAP_NET_ADMIN", depth=1)
+    off = await serve.start_gate_seams(_config(tmp_path, runtime="linux", crash_watch=False), None)  # type: ignore[arg-type]
+    assert set(off) == {"evidence"}
+    assert await serve.start_gate_seams(_config(tmp_path), None) == {}  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ two runtimes on one host never sweep each other's slots.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -123,6 +124,7 @@ class CgroupDriver(Protocol):
     def slot_names(self) -> list[str]: ...
     def dirs_of(self, name: str) -> dict[str, str]: ...
     def set_group_weight(self, shares: int) -> None: ...
+    def remove_group_if_empty(self) -> None: ...
 
 
 def _write(path: Path, value: str) -> None:
@@ -263,6 +265,11 @@ class CgroupV1:
         ]
         return {f: (Path(dirs[c]) / f).read_text().strip() for c, f in files}
 
+    def remove_group_if_empty(self) -> None:
+        for c in V1_CONTROLLERS:
+            with contextlib.suppress(OSError):  # still holds slots: keep it
+                os.rmdir(self._group(c))
+
     def set_group_weight(self, shares: int) -> None:
         """The CPU weight of all slots together against the daemon's siblings (v1 shares)."""
         group = self._group("cpu")
@@ -379,6 +386,10 @@ class CgroupV2:
         d = Path(dirs["unified"])
         files = ["memory.max", "cpu.max", "pids.max", "cgroup.freeze"]
         return {f: (d / f).read_text().strip() for f in files if (d / f).exists()}
+
+    def remove_group_if_empty(self) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(self.group)
 
     def set_group_weight(self, shares: int) -> None:
         if not (self.group / "cgroup.subtree_control").exists():

@@ -317,6 +317,7 @@ class LinuxRuntime:
                 for fd in self._userns_fds.values():
                     os.close(fd)
                 self._userns_fds.clear()
+                self.driver.remove_group_if_empty()
 
     def _require_running(self) -> trio.Nursery:
         if self._nursery is None or self._launcher is None:

@@ -414,10 +414,10 @@ class LinuxRuntime:
 
     def _teardown_fs(self, paths: mounts.SlotPaths) -> None:
         index = _read_owner_record(paths.dir).get("uid_index")
-        self._busy.discard(paths.dir.name)
         for m in mounts.mounts_under(paths.dir):
             mounts.apply([mounts.MountOp("umount", m)])
         shutil.rmtree(paths.dir, ignore_errors=True)
+        self._busy.discard(paths.dir.name)  # last: a concurrent sweep must not see it half-gone
         if isinstance(index, int):
             self._ranges.discard(index)
 

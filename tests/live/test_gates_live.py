@@ -172,3 +172,26 @@ def test_memory_limit_exceeded_fails_no_oom_kill(trusted_small):
             assert gates(http, sid)["no_oom_kill"]["evidence"]["oom_kills"] >= 1
         finally:
             destroy(http, sid)
+
+
+def test_branch_children_start_valid_episodes(hardened):
+    with http_client(hardened) as http:
+        parent = create(http)["id"]
+        children: list[str] = []
+        try:
+            execute(http, parent, "echo forked > ~/Desktop/state.txt")
+            r = http.post(f"/v1/slots/{parent}/branch", json={"n": 2})
+            assert r.status_code == 201, r.text
+            children = [c["id"] for c in r.json()["children"]]
+            for child in children:
+                report = settled_gates(http, child)
+                failed = {n: g["evidence"] for n, g in report.items() if g["status"] != "pass"}
+                assert not failed, (child, failed)
+                # Restored from the prefork, whose recorded hash covers the parent's new file.
+                assert (
+                    report["state_hash"]["evidence"]["upper_sha256"]
+                    != gates(http, parent)["state_hash"]["evidence"]["upper_sha256"]
+                )
+        finally:
+            for sid in [*children, parent]:
+                destroy(http, sid)

@@ -90,6 +90,25 @@ def test_state_hash_fails_for_a_changed_live_upper_or_a_tampered_snapshot(tmp_pa
     assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
 
 
+def test_files_the_restored_tree_wrote_itself_are_not_a_mismatch(tmp_path: Path) -> None:
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    _tree(snap)
+    _tree(live)
+    recorded = tree_sha256(snap)
+    restore_began = time.time() - 5
+    (live / "home/user/.cache/f").write_text("rewritten by the app after restore")
+    (live / "home/user/.cache/lock").write_text("new lock file")
+    out = state_hash_evidence(live, snap, written_since=restore_began)
+    assert out["upper_sha256"] == recorded
+    assert out["upper_written"] == ["home/user/.cache/f", "home/user/.cache/lock"]
+    # The same change dated before the restore began is a copy that differs: a mismatch.
+    old = restore_began - 60
+    os.utime(live / "home/user/.cache/f", (old, old))
+    out = state_hash_evidence(live, snap, written_since=restore_began)
+    assert out["upper_diff"]["changed"] == ["home/user/.cache/f"]
+    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+
+
 def test_lock_is_not_applied_for_a_process_outside_the_range() -> None:
     # This test process runs as host root in the initial user namespace.
     out = lock_evidence([os.getpid()], os.getpid(), 100_000)

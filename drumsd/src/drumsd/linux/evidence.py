@@ -134,6 +134,25 @@ def manifest_diff(have: Mapping[str, str], want: Mapping[str, str]) -> dict[str,
     }
 
 
+def split_written_since(
+    diff: Mapping[str, list[str]], root: Path, since: float
+) -> tuple[dict[str, list[str]], list[str]]:
+    """(the diff without entries written at or after `since`, those entries). Added and changed
+    entries are judged by their own mtime, removed ones by their parent directory's."""
+    kept: dict[str, list[str]] = {}
+    written: list[str] = []
+    for kind, paths in diff.items():
+        kept[kind] = []
+        for rel in paths:
+            probe = root / rel if kind != "removed" else (root / rel).parent
+            try:
+                recent = probe.lstat().st_mtime >= since
+            except OSError:
+                recent = False
+            (written if recent else kept[kind]).append(rel)
+    return kept, sorted(written)
+
+
 def manifest_sha256(manifest: Mapping[str, str]) -> str:
     h = hashlib.sha256()
     for rel in sorted(manifest):

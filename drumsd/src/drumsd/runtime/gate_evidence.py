@@ -34,9 +34,17 @@ def _tree_sha256(root: Path) -> str:
 
 
 def state_hash_evidence(
-    live_upper: Path, snapshot: Path, volatile: Sequence[str] = ev.VOLATILE_UPPER
+    live_upper: Path,
+    snapshot: Path,
+    volatile: Sequence[str] = ev.VOLATILE_UPPER,
+    written_since: float | None = None,
 ) -> dict[str, Any]:
-    """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc."""
+    """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc.
+
+    With `written_since` (when the restore began, wall clock), a difference the restored tree
+    made itself (an entry, or for a removal its parent dir, modified at or after that time) is
+    reported apart, in `upper_written`, not as a mismatch: apps of a template may write their
+    files as soon as they run. A copy changed before the restore keeps its older mtime."""
     if not snapshot.is_dir():
         return {"upper_unreadable": f"checkpoint snapshot {snapshot} is missing"}
     if not live_upper.is_dir():
@@ -44,12 +52,17 @@ def state_hash_evidence(
     snapshot_sha = _tree_sha256(snapshot)
     live = ev.upper_manifest(live_upper, volatile)
     diff = ev.manifest_diff(live, ev.upper_manifest(snapshot, volatile))
+    written: list[str] = []
+    if written_since is not None:
+        diff, written = ev.split_written_since(diff, live_upper, written_since)
+    out: dict[str, Any] = {"upper_written": written[:20]} if written else {}
     if any(diff.values()):
         return {
+            **out,
             "upper_sha256": "live:" + ev.manifest_sha256(live),
             "upper_diff": {k: v[:20] for k, v in diff.items()},
         }
-    return {"upper_sha256": snapshot_sha}
+    return {**out, "upper_sha256": snapshot_sha}
 
 
 def lock_evidence(pids: Sequence[int], init_pid: int, uid_base: int | None) -> dict[str, Any]:
@@ -87,6 +100,7 @@ class GateEvidence:
         *,
         profile: str,
         snapshot: Path | None = None,
+        written_since: float | None = None,
     ) -> dict[str, Any]:
         """Evidence for `facts` (the supervisor's dict form of SlotFacts) of this handle; with
         `snapshot` (the checkpoint's upper dir), the state_hash evidence too."""
@@ -100,5 +114,5 @@ class GateEvidence:
         if profile == "hardened" and facts.get("alive"):
             out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
         if snapshot is not None:
-            out.update(state_hash_evidence(handle.upper, snapshot, self.volatile))
+            out.update(state_hash_evidence(handle.upper, snapshot, self.volatile, written_since))
         return out

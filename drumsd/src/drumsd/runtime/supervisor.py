@@ -444,14 +444,23 @@ class Supervisor:
             since = rec.episode_started_at or 0.0
             out["extra"].update(self.crash_watch.facts(rec.id, since=since))
         if self.evidence is not None:
-            snapshot = None
+            snapshot = written_since = None
             cp = self.checkpoints.get(rec.checkpoint)
             if at_start and cp is not None and cp.upper_sha256:
                 snapshot = Path(cp.dir) / "upper"
+                # Files the restored tree writes itself are not a mismatch: anything modified
+                # after the restore began (its duration plus a margin before ready).
+                written_since = (rec.episode_started_at or self.clock()) - handle.restore_s - 1.0
+            read = partial(
+                self.evidence.read,
+                handle,
+                out,
+                profile=rec.profile,
+                snapshot=snapshot,
+                written_since=written_since,
+            )
             try:
-                extra = await trio.to_thread.run_sync(
-                    partial(self.evidence.read, handle, out, profile=rec.profile, snapshot=snapshot)
-                )
+                extra = await trio.to_thread.run_sync(read)
             except OSError as exc:
                 log.warning("slot=%s gate evidence failed: %s", rec.id, exc)
                 extra = {"evidence_error": str(exc)}

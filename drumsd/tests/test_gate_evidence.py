@@ -219,6 +219,16 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         await sup.destroy(rec.id)
         assert watch.untracked == [rec.id]
 
+        # A slot the watch cannot follow never passes no_app_crash unobserved.
+        def refuse(slot_id: str, dirs: dict[str, str]) -> None:
+            raise ValueError("no mounted v1 controller")
+
+        watch.track = refuse  # type: ignore[method-assign]
+        other = await sup.create(SlotCreate())
+        await _wait(lambda: sup.gate_statuses(other).get("alive_after_resume") != "pending")
+        assert sup.gate_statuses(other)["no_app_crash"] == "pending"
+        assert G.episode_valid(sup.gate_statuses(other)) is None
+
 
 async def test_serve_refuses_to_start_when_the_connector_cannot_open(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

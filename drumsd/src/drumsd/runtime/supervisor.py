@@ -161,6 +161,7 @@ class Supervisor:
         self.version = version
         # A started `CrashWatch` (track/untrack/facts/health) when config.crash_watch is on.
         self.crash_watch = crash_watch
+        self._unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
         # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
         self.evidence = evidence
         self.slots: dict[str, SlotRecord] = {}
@@ -443,6 +444,10 @@ class Supervisor:
         if self.crash_watch is not None:
             since = rec.episode_started_at or 0.0
             out["extra"].update(self.crash_watch.facts(rec.id, since=since))
+            if rec.id in self._unwatched:
+                # Not followed: no crash could be seen, so no_app_crash must stay pending.
+                out["extra"]["crash_watch"] = False
+                out["extra"]["crash_watch_error"] = self._unwatched[rec.id]
         if self.evidence is not None:
             snapshot = written_since = None
             cp = self.checkpoints.get(rec.checkpoint)
@@ -586,16 +591,21 @@ class Supervisor:
     def _track(self, slot_id: str, handle: SlotHandle) -> None:
         """Point the crash watch at the slot's (new) cgroups; records of earlier episodes stay
         but facts() reads only those since the episode's start."""
-        if self.crash_watch is None or not handle.cgroups:
+        if self.crash_watch is None:
             return
         try:
+            if not handle.cgroups:
+                raise ValueError("the runtime reported no cgroups for the slot")
             self.crash_watch.track(slot_id, dict(handle.cgroups))
+            self._unwatched.pop(slot_id, None)
         except (OSError, ValueError) as exc:
-            # Untracked, the slot's crash_exits stay empty and its no_app_crash gate would pass
-            # unwatched: say so in the evidence instead (the gate stays pending).
-            log.error("slot=%s crash watch cannot track %s: %s", slot_id, handle.cgroups, exc)
+            # Untracked, its crash_exits would stay empty and no_app_crash would pass unwatched:
+            # _facts marks it unwatched instead, so the gate stays pending.
+            self._unwatched[slot_id] = f"cannot track cgroups {dict(handle.cgroups)}: {exc}"
+            log.error("slot=%s crash watch %s", slot_id, self._unwatched[slot_id])
 
     def _untrack(self, slot_id: str) -> None:
+        self._unwatched.pop(slot_id, None)
         if self.crash_watch is not None:
             self.crash_watch.untrack(slot_id)
 

@@ -125,9 +125,10 @@ def test_stage1_plan_without_userns_makes_a_minimal_dev_and_pivots_last() -> Non
     assert any(op.target == "/r/tmp" and op.fstype == "tmpfs" for op in plan)
 
 
-def test_stage1_plan_in_userns_binds_root_and_makes_no_nodes() -> None:
-    plan = mounts.plan_stage1("/r", 64, userns=True)
-    assert plan[1].kind == "mount" and plan[1].source == plan[1].target == "/r"
+def test_stage1_plan_in_userns_rebinds_cwd_and_makes_no_nodes() -> None:
+    plan = mounts.plan_stage1(".", 64, userns=True)
+    assert plan[1].kind == "rebind_cwd"
+    assert all(op.target.startswith(".") for op in plan[1:])  # nothing resolved from /
     assert not [op for op in plan if op.kind == "mknod"]
     assert not [op for op in plan if op.target == "/r/dev" and op.kind == "mount"]
     assert any(op.fstype == "devpts" for op in plan)

@@ -58,20 +58,23 @@ def profile(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def state_dir(profile: str) -> Iterator[Path]:
-    d = Path(f"/run/drums-test-{profile}-{uuid.uuid4().hex[:8]}")
-    d.mkdir(parents=True)
+    top = Path(f"/run/drums-test-{profile}-{uuid.uuid4().hex[:8]}")
+    # A parent only root may search (like pytest's tmp dirs): the slot's ids never walk it.
+    top.mkdir(mode=0o700, parents=True)
+    d = top / "state"
+    d.mkdir()
     yield d
     for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
         mnt = line.split()[4]
-        if mnt.startswith(str(d)):
+        if mnt.startswith(str(top)):
             subprocess.run(["umount", "-l", mnt], check=False)
-    shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def _config(state_dir: Path, **kw: object):
     from drumsd.runtime.linux_runtime import LinuxRuntimeConfig
 
-    profile = "hardened" if "-hardened-" in state_dir.name else "trusted"
+    profile = "hardened" if "-hardened-" in state_dir.parent.name else "trusted"
     return LinuxRuntimeConfig(
         state_dir=state_dir, criu=CRIU, profile=profile, **kw  # type: ignore[arg-type]
     )

@@ -15,7 +15,9 @@ from typing import Literal
 
 from drumsd.linux import syscalls as sc
 
-OpKind = Literal["mkdir", "mount", "mknod", "symlink", "pivot_root", "umount", "make_rprivate"]
+OpKind = Literal[
+    "mkdir", "mount", "mknod", "symlink", "pivot_root", "umount", "make_rprivate", "rebind_cwd"
+]
 
 # (name, major, minor): the minimal set a desktop needs; nothing that reaches hardware.
 DEVICES: tuple[tuple[str, int, int], ...] = (
@@ -63,6 +65,8 @@ class MountOp:
             return f"umount -l {self.target}"
         if self.kind == "make_rprivate":
             return f"mount --make-rprivate {self.target}"
+        if self.kind == "rebind_cwd":
+            return "mount --rbind . . && cd into the new mount (open_tree + move_mount + fchdir)"
         return f"mkdir -m {self.mode:o} -p {self.target}"
 
 
@@ -145,7 +149,9 @@ def plan_stage1(root: str, tmpfs_mib: int, userns: bool = True) -> list[MountOp]
     dev = f"{root}/dev"
     ops: list[MountOp] = [MountOp("make_rprivate", "/")]
     if userns:
-        ops.append(MountOp("mount", root, source=root, flags=sc.MS_BIND | sc.MS_REC))
+        # The caller chdir'ed into the root as host root (its ancestors may not be searchable
+        # by the slot's unprivileged ids) and passes root=".".
+        ops.append(MountOp("rebind_cwd", root))
     ops += [
         MountOp("mkdir", f"{root}/proc"),
         MountOp("mount", f"{root}/proc", source="proc", fstype="proc",
@@ -192,6 +198,8 @@ def apply(plan: Iterable[MountOp]) -> None:
             sc.mount(op.source, op.target, op.fstype, op.flags, op.data)
         elif op.kind == "make_rprivate":
             sc.mount(None, op.target, None, sc.MS_REC | sc.MS_PRIVATE, None)
+        elif op.kind == "rebind_cwd":
+            sc.rebind_cwd()
         elif op.kind == "mknod":
             assert op.dev is not None
             os.mknod(op.target, stat.S_IFCHR | op.mode, os.makedev(*op.dev))

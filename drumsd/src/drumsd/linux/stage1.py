@@ -91,10 +91,14 @@ def enter_namespaces(userns: bool, id_map: str = IDENTITY_MAP) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    plan = mounts.plan_stage1(args.root, args.tmpfs_mib, userns=not args.no_userns)
+    userns = not args.no_userns
+    # In a user namespace every path is resolved from inside the root: enter it as host root.
+    plan = mounts.plan_stage1("." if userns else args.root, args.tmpfs_mib, userns=userns)
     if args.dry_run:
         print(mounts.render(plan))
         return 0
+    if userns:
+        os.chdir(args.root)
     if os.getpid() != 1:
         id_map = IDENTITY_MAP if args.uid_base is None else f"0 {args.uid_base} 65536\n"
         enter_namespaces(userns=not args.no_userns, id_map=id_map)

@@ -83,3 +83,34 @@ def link_up(name: str = "lo") -> None:
         req = struct.pack("16sH14x", name.encode(), 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s, siocgifflags, req))[1]
         fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", name.encode(), flags | iff_up))
+
+
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = 0o2000000
+_AT_RECURSIVE = 0x8000
+_AT_EMPTY_PATH = 0x1000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOVE_MOUNT_T_EMPTY_PATH = 0x40
+
+
+def rebind_cwd() -> None:
+    """Stack a recursive bind of the current directory onto itself and move into it, without
+    resolving any path from /. In a user namespace the inherited root mount is locked (so
+    pivot_root refuses it) and its ancestors may not be searchable by the slot's ids; a clone
+    made here is ours, and fchdir reaches it without a path walk."""
+    here = os.open(".", os.O_PATH | os.O_CLOEXEC)
+    try:
+        clone = _libc.syscall(_SYS_OPEN_TREE, -100, b".",
+                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE)
+        _check(0 if clone >= 0 else -1, "open_tree . (clone)")
+        try:
+            ret = _libc.syscall(_SYS_MOVE_MOUNT, clone, b"", here, b"",
+                                _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH)
+            _check(0 if ret == 0 else -1, "move_mount clone onto .")
+            os.fchdir(clone)
+        finally:
+            os.close(clone)
+    finally:
+        os.close(here)

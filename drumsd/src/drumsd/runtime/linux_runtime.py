@@ -1082,7 +1082,16 @@ class LinuxRuntime:
             inst.pidfd = os.pidfd_open(inst.pid)
             inst.starttime = procfs.starttime(inst.pid) or 0
             self._watch(inst)
-            await self._wait_agent(inst, self.config.boot_timeout_s)
+            try:
+                await self._wait_agent(inst, self.config.boot_timeout_s)
+            except RuntimeError_ as exc:
+                # The instance dir goes with the teardown: keep the evidence in the error.
+                stage1_log = " | ".join(criu.tail(paths.rw / "criu" / "boot.out", 6))
+                init_log = " | ".join(criu.tail(paths.upper / "var/log/desktop-init.log", 6))
+                raise RuntimeError_(
+                    exc.code, f"{exc.message}; stage1: {stage1_log or '-'}; desktop-init: "
+                    f"{init_log or '-'}", image=str(image_root),
+                ) from exc
             ready = Path(f"/proc/{inst.pid}/root/{READY_FILE}")
             deadline = trio.current_time() + self.config.boot_timeout_s
             while not ready.exists() and trio.current_time() < deadline:

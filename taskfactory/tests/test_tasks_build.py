@@ -196,3 +196,14 @@ def test_generated_verifier_module_imports_standalone(small_build: Path) -> None
         sys.modules.pop(VERIFIER_MODULE, None)
     assert set(mod.CHECKS) == set(CHECKS)
     assert not re.search(r"^\s*(from|import) drums_tasks", path.read_text(), re.M)
+
+
+def test_actions_refuse_text_pyautogui_mistypes() -> None:
+    import pytest
+    from drums_tasks.actions import write
+
+    with pytest.raises(ValueError, match="mistypes"):
+        write('=COUNTIF(A1:A9;"<=5")')
+    with pytest.raises(ValueError, match="non-ASCII"):
+        write("caf\u00e9")
+    assert "pyautogui.write('a>b'" in write("a>b")

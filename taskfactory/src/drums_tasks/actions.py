@@ -31,9 +31,16 @@ def hotkey(*keys: str) -> str:
     return _py(f"pyautogui.hotkey({', '.join(repr(k) for k in keys)})")
 
 
+# pyautogui sends '<' as Shift + the "less" key, which X keymaps (Xvfb's default) turn into '>':
+# measured with LibreOffice under Xvfb. Solutions must not type it.
+UNTYPABLE = "<"
+
+
 def write(text: str) -> str:
     if not text.isascii():
         raise ValueError(f"pyautogui cannot type non-ASCII text {text!r}; generate ASCII values")
+    if any(c in text for c in UNTYPABLE):
+        raise ValueError(f"{text!r} has {UNTYPABLE!r}, which pyautogui mistypes; avoid it")
     return _py(f"pyautogui.write({text!r}, interval=0.02)")
 
 

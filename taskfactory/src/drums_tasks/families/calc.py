@@ -368,7 +368,11 @@ def count_at_least(rng: random.Random) -> TaskSpec:
             f'=COUNTIF({rng_ref};">{threshold}")',
             sum(v > threshold for v in vals),
         ),
-        ("at_most", f'=COUNTIF({rng_ref};"<={threshold}")', sum(v <= threshold for v in vals)),
+        (
+            "at_most",
+            f'=ROWS({rng_ref})-COUNTIF({rng_ref};">{threshold}")',
+            sum(v <= threshold for v in vals),
+        ),
     ]
     near = [
         calc_solution(name, path, 2, [Edit(0, target, typed, v)], why=f"{typed} = {v}")

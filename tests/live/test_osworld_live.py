@@ -4,8 +4,8 @@ a final FAIL, and the calc and writer tasks whose downloads are not cached are l
 naming the missing files. DRUMS_LIVE=1 (root, CRIU, the base and office images).
 
 Which tasks run where: the base image has no GNOME schemas, so the gsettings tasks cannot be
-solved there (nor on the office image); e0df059f and c288e301 run on base, the Impress and GIMP
-settings tasks on the office image."""
+solved there (nor on the office image); e0df059f and c288e301 run on base, the Impress, GIMP and
+Chromium settings tasks on the office image."""
 
 from __future__ import annotations
 
@@ -32,8 +32,31 @@ INFEASIBLE = "c288e301-e626-4b98-a1ab-159dcb162af5"
 IMPRESS_AUTOSAVE = "2cd43775-7085-45d8-89fa-9e35c0a915cf"
 GIMP_UNDO = "7b7617bd-57cc-468e-9c91-40c4ec2bcb3d"
 GIMP_THEME = "7767eef2-56a3-4cea-8c9f-48c070c7d65b"
+CHROME_DNT = "030eeff7-b492-4218-b312-701ec99ee0cc"
+CHROME_PROFILE = "2ae9ba84-3a0d-4d4c-8338-3a1478dc5fe3"
 
 XCU = "/home/user/.config/libreoffice/4/user/registrymodifications.xcu"
+
+
+def _chromium_prefs(edit: str) -> str:
+    """Wait for the Chromium that setup launched, stop it, then edit its Preferences (the
+    postconfig restarts it, as OSWorld's does)."""
+    return (
+        "P=~/.config/chromium/Default/Preferences; "
+        "for i in $(seq 100); do [ -s $P ] && break; sleep 0.2; done; sleep 1; "
+        "pkill -KILL -x chromium; "
+        "for i in $(seq 50); do pgrep -x chromium >/dev/null || break; sleep 0.2; done; "
+        "python3 - <<'PY'\n"
+        "import json, os\n"
+        "p = os.path.expanduser('~/.config/chromium/Default/Preferences')\n"
+        "os.makedirs(os.path.dirname(p), exist_ok=True)\n"
+        "d = json.load(open(p)) if os.path.exists(p) else {}\n"
+        f"{edit}\n"
+        "json.dump(d, open(p, 'w'))\n"
+        "PY"
+    )
+
+
 # The scripted solutions do what the settings dialogs would write, after stopping the app (a
 # running app rewrites its settings file on exit and would drop the change).
 SOLUTIONS = {
@@ -52,6 +75,8 @@ SOLUTIONS = {
         "pkill -KILL -x gimp-2.10; pkill -KILL -x gimp; sleep 0.5; mkdir -p ~/.config/GIMP/2.10; "
         "echo '(undo-levels 100)' >> ~/.config/GIMP/2.10/gimprc"
     ),
+    CHROME_DNT: _chromium_prefs("d['enable_do_not_track'] = True"),
+    CHROME_PROFILE: _chromium_prefs("d.setdefault('profile', {})['name'] = 'Thomas'"),
     GIMP_THEME: (
         "pkill -KILL -x gimp-2.10; pkill -KILL -x gimp; sleep 0.5; mkdir -p ~/.config/GIMP/2.10; "
         "echo '(theme \"Light\")' >> ~/.config/GIMP/2.10/gimprc"
@@ -120,6 +145,10 @@ OFFICE_CASES = [
     pytest.param(GIMP_UNDO, False, id="gimp_undo-nothing", marks=MISSING_FILE_BUG),
     pytest.param(GIMP_THEME, True, id="gimp_theme-solved"),
     pytest.param(GIMP_THEME, False, id="gimp_theme-nothing", marks=MISSING_FILE_BUG),
+    pytest.param(CHROME_DNT, True, id="chrome_dnt-solved"),
+    pytest.param(CHROME_DNT, False, id="chrome_dnt-nothing"),
+    pytest.param(CHROME_PROFILE, True, id="chrome_profile-solved"),
+    pytest.param(CHROME_PROFILE, False, id="chrome_profile-nothing"),
 ]
 
 
@@ -138,5 +167,5 @@ def test_uncached_downloads_are_unsupported_naming_the_files(base):
     assert calc["supported"] is False and "Student_Level_Fill_Blank.xlsx" in calc["reason"], calc
     assert writer["supported"] is False, writer
     assert "Geography_And_Magical_Realism.docx" in writer["reason"], writer
-    for task in (RENAME, INFEASIBLE, IMPRESS_AUTOSAVE, GIMP_UNDO, GIMP_THEME):
+    for task in (RENAME, INFEASIBLE, IMPRESS_AUTOSAVE, GIMP_UNDO, GIMP_THEME, CHROME_DNT):
         assert rows[task]["supported"] is True, rows[task]

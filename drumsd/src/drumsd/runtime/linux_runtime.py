@@ -204,12 +204,19 @@ def _read_owner_record(d: Path) -> dict[str, Any]:
         return {}
 
 
-def _write_owner(paths: mounts.SlotPaths, owner: str, uid_index: int | None = None) -> None:
-    """owner.json: who the instance serves and, hardened, its uid range (kept across claims)."""
+def _write_owner(
+    paths: mounts.SlotPaths, owner: str | None, uid_index: int | None = None,
+    init: tuple[int, int] | None = None,
+) -> None:
+    """owner.json: who the instance serves, hardened its uid range, and its init (pid,
+    starttime) so a sweep can kill it even if its cgroups moved (kept across claims)."""
     record = _read_owner_record(paths.dir)
-    record["owner"] = owner
+    if owner is not None:
+        record["owner"] = owner
     if uid_index is not None:
         record["uid_index"] = uid_index
+    if init is not None:
+        record["init"] = list(init)
     tmp = paths.dir / "owner.json.tmp"
     tmp.write_text(json.dumps(record))
     os.replace(tmp, paths.dir / "owner.json")
@@ -567,6 +574,7 @@ class LinuxRuntime:
         inst.pid = int(pidfile.read_text().strip())
         inst.pidfd = os.pidfd_open(inst.pid)
         inst.starttime = procfs.starttime(inst.pid) or 0
+        _write_owner(inst.paths, None, init=(inst.pid, inst.starttime))
         if freeze:
             await trio.to_thread.run_sync(self.driver.freeze, inst.cgroups)
             inst.frozen = True
@@ -1081,6 +1089,7 @@ class LinuxRuntime:
             inst.pid = init
             inst.pidfd = os.pidfd_open(inst.pid)
             inst.starttime = procfs.starttime(inst.pid) or 0
+            _write_owner(paths, None, init=(inst.pid, inst.starttime))
             self._watch(inst)
             try:
                 await self._wait_agent(inst, self.config.boot_timeout_s)
@@ -1153,6 +1162,13 @@ class LinuxRuntime:
     def _cleanup_iid(self, iid: str) -> None:
         dirs = self.driver.dirs_of(iid)
         pids = self.driver.pids(dirs) if Path(dirs["pids"]).exists() else []
+        init = _read_owner_record(mounts.SlotPaths.of(self.state_dir, iid).dir).get("init")
+        if isinstance(init, list) and len(init) == 2 and procfs.is_same_process(*init):
+            # Its cgroups may live elsewhere (a daemon run in another cgroup): kill the init,
+            # which takes the whole pid namespace with it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init[0], signal.SIGKILL)
+            pids.append(init[0])
         with contextlib.suppress(cgroups.CgroupError, OSError):
             self.driver.kill(dirs)
         # A slot init restored by this process (restore-sibling) is our child: reap it.

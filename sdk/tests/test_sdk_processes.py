@@ -1,9 +1,11 @@
 """The examples as real processes over a real socket: the quickstart runs end to end, and a
 SIGINT to the RL loop mid-episode leaves no env or saved state behind.
 
-The daemon here is the fake app served by hypercorn. With DRUMS_SDK_LIVE_URL set (and
-DRUMS_TOKEN or DRUMS_TOKEN_FILE), the same tests run against that daemon instead: a real
-`drumsd serve` with the Linux runtime and the OSWorld task e0df059f.
+The daemon here is the fake app served by hypercorn. With DRUMS_LIVE=1 (CI: root, CRIU, the base
+image) the same tests run against a real `drumsd serve` with the Linux runtime that this module
+starts (tests/live/live_daemon.py), knowing the shared OSWorld tasks, so the examples' default task
+e0df059f resolves; a host that cannot run it fails rather than skips. With DRUMS_SDK_LIVE_URL set
+(and DRUMS_TOKEN or DRUMS_TOKEN_FILE) they run against that already running daemon instead.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE.parents[1] / "examples"
 TASK = {"id": "e0df059f", "instruction": "Rename todo_list_Jan_1 to todo_list_Jan_2.", "config": []}
 LIVE_URL = os.environ.get("DRUMS_SDK_LIVE_URL")
-LIVE = bool(LIVE_URL)
+OWN_LIVE_DAEMON = not LIVE_URL and os.environ.get("DRUMS_LIVE") == "1"
+LIVE = bool(LIVE_URL) or OWN_LIVE_DAEMON
+REPO = HERE.parents[1]
+# CI checks out the shared brief beside the repo: <repo>/../shared/osworld.
+OSWORLD = REPO.parent / "shared" / "osworld"
 
 
 def free_port() -> int:
@@ -37,12 +43,55 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _mounts_under(root: Path) -> List[str]:
+    prefix = str(root)
+    return [
+        target
+        for target in (
+            line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        )
+        if target == prefix or target.startswith(prefix + "/")
+    ]
+
+
+@pytest.fixture(scope="module")
+def live_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, str]]:
+    """A real `drumsd serve` (Linux runtime, base image) for this module's tests, DRUMS_LIVE=1."""
+    sys.path[:0] = [str(REPO / "tests" / "live"), str(REPO / "tests" / "integration")]
+    from live_daemon import require_live, start_live_daemon
+
+    require_live("base")
+    assert OSWORLD.is_dir(), f"no shared OSWorld tasks at {OSWORLD}: check out the brief there"
+    tmp = Path(tmp_path_factory.mktemp("sdk-live-drumsd"))
+    started = time.monotonic()
+    daemon = start_live_daemon(tmp, image="base", tasks={"dirs": [str(OSWORLD)]})
+    print(f"sdk live daemon {daemon.url}: base template ready in {time.monotonic() - started:.1f}s")
+    try:
+        yield {"DRUMS_URL": daemon.url, "DRUMS_TOKEN_FILE": str(daemon.dir / "token")}
+    finally:
+        # Slots outlive a stopped daemon: destroy whatever a failed test left, then stop it.
+        try:
+            auth = {"Authorization": f"Bearer {daemon.token}"}
+            with httpx.Client(base_url=daemon.url, headers=auth, timeout=60) as http:
+                for slot in http.get("/v1/slots").json().get("slots", []):
+                    http.delete(f"/v1/slots/{slot['id']}")
+        except httpx.HTTPError:
+            pass
+        daemon.stop(limit_s=60)
+        # The runtime leaves its image-cache tmpfs mounted under state_dir after a stop.
+        for target in sorted(_mounts_under(tmp / "state"), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Dict[str, str]]:
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Dict[str, str]]:
     """Environment variables pointing the examples at a daemon."""
     if LIVE_URL:
         tokens = {k: os.environ[k] for k in ("DRUMS_TOKEN", "DRUMS_TOKEN_FILE") if k in os.environ}
         yield {"DRUMS_URL": LIVE_URL, **tokens}
+        return
+    if OWN_LIVE_DAEMON:
+        yield request.getfixturevalue("live_daemon")
         return
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
@@ -102,6 +151,7 @@ def test_quickstart_runs_end_to_end(server: Dict[str, str], tmp_path: Path) -> N
     out = tmp_path / "shots"
     proc = run_example("first_episode", [*task_args(tmp_path), "--out", str(out)], server)
     output, _ = proc.communicate(timeout=600)
+    print(output)  # under -s: the quickstart's real output, for the README
     assert proc.returncode == 0, output
     assert output.count("score") == 4 and f"screenshots in {out}" in output
     assert len(list(out.glob("*.png"))) == 5
@@ -129,6 +179,7 @@ def test_sigint_mid_episode_leaves_nothing(server: Dict[str, str], tmp_path: Pat
     finally:
         if proc.poll() is None:
             proc.kill()
+    print(output)
     assert proc.returncode == 130, output
     assert "interrupted" in output
     assert snapshot(server) == (before_envs, before_states)

@@ -648,6 +648,9 @@ class LinuxRuntime:
             self.driver.kill(inst.cgroups)
             self.driver.remove(inst.cgroups)
         self._teardown_fs(inst.paths)
+        if not inst.watched and inst.pidfd >= 0:  # a watched pidfd is closed by its watcher
+            os.close(inst.pidfd)
+            inst.pidfd = -1
 
     async def _dispose(self, inst: _Instance, background: bool) -> None:
         async def go() -> None:
@@ -658,9 +661,6 @@ class LinuxRuntime:
                 if inst.watched:
                     with trio.move_on_after(5):
                         await inst.exited.wait()
-                elif inst.pidfd >= 0:
-                    os.close(inst.pidfd)
-                    inst.pidfd = -1
         if background and self._nursery is not None:
             self._nursery.start_soon(go)
         else:

@@ -1,79 +1,157 @@
 """vf-eval against a real drumsd with the Linux runtime: a scripted solve scores 1, a probe 0.
 
-Skipped unless DRUMS_LIVE_URL is set. It takes a task factory build (`python -m
-drums_tasks.build --seed S --out DIR`): DIR/tasks.jsonl and DIR/solutions.jsonl. The mock policy
-replays the task's oracle through the `hybrid` tools (pyautogui code and commands run as the
-desktop user via `computer_shell`), then `computer_done`; the probe gives up at once.
+The task is the shared OSWorld task e0df059f on the base image (its setup makes the directory
+~/Desktop/todo_list_Jan_1; its checker asks for ~/Desktop/todo_list_Jan_2): the cheapest real task,
+solved by one shell command. Both rollouts run in one vf-eval, each on its own restored desktop:
+the solve's policy renames the directory through the `hybrid` tool `computer_shell` and calls
+`computer_done`; the probe's gives up at once (`computer_fail`). The mock policy picks the script
+from a `[policy:...]` marker put in each copy's instruction, so the tasks go inline (the task's own
+setup and checker, a copy per script).
 
-    DRUMS_LIVE_URL=http://127.0.0.1:7070 DRUMS_LIVE_TOKEN_FILE=/etc/drums/token \
-    DRUMS_LIVE_BUILD=/var/lib/drums/factory [DRUMS_LIVE_TASK=<id>] pytest -m live ...
+With DRUMS_LIVE=1 (CI: root, CRIU, the base image) this module starts its own `drumsd serve`
+(tests/live/live_daemon.py); a host that cannot run it fails rather than skips. With
+DRUMS_LIVE_URL (and DRUMS_LIVE_TOKEN_FILE, default /etc/drums/token) it uses that daemon instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+import httpx
 import pytest
 from drums_verifiers.testing.mock_policy import MockPolicy
 from vf_support import Fake, by_task, error_text, vf_eval
 
-pytestmark = [pytest.mark.live, pytest.mark.skipif(
-    not os.environ.get("DRUMS_LIVE_URL"), reason="needs a real drumsd (DRUMS_LIVE_URL)")]
+pytestmark = pytest.mark.live
+
+REPO = Path(__file__).resolve().parents[2]
+# CI checks out the shared brief beside the repo: <repo>/../shared/osworld.
+OSWORLD = REPO.parent / "shared" / "osworld"
+RENAME = "e0df059f-28a6-4169-924f-b9623e7184cc"
+PROBE = f"{RENAME}-probe"
+SOLUTION = "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"
+SCRIPTS = {
+    "live-solve": [
+        {"tool": "computer_shell", "arguments": {"command": SOLUTION}},
+        {"tool": "computer_done", "arguments": {}},
+    ],
+    "live-probe": [{"tool": "computer_fail", "arguments": {}}],
+}
 
 
-def oracle_script(actions: list[Any]) -> list[dict[str, Any]]:
-    """The oracle's drumsd actions as hybrid tool calls a scripted policy makes."""
-    steps: list[dict[str, Any]] = []
-    for action in actions:
-        if isinstance(action, str):
-            code = action if "import pyautogui" in action else f"import pyautogui\n{action}"
-            steps.append({"tool": "computer_shell",
-                          "arguments": {"command": f"python3 -c {shlex.quote(code)}"}})
-        elif action.get("type") == "execute":
-            cmd = action["command"]
-            steps.append({"tool": "computer_shell", "arguments": {
-                "command": cmd if isinstance(cmd, str) else shlex.join(cmd)}})
-        elif action.get("type") == "wait":
-            steps.append({"tool": "computer_wait", "arguments": {"seconds": action["seconds"]}})
-        else:
-            raise ValueError(f"no hybrid tool replays {action!r}")
-    return [*steps, {"tool": "computer_done", "arguments": {}}]
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root)
+    targets = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return [t for t in targets if t == prefix or t.startswith(prefix + "/")]
 
 
-def test_real_daemon_scripted_solve_scores_1_and_probe_0(tmp_path: Path):
-    build = Path(os.environ["DRUMS_LIVE_BUILD"])
-    tasks = {json.loads(line)["id"]: json.loads(line)
-             for line in (build / "tasks.jsonl").read_text().splitlines() if line.strip()}
-    solutions = {json.loads(line)["id"]: json.loads(line)
-                 for line in (build / "solutions.jsonl").read_text().splitlines() if line}
-    task_id = os.environ.get("DRUMS_LIVE_TASK") or next(iter(tasks))
-    task = tasks[task_id]
-    for name, marker in (("solve", "live-solve"), ("probe", "live-probe")):
-        task_dir = tmp_path / name
-        task_dir.mkdir()
-        (task_dir / "task.json").write_text(json.dumps(
-            {**task, "id": f"{task_id}", "instruction": f"[policy:{marker}] "
-                                                       f"{task.get('instruction', '')}"}))
-    scripts = {"live-solve": oracle_script(solutions[task_id]["oracle"]["actions"]),
-               "live-probe": [{"tool": "computer_fail", "arguments": {}}]}
-    policy = MockPolicy(scripts)
-    policy.base_url = f"http://127.0.0.1:{policy.serve()}/v1"  # type: ignore[attr-defined]
-    fake = Fake(url=os.environ["DRUMS_LIVE_URL"],
-                token_file=Path(os.environ.get("DRUMS_LIVE_TOKEN_FILE", "/etc/drums/token")),
-                task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
+def _slots(url: str, token: str) -> list[dict]:
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
+        return http.get("/v1/slots").json().get("slots", [])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(url, token file) of a real drumsd: DRUMS_LIVE_URL's, or one started here (DRUMS_LIVE=1)."""
+    if os.environ.get("DRUMS_LIVE_URL"):
+        yield (
+            os.environ["DRUMS_LIVE_URL"],
+            Path(os.environ.get("DRUMS_LIVE_TOKEN_FILE", "/etc/drums/token")),
+        )
+        return
+    sys.path[:0] = [str(REPO / "tests" / "live"), str(REPO / "tests" / "integration")]
+    from live_daemon import require_live, start_live_daemon
+
+    require_live("base")
+    assert OSWORLD.is_dir(), f"no shared OSWorld tasks at {OSWORLD}: check out the brief there"
+    tmp = Path(tmp_path_factory.mktemp("vf-live-drumsd"))
+    started = time.monotonic()
+    live = start_live_daemon(tmp, image="base", tasks={"dirs": [str(OSWORLD)]})
+    print(f"vf live daemon {live.url}: base template ready in {time.monotonic() - started:.1f}s")
     try:
-        for name, expected in (("solve", 1.0), ("probe", 0.0)):
-            episodes = vf_eval(fake, policy, tmp_path / f"out-{name}", tmp_path / name,
-                               "--env.taskset.task.tool-style", "hybrid",
-                               "--env.taskset.task.max-turns", "60",
-                               records=tmp_path / "records.jsonl", timeout=1800)
-            trace = by_task(episodes)[task_id][0]
-            assert trace["ok"], error_text(trace)
-            assert trace["rewards"]["drums"]["score"] == expected
-            assert trace["info"]["drums"]["verdict"] == "valid"
+        yield live.url, live.dir / "token"
+    finally:
+        # Slots outlive a stopped daemon: destroy whatever a failed run left, then stop it.
+        try:
+            auth = {"Authorization": f"Bearer {live.token}"}
+            with httpx.Client(base_url=live.url, headers=auth, timeout=60) as http:
+                for slot in http.get("/v1/slots").json().get("slots", []):
+                    http.delete(f"/v1/slots/{slot['id']}")
+        except httpx.HTTPError:
+            pass
+        live.stop(limit_s=60)
+        # The runtime leaves its image-cache tmpfs mounted under state_dir after a stop.
+        for target in sorted(_mounts_under(tmp / "state"), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def test_real_daemon_scripted_solve_scores_1_and_probe_0(
+    daemon: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, token_file = daemon
+    task = json.loads(next(OSWORLD.rglob(f"{RENAME}.json")).read_text())
+    task_dir = tmp_path / "tasks"
+    task_dir.mkdir()
+    for task_id, marker in ((RENAME, "live-solve"), (PROBE, "live-probe")):
+        (task_dir / f"{task_id}.json").write_text(
+            json.dumps(
+                {**task, "id": task_id, "instruction": f"[policy:{marker}] {task['instruction']}"}
+            )
+        )
+    policy = MockPolicy(SCRIPTS, tmp_path / "policy-requests.jsonl")
+    policy.base_url = f"http://127.0.0.1:{policy.serve()}/v1"  # type: ignore[attr-defined]
+    real = Fake(url=url, token_file=token_file, task_dir=task_dir, daemon=None)  # type: ignore[arg-type]
+    token = token_file.read_text().strip()
+    slots_before = {s["id"] for s in _slots(url, token)}
+    started = time.monotonic()
+    try:
+        episodes = vf_eval(
+            real,
+            policy,
+            tmp_path / "out",
+            task_dir,
+            "--env.taskset.task.tool-style",
+            "hybrid",
+            "--env.taskset.task.max-turns",
+            "10",
+            records=tmp_path / "records.jsonl",
+            timeout=600,
+        )
     finally:
         policy.close()
+    elapsed = time.monotonic() - started
+    traces = by_task(episodes)
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    for line in (tmp_path / "out" / "vf-eval.log").read_text().splitlines():
+        if "rollout done" in line:
+            print(f"vf live vf-eval: {line.strip()}")
+    for task_id, expected in ((RENAME, 1.0), (PROBE, 0.0)):
+        trace = traces[task_id][0]
+        assert trace["ok"], error_text(trace)
+        # A refused tool call still ends in a valid episode (scoring 0): name it, not the score.
+        refused = [
+            n["message"]["content"]
+            for n in trace["nodes"]
+            if n["message"].get("role") == "tool"
+            and str(n["message"].get("content", "")).startswith("error:")
+        ]
+        assert not refused, f"{task_id}: the real daemon refused a tool call: {refused}"
+        assert trace["rewards"]["drums"]["score"] == expected, trace["rewards"]
+        assert trace["info"]["drums"]["verdict"] == "valid", trace["info"]
+        print(
+            f"vf live {task_id}: score {trace['rewards']['drums']['score']} "
+            f"info {json.dumps(trace['info']['drums'], default=str)}"
+        )
+    for record in records:
+        print(f"vf live record: {json.dumps(record, default=str)}")
+    print(f"vf live: vf-eval took {elapsed:.1f}s")
+    assert {r["task"] for r in records} >= {RENAME, PROBE}, records
+    # vf-eval destroyed both desktops it made.
+    assert {s["id"] for s in _slots(url, token)} <= slots_before

@@ -223,12 +223,13 @@ def text_title_to_pptx(rng: random.Random) -> TaskSpec:
             impress._with(deck, k, title="new_title.txt"),
             why="types the file name",
         ),
+        # (Not "lower case": Impress's autocorrect capitalizes the first letter back.)
         impress.impress_solution(
-            "lowercase",
+            "last_word_missing",
             pptx,
-            impress.retype(k, 0, new.lower()),
-            impress._with(deck, k, title=new.lower()),
-            why="wrong case",
+            impress.retype(k, 0, new.rsplit(" ", 1)[0]),
+            impress._with(deck, k, title=new.rsplit(" ", 1)[0]),
+            why="title typed without its last word",
         ),
         impress.impress_solution("not_saved", pptx, gui, None, why="edits, never saves"),
     ]

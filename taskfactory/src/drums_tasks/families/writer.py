@@ -209,6 +209,7 @@ def append_paragraph(rng: random.Random) -> TaskSpec:
     path = _path(rng)
     instr = f'Add a new last paragraph "{new}" at the end of {path} and save it in Word format.'
     want = [*paras, Para(new)]
+    short = new[:-1].rsplit(" ", 1)[0] + "."
     gui = [hotkey("ctrl", "end"), press("enter"), write(new)]
     oracle = writer_solution("oracle", path, gui, lambda: docx_of(want))
     near = [
@@ -226,12 +227,13 @@ def append_paragraph(rng: random.Random) -> TaskSpec:
             lambda: docx_of([*paras[:-1], Para(paras[-1].text + " " + new)]),
             why="appended to the last paragraph, no new paragraph",
         ),
+        # (Not "typed in lower case": Writer's autocorrect capitalizes the sentence back.)
         writer_solution(
-            "lowercase",
+            "last_word_missing",
             path,
-            [hotkey("ctrl", "end"), press("enter"), write(new.lower())],
-            lambda: docx_of([*paras, Para(new.lower())]),
-            why="typed in lower case",
+            [hotkey("ctrl", "end"), press("enter"), write(short)],
+            lambda: docx_of([*paras, Para(short)]),
+            why="sentence typed without its last word",
         ),
         _unsaved(gui, path),
     ]

@@ -1,8 +1,9 @@
 """A real `drumsd serve` with the Linux runtime, for live tests through the API.
 
-Without DRUMS_LIVE=1 the fixtures skip; with it (CI) a host that cannot run the runtime (not root,
-no CRIU, no image) is a failure, never a skip. One daemon serves a whole test session: its
-template checkpoint (a cold boot and a dump) is made once.
+They run wherever the host can run the runtime (root, CRIU, the image). A host that cannot skips
+them, except under DRUMS_LIVE=1 (CI), where that is a failure, never a skip.
+One daemon serves a whole test session: its template checkpoint (a cold boot and a dump) is
+made once.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from drumsd_process import Daemon, free_port, write_token  # noqa: E402
+from drumsd_process import Daemon, free_port, write_token
 
 CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))
 CRIU = Path(os.environ.get("DRUMS_CRIU", "/usr/local/sbin/criu"))
 
 
 def require_live(profile: str = "base") -> None:
-    """Skip without DRUMS_LIVE=1; fail when it is set and the host lacks what is needed."""
+    """Skip when the host lacks what is needed; fail instead under DRUMS_LIVE=1."""
     live = os.environ.get("DRUMS_LIVE") == "1"
     problems = []
     if os.geteuid() != 0:

@@ -132,19 +132,13 @@ def test_infeasible_task_scores_only_a_final_fail(base, last, score):
     assert result["last_action"] == last
 
 
-# GIMP never wrote gimprc when nothing was done: the getter must see a missing file (score 0),
-# but the Linux runtime's read_file raises action_failed and the task bridge maps only not_found
-# codes to FileNotFoundError, so verify fails with 422. Runs, and will XPASS once fixed.
-MISSING_FILE_BUG = pytest.mark.xfail(
-    reason="runtime read_file of a missing file is action_failed, not not_found", strict=False
-)
 OFFICE_CASES = [
     pytest.param(IMPRESS_AUTOSAVE, True, id="impress-solved"),
     pytest.param(IMPRESS_AUTOSAVE, False, id="impress-nothing"),
     pytest.param(GIMP_UNDO, True, id="gimp_undo-solved"),
-    pytest.param(GIMP_UNDO, False, id="gimp_undo-nothing", marks=MISSING_FILE_BUG),
+    pytest.param(GIMP_UNDO, False, id="gimp_undo-nothing"),
     pytest.param(GIMP_THEME, True, id="gimp_theme-solved"),
-    pytest.param(GIMP_THEME, False, id="gimp_theme-nothing", marks=MISSING_FILE_BUG),
+    pytest.param(GIMP_THEME, False, id="gimp_theme-nothing"),
     pytest.param(CHROME_DNT, True, id="chrome_dnt-solved"),
     pytest.param(CHROME_DNT, False, id="chrome_dnt-nothing"),
     pytest.param(CHROME_PROFILE, True, id="chrome_profile-solved"),

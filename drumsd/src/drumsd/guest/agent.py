@@ -69,8 +69,10 @@ def read_file(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         # O_NONBLOCK: a FIFO must not wedge the single-threaded agent.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
+        # A missing file is an answer checkers rely on (it scores 0), not an agent failure.
+        code = "not_found" if exc.errno == errno.ENOENT else "failed"
         raise protocol.ProtocolError(
-            "failed", f"read_file: cannot open {path}: {exc.strerror} (errno {exc.errno})"
+            code, f"read_file: cannot open {path}: {exc.strerror} (errno {exc.errno})"
         ) from exc
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())

@@ -4,7 +4,7 @@ One connection per request (no host connection may be open while CRIU dumps the 
   client -> agent   one JSON object on one line: {"op": ..., ...}
   agent  -> client  one JSON header line {"ok": true|false, ..., "size": N}, then N raw bytes
                     (the payload: a PNG, a file's bytes), then the agent closes the connection.
-Errors: {"ok": false, "error": {"code": "invalid_action"|"timeout"|"failed", "message": ...},
+Errors: {"ok": false, "error": {"code": CODE, "message": ...}, CODE one of ERROR_CODES,
 "size": 0}. Shared by the agent (inside the image, stdlib only) and drumsd's agent client.
 """
 
@@ -26,7 +26,7 @@ MAX_TIMEOUT_S = 3600.0
 DEFAULT_READ_MAX_BYTES = 64 << 20
 
 OPS = ("ping", "step", "screenshot", "read_file", "exec", "windows", "procs")
-ERROR_CODES = ("invalid_action", "timeout", "failed")
+ERROR_CODES = ("invalid_action", "timeout", "not_found", "failed")
 ACTION_TYPES = (
     "pyautogui",
     "click",

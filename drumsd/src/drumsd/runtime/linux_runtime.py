@@ -1325,7 +1325,8 @@ class LinuxRuntime:
 
 
 def _agent_code(code: str) -> str:
-    return {"invalid_action": "invalid_request", "timeout": "timeout"}.get(code, "action_failed")
+    mapped = {"invalid_action": "invalid_request", "timeout": "timeout", "not_found": "not_found"}
+    return mapped.get(code, "action_failed")
 
 
 @contextlib.asynccontextmanager

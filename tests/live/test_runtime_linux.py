@@ -293,3 +293,28 @@ async def test_hardened_slots_run_as_unprivileged_host_ids(rt, template, profile
     assert (await rt.exec_user(kid, "id -un", 10)).stdout.strip() == "user"
     for sid in ("live-h3", "live-h2", "live-h1"):
         await rt.destroy(sid)
+
+
+async def test_a_hanging_restore_times_out_is_retried_and_leaves_nothing(
+    state_dir, template
+) -> None:
+    from drumsd.runtime.interface import RuntimeError_
+    from drumsd.runtime.linux_runtime import open_linux_runtime
+
+    broken_dir = state_dir / "ck" / f"broken-{uuid.uuid4().hex[:6]}"
+    await trio.run_process(["cp", "-a", str(template.dir), str(broken_dir)])  # sockets too
+    for pages in (broken_dir / "images").glob("pages-*.img"):
+        pages.write_bytes(b"")  # criu then spins forever restoring memory
+    broken = CheckpointRef("broken", broken_dir, template.lower, template.image_sha256)
+    cfg = _config(state_dir, restore_timeout_s=3.0, max_attempts=2)
+    async with open_linux_runtime(cfg) as rt:
+        await rt.sweep([])
+        before = set((state_dir / "slots").iterdir())
+        with pytest.raises(RuntimeError_) as info:
+            await rt.restore("live-broken", broken, LIMITS)
+        assert info.value.code == "restore_failed" and "timed out" in info.value.message
+        assert rt.stats["restore_retries"] == 2
+        assert set((state_dir / "slots").iterdir()) == before
+        assert not [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+                    if "slot-live-broken" in ln]
+        assert not [n for n in rt.driver.slot_names() if n.startswith("slot-live-broken")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ class Finished:
     returncode: int
     elapsed_s: float
     cpu_s: float = 0.0  # user + system time of the child (and the children it waited for)
+    timed_out: bool = False  # killed after its time limit
 
 
 @dataclass
@@ -32,6 +34,7 @@ class _Job:
     argv: Sequence[str]
     log: Path
     env: dict[str, str] | None
+    timeout_s: float | None
     done: trio.Event
     token: trio.lowlevel.TrioToken
     result: Finished | BaseException | None = None
@@ -62,12 +65,23 @@ class Launcher:
                         list(job.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                         close_fds=True, env=job.env,
                     )
+                # A criu fed a broken image can spin forever: bound it, then kill it (the
+                # caller kills what it restored, through the slot's cgroups).
+                timed_out = False
+                pidfd = os.pidfd_open(proc.pid)
+                try:
+                    ready, _, _ = select.select([pidfd], [], [], job.timeout_s)
+                finally:
+                    os.close(pidfd)
+                if not ready:
+                    timed_out = True
+                    proc.kill()
                 # wait4 rather than Popen.wait: the CPU cost of a restore is the figure that
                 # does not depend on what else the host runs.
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 job.result = Finished(proc.returncode, time.monotonic() - t0,
-                                      usage.ru_utime + usage.ru_stime)
+                                      usage.ru_utime + usage.ru_stime, timed_out)
             except BaseException as exc:  # delivered to the awaiting task
                 job.result = exc
             try:
@@ -76,9 +90,10 @@ class Launcher:
                 pass
 
     async def run(
-        self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None
+        self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> Finished:
-        job = _Job(argv, log, env, trio.Event(), trio.lowlevel.current_trio_token())
+        job = _Job(argv, log, env, timeout_s, trio.Event(), trio.lowlevel.current_trio_token())
         self._queue.put(job)
         # Not cancellable: the child must be waited for, or it would be left unreaped.
         with trio.CancelScope(shield=True):

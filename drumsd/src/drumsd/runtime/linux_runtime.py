@@ -83,6 +83,8 @@ class LinuxRuntimeConfig:
     spare_max_age_s: float = 1800.0
     images_tmpfs_mib: int = 8192
     agent_ready_timeout_s: float = 20.0
+    restore_timeout_s: float = 30.0  # criu restore; a broken image can make it spin forever
+    dump_timeout_s: float = 120.0
     boot_timeout_s: float = 90.0
     quiesce_window_s: float = 1.0
     quiesce_timeout_s: float = 30.0
@@ -561,7 +563,8 @@ class LinuxRuntime:
         t0 = time.monotonic()
         async with self.restore_limiter:
             t_criu = time.monotonic()
-            done = await self._launcher.run(argv, work / "criu.out")
+            done = await self._launcher.run(argv, work / "criu.out",
+                                            timeout_s=self.config.restore_timeout_s)
         inst.phases["queue"] = round(t_criu - t0, 4)
         inst.phases["criu"] = round(time.monotonic() - t_criu, 4)
         inst.phases["criu_cpu"] = round(done.cpu_s, 4)
@@ -569,7 +572,8 @@ class LinuxRuntime:
             errors = criu.log_errors((work / "restore.log").read_text(errors="replace")
                                      if (work / "restore.log").exists() else "")
             out = criu.tail(work / "criu.out", 3)
-            inst.error = f"criu exit {done.returncode}: {errors or out}"
+            inst.error = (f"criu restore timed out after {self.config.restore_timeout_s} s"
+                          if done.timed_out else f"criu exit {done.returncode}: {errors or out}")
             return False
         inst.pid = int(pidfile.read_text().strip())
         inst.pidfd = os.pidfd_open(inst.pid)
@@ -964,7 +968,8 @@ class LinuxRuntime:
                               leave_running=leave_running)
         t0 = time.monotonic()
         async with inst.gate.dump():
-            done = await self._launcher.run(argv, dest / "criu.out")
+            done = await self._launcher.run(argv, dest / "criu.out",
+                                            timeout_s=self.config.dump_timeout_s)
         dump_s = time.monotonic() - t0
         if done.returncode != 0 or not upper.is_dir():
             errors = criu.log_errors((images / "dump.log").read_text(errors="replace")

@@ -869,7 +869,7 @@ class Supervisor:
                 await trio.sleep(float(action["seconds"]))
             else:
                 try:
-                    timeout = float(action.get("timeout_s") or 120.0)
+                    timeout = float(action.get("timeout") or 120.0)
                     with trio.fail_after(timeout + 5):
                         outcome = await self.runtime.step(handle, action)
                 except trio.TooSlowError:
@@ -910,6 +910,9 @@ class Supervisor:
                 raise DrumsdError("invalid_request", "action: empty pyautogui code", field="action")
             return {"type": "pyautogui", "code": req.action}
         action = req.action.model_dump(exclude_none=True)
+        # The wire says timeout_s, like every API duration; the guest protocol says timeout.
+        if "timeout_s" in action:
+            action["timeout"] = action.pop("timeout_s")
         missing = [f for f in ACTION_REQUIRES.get(action["type"], ()) if f not in action]
         if action["type"] in ("click", "double_click", "right_click", "move") and (
             ("x" in action) != ("y" in action)

@@ -26,6 +26,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     check.set_defaults(func=_cmd_check_config)
 
     # Host subcommands (doctor, image, host, bench) register themselves when installed.
+    bench = sub.add_parser(
+        "bench", help="measure cold boot, create, reset, branch, step and memory (table + JSON)"
+    )
+    from drumsd.bench import add_bench_args, main_bench
+
+    add_bench_args(bench)
+    bench.set_defaults(func=main_bench)
+
     try:
         from drumsd import cli_host
     except ImportError:

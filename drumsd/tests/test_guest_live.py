@@ -198,7 +198,7 @@ async def test_bad_actions_do_not_hurt_the_agent(desktop: tuple[Path, int]) -> N
     assert (await ac.step(sock, {"type": "move", "x": 10, "y": 10}))[0] == {}
     with pytest.raises(ac.AgentError) as info:
         await ac.read_file(sock, "/no/such/file")
-    assert info.value.code == "failed" and "No such file" in info.value.message
+    assert info.value.code == "not_found" and "No such file" in info.value.message
 
 
 async def test_step_and_screenshot_latency(desktop: tuple[Path, int]) -> None:

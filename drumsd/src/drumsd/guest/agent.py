@@ -207,6 +207,15 @@ class Agent:
     # ------------------------------------------------ setup
 
     def listen(self) -> None:
+        inherited = os.environ.pop("DRUMS_AGENT_FD", None)
+        if inherited:
+            # desktop-init bound it as root in a directory the desktop user cannot write.
+            listener = socket.socket(fileno=int(inherited))
+            os.set_inheritable(listener.fileno(), False)
+            listener.setblocking(False)
+            self.listener = listener
+            self.sel.register(listener, selectors.EVENT_READ, ("listen", None))
+            return
         path = Path(self.sock_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

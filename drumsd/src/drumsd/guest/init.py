@@ -4,6 +4,11 @@ Run as root after the runtime's stage 1 (pivot_root, /dev, /proc). It starts, as
 HOME=/home/user and DISPLAY=:0: Xvfb, a session D-Bus, openbox, an xterm, any `--app` commands and
 the guest agent; writes /run/drums/ready once the agent answers; then reaps every orphan and
 restarts the agent if it dies. Outside a pid namespace it makes itself a child subreaper instead.
+
+As root it locks every process it starts (seccomp.py: no_new_privs, empty bounding set, the
+filter) and, once the session runs, itself (keeping only seccomp.INIT_KEEPS). It binds the agent's
+socket itself in the root-owned /run/drums and hands the listening fd to the agent, so the desktop
+user can neither replace the socket nor listen in the agent's place.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import protocol, seccomp
 
 PR_SET_CHILD_SUBREAPER = 36
 SCREEN = f"{protocol.SCREEN_WIDTH}x{protocol.SCREEN_HEIGHT}x24"
@@ -77,6 +82,8 @@ class DesktopInit:
         self.agent_restarts = 0
         self.next_agent_start = 0.0
         self.stopping = False
+        self.lock = seccomp.Lock() if self.as_root else None
+        self.listener: socket.socket | None = None
         uid = self.pw.pw_uid
         runtime_dir = f"/run/user/{uid}"
         self.env = {
@@ -101,32 +108,50 @@ class DesktopInit:
 
     def prepare_dirs(self) -> None:
         uid, gid = self.pw.pw_uid, self.pw.pw_gid
+        # run_dir and log_dir are root's: the desktop user must not swap the agent's socket, the
+        # ready marker or a log file (opened by root here) for a link.
         for path, mode, owner in (
-            (self.run_dir, 0o755, (uid, gid)),
-            (self.log_dir, 0o755, (uid, gid)),
+            (self.run_dir, 0o755, (0, 0)),
+            (self.log_dir, 0o755, (0, 0)),
             (Path("/tmp/.X11-unix"), 0o1777, (0, 0)),
             (Path(self.env["XDG_RUNTIME_DIR"]), 0o700, (uid, gid)),
         ):
             path.mkdir(parents=True, exist_ok=True)
             if self.as_root:
-                os.chown(path, *owner)
+                os.chown(path, *owner, follow_symlinks=False)
             path.chmod(mode)
         (self.run_dir / "ready").unlink(missing_ok=True)
         xauth = Path(self.env["XAUTHORITY"])
+        xauth.unlink(missing_ok=True)
         xauth.write_bytes(UNMATCHED_XAUTH_ENTRY)
         if self.as_root:
             os.chown(xauth, uid, gid)
 
-    def spawn(self, name: str, argv: list[str]) -> int | None:
-        """Start one session process as the desktop user, its output in the slot's log dir."""
+    def bind_agent_socket(self) -> None:
+        """Bind the agent's listening socket (root-owned, 0600) for the agent to inherit."""
+        path = self.env["DRUMS_AGENT_SOCK"]
+        Path(path).unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(128)
+        self.listener = listener
+
+    def spawn(
+        self, name: str, argv: list[str], pass_fds: tuple[int, ...] = (), **env: str
+    ) -> int | None:
+        """Start one session process as the desktop user, locked, its output in the log dir."""
         logfile = open(self.log_dir / f"{name}.log", "ab")
         creds: dict[str, Any] = {}
-        if self.as_root:
-            creds = {"user": self.pw.pw_uid, "group": self.pw.pw_gid, "extra_groups": []}
+        if self.lock is not None:
+            # The lock needs root (CAP_SETPCAP) before the uid change, so the child does both.
+            lock, uid, gid = self.lock, self.pw.pw_uid, self.pw.pw_gid
+            creds = {"preexec_fn": lambda: lock.lock_child(uid, gid)}
         try:
             proc = subprocess.Popen(
                 argv,
-                env=self.env,
+                env={**self.env, **env},
+                pass_fds=pass_fds,
                 cwd=self.pw.pw_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
@@ -195,6 +220,7 @@ class DesktopInit:
         for i, app in enumerate(self.args.app):
             self.spawn(f"app{i}", ["/bin/sh", "-c", app])
         self.start_agent()
+        self.lock_self()
         agent_ok = wait_for_socket(self.env["DRUMS_AGENT_SOCK"], time.monotonic() + 20, ping=True)
         ready = {
             "pid": os.getpid(),
@@ -210,8 +236,22 @@ class DesktopInit:
         os.replace(tmp, self.run_dir / "ready")
         log("ready" if agent_ok else "agent did not answer in 20 s", **ready)
 
+    def lock_self(self) -> None:
+        if self.lock is None:
+            return
+        try:
+            self.lock.lock_self()
+        except OSError as exc:  # the lock_applied gate reports it; the slot still serves
+            log("cannot lock desktop-init", error=str(exc))
+
     def start_agent(self) -> None:
-        self.agent_pid = self.spawn("agent", self.guest_argv("agent"))
+        if self.listener is None:
+            self.bind_agent_socket()
+        assert self.listener is not None
+        fd = self.listener.fileno()
+        self.agent_pid = self.spawn(
+            "agent", self.guest_argv("agent"), pass_fds=(fd,), DRUMS_AGENT_FD=str(fd)
+        )
         if self.agent_pid is None:
             self.next_agent_start = time.monotonic() + 1.0
 

@@ -201,3 +201,41 @@ def host_uids(pids: Iterable[int]) -> dict[str, tuple[int, ...]]:
         if text is not None:
             out[str(pid)] = parse_status_uids(text)
     return out
+
+
+def parse_status_lock(text: str) -> dict[str, int]:
+    """NoNewPrivs, Seccomp (2 = filter) and CapBnd (a bit mask) of /proc/<pid>/status; a field
+    the kernel does not show is absent from the result."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("NoNewPrivs", "Seccomp"):
+            out[key] = int(value)
+        elif key == "CapBnd":
+            out[key] = int(value, 16)
+    return out
+
+
+def unlocked(status: dict[str, int], allowed_capbnd: int) -> list[str]:
+    """Why a process with this parse_status_lock result is not locked ([] when it is)."""
+    why = []
+    if status.get("NoNewPrivs") != 1:
+        why.append("no_new_privs is not set")
+    if status.get("Seccomp") != 2:
+        why.append("no seccomp filter")
+    extra = status.get("CapBnd", -1) & ~allowed_capbnd if "CapBnd" in status else -1
+    if extra:
+        why.append(f"bounding set has {extra:#x} beyond {allowed_capbnd:#x}")
+    return why
+
+
+def process_locks(pids: Iterable[int], allowed_capbnd: int) -> dict[str, list[str]]:
+    """{pid: reasons} of the processes still there that are not locked."""
+    out = {}
+    for pid in pids:
+        text = read_text(f"/proc/{pid}/status")
+        if text is not None:
+            why = unlocked(parse_status_lock(text), allowed_capbnd)
+            if why:
+                out[str(pid)] = why
+    return out

@@ -26,10 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drumsd.linux.mounts import DEVICES
+
 Progress = Callable[[str], None]
 
 # Bump when the build recipe changes in a way the package lists do not show.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: /dev holds only the minimal nodes
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 
@@ -455,6 +457,29 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -
     (root / "usr/sbin/policy-rc.d").unlink()
 
 
+def minimal_dev(dev: Path) -> list[str]:
+    """Leave in the image's /dev only the device nodes a slot may open (mounts.DEVICES, which a
+    slot in a user namespace uses as they are, since it cannot mknod) and make ptmx the slot's own
+    devpts instance's. Any other node (console, a disk) would open the host's device from inside
+    the slot. Returns the names removed. Unlinking is safe on the hard-linked package layer."""
+    allowed = {(name, major, minor) for name, major, minor in DEVICES}
+    removed: list[str] = []
+    for path in sorted(dev.rglob("*"), reverse=True):
+        st = path.lstat()
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+            continue
+        rel = str(path.relative_to(dev))
+        node = (rel, os.major(st.st_rdev), os.minor(st.st_rdev))
+        if stat.S_ISCHR(st.st_mode) and node in allowed:
+            continue
+        path.unlink()
+        removed.append(rel)
+    ptmx = dev / "ptmx"
+    if dev.is_dir() and not ptmx.is_symlink() and not ptmx.exists():
+        ptmx.symlink_to("pts/ptmx")
+    return removed
+
+
 def _install_guest(root: Path, source_dir: Path) -> None:
     """Copy the guest package into the image and write its entry points."""
     target = root / GUEST_DIR_IN_IMAGE
@@ -585,6 +610,10 @@ def _assemble(
             "link package layer",
         )
         _install_guest(staging / "root", guest_source)
+        removed = minimal_dev(staging / "root" / "dev")
+        progress(
+            f"image: /dev reduced to the minimal nodes (removed {', '.join(removed) or 'none'})"
+        )
         progress("image: hashing the tree (manifest)")
         t0 = time.monotonic()
         sha = write_manifest(staging / "root", staging / "manifest.tsv")

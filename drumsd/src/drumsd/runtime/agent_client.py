@@ -2,7 +2,11 @@
 
 One connection per call, closed before returning: CRIU refuses to dump a slot while the host holds
 a connection into it, so callers must also serialize dumps against calls (the slot's lock).
-The socket of a running slot is /proc/<slot init pid>/root/run/drums/agent.sock.
+The socket of a running slot is /proc/<slot init pid>/root/run/drums/agent.sock. The slot's
+users must not point the daemon elsewhere: such a path is resolved inside the slot's root with
+openat2 (no symlinks at all, no escaping the root) to the socket's inode, which must be a socket
+owned by the slot's root, and the daemon connects to that inode through /proc/self/fd. Replies
+are read up to MAX_HEADER_BYTES + MAX_PAYLOAD_BYTES: a fake agent cannot grow the daemon's memory.
 """
 
 # Timeouts are parameters on purpose: a step's timeout also travels to the agent as its deadline.
@@ -10,6 +14,13 @@ The socket of a running slot is /proc/<slot init pid>/root/run/drums/agent.sock.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import re
+import stat
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +35,15 @@ READY_MARKER_IN_SLOT = protocol.READY_PATH
 # "unreachable" (no agent listening: the slot is dead or still booting).
 UNREACHABLE = "unreachable"
 _MARGIN_S = 2.0
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 64 << 20
+
+_IN_SLOT = re.compile(r"^/proc/(\d+)/root/(.+)$")
+_SYS_OPENAT2 = 437  # x86_64 and the generic table alike
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_IN_ROOT = 0x10
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class AgentError(Exception):
@@ -48,6 +68,80 @@ def agent_socket(init_pid: int) -> Path:
     return Path(f"/proc/{init_pid}/root{AGENT_SOCKET_IN_SLOT}")
 
 
+def slot_root_uid(init_pid: int) -> int:
+    """The host uid of root inside the slot of `init_pid` (0 without a user namespace)."""
+    with open(f"/proc/{init_pid}/uid_map") as f:
+        for line in f:
+            inside, outside, count = (int(x) for x in line.split())
+            if inside == 0 < count:
+                return outside
+    raise OSError(f"root of the slot of pid {init_pid} is not mapped in its uid_map")
+
+
+def open_in_root(root_fd: int, path: str) -> int:
+    """openat2(O_PATH) of `path` beneath `root_fd`, treated as "/", following no symlink."""
+    how = struct.pack(
+        "=QQQ",
+        os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW,
+        0,
+        _RESOLVE_IN_ROOT | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
+    )
+    fd = _libc.syscall(
+        _SYS_OPENAT2, ctypes.c_int(root_fd), path.encode(), how, ctypes.c_size_t(len(how))
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{os.strerror(err)} resolving {path} in the slot's root")
+    return fd
+
+
+@contextmanager
+def connectable_path(sock_path: Path) -> Iterator[str]:
+    """A path to connect to for `sock_path`. For /proc/<pid>/root/<p>: /proc/self/fd/<n> of the
+    socket inode found by resolving <p> inside that root without symlinks (raises OSError if it
+    is not a socket owned by the slot's root). Other paths are returned as they are."""
+    m = _IN_SLOT.match(str(sock_path))
+    if m is None:
+        yield str(sock_path)
+        return
+    pid, inner = int(m.group(1)), m.group(2)
+    root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = open_in_root(root_fd, inner)
+    finally:
+        os.close(root_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(f"{sock_path} is not a socket")
+        owner = slot_root_uid(pid)
+        if st.st_uid != owner:
+            raise OSError(
+                f"{sock_path} is owned by host uid {st.st_uid}, not by the slot's root "
+                f"({owner}): not the agent's socket"
+            )
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+async def _read_reply(stream: trio.SocketStream, where: Path) -> bytes:
+    """Read to EOF, refusing a header or payload beyond the caps."""
+    reply = bytearray()
+    limit = MAX_HEADER_BYTES
+    while chunk := await stream.receive_some(1 << 20):
+        reply += chunk
+        if limit == MAX_HEADER_BYTES:
+            newline = reply.find(b"\n")
+            if newline >= 0:
+                limit = newline + 1 + MAX_PAYLOAD_BYTES
+            elif len(reply) > MAX_HEADER_BYTES:
+                raise AgentError("failed", f"agent reply header from {where} exceeds 1 MiB")
+        if len(reply) > limit:
+            raise AgentError("failed", f"agent reply payload from {where} exceeds 64 MiB")
+    return bytes(reply)
+
+
 async def call(
     sock_path: Path, request: dict[str, Any], *, timeout: float
 ) -> tuple[dict[str, Any], bytes]:
@@ -56,7 +150,8 @@ async def call(
     try:
         with trio.fail_after(timeout):
             try:
-                stream = await trio.open_unix_socket(str(sock_path))
+                with connectable_path(sock_path) as path:
+                    stream = await trio.open_unix_socket(path)
             except OSError as exc:
                 raise AgentError(
                     UNREACHABLE,
@@ -65,14 +160,12 @@ async def call(
                 ) from exc
             async with stream:
                 await stream.send_all(data)
-                reply = bytearray()
-                while chunk := await stream.receive_some(1 << 20):
-                    reply += chunk
+                reply = await _read_reply(stream, sock_path)
     except trio.TooSlowError as exc:
         raise AgentError(
             "timeout", f"no reply to {request['op']} from {sock_path} within {timeout} s"
         ) from exc
-    except (trio.BrokenResourceError, OSError) as exc:
+    except (trio.BrokenResourceError, OSError) as exc:  # AgentError is not an OSError
         raise AgentError("failed", f"connection to {sock_path} broke: {exc}") from exc
     try:
         header, payload = protocol.split_reply(bytes(reply))

@@ -6,7 +6,9 @@
   expected_mounts    the table a restored slot must have (the stage-1 plan of its template)
   proc_names         {pid: comm} of the tree, so natural_exits can apply
   lock_applied       hardened profile: the init's user namespace maps in-slot root to the slot's
-                     own unprivileged host range, and every process of the tree runs inside it
+                     own unprivileged host range, every process of the tree runs inside it, and
+                     every one is locked (NoNewPrivs 1, Seccomp 2, a bounding set within what
+                     desktop-init keeps: drumsd.guest.seccomp.INIT_KEEPS)
   upper_sha256       (at episode start) the hash of what was restored into the upper layer: the
                      checkpoint snapshot's tree hash when the live upper still equals the snapshot
                      (outside the volatile paths the restored tree writes itself), else a hash of
@@ -20,10 +22,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from drumsd.guest.seccomp import INIT_KEEPS
 from drumsd.linux import evidence as ev
 from drumsd.runtime.interface import SlotHandle
 
 HARDENED_RANGE = 65536
+ALLOWED_CAPBND = sum(1 << cap for cap in INIT_KEEPS)
 
 
 def _tree_sha256(root: Path) -> str:
@@ -66,7 +70,7 @@ def state_hash_evidence(
 
 
 def lock_evidence(pids: Sequence[int], init_pid: int, uid_base: int | None) -> dict[str, Any]:
-    """lock_applied for the hardened profile: uid_map and every process's host uids."""
+    """lock_applied for the hardened profile: uid_map, every process's host uids and lock."""
     if uid_base is None:
         return {"lock_applied": False, "lock": {"reason": "the slot has no uid range (uid_base)"}}
     text = ev.read_text(f"/proc/{init_pid}/uid_map")
@@ -79,10 +83,15 @@ def lock_evidence(pids: Sequence[int], init_pid: int, uid_base: int | None) -> d
         for pid, uids in ev.host_uids(pids).items()
         if any(not uid_base <= u < uid_base + HARDENED_RANGE for u in uids)
     }
-    applied = uid_map == want and uid_base > 0 and not outside
+    not_locked = ev.process_locks(pids, ALLOWED_CAPBND)
+    applied = uid_map == want and uid_base > 0 and not outside and not not_locked and bool(pids)
     detail: dict[str, Any] = {"uid_map": uid_map, "uid_base": uid_base}
     if outside:
         detail["host_uids_outside_range"] = dict(list(outside.items())[:10])
+    if not_locked:
+        detail["not_locked"] = dict(list(not_locked.items())[:10])
+    if not pids:
+        detail["reason"] = "the slot has no processes to check"
     return {"lock_applied": applied, "lock": detail}
 
 

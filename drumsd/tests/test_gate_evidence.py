@@ -248,3 +248,47 @@ async def test_serve_refuses_to_start_when_the_connector_cannot_open(
     off = await serve.start_gate_seams(_config(tmp_path, runtime="linux", crash_watch=False), None)  # type: ignore[arg-type]
     assert set(off) == {"evidence"}
     assert await serve.start_gate_seams(_config(tmp_path), None) == {}  # type: ignore[arg-type]
+
+
+LOCKED_STATUS = "Name:\tbash\nNoNewPrivs:\t1\nSeccomp:\t2\nCapBnd:\t00000000000001e0\n"
+
+
+def test_status_lock_parsing_and_judgement() -> None:
+    from drumsd.runtime.gate_evidence import ALLOWED_CAPBND
+
+    lock = ev.parse_status_lock(LOCKED_STATUS)
+    assert lock == {"NoNewPrivs": 1, "Seccomp": 2, "CapBnd": 0x1E0}
+    assert ev.unlocked(lock, ALLOWED_CAPBND) == []
+    assert ev.unlocked({**lock, "CapBnd": 0}, ALLOWED_CAPBND) == []
+    full = ev.parse_status_lock("NoNewPrivs:\t0\nSeccomp:\t0\nCapBnd:\t000001ffffffffff\n")
+    why = ev.unlocked(full, ALLOWED_CAPBND)
+    assert len(why) == 3 and "bounding set" in why[2]
+    assert len(ev.unlocked({}, ALLOWED_CAPBND)) == 3  # a kernel that shows nothing is not locked
+
+
+def test_process_locks_tells_a_locked_process_from_an_unlocked_one() -> None:
+    import subprocess
+    import sys
+
+    from drumsd.runtime.gate_evidence import ALLOWED_CAPBND
+
+    code = (
+        "from drumsd.guest import seccomp; l = seccomp.Lock(); l.drop_bounding(); "
+        "l.install_filter(); print('locked', flush=True); import sys; sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "locked\n"
+        out = ev.process_locks([child.pid, os.getpid()], ALLOWED_CAPBND)
+        assert str(child.pid) not in out
+        assert "no seccomp filter" in out[str(os.getpid())]
+        # The uid range is wrong here too, but the lock is reported on its own.
+        lock = lock_evidence([os.getpid()], os.getpid(), 100_000)["lock"]
+        assert str(os.getpid()) in lock["not_locked"]
+    finally:
+        child.communicate("", timeout=10)

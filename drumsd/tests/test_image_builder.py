@@ -6,6 +6,7 @@ import dataclasses
 import os
 from pathlib import Path
 
+import pytest
 from drumsd.linux import image
 
 
@@ -112,3 +113,28 @@ def test_writes_follow_symlinks_inside_the_image_only(tmp_path: Path) -> None:
     )
     assert image.resolve_in_root(root, "usr/lib/rel/hostname") == root / "etc" / "hostname"
     assert image.resolve_in_root(root, "../../../etc/passwd") == root / "etc" / "passwd"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_minimal_dev_keeps_only_the_slot_nodes(tmp_path: Path) -> None:
+    import stat
+
+    from drumsd.linux.image import minimal_dev
+
+    dev = tmp_path / "dev"
+    (dev / "pts").mkdir(parents=True)
+    for name, major, minor, kind in (
+        ("null", 1, 3, stat.S_IFCHR),
+        ("tty", 5, 0, stat.S_IFCHR),
+        ("console", 5, 1, stat.S_IFCHR),
+        ("ptmx", 5, 2, stat.S_IFCHR),
+        ("sda", 8, 0, stat.S_IFBLK),
+        ("zero_alias", 1, 5, stat.S_IFCHR),  # a right number under another name
+        ("pts/0", 136, 0, stat.S_IFCHR),
+    ):
+        os.mknod(dev / name, kind | 0o666, os.makedev(major, minor))
+    (dev / "fd").symlink_to("/proc/self/fd")
+    removed = minimal_dev(dev)
+    assert sorted(removed) == ["console", "ptmx", "pts/0", "sda", "zero_alias"]
+    assert sorted(p.name for p in dev.iterdir()) == ["fd", "null", "ptmx", "pts", "tty"]
+    assert os.readlink(dev / "ptmx") == "pts/ptmx"

@@ -250,16 +250,16 @@ async def test_serve_refuses_to_start_when_the_connector_cannot_open(
     assert await serve.start_gate_seams(_config(tmp_path), None) == {}  # type: ignore[arg-type]
 
 
-LOCKED_STATUS = "Name:\tbash\nNoNewPrivs:\t1\nSeccomp:\t2\nCapBnd:\t00000000000001e0\n"
+LOCKED_STATUS = "Name:\tbash\nNoNewPrivs:\t1\nSeccomp:\t2\nCapBnd:\t0000000000000000\n"
 
 
 def test_status_lock_parsing_and_judgement() -> None:
     from drumsd.runtime.gate_evidence import ALLOWED_CAPBND
 
     lock = ev.parse_status_lock(LOCKED_STATUS)
-    assert lock == {"NoNewPrivs": 1, "Seccomp": 2, "CapBnd": 0x1E0}
+    assert lock == {"NoNewPrivs": 1, "Seccomp": 2, "CapBnd": 0}
     assert ev.unlocked(lock, ALLOWED_CAPBND) == []
-    assert ev.unlocked({**lock, "CapBnd": 0}, ALLOWED_CAPBND) == []
+    assert ev.unlocked({**lock, "CapBnd": 1 << 21}, ALLOWED_CAPBND) != []  # CAP_SYS_ADMIN
     full = ev.parse_status_lock("NoNewPrivs:\t0\nSeccomp:\t0\nCapBnd:\t000001ffffffffff\n")
     why = ev.unlocked(full, ALLOWED_CAPBND)
     assert len(why) == 3 and "bounding set" in why[2]

@@ -206,8 +206,10 @@ CAP_KILL = 5
 CAP_SETGID = 6
 CAP_SETUID = 7
 CAP_SETPCAP = 8
-# What desktop-init keeps: restart the agent as the user (setuid/setgid, and setpcap to empty the
-# child's bounding set before that) and stop the session (kill processes of another uid).
+# What desktop-init keeps in its permitted and effective sets: restart the agent as the user
+# (setuid/setgid; setpcap for the child's PR_CAPBSET_DROP calls) and stop the session (kill
+# processes of another uid). Its bounding set is empty like everyone's: it never execs, so the
+# bounding set only limits what its children could gain.
 INIT_KEEPS = (CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP)
 
 
@@ -284,9 +286,10 @@ class Lock:
         self.install_filter()
 
     def lock_self(self, keep: Iterable[int] = INIT_KEEPS) -> None:
-        """Reduce this root process to `keep` (bounding, permitted, effective) and lock it."""
+        """Empty this root process's bounding set, reduce its permitted and effective sets to
+        `keep` and lock it."""
         keep = tuple(keep)
-        self.drop_bounding(keep)
+        self.drop_bounding()
         mask = 0
         for cap in keep:
             mask |= 1 << cap

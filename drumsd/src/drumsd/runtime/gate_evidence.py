@@ -7,8 +7,8 @@
   proc_names         {pid: comm} of the tree, so natural_exits can apply
   lock_applied       hardened profile: the init's user namespace maps in-slot root to the slot's
                      own unprivileged host range, every process of the tree runs inside it, and
-                     every one is locked (NoNewPrivs 1, Seccomp 2, a bounding set within what
-                     desktop-init keeps: drumsd.guest.seccomp.INIT_KEEPS)
+                     every one is locked (NoNewPrivs 1, Seccomp 2, an empty bounding set;
+                     desktop-init too: what it keeps is in its permitted set, not the bounding)
   upper_sha256       (at episode start) the hash of what was restored into the upper layer: the
                      checkpoint snapshot's tree hash when the live upper still equals the snapshot
                      (outside the volatile paths the restored tree writes itself), else a hash of
@@ -22,12 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from drumsd.guest.seccomp import INIT_KEEPS
 from drumsd.linux import evidence as ev
 from drumsd.runtime.interface import SlotHandle
 
 HARDENED_RANGE = 65536
-ALLOWED_CAPBND = sum(1 << cap for cap in INIT_KEEPS)
+ALLOWED_CAPBND = 0
 
 
 def _tree_sha256(root: Path) -> str:

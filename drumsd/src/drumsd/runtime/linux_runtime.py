@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ READY_FILE = protocol.READY_PATH.lstrip("/")
 DESKTOP_UID = 1000
 TEMPLATE_LIMITS = SlotLimits(vcpus=2.0, memory_mib=4096, pids_max=4096, tmpfs_mib=1024)
 KSM_DIR = Path("/sys/kernel/mm/ksm")
+SPARE_PASS_S = 5.0  # the refiller's idle period: recycling and refused refills are retried
 
 
 def _log(event: str, **fields: Any) -> None:
@@ -275,6 +276,10 @@ class LinuxRuntime:
         self._spares: dict[str, list[_Instance]] = {}
         self._spare_refs: dict[str, tuple[CheckpointRef, SlotLimits]] = {}
         self._spare_wakeup = trio.Event()
+        # Control-plane sizing (drumsd.core.spare_pool): spares wanted per checkpoint (capped by
+        # spares_per_checkpoint) and whether admission control lets refills start right now.
+        self._spare_targets: dict[str, int] = {}
+        self.refill_allowed: Callable[[], bool] = lambda: True
         self._image_cache: dict[str, Path] = {}
         self._image_lock = trio.Lock()
         self._ksm_saved: dict[str, str] = {}
@@ -1227,9 +1232,21 @@ class LinuxRuntime:
         self._spare_refs[checkpoint.id] = (checkpoint, limits)
         self._spare_wakeup.set()
 
+    def set_spare_target(self, checkpoint_id: str, n: int) -> None:
+        """How many spares `checkpoint_id` should keep (at most spares_per_checkpoint); extra
+        spares are disposed of on the next pass of the refiller."""
+        if self._spare_targets.get(checkpoint_id) != n:
+            self._spare_targets[checkpoint_id] = n
+            self._spare_wakeup.set()
+
+    def _spare_target(self, checkpoint_id: str) -> int:
+        wanted = self._spare_targets.get(checkpoint_id, self.config.spares_per_checkpoint)
+        return max(0, min(wanted, self.config.spares_per_checkpoint))
+
     async def drop_spares(self, checkpoint_id: str) -> None:
         """A checkpoint deleted or replaced: its spares go."""
         self._spare_refs.pop(checkpoint_id, None)
+        self._spare_targets.pop(checkpoint_id, None)
         for inst in self._spares.pop(checkpoint_id, []):
             await self._dispose(inst, background=False)
 
@@ -1287,7 +1304,6 @@ class LinuxRuntime:
         """Refill pools one restore at a time (never more than one restore slot taken from live
         work), recycle spares older than spare_max_age_s."""
         while True:
-            await self._spare_wakeup.wait()
             self._spare_wakeup = trio.Event()
             while True:
                 need = self._next_spare_need()
@@ -1305,23 +1321,29 @@ class LinuxRuntime:
                     self._spares.setdefault(ref.id, []).append(inst)
                 else:
                     await self._dispose(inst, background=True)
-            with trio.move_on_after(max(1.0, self.config.spare_max_age_s / 4)):
+            # Wake at least every few seconds even when idle: old spares must be recycled and
+            # a refill refused by admission retried without anyone claiming.
+            with trio.move_on_after(min(SPARE_PASS_S, max(1.0, self.config.spare_max_age_s / 4))):
                 await self._spare_wakeup.wait()
             await self._recycle_old_spares()
 
     def _next_spare_need(self) -> tuple[CheckpointRef, SlotLimits] | None:
         total = sum(len(v) for v in self._spares.values())
-        if total >= self.config.spares_per_host:
+        if total >= self.config.spares_per_host or not self.refill_allowed():
             return None
         for cid, (ref, limits) in self._spare_refs.items():
-            if len(self._spares.get(cid, [])) < self.config.spares_per_checkpoint:
+            if len(self._spares.get(cid, [])) < self._spare_target(cid):
                 return ref, limits
         return None
 
     async def _recycle_old_spares(self) -> None:
         now = time.monotonic()
-        for pool in self._spares.values():
+        for cid, pool in list(self._spares.items()):
             old = [i for i in pool if now - i.born > self.config.spare_max_age_s]
+            # Above target (the claim rate fell): the oldest extras go, they are not renewed.
+            extra = len(pool) - len(old) - self._spare_target(cid)
+            if extra > 0:
+                old += [i for i in pool if all(i is not o for o in old)][:extra]
             for inst in old:
                 pool.remove(inst)
                 await self._dispose(inst, background=True)

@@ -8,6 +8,7 @@ timers, exit watchers, template builds) runs in the supervisor's own nursery, ne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -68,6 +69,7 @@ from drumsd.core.records import (
     is_live,
 )
 from drumsd.core.retention import files_to_delete, forgotten_warnings, keep_kind
+from drumsd.core.spare_pool import PoolStats, share_host, spare_target
 from drumsd.linux.host_sampler import read_host_namespaces, read_space, sample_host
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten, write_forgotten
@@ -98,6 +100,7 @@ TERMINAL_ACTIONS = ("done", "fail")
 # How often live slots' running gates (crash, OOM, mounts, init) are judged without a request, so
 # a failure quarantines the slot mid-episode even when nobody asks for its gates.
 GATE_REFRESH_S = 3.0
+SPARE_SIZING_S = 2.0  # how often pool targets follow the observed claim rate
 EVENTS_COMPACT_BYTES = 64 * 1024 * 1024
 
 
@@ -180,6 +183,10 @@ class Supervisor:
         self._pending_mib = 0.0
         self._nursery: trio.Nursery | None = None
         self._forgotten_bytes = 0
+        # Warm spares (a Linux runtime extra): checkpoints with a pool, what claims looked like.
+        self.pool_stats: dict[str, PoolStats] = {}
+        self._pool_since: dict[str, float] = {}
+        self._pool_targets: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -193,6 +200,9 @@ class Supervisor:
             self._spawn(self._sample_loop)
             self._spawn(self._reap_loop)
             self._spawn(self._gate_loop)
+            if self._spares_on():
+                self.runtime.refill_allowed = self._refill_allowed  # type: ignore[attr-defined]
+                self._spawn(self._spare_sizing_loop)
             self._start_template_builds()
             task_status.started(self)
             try:
@@ -492,6 +502,7 @@ class Supervisor:
         rec.quarantined_gates = []
         rec.handle = handle_to_json(handle)
         rec.status = SlotStatus.ready
+        self._note_claim(rec.checkpoint, handle)
         self._track(rec.id, handle)
         facts = await self._facts(rec, handle, at_start=True)
         if facts is None:
@@ -1040,6 +1051,8 @@ class Supervisor:
         cp.size_mib = await trio.to_thread.run_sync(_dir_size_mib, dest)
         cp.ready = True
         self._save_checkpoint(cp, "ready")
+        if kind is CheckpointKind.prefork:
+            self._enable_spares(cp)  # a prefork is captured to be branched: make that a thaw
         self._observe(
             "capture" if kind is CheckpointKind.saved else "prefork",
             rec.id,
@@ -1355,6 +1368,7 @@ class Supervisor:
 
     async def _delete_checkpoint(self, cp: CheckpointRecord, reason: str) -> None:
         self.checkpoints.pop(cp.id, None)
+        await self._forget_spares(cp.id)
         self.journal.delete("checkpoint", cp.id, f"deleted ({reason})", self.clock())
         owned = self.config.state_dir / "checkpoints"
         if Path(cp.dir).parent == owned:  # never remove a directory we only adopted
@@ -1456,6 +1470,7 @@ class Supervisor:
         existing = self.checkpoints.get(cp_id)
         if existing is not None and existing.ready:
             self.template_status[name] = "ready"
+            self._enable_spares(existing)
             return
         self.template_status[name] = "building"
         self._spawn(self._build_template, name, root, sha, cp_id)
@@ -1508,6 +1523,7 @@ class Supervisor:
         )
         self._save_checkpoint(cp, "template_ready")
         self.template_status[name] = "ready"
+        self._enable_spares(cp)
 
     # --- reaper ---------------------------------------------------------------------------------
 
@@ -1559,6 +1575,130 @@ class Supervisor:
             self.journal.compact(snapshot_events(snapshot, self.clock()))
             log.info("journal compacted (events.jsonl was %d bytes)", size)
 
+    # --- warm spares ----------------------------------------------------------------------------
+
+    def _spares_on(self) -> bool:
+        return self.config.spares.enabled and hasattr(self.runtime, "enable_spares")
+
+    def _enable_spares(self, cp: CheckpointRecord) -> None:
+        """Keep frozen restores of `cp` ready so create/reset/branch from it are a thaw."""
+        if not self._spares_on() or not cp.ready:
+            return
+        self.runtime.enable_spares(self._ref(cp), self._limits())  # type: ignore[attr-defined]
+        self._pool_since.setdefault(cp.id, time.monotonic())
+        self.pool_stats.setdefault(cp.id, PoolStats())
+        log.info("checkpoint=%s warm spares enabled", cp.id)
+
+    async def _forget_spares(self, checkpoint_id: str) -> None:
+        """A deleted or replaced checkpoint: its spares and cached image copies go."""
+        self._pool_since.pop(checkpoint_id, None)
+        self._pool_targets.pop(checkpoint_id, None)
+        self.pool_stats.pop(checkpoint_id, None)
+        forget = getattr(self.runtime, "forget_checkpoint", None)
+        if forget is None:
+            return
+        with trio.CancelScope(shield=True):
+            try:
+                await forget(checkpoint_id)
+            except RuntimeError_ as exc:
+                log.error("checkpoint=%s dropping spares failed: %s", checkpoint_id, exc.message)
+
+    def _note_claim(self, checkpoint_id: str, handle: SlotHandle) -> None:
+        """A create/reset/branch child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
+        stats = self.pool_stats.get(checkpoint_id)
+        if stats is None:
+            return
+        spare = bool(handle.extra.get("spare"))
+        stats.record(time.monotonic(), spare, handle.restore_s)
+        self.metrics.observe("spare_claim" if spare else "spare_miss_restore", handle.restore_s)
+        self.metrics.count("spare_hits" if spare else "spare_misses")
+
+    def _refill_allowed(self) -> bool:
+        """A refill is a new desktop: only when admission would admit a create right now."""
+        if self.draining:
+            return False
+        return decide(
+            self.sample,
+            self.config.admission,
+            self.config.admission.env_mib,
+            pending_mib=self._pending_mib,
+        ).admit
+
+    def size_pools(self) -> dict[str, int]:
+        """Targets from each pool's claim rate and restore time, fitted into spares.per_host."""
+        now = time.monotonic()
+        wanted = {
+            cid: spare_target(
+                self.pool_stats[cid].claims_per_s(now, since),
+                self.pool_stats[cid].typical_restore_s(),
+                self.config.spares.per_checkpoint,
+            )
+            for cid, since in self._pool_since.items()
+            if cid in self.pool_stats
+        }
+        targets = share_host(wanted, self.config.spares.per_host)
+        setter = getattr(self.runtime, "set_spare_target", None)
+        for cid, n in targets.items():
+            if setter is not None:
+                setter(cid, n)
+        self._pool_targets = targets
+        return targets
+
+    async def _spare_sizing_loop(self) -> None:
+        while True:
+            self.size_pools()
+            await trio.sleep(SPARE_SIZING_S)
+
+    def pools_state(self) -> dict[str, Any]:
+        """Per pooled checkpoint: spares parked now, target, hits, misses, claim latency."""
+        counts_of = getattr(self.runtime, "spare_counts", None)
+        counts: dict[str, int] = dict(counts_of()) if counts_of is not None else {}
+        return {
+            "enabled": self._spares_on(),
+            "per_checkpoint": self.config.spares.per_checkpoint,
+            "per_host": self.config.spares.per_host,
+            "max_age_s": self.config.spares.max_age_s,
+            "refill_allowed": self._refill_allowed() if self._spares_on() else False,
+            "parked": sum(counts.values()),
+            "checkpoints": {
+                cid: {
+                    "size": counts.get(cid, 0),
+                    "target": self._pool_targets.get(cid),
+                    **stats.summary(),
+                }
+                for cid, stats in self.pool_stats.items()
+            },
+        }
+
+    def pool_gauges(self) -> list[tuple[str, str, dict[str, str], float]]:
+        """Prometheus gauges of the pools and KSM (for the /metrics route's `gauges`)."""
+        out: list[tuple[str, str, dict[str, str], float]] = []
+        for cid, p in self.pools_state()["checkpoints"].items():
+            labels = {"checkpoint": cid}
+            out.append(("drums_spares", "Warm spares parked per checkpoint.", labels, p["size"]))
+            if p["target"] is not None:
+                out.append(
+                    (
+                        "drums_spares_target",
+                        "Warm spare target per checkpoint.",
+                        labels,
+                        p["target"],
+                    )
+                )
+            out.append(("drums_spare_hits", "Claims served by a warm spare.", labels, p["hits"]))
+            out.append(
+                ("drums_spare_misses", "Claims that fell back to a restore.", labels, p["misses"])
+            )
+        ksm = getattr(self.runtime, "ksm_stats", None)
+        if ksm is not None:
+            try:
+                saved = float(dict(ksm()).get("saved_bytes", 0))
+            except Exception:  # optional figures must never break /metrics
+                saved = None
+            if saved is not None:
+                out.append(("drums_ksm_saved_bytes", "Memory KSM saves now.", {}, saved))
+        return out
+
     # --- health / metrics -----------------------------------------------------------------------
 
     async def health(self) -> dict[str, Any]:
@@ -1607,6 +1747,7 @@ class Supervisor:
             "pools": {
                 "templates": dict(self.template_status),
                 "reconciled": {k: len(v) for k, v in self.reconciled.items()},
+                "spares": self.pools_state(),
             },
             "warnings": warnings,
         }
@@ -1620,7 +1761,10 @@ class Supervisor:
             value = stats()
             if hasattr(value, "__await__"):
                 value = await value
-            return dict(value or {})
+            out = dict(value or {})
+            if "saved_bytes" in out:
+                out["saved_mib"] = out["saved_bytes"] / (1024 * 1024)
+            return out
         except Exception as exc:  # optional figures must never break /v1/health
             return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -1642,6 +1786,13 @@ class Supervisor:
         now = self.clock()
         data = self.metrics.as_json(now, self.config.host_usd_per_hour)
         data["window_started_at"] = self.metrics.started_at
+        # Gauges of this instant beside the window's counters (JSON has no gauge section).
+        pools = self.pools_state()
+        data["counters"]["spares_parked"] = float(pools["parked"])
+        ksm = getattr(self.runtime, "ksm_stats", None)
+        if ksm is not None:
+            with contextlib.suppress(Exception):
+                data["counters"]["ksm_saved_bytes"] = float(dict(ksm()).get("saved_bytes", 0))
         return data
 
     def reset_metrics(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from drumsd.core.spare_pool import (
     DEFAULT_RESTORE_S,
+    MIN_SPARES,
     RATE_WINDOW_S,
     PoolStats,
     share_host,
@@ -18,15 +19,16 @@ def test_disabled_pool_is_empty():
     assert spare_target(10.0, 0.2, 0) == 0
 
 
-def test_quiet_checkpoint_keeps_one():
-    assert spare_target(0.0, 0.2, 4) == 1
-    assert spare_target(1 / 60, 0.2, 4) == 1
+def test_quiet_checkpoint_keeps_the_minimum():
+    assert spare_target(0.0, 0.2, 4) == MIN_SPARES
+    assert spare_target(1 / 60, 0.2, 4) == MIN_SPARES
+    assert spare_target(0.0, 0.2, 1) == 1  # never above the configured bound
 
 
 def test_target_grows_with_rate_and_restore_time():
-    # 1 claim/s, 0.25 s restore, headroom 2: ceil(0.5) = 1
-    assert spare_target(1.0, 0.25, 8) == 1
-    assert spare_target(3.0, 0.25, 8) == 2
+    # 1 claim/s, 0.25 s restore, headroom 2: ceil(0.5) = 1, floored at MIN_SPARES
+    assert spare_target(1.0, 0.25, 8) == MIN_SPARES
+    assert spare_target(6.0, 0.25, 8) == 3
     # 8 claims/s, 0.3 s restore: ceil(4.8) = 5
     assert spare_target(8.0, 0.3, 8) == 5
     assert spare_target(8.0, 0.6, 8) == 8  # bounded by per_checkpoint

@@ -1,7 +1,7 @@
 """Warm-spare pool sizing and bookkeeping: pure logic, no OS effects.
 
 A pool must hold the claims that arrive while one refill runs (Little's law: rate * restore
-time), with headroom for bursts, and at least one so a lone claim after a quiet spell hits. It is
+time), with headroom for bursts, and never fewer than MIN_SPARES while the pool is in use. It is
 bounded by the config (per checkpoint, per host) and by admission control: refills are new
 desktops and must not push the host past the floors that refuse creates.
 """
@@ -21,19 +21,22 @@ RATE_WINDOW_S = 120.0
 HEADROOM = 2.0
 # Restore time assumed before any restore of the checkpoint was observed (measured 0.15-0.3 s).
 DEFAULT_RESTORE_S = 0.25
+# One spare leaves no margin: a refill runs 0.16-0.33 s p50 here with long tails under load, and a
+# claim that finds a dead spare moves to the next. Two kept every 1/s reset a hit (warm-spares.md).
+MIN_SPARES = 2
 
 
 def spare_target(
     claims_per_s: float | None, restore_s: float, per_checkpoint: int, headroom: float = HEADROOM
 ) -> int:
     """Spares one checkpoint should keep. `claims_per_s` None = never claimed yet: keep the
-    configured maximum so the first episodes hit; a checkpoint no longer claimed keeps one."""
+    configured maximum so the first episodes hit; a quiet checkpoint keeps MIN_SPARES."""
     if per_checkpoint <= 0:
         return 0
     if claims_per_s is None:
         return per_checkpoint
     need = math.ceil(max(0.0, claims_per_s) * max(0.0, restore_s) * headroom)
-    return max(1, min(per_checkpoint, need))
+    return min(per_checkpoint, max(MIN_SPARES, need))
 
 
 def share_host(targets: Mapping[str, int], per_host: int) -> dict[str, int]:

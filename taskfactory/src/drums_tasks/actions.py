@@ -60,9 +60,13 @@ def shell(script: str) -> dict[str, Any]:
 
 
 def activate_window(name_regex: str) -> dict[str, Any]:
-    """Focus a window by title; after a restore focus follows the dump-time map order."""
+    """Focus a window by title; after a restore focus follows the dump-time map order.
+
+    `search --sync` waits (up to 60 s) for the window: LibreOffice titles a window with the
+    document's name only once the document is loaded, so keys never go to a half-open app.
+    """
     q = shlex.quote(name_regex)
-    return shell(f"xdotool search --name {q} windowactivate --sync || true")
+    return shell(f"timeout 60 xdotool search --sync --name {q} windowactivate --sync || true")
 
 
 def activate_class(cls: str) -> dict[str, Any]:

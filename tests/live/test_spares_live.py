@@ -140,7 +140,7 @@ def _step(http: httpx.Client, sid: str, action: dict[str, Any]) -> None:
 def _type_into_xterm(http: httpx.Client, sid: str, text: str) -> None:
     _step(http, sid, {"type": "click", "x": 300, "y": 200})  # focus the xterm (+40+40)
     _step(http, sid, {"type": "type", "text": text})
-    _step(http, sid, {"type": "key", "keys": ["enter"]})
+    _step(http, sid, {"type": "key", "key": "enter"})
 
 
 def _screen_changes(http: httpx.Client, sid: str, before: str) -> str:
@@ -245,8 +245,9 @@ def test_branch_from_spares_and_restores_alike_and_deleted_checkpoint_leaves_not
     daemon, state = warm
     with http_client(daemon) as http:
         src = _create(http)
+        pristine = _screen(http, src)
         _type_into_xterm(http, src, "echo prefork-state")
-        _screen_changes(http, src, _screen(http, src))
+        _screen_changes(http, src, pristine)
         r = http.post(f"/v1/slots/{src}/prefork", json={})
         assert r.status_code in (200, 201), r.text
         pf = r.json()["id"]

@@ -311,3 +311,35 @@ def test_without_spares_reset_takes_the_restore_path_and_works(cold) -> None:
         _valid(http, sid)
         assert not _owned(state, f"spare:{_template(http)}")
         http.delete(f"/v1/slots/{sid}")
+
+
+def test_killed_parked_spares_are_skipped_and_leave_nothing(warm) -> None:
+    daemon, state = warm
+    with http_client(daemon) as http:
+        cid = _template(http)
+        _wait_pool_full(http, cid)
+        parked = _owned(state, f"spare:{cid}")
+        inits = {iid: tuple(rec["init"]) for iid, rec in parked.items()}
+        assert len(inits) >= PER_CHECKPOINT, parked
+        for pid, _ in inits.values():
+            os.kill(pid, 9)  # frozen: the kill lands when a claim thaws it
+        before = _pool(http, cid)
+        started = time.monotonic()
+        sid = _create(http)
+        assert time.monotonic() - started < 15, "dead spares must be skipped, not waited for"
+        after = _pool(http, cid)
+        # Each dead spare is dropped; the create is served by a restore (or a fresh refill).
+        assert after["hits"] + after["misses"] == before["hits"] + before["misses"] + 1
+        _valid(http, sid)
+        # The dead spares carried the slot's name until disposed of (in the background).
+        served_by = poll(
+            f"slot {sid}: one instance",
+            lambda: len(o := _owned(state, f"slot:{sid}")) == 1 and next(iter(o)),
+        )
+        assert served_by not in inits
+        poll(
+            "killed spares gone",
+            lambda: not any(_traces(state, iid, inits[iid]) for iid in inits),
+            limit_s=20,
+        )
+        http.delete(f"/v1/slots/{sid}")

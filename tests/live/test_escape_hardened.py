@@ -923,23 +923,43 @@ def _restore_agent_socket(view: HostView) -> None:
 def test_agent_socket_symlink_cannot_point_the_daemon_at_a_host_socket(
     http: httpx.Client, slot: str
 ) -> None:
-    """The desktop user owns /run/drums in the slot. If it swaps agent.sock for a symlink to a
-    host path, the daemon (host root) must not follow it out of the slot's root: it would
-    connect to any host unix socket, write requests the agent shapes and relay the answers."""
+    """If agent.sock were swapped for a symlink to a host path, the daemon (host root) must not
+    follow it out of the slot's root: it would connect to any host unix socket, write requests
+    the agent shapes and relay the answers. Two layers: the desktop user cannot swap the socket
+    (/run/drums is in-slot root's), and were it swapped anyway (done here from the host, as root),
+    the daemon resolves the path inside the slot and refuses the symlink."""
+    out = execute(
+        http,
+        slot,
+        "mv /run/drums/agent.sock /run/drums/escape-real.sock && echo swapped",
+    )
+    assert "swapped" not in out.stdout, f"the desktop user moved the agent's socket: {out}"
+
     host_path = Path(f"/tmp/drums-escape-{uuid.uuid4().hex[:8]}.sock")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(host_path))
     listener.listen(4)
     listener.setblocking(False)
     view = host_view(http, slot)
+    run = Path(f"/proc/{view.init}/root/run/drums")
     try:
-        out = execute(
-            http,
-            slot,
-            f"mv /run/drums/agent.sock /run/drums/escape-real.sock && "
-            f"ln -s {host_path} /run/drums/agent.sock && echo swapped",
+        os.replace(run / "agent.sock", run / "escape-real.sock")
+        # As the slot's own root (host root owns no id inside the slot's idmapped mounts).
+        subprocess.run(
+            [
+                "nsenter",
+                "-t",
+                str(view.init),
+                "-U",
+                "-m",
+                "--",
+                "ln",
+                "-s",
+                str(host_path),
+                "/run/drums/agent.sock",
+            ],
+            check=True,
         )
-        assert "swapped" in out.stdout, out
         try:
             http.get(f"/v1/slots/{slot}/screenshot")  # any agent call
             got: bytes | None = None
@@ -952,6 +972,7 @@ def test_agent_socket_symlink_cannot_point_the_daemon_at_a_host_socket(
                 pass
             assert got is None, f"the daemon connected to host socket {host_path}: {got!r}"
         finally:
+            (run / "agent.sock").unlink()
             _restore_agent_socket(view)
     finally:
         listener.close()

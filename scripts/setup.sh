@@ -15,7 +15,12 @@ fi
 
 step "Python workspace (.venv, uv)"
 command -v uv >/dev/null || python3 -m pip install --quiet --root-user-action=ignore uv
-uv sync --frozen --all-packages --group dev --quiet || uv sync --all-packages --group dev
+if uv lock --check --quiet 2>/dev/null; then
+    uv sync --locked --all-packages --group dev --quiet
+else
+    echo "uv.lock does not match the pyproject files: resolving anew (commit the new uv.lock)" >&2
+    uv sync --all-packages --group dev --quiet
+fi
 export PATH="$PWD/.venv/bin:$PATH"
 
 for profile in "${profiles[@]}"; do

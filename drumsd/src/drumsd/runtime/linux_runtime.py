@@ -1282,7 +1282,8 @@ class LinuxRuntime:
         while pool:
             inst = pool.pop(0)
             self._spare_wakeup.set()
-            if inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime):
+            if (inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime)
+                    or _kill_pending(inst.pid)):
                 await self._dispose(inst, background=True)
                 continue
             t0 = time.monotonic()
@@ -1292,6 +1293,11 @@ class LinuxRuntime:
             try:
                 await self._wait_agent(inst, self.config.agent_ready_timeout_s)
             except RuntimeError_:
+                await self._dispose(inst, background=True)
+                continue
+            if not procfs.is_same_process(inst.pid, inst.starttime):
+                # Killed while parked: the agent can still answer while the pid namespace
+                # is being torn down after its init died.
                 await self._dispose(inst, background=True)
                 continue
             inst.restore_s = time.monotonic() - t0
@@ -1349,6 +1355,20 @@ class LinuxRuntime:
                 await self._dispose(inst, background=True)
             if old:
                 self._spare_wakeup.set()
+
+
+def _kill_pending(pid: int) -> bool:
+    """A SIGKILL waits on a frozen task (it lands on thaw): such a spare is already dead."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (
+            1 << (signal.SIGKILL - 1)
+        ):
+            return True
+    return False
 
 
 def _agent_code(code: str) -> str:

@@ -16,7 +16,10 @@ from pathlib import Path
 import drums
 
 TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"  # OSWorld: rename ~/Desktop/todo_list_Jan_1
-SOLUTION = {"type": "execute", "command": "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"}
+TERMINAL = {"type": "click", "x": 480, "y": 300}  # the xterm of the desktop
+SOLUTION = "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2; ls ~/Desktop\n"
+NOT_A_SOLUTION = "ls ~/Desktop; echo not today\n"
+CALC = "setsid libreoffice --calc --norestore >/dev/null 2>&1 &"  # office image: a spreadsheet
 
 
 def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float | None]:
@@ -28,14 +31,22 @@ def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float
         (out / "start.png").write_bytes(obs.png)
         print(f"env {env.id}: {obs.instruction}")
 
-        env.step("pyautogui.moveTo(960, 540)")  # pyautogui code ...
-        env.step({"type": "click", "x": 960, "y": 540})  # ... or an action dict
+        env.step("pyautogui.click(480, 300)")  # pyautogui code: focus the terminal ...
+        env.step({"type": "type", "text": "ls ~/Desktop\n"})  # ... or an action dict
+        (out / "parent.png").write_bytes(env.observe().png)
 
         scores: dict[str, float | None] = {}
         with env.fork(4) as children:  # 4 copies of this desktop, as it is now
             for i, child in enumerate(children):
-                if i % 2 == 0:  # half of them solve the task
-                    child.step(SOLUTION)
+                child.step(TERMINAL)  # focus follows the map order at dump time: click first
+                if i % 2 == 0:  # half of them solve the task, typing as an agent would
+                    child.step({"type": "type", "text": SOLUTION})
+                else:
+                    child.step({"type": "type", "text": NOT_A_SOLUTION})
+                if i == 3:  # one opens a spreadsheet (where the image has one)
+                    child.step({"type": "execute", "command": CALC})
+                    child.step({"type": "wait", "seconds": 3})
+                child.step({"type": "wait", "seconds": 0.5})
                 (out / f"child{i}.png").write_bytes(child.observe().png)
                 try:
                     scores[child.id] = child.verify().score  # strict: a reward you may train on

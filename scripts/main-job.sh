@@ -32,12 +32,19 @@ drumsd serve --config "$run/drumsd.json" >"$run/drumsd.log" 2>&1 &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null; wait $daemon 2>/dev/null || true' EXIT
 export DRUMS_URL="http://127.0.0.1:$port" DRUMS_TOKEN_FILE="$token_file"
-python - <<'PY'
-import time, drums
+DRUMSD_PID=$daemon python - <<'PY'
+import os, time, drums
 deadline = time.monotonic() + 300
 with drums.connect() as client:
     while True:
-        ready = [c for c in client.list_states() if c.kind == "template" and c.image == "office"]
+        try:
+            os.kill(int(os.environ["DRUMSD_PID"]), 0)
+        except ProcessLookupError:
+            raise SystemExit("drumsd exited; see its log") from None
+        try:
+            ready = [c for c in client.list_states() if c.kind == "template" and c.image == "office"]
+        except drums.ConnectionFailed:  # still starting
+            ready = []
         if ready:
             print(f"==> template checkpoint {ready[0].id} of the office image is ready")
             break

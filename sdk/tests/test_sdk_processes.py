@@ -154,7 +154,7 @@ def test_quickstart_runs_end_to_end(server: Dict[str, str], tmp_path: Path) -> N
     print(output)  # under -s: the quickstart's real output, for the README
     assert proc.returncode == 0, output
     assert output.count("score") == 4 and f"screenshots in {out}" in output
-    assert len(list(out.glob("*.png"))) == 5
+    assert len(list(out.glob("*.png"))) == 6  # start, parent, 4 children
     assert snapshot(server) == before
 
 

@@ -332,6 +332,15 @@ class LinuxRuntime:
                     os.close(fd)
                 self._userns_fds.clear()
                 self.driver.remove_group_if_empty()
+                if not self._slots:  # nothing left to adopt: the image cache goes too
+                    await trio.to_thread.run_sync(self._drop_image_cache)
+
+    def _drop_image_cache(self) -> None:
+        cache = self.state_dir / "images"
+        if cache.is_dir() and mounts.fs_type_of(cache) == "tmpfs":
+            mounts.apply([mounts.MountOp("umount", str(cache))])
+        shutil.rmtree(cache, ignore_errors=True)
+        self._image_cache.clear()
 
     def _require_running(self) -> trio.Nursery:
         if self._nursery is None or self._launcher is None:

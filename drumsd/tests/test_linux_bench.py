@@ -33,3 +33,19 @@ def test_render_table_shows_ratios_to_the_cold_boot() -> None:
     assert "10x faster" in table  # 2.0 / 0.2
     assert "branch of 8" in table and "16.0x faster than 8 cold boots" in table
     assert "180" in table
+
+
+def test_profiles_table_puts_hardened_beside_trusted_with_the_ratio() -> None:
+    from drumsd.bench import render_profiles
+
+    runs = {
+        "hardened": {"reset_s": {"p50": 0.2}, "branch": {"8": {"p50": 0.9}}},
+        "trusted": {"reset_s": {"p50": 0.1}, "branch": {"8": {"p50": 0.9}}},
+    }
+    table = render_profiles(runs)
+    reset = next(line for line in table.splitlines() if line.startswith("reset, restore path"))
+    assert reset.split()[-1] == "2.00" and "0.200s" in reset and "0.100s" in reset
+    assert any(
+        line.startswith("branch of 8") and line.endswith("1.00") for line in table.splitlines()
+    )
+    assert "create" not in table  # an operation neither run measured is left out

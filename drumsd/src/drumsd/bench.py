@@ -326,35 +326,71 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", type=Path, default=d.cache_root)
     parser.add_argument("--state-dir", type=Path, default=d.state_dir)
     parser.add_argument("--criu", type=Path, default=d.criu)
-    parser.add_argument("--profile", choices=("hardened", "trusted"), default=d.profile,
-                        help="slot isolation profile to measure")
+    parser.add_argument("--profile", choices=("hardened", "trusted", "both"), default=d.profile,
+                        help="slot isolation profile to measure; both: hardened, then trusted, "
+                             "side by side in one run")
     parser.add_argument("--app", action="append", default=[],
                         help="a command the desktop starts before the checkpoint "
                              "(e.g. 'libreoffice --calc --norestore'); repeatable")
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
     parser.add_argument("--resets", type=int, default=d.resets)
     parser.add_argument("--spare-resets", type=int, default=d.spare_resets)
+    parser.add_argument("--spare-interval-s", type=float, default=d.spare_interval_s,
+                        help="pause between resets through a warm spare (the claim rate)")
     parser.add_argument("--steps", type=int, default=d.steps)
     parser.add_argument("--idle-slots", type=int, default=d.idle_slots)
     parser.add_argument("--ksm-wait-s", type=float, default=d.ksm_wait_s)
 
 
 def main_bench(args: argparse.Namespace) -> int:
-    opts = BenchOptions(
-        image=args.image, cache_root=args.cache_root, state_dir=args.state_dir, criu=args.criu,
-        profile=args.profile, apps=tuple(args.app),
-        out=args.out, resets=max(1, args.resets), spare_resets=args.spare_resets,
-        steps=max(1, args.steps), idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
-    )
+    profiles = ("hardened", "trusted") if args.profile == "both" else (args.profile,)
 
     def progress(msg: str) -> None:
         print(f"bench: {msg}", file=sys.stderr, flush=True)
 
-    results = trio.run(run_bench, opts, progress)
-    print(render_table(results))
-    opts.out.write_text(json.dumps(results, indent=1))
-    print(f"results written to {opts.out}")
-    return 0 if all(results["targets"].values()) else 1
+    runs: dict[str, dict[str, Any]] = {}
+    for profile in profiles:
+        opts = BenchOptions(
+            image=args.image, cache_root=args.cache_root, state_dir=args.state_dir,
+            criu=args.criu, profile=profile, apps=tuple(args.app), out=args.out,
+            resets=max(1, args.resets), spare_resets=args.spare_resets,
+            spare_interval_s=max(0.0, args.spare_interval_s), steps=max(1, args.steps),
+            idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
+        )
+        progress(f"profile {profile}")
+        runs[profile] = trio.run(run_bench, opts, progress)
+        print(f"\nprofile: {profile}")
+        print(render_table(runs[profile]))
+    if len(runs) > 1:
+        print("\n" + render_profiles(runs))
+    results = runs[profiles[0]] if len(runs) == 1 else {"profiles": runs}
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {args.out}")
+    return 0 if all(all(r["targets"].values()) for r in runs.values()) else 1
+
+
+def render_profiles(runs: dict[str, dict[str, Any]]) -> str:
+    """Hardened beside trusted: the p50 of each operation and the cost of hardening."""
+    keys = [("create", "create_s"), ("reset, restore path", "reset_s"),
+            ("reset, warm spare", "reset_spare_s"), ("step + screenshot", "step_screenshot_s"),
+            ("CPU per restore", "restore_cpu_s")]
+    names = list(runs)
+    head = f"{'p50':<24}" + "".join(f"{n:>12}" for n in names) + f"{'ratio':>8}"
+    lines = [head, "-" * len(head)]
+    for label, key in keys:
+        vals = [runs[n].get(key, {}).get("p50") for n in names]
+        if any(v is None for v in vals):
+            continue
+        ratio = f"{vals[0] / vals[1]:.2f}" if len(vals) == 2 and vals[1] else ""
+        lines.append(f"{label:<24}" + "".join(f"{v:>11.3f}s" for v in vals) + f"{ratio:>8}")
+    for n in sorted({k for r in runs.values() for k in r.get("branch", {})}, key=int):
+        vals = [runs[p].get("branch", {}).get(n, {}).get("p50") for p in names]
+        if any(v is None for v in vals):
+            continue
+        ratio = f"{vals[0] / vals[1]:.2f}" if len(vals) == 2 and vals[1] else ""
+        lines.append(f"{'branch of ' + n:<24}" + "".join(f"{v:>11.3f}s" for v in vals)
+                     + f"{ratio:>8}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

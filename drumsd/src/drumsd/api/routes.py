@@ -126,6 +126,7 @@ async def prometheus(ctx: Ctx) -> Reply:
                 s.psi_memory_some_avg10,
             )
         )
+    gauges += sup.pool_gauges()
     text = prometheus_text(sup.metrics, sup.clock(), ctx.config.host_usd_per_hour, gauges)
     return Raw(text, "text/plain; version=0.0.4; charset=utf-8")
 

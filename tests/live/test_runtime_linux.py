@@ -270,9 +270,15 @@ async def test_slot_survives_a_runtime_restart_and_is_adopted(state_dir, templat
         assert await rt2.adopt(h) is False
 
 
-async def test_hardened_slots_run_as_unprivileged_host_ids(rt, template, profile) -> None:
-    if profile != "hardened":
-        pytest.skip("the trusted profile maps ids 1:1 by design")
+async def test_slot_ids_map_as_the_profile_says(rt, template, profile) -> None:
+    if profile == "trusted":  # trusted code only: the identity map, and says so
+        h = await rt.restore("live-t1", template, LIMITS)
+        try:
+            assert (await rt.facts(h)).extra["uid_map"] == ["0", "0", "4294967295"]
+            assert (await rt.exec_user(h, "id -u", 10)).stdout.strip() == "1000"
+        finally:
+            await rt.destroy("live-t1")
+        return
     a = await rt.restore("live-h1", template, LIMITS)
     b = await rt.restore("live-h2", template, LIMITS)
     base_a, base_b = a.extra["uid_base"], b.extra["uid_base"]

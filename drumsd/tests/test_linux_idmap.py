@@ -8,7 +8,7 @@ from drumsd.linux import idmap
 
 # A real userns-*.img of an identity-mapped slot (criu 4.2.1): magic, size 24, uid and gid maps.
 IDENTITY_IMG = bytes.fromhex(
-    "1943565406494755180000000a0a08001000" "18ffffffff0f" "120a08001000" "18ffffffff0f"
+    "1943565406494755180000000a0a0800100018ffffffff0f120a0800100018ffffffff0f"
 )
 
 

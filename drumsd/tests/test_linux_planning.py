@@ -150,7 +150,13 @@ def test_parse_stat_with_spaces_in_comm() -> None:
     line = "123 (a b) c) S 1 123 123 0 -1 4194560 100 0 0 0 7 5 0 0 20 0 1 0 9999 1000 50"
     st = procfs.parse_stat(line)
     assert (st.pid, st.comm, st.state, st.ppid, st.ticks, st.starttime) == (
-        123, "a b) c", "S", 1, 12, 9999)
+        123,
+        "a b) c",
+        "S",
+        1,
+        12,
+        9999,
+    )
     me = procfs.read_stat(os.getpid())
     assert me is not None and procfs.is_same_process(os.getpid(), me.starttime)
     assert not procfs.is_same_process(os.getpid(), me.starttime + 1)
@@ -160,8 +166,9 @@ def test_criu_argv() -> None:
     dump = criu.dump_argv(Path("/c"), 42, Path("/ck/images"), Path("/ck/s.sh"), leave_running=True)
     assert dump[:4] == ["/c", "dump", "-t", "42"]
     assert "--leave-running" in dump and "--network-lock" in dump and "--file-locks" in dump
-    rest = criu.restore_argv(Path("/c"), Path("/ck/images"), Path("/w"), Path("/root"),
-                             Path("/w/pid"))
+    rest = criu.restore_argv(
+        Path("/c"), Path("/ck/images"), Path("/w"), Path("/root"), Path("/w/pid")
+    )
     for flag in ("--restore-detached", "--restore-sibling", "--manage-cgroups=ignore"):
         assert flag in rest
     script = criu.action_script(Path("/up per"), Path("/dest"))

@@ -76,7 +76,10 @@ def _config(state_dir: Path, **kw: object):
 
     profile = "hardened" if "-hardened-" in state_dir.parent.name else "trusted"
     return LinuxRuntimeConfig(
-        state_dir=state_dir, criu=CRIU, profile=profile, **kw  # type: ignore[arg-type]
+        state_dir=state_dir,
+        criu=CRIU,
+        profile=profile,
+        **kw,  # type: ignore[arg-type]
     )
 
 
@@ -140,8 +143,11 @@ def _leftovers(state_dir: Path, h: SlotHandle) -> list[str]:
     if inst_dir.exists():
         out.append(f"dir {inst_dir}")
     mounts = Path("/proc/self/mountinfo").read_text()
-    out += [f"mount {ln.split()[4]}" for ln in mounts.splitlines()
-            if ln.split()[4].startswith(str(inst_dir))]
+    out += [
+        f"mount {ln.split()[4]}"
+        for ln in mounts.splitlines()
+        if ln.split()[4].startswith(str(inst_dir))
+    ]
     out += [f"cgroup {d}" for d in set(h.cgroups.values()) if Path(d).exists()]
     if Path(f"/proc/{h.init_pid}").exists():
         stat = Path(f"/proc/{h.init_pid}/stat").read_text().split()
@@ -321,6 +327,9 @@ async def test_a_hanging_restore_times_out_is_retried_and_leaves_nothing(
         assert info.value.code == "restore_failed" and "timed out" in info.value.message
         assert rt.stats["restore_retries"] == 2
         assert set((state_dir / "slots").iterdir()) == before
-        assert not [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines()
-                    if "slot-live-broken" in ln]
+        assert not [
+            ln
+            for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+            if "slot-live-broken" in ln
+        ]
         assert not [n for n in rt.driver.slot_names() if n.startswith("slot-live-broken")]

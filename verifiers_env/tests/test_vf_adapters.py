@@ -12,14 +12,17 @@ from drums_verifiers.verdict import DrumsInvalidEpisode
 
 
 def call(**arguments) -> str:
-    return f'I will act.<tool_call>{json.dumps({"name": "computer", "arguments": arguments})}' \
-           "</tool_call>"
+    return (
+        f"I will act.<tool_call>{json.dumps({'name': 'computer', 'arguments': arguments})}"
+        "</tool_call>"
+    )
 
 
 def skyrl_env(fake, task: str) -> DrumsSkyRLEnv:
     return DrumsSkyRLEnv(
         env_config={"daemon_url": fake.url, "token_file": str(fake.token_file)},
-        extras={"drums_task": task, "max_turns": 6})
+        extras={"drums_task": task, "max_turns": 6},
+    )
 
 
 def test_skyrl_env_solves_a_task(fake_host):
@@ -34,8 +37,11 @@ def test_skyrl_env_solves_a_task(fake_host):
     out = env.step(call(action="done"))
     assert out["done"] and out["reward"] == 1.0
     assert out["metadata"]["drums"]["verdict"] == "valid"
-    assert env.get_metrics() == {"drums_valid": 1.0, "drums_actions": 3.0,
-                                 "drums_reward_trusted": 1.0}
+    assert env.get_metrics() == {
+        "drums_valid": 1.0,
+        "drums_actions": 3.0,
+        "drums_reward_trusted": 1.0,
+    }
     env.close()
     assert fake_host.stats()["live_slots"] == []
 
@@ -72,19 +78,34 @@ def scripted(*steps):
         args = next(replies)
         if args is None:
             return {"role": "assistant", "content": "finished"}
-        return {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function",
-             "function": {"name": "computer", "arguments": json.dumps(args)}}]}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "computer", "arguments": json.dumps(args)},
+                }
+            ],
+        }
 
     return generate
 
 
 def test_verl_tool_and_loop_solve_and_release(fake_host):
-    tool = DrumsComputerTool({"daemon_url": fake_host.url,
-                              "token_file": str(fake_host.token_file)})
-    result = asyncio.run(run_desktop_episode(
-        tool, scripted({"action": "click", "x": 10, "y": 10}, {"action": "type", "text": "42"},
-                       {"action": "done"}), "solve"))
+    tool = DrumsComputerTool({"daemon_url": fake_host.url, "token_file": str(fake_host.token_file)})
+    result = asyncio.run(
+        run_desktop_episode(
+            tool,
+            scripted(
+                {"action": "click", "x": 10, "y": 10},
+                {"action": "type", "text": "42"},
+                {"action": "done"},
+            ),
+            "solve",
+        )
+    )
     assert result.reward == 1.0 and result.error is None
     assert result.info["actions"] == {"click": 1, "type": 1, "done": 1}
     tool_msgs = [m for m in result.messages if m["role"] == "tool"]
@@ -93,10 +114,12 @@ def test_verl_tool_and_loop_solve_and_release(fake_host):
 
 
 def test_verl_episode_on_a_dying_desktop_has_no_reward(fake_host):
-    tool = DrumsComputerTool({"daemon_url": fake_host.url,
-                              "token_file": str(fake_host.token_file)})
-    result = asyncio.run(run_desktop_episode(
-        tool, scripted({"action": "click", "x": 10, "y": 10}, {"action": "done"}), "dies"))
+    tool = DrumsComputerTool({"daemon_url": fake_host.url, "token_file": str(fake_host.token_file)})
+    result = asyncio.run(
+        run_desktop_episode(
+            tool, scripted({"action": "click", "x": 10, "y": 10}, {"action": "done"}), "dies"
+        )
+    )
     assert result.reward is None and "DrumsEnvFailure" in result.error
     assert "env_gone" in result.info["error"]
     assert fake_host.stats()["live_slots"] == []

@@ -28,15 +28,17 @@ def test_single_envs_follow_the_verifier_contract(fake_host, policy, tmp_path):
     names = ["solve", "probe", "dies", "crash", "checker", "flagged"]
     write_tasks(tmp_path / "tasks", names)
     record_file = tmp_path / "records.jsonl"
-    episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks",
-                       records=record_file)
+    episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks", records=record_file)
     traces = {name: ts[0] for name, ts in by_task(episodes).items()}
     assert sorted(traces) == sorted(names)
 
     solved = traces["solve"]
     assert solved["ok"] and solved["rewards"]["drums"]["score"] == 1.0
-    assert solved["metrics"] == {"drums_actions": 4.0, "drums_reward_trusted": 1.0,
-                                 "drums_valid": 1.0}
+    assert solved["metrics"] == {
+        "drums_actions": 4.0,
+        "drums_reward_trusted": 1.0,
+        "drums_valid": 1.0,
+    }
     info = solved["info"]["drums"]
     assert info["verdict"] == "valid" and info["trusted"] is True
     assert info["actions"] == {"click": 1, "type": 1, "key": 1, "done": 1}
@@ -78,10 +80,16 @@ def test_fork_group_drops_the_invalid_child(fake_host, policy, tmp_path):
     write_tasks(tmp_path / "tasks", ["fork"])
     record_file = tmp_path / "records.jsonl"
     episodes = vf_eval(
-        fake_host, policy, tmp_path / "out", tmp_path / "tasks",
-        "--env.taskset.fork-n", "3",
-        "--env.taskset.prefix", json.dumps([{"type": "click", "x": 5, "y": 5}]),
-        "--env.taskset.settle-s", "0.05",
+        fake_host,
+        policy,
+        tmp_path / "out",
+        tmp_path / "tasks",
+        "--env.taskset.fork-n",
+        "3",
+        "--env.taskset.prefix",
+        json.dumps([{"type": "click", "x": 5, "y": 5}]),
+        "--env.taskset.settle-s",
+        "0.05",
         records=record_file,
     )
     assert len(episodes) == 1, "a fork group is one episode"
@@ -110,8 +118,15 @@ def test_fork_group_drops_the_invalid_child(fake_host, policy, tmp_path):
 
 def test_visual_window_harness_keeps_the_last_k_screenshots(fake_host, policy, tmp_path):
     write_tasks(tmp_path / "tasks", ["solve"])
-    episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks",
-                       "--env.taskset.visual-window", "2", harness="drums-verifiers")
+    episodes = vf_eval(
+        fake_host,
+        policy,
+        tmp_path / "out",
+        tmp_path / "tasks",
+        "--env.taskset.visual-window",
+        "2",
+        harness="drums-verifiers",
+    )
     trace = by_task(episodes)["solve"][0]
     assert trace["ok"] and trace["rewards"]["drums"]["score"] == 1.0
     requests = [r for r in policy.requests if r["script"] == "solve"]
@@ -128,14 +143,23 @@ def test_null_harness_sees_every_screenshot(fake_host, policy, tmp_path):
     assert [sum(r["images"]) for r in requests] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize(("style", "task", "actions"), [
-    ("scalecua", "scalecua", {"click": 1, "type": 1, "done": 1}),
-    ("hybrid", "shell", {"execute": 1, "done": 1}),
-])
+@pytest.mark.parametrize(
+    ("style", "task", "actions"),
+    [
+        ("scalecua", "scalecua", {"click": 1, "type": 1, "done": 1}),
+        ("hybrid", "shell", {"execute": 1, "done": 1}),
+    ],
+)
 def test_other_tool_styles(fake_host, policy, tmp_path, style, task, actions):
     write_tasks(tmp_path / "tasks", [task])
-    episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks",
-                       "--env.taskset.task.tool-style", style)
+    episodes = vf_eval(
+        fake_host,
+        policy,
+        tmp_path / "out",
+        tmp_path / "tasks",
+        "--env.taskset.task.tool-style",
+        style,
+    )
     trace = by_task(episodes)[task][0]
     assert trace["ok"], error_text(trace)
     assert trace["rewards"]["drums"]["score"] == 1.0
@@ -144,6 +168,11 @@ def test_other_tool_styles(fake_host, policy, tmp_path, style, task, actions):
     if style == "scalecua":
         assert tools == ["computer"]
     else:
-        assert {"computer_shell", "computer_read_file", "computer_write_file",
-                "computer_launch_app", "computer_click"} <= set(tools)
+        assert {
+            "computer_shell",
+            "computer_read_file",
+            "computer_write_file",
+            "computer_launch_app",
+            "computer_click",
+        } <= set(tools)
     assert_nothing_left(fake_host)

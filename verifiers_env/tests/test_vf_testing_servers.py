@@ -19,7 +19,8 @@ def test_fake_drumsd_through_the_sdk(fake_host):
 
     async def scenario():
         client = await desktop.open_client(
-            DaemonConfig(url=fake_host.url, token_file=fake_host.token_file))
+            DaemonConfig(url=fake_host.url, token_file=fake_host.token_file)
+        )
         try:
             env = await desktop.create_env(client, task, 60)
             assert (await desktop.wait_valid(env, 10)).valid is True
@@ -50,8 +51,9 @@ def test_fake_drumsd_through_the_sdk(fake_host):
 
 
 def test_fake_drumsd_refuses_a_wrong_token(fake_host):
-    request = urllib.request.Request(f"{fake_host.url}/v1/slots",
-                                     headers={"Authorization": "Bearer nope"})
+    request = urllib.request.Request(
+        f"{fake_host.url}/v1/slots", headers={"Authorization": "Bearer nope"}
+    )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)
     assert info.value.code == 401

@@ -15,8 +15,12 @@ from drums_verifiers.visual_window import PLACEHOLDER, apply_visual_window, coun
 
 def test_exports_one_taskset_one_env_one_harness():
     exported = [getattr(drums_verifiers, n) for n in drums_verifiers.__all__]
-    kinds = [b for obj in exported for b in (vf.Taskset, vf.Env, vf.Harness)
-             if isinstance(obj, type) and issubclass(obj, b)]
+    kinds = [
+        b
+        for obj in exported
+        for b in (vf.Taskset, vf.Env, vf.Harness)
+        if isinstance(obj, type) and issubclass(obj, b)
+    ]
     assert sorted(k.__name__ for k in kinds) == ["Env", "Harness", "Taskset"]
 
 
@@ -40,12 +44,15 @@ def test_coordinates_are_scaled_back_to_screen_pixels():
         actions.click(screen, "left", 10)
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("enter", {"type": "key", "key": "enter"}),
-    ("Return", {"type": "key", "key": "enter"}),
-    ("ctrl+s", {"type": "hotkey", "keys": ["ctrl", "s"]}),
-    (["Control", "shift", "t"], {"type": "hotkey", "keys": ["ctrl", "shift", "t"]}),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("enter", {"type": "key", "key": "enter"}),
+        ("Return", {"type": "key", "key": "enter"}),
+        ("ctrl+s", {"type": "hotkey", "keys": ["ctrl", "s"]}),
+        (["Control", "shift", "t"], {"type": "hotkey", "keys": ["ctrl", "shift", "t"]}),
+    ],
+)
 def test_keys_accept_every_spelling(given, expected):
     action = actions.key(given) if isinstance(given, str) else actions.hotkey(given)
     assert action == expected
@@ -65,17 +72,34 @@ def test_bad_arguments_say_how_to_fix_them():
 def test_scalecua_vocabulary_maps_to_drums_actions():
     screen = actions.Screen(1920, 1080)
     act = actions.scalecua_action
-    assert act(screen, None, {"action": "click", "x": 5, "y": 6, "clicks": 2}) == \
-        {"type": "double_click", "x": 5, "y": 6}
-    assert act(screen, None, {"action": "click", "x": 5, "y": 6, "button": "right"}) == \
-        {"type": "right_click", "x": 5, "y": 6}
-    assert act(screen, (10, 20), {"action": "dragTo", "x": 30, "y": 40}) == \
-        {"type": "drag", "x": 10, "y": 20, "to_x": 30, "to_y": 40}
-    assert act(screen, (10, 20), {"action": "scroll", "clicks": -3}) == \
-        {"type": "scroll", "x": 10, "y": 20, "clicks": -3}
+    assert act(screen, None, {"action": "click", "x": 5, "y": 6, "clicks": 2}) == {
+        "type": "double_click",
+        "x": 5,
+        "y": 6,
+    }
+    assert act(screen, None, {"action": "click", "x": 5, "y": 6, "button": "right"}) == {
+        "type": "right_click",
+        "x": 5,
+        "y": 6,
+    }
+    assert act(screen, (10, 20), {"action": "dragTo", "x": 30, "y": 40}) == {
+        "type": "drag",
+        "x": 10,
+        "y": 20,
+        "to_x": 30,
+        "to_y": 40,
+    }
+    assert act(screen, (10, 20), {"action": "scroll", "clicks": -3}) == {
+        "type": "scroll",
+        "x": 10,
+        "y": 20,
+        "clicks": -3,
+    }
     assert act(screen, None, {"action": "write", "message": "hi"}) == {"type": "type", "text": "hi"}
-    assert act(screen, None, {"action": "press", "keys": "ctrl+c"}) == \
-        {"type": "hotkey", "keys": ["ctrl", "c"]}
+    assert act(screen, None, {"action": "press", "keys": "ctrl+c"}) == {
+        "type": "hotkey",
+        "keys": ["ctrl", "c"],
+    }
     assert act(screen, None, {"action": "terminate", "status": "failure"}) == {"type": "fail"}
     with pytest.raises(actions.BadAction, match="call moveTo first"):
         act(screen, None, {"action": "dragTo", "x": 1, "y": 1})
@@ -102,8 +126,14 @@ def test_scale_png_resizes_only_when_asked(tmp_path):
 
 
 def result(**kw):
-    base = {"valid": True, "verdict": "valid", "score": 1.0, "failed_gates": [],
-            "audit": {"flags": []}, "trusted": True}
+    base = {
+        "valid": True,
+        "verdict": "valid",
+        "score": 1.0,
+        "failed_gates": [],
+        "audit": {"flags": []},
+        "trusted": True,
+    }
     return {**base, **kw}
 
 
@@ -113,17 +143,23 @@ def test_valid_episode_gives_its_score():
 
 
 def test_invalid_episode_is_dropped_with_its_gates():
-    v = verdict.judge(result(valid=False, verdict="invalid", score=None,
-                             failed_gates=["no_oom_kill", "no_app_crash"]), verdict.Verdict())
-    with pytest.raises(verdict.DrumsInvalidEpisode,
-                       match=r"^drums_invalid:invalid:no_oom_kill,no_app_crash$"):
+    v = verdict.judge(
+        result(
+            valid=False, verdict="invalid", score=None, failed_gates=["no_oom_kill", "no_app_crash"]
+        ),
+        verdict.Verdict(),
+    )
+    with pytest.raises(
+        verdict.DrumsInvalidEpisode, match=r"^drums_invalid:invalid:no_oom_kill,no_app_crash$"
+    ):
         verdict.enforce(v)
 
 
 def test_checker_failure_and_missing_verdict_are_errors():
     with pytest.raises(verdict.DrumsCheckerError):
-        verdict.enforce(verdict.judge(result(score=None, checker_error="Timeout"),
-                                      verdict.Verdict()))
+        verdict.enforce(
+            verdict.judge(result(score=None, checker_error="Timeout"), verdict.Verdict())
+        )
     with pytest.raises(verdict.DrumsEnvFailure, match="no validity verdict"):
         verdict.enforce(verdict.judge(result(valid=None, verdict="pending"), verdict.Verdict()))
 
@@ -131,8 +167,9 @@ def test_checker_failure_and_missing_verdict_are_errors():
 def test_trusted_is_never_true_by_default():
     v = verdict.judge(result(trusted=None), verdict.Verdict())
     assert v.trusted is None
-    v = verdict.judge(result(audit={"flags": ["scope_violation"]}, trusted=False),
-                      verdict.Verdict())
+    v = verdict.judge(
+        result(audit={"flags": ["scope_violation"]}, trusted=False), verdict.Verdict()
+    )
     assert v.trusted is False and v.audit_flags == ["scope_violation"]
     assert verdict.enforce(v) == 1.0, "the audit never changes the score"
 
@@ -168,8 +205,12 @@ def test_osworld_dir_and_factory_jsonl(tmp_path):
     refs = list(sources.read_task_dir(tmp_path / "d"))
     assert [(r.id, r.instruction, r.ref["id"]) for r in refs] == [("t1", "i", "t1")]
     jsonl = tmp_path / "tasks.jsonl"
-    jsonl.write_text(json.dumps({"task": {"id": "f1", "instruction": "x"}, "seed": 3}) + "\n\n"
-                     + json.dumps({"id": "f2"}) + "\n")
+    jsonl.write_text(
+        json.dumps({"task": {"id": "f1", "instruction": "x"}, "seed": 3})
+        + "\n\n"
+        + json.dumps({"id": "f2"})
+        + "\n"
+    )
     assert [r.id for r in sources.read_tasks_jsonl(jsonl)] == ["f1", "f2"]
     (tmp_path / "bad.jsonl").write_text('{"no_id": 1}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
@@ -177,8 +218,10 @@ def test_osworld_dir_and_factory_jsonl(tmp_path):
 
 
 def test_daemon_ids_star_takes_supported_tasks():
-    known = [{"id": "a", "supported": True, "instruction": "A"},
-             {"id": "b", "supported": False, "reason": "no chrome"}]
+    known = [
+        {"id": "a", "supported": True, "instruction": "A"},
+        {"id": "b", "supported": False, "reason": "no chrome"},
+    ]
     assert [r.ref for r in sources.from_daemon_ids(["*"], known)] == ["a"]
     with pytest.raises(ValueError, match="no chrome"):
         list(sources.from_daemon_ids(["b"], known))
@@ -190,9 +233,13 @@ def test_taskset_loads_tasks_from_the_daemon(fake_host):
     from drums_verifiers.config import DaemonConfig, DrumsTaskConfig, DrumsTasksetConfig
 
     cfg = DrumsTasksetConfig(
-        id="drums-verifiers", task_ids=["solve", "probe"], visual_window=4,
-        task=DrumsTaskConfig(daemon=DaemonConfig(url=fake_host.url,
-                                                 token_file=fake_host.token_file)))
+        id="drums-verifiers",
+        task_ids=["solve", "probe"],
+        visual_window=4,
+        task=DrumsTaskConfig(
+            daemon=DaemonConfig(url=fake_host.url, token_file=fake_host.token_file)
+        ),
+    )
     tasks = list(drums_verifiers.DrumsTaskset(cfg))
     assert [t.data.drums_task for t in tasks] == ["solve", "probe"]
     assert tasks[0].data.visual_window == 4 and "[policy:solve]" in tasks[0].data.prompt

@@ -18,26 +18,46 @@ TOKEN = "test-token-" + "x" * 32
 
 # Behaviour of the fake tasks; coordinates are in the fake's 192x108 screenshot space.
 TASKS: dict[str, dict[str, Any]] = {
-    "solve": {"instruction": "[policy:solve] Type 42 into the cell.",
-              "fake": {"expect": {"type": "type", "text": "42"}}},
-    "probe": {"instruction": "[policy:probe] Type 42 into the cell.",
-              "fake": {"expect": {"type": "type", "text": "42"}}},
-    "dies": {"instruction": "[policy:solve] Type 42 (the desktop dies).",
-             "fake": {"expect": {"type": "type", "text": "42"}, "gone_after_actions": 1}},
-    "crash": {"instruction": "[policy:solve] Type 42 (an app crashes).",
-              "fake": {"expect": {"type": "type", "text": "42"}, "invalid_after_actions": 1}},
-    "checker": {"instruction": "[policy:solve] Type 42 (the checker breaks).",
-                "fake": {"expect": {"type": "type", "text": "42"}, "checker_error": "boom"}},
-    "flagged": {"instruction": "[policy:solve] Type 42 (audit disagrees).",
-                "fake": {"expect": {"type": "type", "text": "42"},
-                         "audit_flags": ["nondeterministic"]}},
-    "fork": {"instruction": "[policy:child] Finish typing 42.",
-             "fake": {"expect": {"type": "type", "text": "42"}, "invalid_children": [1],
-                      "pending_gate_polls": 1}},
-    "shell": {"instruction": "[policy:shell] Make the file.",
-              "fake": {"expect": {"type": "execute"}}},
-    "scalecua": {"instruction": "[policy:scalecua] Type 42.",
-                 "fake": {"expect": {"type": "type", "text": "42"}}},
+    "solve": {
+        "instruction": "[policy:solve] Type 42 into the cell.",
+        "fake": {"expect": {"type": "type", "text": "42"}},
+    },
+    "probe": {
+        "instruction": "[policy:probe] Type 42 into the cell.",
+        "fake": {"expect": {"type": "type", "text": "42"}},
+    },
+    "dies": {
+        "instruction": "[policy:solve] Type 42 (the desktop dies).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "gone_after_actions": 1},
+    },
+    "crash": {
+        "instruction": "[policy:solve] Type 42 (an app crashes).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "invalid_after_actions": 1},
+    },
+    "checker": {
+        "instruction": "[policy:solve] Type 42 (the checker breaks).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "checker_error": "boom"},
+    },
+    "flagged": {
+        "instruction": "[policy:solve] Type 42 (audit disagrees).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "audit_flags": ["nondeterministic"]},
+    },
+    "fork": {
+        "instruction": "[policy:child] Finish typing 42.",
+        "fake": {
+            "expect": {"type": "type", "text": "42"},
+            "invalid_children": [1],
+            "pending_gate_polls": 1,
+        },
+    },
+    "shell": {
+        "instruction": "[policy:shell] Make the file.",
+        "fake": {"expect": {"type": "execute"}},
+    },
+    "scalecua": {
+        "instruction": "[policy:scalecua] Type 42.",
+        "fake": {"expect": {"type": "type", "text": "42"}},
+    },
 }
 
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
@@ -86,28 +106,52 @@ def write_tasks(directory: Path, names: list[str]) -> None:
         (directory / f"{name}.json").write_text(json.dumps(task))
 
 
-def vf_eval(fake: Fake, policy: MockPolicy, out: Path, task_dir: Path, *extra: str,
-            harness: str = "null", records: Path | None = None,
-            timeout: float = 600) -> list[dict[str, Any]]:
+def vf_eval(
+    fake: Fake,
+    policy: MockPolicy,
+    out: Path,
+    task_dir: Path,
+    *extra: str,
+    harness: str = "null",
+    records: Path | None = None,
+    timeout: float = 600,
+) -> list[dict[str, Any]]:
     """Run the real vf-eval CLI end to end and return the episodes it wrote (traces.jsonl:
     one episode per line, its traces inside)."""
     exe = Path(sys.executable).with_name("vf-eval")
     cmd = [
-        str(exe), "drums-verifiers", "-m", "mock-policy", "-r", "1",
-        "--client.base-url", policy.base_url,  # type: ignore[attr-defined]
-        "--client.api-key-var", "MOCK_POLICY_KEY",
-        "--env.agent.harness.id", harness, "--env.agent.runtime.type", "subprocess",
-        "--no-push", "--no-rich", "-o", str(out),
-        "--env.taskset.task-dir", str(task_dir),
-        "--env.taskset.task.daemon.url", fake.url,
-        "--env.taskset.task.daemon.token-file", str(fake.token_file),
+        str(exe),
+        "drums-verifiers",
+        "-m",
+        "mock-policy",
+        "-r",
+        "1",
+        "--client.base-url",
+        policy.base_url,  # type: ignore[attr-defined]
+        "--client.api-key-var",
+        "MOCK_POLICY_KEY",
+        "--env.agent.harness.id",
+        harness,
+        "--env.agent.runtime.type",
+        "subprocess",
+        "--no-push",
+        "--no-rich",
+        "-o",
+        str(out),
+        "--env.taskset.task-dir",
+        str(task_dir),
+        "--env.taskset.task.daemon.url",
+        fake.url,
+        "--env.taskset.task.daemon.token-file",
+        str(fake.token_file),
         *extra,
     ]
     env = {**os.environ, "MOCK_POLICY_KEY": "not-a-secret"}
     if records is not None:
         env["DRUMS_RECORD"] = str(records)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
     (out / "vf-eval.log").parent.mkdir(parents=True, exist_ok=True)
     (out / "vf-eval.log").write_text(f"$ {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
     assert proc.returncode == 0, f"vf-eval failed ({proc.returncode}):\n{proc.stderr[-6000:]}"

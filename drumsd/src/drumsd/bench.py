@@ -76,8 +76,13 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def slots_that_fit(available_mib: float, total_mib: float, per_slot_mib: float,
-                   min_available_mib: int, min_available_pct: float) -> int:
+def slots_that_fit(
+    available_mib: float,
+    total_mib: float,
+    per_slot_mib: float,
+    min_available_mib: int,
+    min_available_pct: float,
+) -> int:
     """Idle slots admission would still accept: memory above the reserve, over the cost of one."""
     reserve = max(min_available_mib, total_mib * min_available_pct / 100)
     if per_slot_mib <= 0:
@@ -100,14 +105,24 @@ def render_table(r: dict[str, Any]) -> str:
     line("reset, restore path", "reset_s")
     line("reset, restore path", "reset_s", "p99")
     if "restore_cpu_s" in r:
-        rows.append(("CPU per restore (criu + tree) p50", f"{r['restore_cpu_s']['p50']:.3f} s",
-                     "independent of host load"))
+        rows.append(
+            (
+                "CPU per restore (criu + tree) p50",
+                f"{r['restore_cpu_s']['p50']:.3f} s",
+                "independent of host load",
+            )
+        )
     line("reset, warm spare", "reset_spare_s")
     line("reset, warm spare", "reset_spare_s", "p99")
     for n in r.get("branch", {}):
         v = r["branch"][n]["p50"]
-        rows.append((f"branch of {n} (all answer) p50", f"{v:.3f} s",
-                     f"{int(n) * cold / v:.1f}x faster than {n} cold boots"))
+        rows.append(
+            (
+                f"branch of {n} (all answer) p50",
+                f"{v:.3f} s",
+                f"{int(n) * cold / v:.1f}x faster than {n} cold boots",
+            )
+        )
     line("step + screenshot", "step_screenshot_s")
     line("step + screenshot", "step_screenshot_s", "p99")
     mem = r.get("memory", {})
@@ -115,8 +130,13 @@ def render_table(r: dict[str, Any]) -> str:
         rows.append(("idle slot memory, no KSM", f"{mem['per_slot_mib_no_ksm']:.1f} MiB", ""))
         if "per_slot_mib_ksm" in mem:
             rows.append(("idle slot memory, KSM", f"{mem['per_slot_mib_ksm']:.1f} MiB", ""))
-        rows.append(("idle slots that fit (admission)", str(mem["slots_fit_no_ksm"]),
-                     f"KSM: {mem.get('slots_fit_ksm', '-')}"))
+        rows.append(
+            (
+                "idle slots that fit (admission)",
+                str(mem["slots_fit_no_ksm"]),
+                f"KSM: {mem.get('slots_fit_ksm', '-')}",
+            )
+        )
     w = max(len(a) for a, _, _ in rows)
     return "\n".join(f"{a:<{w}}  {b:>12}  {c}" for a, b, c in rows)
 
@@ -133,8 +153,7 @@ def _slot_anon_mib(handle: SlotHandle) -> float:
     """Anonymous memory charged to the slot (page cache of the shared image excluded)."""
     d = Path(handle.cgroups["memory"])
     stat = dict(
-        (k, int(v)) for k, v in
-        (ln.split() for ln in (d / "memory.stat").read_text().splitlines())
+        (k, int(v)) for k, v in (ln.split() for ln in (d / "memory.stat").read_text().splitlines())
     )
     anon = stat.get("total_rss", stat.get("rss", stat.get("anon", 0)))
     shmem = stat.get("total_shmem", stat.get("shmem", 0))
@@ -156,13 +175,20 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     base_cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile)
     results: dict[str, Any] = {
-        "host": {"cpus": os.cpu_count(), "kernel": os.uname().release,
-                 "mem_total_mib": _meminfo()["MemTotal"], "loadavg_start": os.getloadavg()},
+        "host": {
+            "cpus": os.cpu_count(),
+            "kernel": os.uname().release,
+            "mem_total_mib": _meminfo()["MemTotal"],
+            "loadavg_start": os.getloadavg(),
+        },
         "image": {"profile": image.profile, "sha256": image.sha256},
         "slot_profile": opts.profile,
         "apps": list(opts.apps),
-        "options": {k: (str(v) if isinstance(v, Path) else v)
-                    for k, v in asdict(opts).items() if k != "limits"},
+        "options": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in asdict(opts).items()
+            if k != "limits"
+        },
     }
     lim = opts.limits
     ck_dir = opts.state_dir / "checkpoints" / f"bench-{uuid.uuid4().hex[:6]}"
@@ -183,8 +209,9 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
 
         progress("template (cold boot, quiesce, dump) ...")
         t0 = time.monotonic()
-        ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template",
-                                     apps=opts.apps)
+        ref = await rt.make_template(
+            image.root, image.sha256, "bench", ck_dir / "template", apps=opts.apps
+        )
         results["template_s"] = summarize([time.monotonic() - t0])
         meta = json.loads((ref.dir / "meta.json").read_text())
         results["template_dump_s"] = meta.get("dump_s")
@@ -244,13 +271,20 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         results["memory"] = mem
 
     if KSM.is_dir():
-        cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, ksm=True,
-                                 profile=opts.profile,
-                                 ksm_pages_to_scan=5000, ksm_sleep_millisecs=10,
-                                 spares_per_checkpoint=2)
+        cfg = LinuxRuntimeConfig(
+            state_dir=opts.state_dir,
+            criu=opts.criu,
+            ksm=True,
+            profile=opts.profile,
+            ksm_pages_to_scan=5000,
+            ksm_sleep_millisecs=10,
+            spares_per_checkpoint=2,
+        )
         async with open_linux_runtime(cfg) as rt:
-            progress(f"memory of {opts.idle_slots} idle slots with KSM (up to "
-                     f"{opts.ksm_wait_s:.0f} s to merge) ...")
+            progress(
+                f"memory of {opts.idle_slots} idle slots with KSM (up to "
+                f"{opts.ksm_wait_s:.0f} s to merge) ..."
+            )
             saved0 = _ksm_saved_mib()
             idle = [await rt.restore(f"bench-k{i}", ref, lim) for i in range(opts.idle_slots)]
             last, stable_since = -1.0, time.monotonic()
@@ -269,8 +303,10 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
             for s in idle:
                 await rt.destroy(s.slot_id)
 
-            progress(f"reset x{opts.spare_resets} through warm spares "
-                     f"(one per {opts.spare_interval_s} s) ...")
+            progress(
+                f"reset x{opts.spare_resets} through warm spares "
+                f"(one per {opts.spare_interval_s} s) ..."
+            )
             rt.enable_spares(ref, lim)
             with trio.fail_after(120):
                 while rt.spare_counts().get(ref.id, 0) < cfg.spares_per_checkpoint:
@@ -289,11 +325,13 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
             await rt.drop_spares(ref.id)
 
     info = _meminfo()
-    for key, cost in (("no_ksm", mem["per_slot_mib_no_ksm"]),
-                      ("ksm", mem.get("per_slot_mib_ksm"))):
+    for key, cost in (("no_ksm", mem["per_slot_mib_no_ksm"]), ("ksm", mem.get("per_slot_mib_ksm"))):
         if cost:
             mem[f"slots_fit_{key}"] = slots_that_fit(
-                info["MemAvailable"], info["MemTotal"], cost, opts.min_available_mib,
+                info["MemAvailable"],
+                info["MemTotal"],
+                cost,
+                opts.min_available_mib,
                 opts.min_available_pct,
             )
     results["host"]["loadavg_end"] = os.getloadavg()
@@ -301,8 +339,11 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
     results["ratios_vs_cold_boot"] = {
         "create": round(cold / results["create_s"]["p50"], 1),
         "reset_p50": round(cold / results["reset_s"]["p50"], 1),
-        **({"reset_spare_p50": round(cold / results["reset_spare_s"]["p50"], 1)}
-           if "reset_spare_s" in results else {}),
+        **(
+            {"reset_spare_p50": round(cold / results["reset_spare_s"]["p50"], 1)}
+            if "reset_spare_s" in results
+            else {}
+        ),
     }
     results["targets"] = {
         "reset_p50<=0.20": results["reset_s"]["p50"] <= 0.20,
@@ -326,17 +367,29 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-root", type=Path, default=d.cache_root)
     parser.add_argument("--state-dir", type=Path, default=d.state_dir)
     parser.add_argument("--criu", type=Path, default=d.criu)
-    parser.add_argument("--profile", choices=("hardened", "trusted", "both"), default=d.profile,
-                        help="slot isolation profile to measure; both: hardened, then trusted, "
-                             "side by side in one run")
-    parser.add_argument("--app", action="append", default=[],
-                        help="a command the desktop starts before the checkpoint "
-                             "(e.g. 'libreoffice --calc --norestore'); repeatable")
+    parser.add_argument(
+        "--profile",
+        choices=("hardened", "trusted", "both"),
+        default=d.profile,
+        help="slot isolation profile to measure; both: hardened, then trusted, "
+        "side by side in one run",
+    )
+    parser.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        help="a command the desktop starts before the checkpoint "
+        "(e.g. 'libreoffice --calc --norestore'); repeatable",
+    )
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
     parser.add_argument("--resets", type=int, default=d.resets)
     parser.add_argument("--spare-resets", type=int, default=d.spare_resets)
-    parser.add_argument("--spare-interval-s", type=float, default=d.spare_interval_s,
-                        help="pause between resets through a warm spare (the claim rate)")
+    parser.add_argument(
+        "--spare-interval-s",
+        type=float,
+        default=d.spare_interval_s,
+        help="pause between resets through a warm spare (the claim rate)",
+    )
     parser.add_argument("--steps", type=int, default=d.steps)
     parser.add_argument("--idle-slots", type=int, default=d.idle_slots)
     parser.add_argument("--ksm-wait-s", type=float, default=d.ksm_wait_s)
@@ -351,11 +404,19 @@ def main_bench(args: argparse.Namespace) -> int:
     runs: dict[str, dict[str, Any]] = {}
     for profile in profiles:
         opts = BenchOptions(
-            image=args.image, cache_root=args.cache_root, state_dir=args.state_dir,
-            criu=args.criu, profile=profile, apps=tuple(args.app), out=args.out,
-            resets=max(1, args.resets), spare_resets=args.spare_resets,
-            spare_interval_s=max(0.0, args.spare_interval_s), steps=max(1, args.steps),
-            idle_slots=max(1, args.idle_slots), ksm_wait_s=args.ksm_wait_s,
+            image=args.image,
+            cache_root=args.cache_root,
+            state_dir=args.state_dir,
+            criu=args.criu,
+            profile=profile,
+            apps=tuple(args.app),
+            out=args.out,
+            resets=max(1, args.resets),
+            spare_resets=args.spare_resets,
+            spare_interval_s=max(0.0, args.spare_interval_s),
+            steps=max(1, args.steps),
+            idle_slots=max(1, args.idle_slots),
+            ksm_wait_s=args.ksm_wait_s,
         )
         progress(f"profile {profile}")
         runs[profile] = trio.run(run_bench, opts, progress)
@@ -371,9 +432,13 @@ def main_bench(args: argparse.Namespace) -> int:
 
 def render_profiles(runs: dict[str, dict[str, Any]]) -> str:
     """Hardened beside trusted: the p50 of each operation and the cost of hardening."""
-    keys = [("create", "create_s"), ("reset, restore path", "reset_s"),
-            ("reset, warm spare", "reset_spare_s"), ("step + screenshot", "step_screenshot_s"),
-            ("CPU per restore", "restore_cpu_s")]
+    keys = [
+        ("create", "create_s"),
+        ("reset, restore path", "reset_s"),
+        ("reset, warm spare", "reset_spare_s"),
+        ("step + screenshot", "step_screenshot_s"),
+        ("CPU per restore", "restore_cpu_s"),
+    ]
     names = list(runs)
     head = f"{'p50':<24}" + "".join(f"{n:>12}" for n in names) + f"{'ratio':>8}"
     lines = [head, "-" * len(head)]
@@ -388,8 +453,9 @@ def render_profiles(runs: dict[str, dict[str, Any]]) -> str:
         if any(v is None for v in vals):
             continue
         ratio = f"{vals[0] / vals[1]:.2f}" if len(vals) == 2 and vals[1] else ""
-        lines.append(f"{'branch of ' + n:<24}" + "".join(f"{v:>11.3f}s" for v in vals)
-                     + f"{ratio:>8}")
+        lines.append(
+            f"{'branch of ' + n:<24}" + "".join(f"{v:>11.3f}s" for v in vals) + f"{ratio:>8}"
+        )
     return "\n".join(lines)
 
 
@@ -399,5 +465,12 @@ if __name__ == "__main__":
     sys.exit(main_bench(p.parse_args()))
 
 
-__all__ = ["BenchOptions", "add_bench_args", "main_bench", "render_table", "run_bench",
-           "slots_that_fit", "summarize"]
+__all__ = [
+    "BenchOptions",
+    "add_bench_args",
+    "main_bench",
+    "render_table",
+    "run_bench",
+    "slots_that_fit",
+    "summarize",
+]

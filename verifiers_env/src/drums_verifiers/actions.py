@@ -13,9 +13,18 @@ from typing import Any
 
 SCROLL_LIMIT = 100
 WAIT_LIMIT_S = 60.0
-KEY_ALIASES = {"return": "enter", "escape": "esc", "del": "delete", "control": "ctrl",
-               "cmd": "super", "win": "super", "meta": "super", "option": "alt",
-               "pgup": "pageup", "pgdn": "pagedown"}
+KEY_ALIASES = {
+    "return": "enter",
+    "escape": "esc",
+    "del": "delete",
+    "control": "ctrl",
+    "cmd": "super",
+    "win": "super",
+    "meta": "super",
+    "option": "alt",
+    "pgup": "pageup",
+    "pgdn": "pagedown",
+}
 
 
 class BadAction(ValueError):
@@ -38,8 +47,9 @@ class Screen:
         sx, sy = round(fx / self.scale), round(fy / self.scale)
         if not (0 <= sx < self.width and 0 <= sy < self.height):
             w, h = round(self.width * self.scale), round(self.height * self.scale)
-            raise BadAction(f"({x}, {y}) is outside the screenshot; use 0 <= x < {w} and "
-                            f"0 <= y < {h}")
+            raise BadAction(
+                f"({x}, {y}) is outside the screenshot; use 0 <= x < {w} and 0 <= y < {h}"
+            )
         return sx, sy
 
 
@@ -71,8 +81,10 @@ def clamp_scroll(amount: Any) -> int:
     except (TypeError, ValueError) as exc:
         raise BadAction(f"scroll amount must be an integer, got {amount!r}") from exc
     if value == 0 or abs(value) > SCROLL_LIMIT:
-        raise BadAction(f"scroll amount must be between -{SCROLL_LIMIT} and {SCROLL_LIMIT}, "
-                        "not 0 (positive scrolls up, negative down)")
+        raise BadAction(
+            f"scroll amount must be between -{SCROLL_LIMIT} and {SCROLL_LIMIT}, "
+            "not 0 (positive scrolls up, negative down)"
+        )
     return value
 
 
@@ -133,13 +145,24 @@ def wait(seconds: Any) -> dict[str, Any]:
 # --- the `scalecua` style: one `computer` tool with the ScaleCUA vocabulary --------------------
 
 SCALECUA_ACTIONS = (
-    "click", "doubleClick", "rightClick", "moveTo", "dragTo", "scroll", "write", "press",
-    "hotkey", "wait", "terminate", "response",
+    "click",
+    "doubleClick",
+    "rightClick",
+    "moveTo",
+    "dragTo",
+    "scroll",
+    "write",
+    "press",
+    "hotkey",
+    "wait",
+    "terminate",
+    "response",
 )
 
 
-def scalecua_action(screen: Screen, cursor: tuple[int, int] | None,
-                    args: dict[str, Any]) -> dict[str, Any]:
+def scalecua_action(
+    screen: Screen, cursor: tuple[int, int] | None, args: dict[str, Any]
+) -> dict[str, Any]:
     """One ScaleCUA-style call -> one drumsd action. `dragTo` starts at the last known cursor
     position, as in the pyautogui-like vocabulary ScaleCUA describes."""
     name = args.get("action")
@@ -172,8 +195,12 @@ def scalecua_action(screen: Screen, cursor: tuple[int, int] | None,
         if x is None or y is None:
             if cursor is None:
                 raise BadAction("scroll needs x and y (or a cursor position from moveTo)")
-            return {"type": "scroll", "x": cursor[0], "y": cursor[1],
-                    "clicks": clamp_scroll(args.get("clicks"))}
+            return {
+                "type": "scroll",
+                "x": cursor[0],
+                "y": cursor[1],
+                "clicks": clamp_scroll(args.get("clicks")),
+            }
         return scroll(screen, x, y, args.get("clicks"))
     if name == "write":
         return type_text(args.get("message", args.get("text")))
@@ -204,14 +231,20 @@ def cursor_after(action: dict[str, Any], cursor: tuple[int, int] | None) -> tupl
 
 
 def shell(command: Any, timeout_s: float) -> dict[str, Any]:
-    return {"type": "execute", "command": ["bash", "-lc", require_text(command, "command")],
-            "timeout_s": timeout_s}
+    return {
+        "type": "execute",
+        "command": ["bash", "-lc", require_text(command, "command")],
+        "timeout_s": timeout_s,
+    }
 
 
 def read_file(path: Any, max_bytes: int = 20_000, timeout_s: float = 30.0) -> dict[str, Any]:
     path = require_text(path, "path")
-    return {"type": "execute", "command": ["head", "-c", str(max_bytes), "--", path],
-            "timeout_s": timeout_s}
+    return {
+        "type": "execute",
+        "command": ["head", "-c", str(max_bytes), "--", path],
+        "timeout_s": timeout_s,
+    }
 
 
 def write_file(path: Any, content: Any, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -219,17 +252,23 @@ def write_file(path: Any, content: Any, timeout_s: float = 30.0) -> dict[str, An
     if not isinstance(content, str):
         raise BadAction("content must be a string")
     # The content travels as an argument, never through a shell, so quoting cannot break it.
-    script = 'import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])'
-    return {"type": "execute", "command": ["python3", "-c", script, path, content],
-            "timeout_s": timeout_s}
+    script = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
+    return {
+        "type": "execute",
+        "command": ["python3", "-c", script, path, content],
+        "timeout_s": timeout_s,
+    }
 
 
 def launch_app(app: Any, timeout_s: float = 30.0) -> dict[str, Any]:
     app = require_text(app, "app")
     if any(c in app for c in ";|&`$<>\n"):
         raise BadAction("app must be a program name with plain arguments, no shell syntax")
-    return {"type": "execute", "command": ["bash", "-lc", f"setsid -f {app} >/dev/null 2>&1"],
-            "timeout_s": timeout_s}
+    return {
+        "type": "execute",
+        "command": ["bash", "-lc", f"setsid -f {app} >/dev/null 2>&1"],
+        "timeout_s": timeout_s,
+    }
 
 
 # --- screenshots --------------------------------------------------------------------------------

@@ -54,8 +54,11 @@ async def complete(client: Any, model: str, messages: list, tools: list) -> dict
     out: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
     if message.tool_calls:
         out["tool_calls"] = [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.function.name, "arguments": c.function.arguments or "{}"}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments or "{}"},
+            }
             for c in message.tool_calls
         ]
     return out
@@ -73,14 +76,16 @@ async def main() -> None:
         messages.extend(read_initial(args.initial_messages_file))
     elif args.prompt:
         messages.append({"role": "user", "content": args.prompt})
-    client = AsyncOpenAI(base_url=args.base_url, api_key=args.api_key,
-                         timeout=httpx.Timeout(None, connect=5.0))
+    client = AsyncOpenAI(
+        base_url=args.base_url, api_key=args.api_key, timeout=httpx.Timeout(None, connect=5.0)
+    )
     config = json.loads(args.mcp_config or "{}")
     async with AsyncExitStack() as stack:
         tools, dispatch, servers = ([], {}, {})
         if config.get("mcpServers"):
             tools, dispatch, servers = await asyncio.wait_for(
-                connect_mcp(config, stack, set()), timeout=60)
+                connect_mcp(config, stack, set()), timeout=60
+            )
         for _ in range(args.max_steps):
             request = apply_visual_window(messages, args.visual_window)
             try:
@@ -103,8 +108,9 @@ async def main() -> None:
                     content = f"error: tool arguments are not JSON ({exc})"
                 except Exception as exc:
                     content = f"error: {type(exc).__name__}: {exc}"
-                messages.append({"role": "tool", "tool_call_id": call["id"], "name": name,
-                                 "content": content})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "name": name, "content": content}
+                )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def is_invalid_episode(exc: BaseException) -> bool:
     drums = sdk()
     invalid = getattr(drums, "InvalidEpisode", None)
     return (invalid is not None and isinstance(exc, invalid)) or error_code(exc) in (
-        "invalid_episode", "quarantined")
+        "invalid_episode",
+        "quarantined",
+    )
 
 
 def png_size(png: bytes) -> tuple[int, int]:

@@ -42,8 +42,9 @@ class DrumsEnv(vf.Env[DrumsEnvConfig]):
             CURRENT.reset(token)
             await owner.aclose()
 
-    async def run_fork_group(self, task: vf.Task, agents: vf.Agents, owner: EpisodeDesktops,
-                             cfg: DrumsTasksetConfig) -> None:
+    async def run_fork_group(
+        self, task: vf.Task, agents: vf.Agents, owner: EpisodeDesktops, cfg: DrumsTasksetConfig
+    ) -> None:
         tcfg = task.config
         parent = await owner.create(task.data.drums_task, tcfg.idle_timeout_s)
         parent_id = desktop.env_id(parent)
@@ -52,7 +53,8 @@ class DrumsEnv(vf.Env[DrumsEnvConfig]):
         except Exception as exc:
             if desktop.is_invalid_episode(exc):
                 raise DrumsInvalidEpisode(
-                    drop_reason("parent-invalid", desktop.failed_gates(exc))) from exc
+                    drop_reason("parent-invalid", desktop.failed_gates(exc))
+                ) from exc
             raise
         if desktop.field(report, "valid") is False:
             raise DrumsInvalidEpisode(drop_reason("parent-invalid", desktop.failed_gates(report)))
@@ -60,15 +62,15 @@ class DrumsEnv(vf.Env[DrumsEnvConfig]):
             await desktop.step(parent, dict(action))
         if cfg.settle_s:
             await asyncio.sleep(cfg.settle_s)
-        log.info("episode parent=%s prefix=%d forking %d", parent_id, len(cfg.prefix),
-                 cfg.fork_n)
+        log.info("episode parent=%s prefix=%d forking %d", parent_id, len(cfg.prefix), cfg.fork_n)
         async with desktop.fork(parent, cfg.fork_n) as children:
             async with asyncio.TaskGroup() as group:
                 for index, child in enumerate(children):
                     group.create_task(self.play_child(task, agents, child, parent_id, index))
 
-    async def play_child(self, task: vf.Task, agents: vf.Agents, child: Any, parent: str,
-                         index: int) -> None:
+    async def play_child(
+        self, task: vf.Task, agents: vf.Agents, child: Any, parent: str, index: int
+    ) -> None:
         # Set inside the child's own asyncio task so each rollout sees only its seat.
         SEAT.set(ForkSeat(env=child, parent=parent, index=index))
         await agents.agent.run(task)

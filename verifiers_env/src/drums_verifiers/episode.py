@@ -33,7 +33,8 @@ class ForkSeat:
 
 
 CURRENT: contextvars.ContextVar[EpisodeDesktops | None] = contextvars.ContextVar(
-    "drums_episode", default=None)
+    "drums_episode", default=None
+)
 SEAT: contextvars.ContextVar[ForkSeat | None] = contextvars.ContextVar("drums_seat", default=None)
 
 
@@ -60,8 +61,11 @@ class EpisodeDesktops:
     async def create(self, task: str | dict[str, Any], idle_timeout_s: float) -> Any:
         env = await desktop.create_env(await self.client(), task, idle_timeout_s)
         self._owned.append(env)
-        log.info("created env=%s task=%s", desktop.env_id(env),
-                 task if isinstance(task, str) else task.get("id"))
+        log.info(
+            "created env=%s task=%s",
+            desktop.env_id(env),
+            task if isinstance(task, str) else task.get("id"),
+        )
         return env
 
     async def _close(self) -> None:
@@ -73,8 +77,11 @@ class EpisodeDesktops:
                 await asyncio.wait_for(desktop.close_env(env), CLOSE_TIMEOUT_S)
                 log.info("closed env=%s", desktop.env_id(env))
             except Exception:
-                log.warning("closing env=%s failed; its idle lease will reap it",
-                            desktop.env_id(env), exc_info=True)
+                log.warning(
+                    "closing env=%s failed; its idle lease will reap it",
+                    desktop.env_id(env),
+                    exc_info=True,
+                )
         self._owned.clear()
         self.by_trace.clear()
         if self._client is not None:

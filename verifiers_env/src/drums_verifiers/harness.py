@@ -63,8 +63,18 @@ class DrumsChatHarness(vf.Harness[DrumsHarnessConfig]):
     ) -> vf.ProgramResult:
         system_prompt, prompt = self.resolve_prompt(data)
         return await launch_chat_program(
-            PROGRAM, self.config, ctx, trace, runtime, endpoint, secret, mcp_urls,
-            system_prompt, prompt,
-            extra_args=[f"--visual-window={self.window(data)}",
-                        f"--max-steps={self.config.max_steps}"],
+            PROGRAM,
+            self.config,
+            ctx,
+            trace,
+            runtime,
+            endpoint,
+            secret,
+            mcp_urls,
+            system_prompt,
+            prompt,
+            extra_args=[
+                f"--visual-window={self.window(data)}",
+                f"--max-steps={self.config.max_steps}",
+            ],
         )

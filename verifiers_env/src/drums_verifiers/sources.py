@@ -47,14 +47,13 @@ def read_tasks_jsonl(path: Path) -> Iterator[TaskRef]:
 def from_daemon_ids(ids: list[str], known: list[dict[str, Any]]) -> Iterator[TaskRef]:
     """`known` is the daemon's task list; '*' takes every supported task, in its order."""
     by_id = {str(t.get("id")): t for t in known}
-    wanted = [str(t.get("id")) for t in known if t.get("supported", True)] if ids == ["*"] \
-        else ids
+    wanted = [str(t.get("id")) for t in known if t.get("supported", True)] if ids == ["*"] else ids
     for task_id in wanted:
         info = by_id.get(task_id)
         if info is None:
-            raise KeyError(f"the daemon does not know task {task_id!r}; list them with "
-                           "GET /v1/tasks")
+            raise KeyError(
+                f"the daemon does not know task {task_id!r}; list them with GET /v1/tasks"
+            )
         if not info.get("supported", True):
-            raise ValueError(f"task {task_id} is not supported on this host: "
-                             f"{info.get('reason')}")
+            raise ValueError(f"task {task_id} is not supported on this host: {info.get('reason')}")
         yield TaskRef(ref=task_id, id=task_id, instruction=str(info.get("instruction", "")))

@@ -78,12 +78,18 @@ def png_data_url(png: bytes) -> str:
 
 
 def opening_prompt(instruction: str, png: bytes, shown: tuple[int, int]) -> list[vf.Message]:
-    text = (f"{instruction}\n\nThe screenshot below is {shown[0]}x{shown[1]} pixels; "
-            "give coordinates in that space.")
-    return [vf.UserMessage(content=[
-        vf.TextContentPart(text=text),
-        vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url=png_data_url(png))),
-    ])]
+    text = (
+        f"{instruction}\n\nThe screenshot below is {shown[0]}x{shown[1]} pixels; "
+        "give coordinates in that space."
+    )
+    return [
+        vf.UserMessage(
+            content=[
+                vf.TextContentPart(text=text),
+                vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url=png_data_url(png))),
+            ]
+        )
+    ]
 
 
 def write_record(line: dict[str, Any]) -> None:
@@ -130,8 +136,9 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         except Exception as exc:
             if not desktop.is_invalid_episode(exc):
                 raise
-            self._drop_at_start(trace, base, getattr(exc, "verdict", None) or "invalid",
-                                desktop.failed_gates(exc))
+            self._drop_at_start(
+                trace, base, getattr(exc, "verdict", None) or "invalid", desktop.failed_gates(exc)
+            )
         if desktop.field(report, "valid") is False:
             self._drop_at_start(trace, base, "invalid", desktop.failed_gates(report))
         obs = await desktop.observe(env)
@@ -143,8 +150,9 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         trace.task.data = trace.task.data.model_copy(update={"prompt": prompt})
         log.info("rollout=%s env=%s ready (%dx%d)", trace.id, state.env_id, width, height)
 
-    def _drop_at_start(self, trace: vf.Trace, base: verdict.Verdict, kind: str,
-                       failed: list[str]) -> None:
+    def _drop_at_start(
+        self, trace: vf.Trace, base: verdict.Verdict, kind: str, failed: list[str]
+    ) -> None:
         base.verdict, base.valid, base.failed_gates = kind, False, failed
         base.dropped = verdict.drop_reason(kind, failed)
         trace.info["drums"] = base.to_info()
@@ -171,8 +179,14 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
                 base.checker_error = f"{type(exc).__name__}: {exc}"
                 base.error = f"checker failed: {base.checker_error}"
             elif desktop.is_invalid_episode(exc):
-                base = verdict.judge({"valid": False, "verdict": code or "invalid",
-                                      "failed_gates": desktop.failed_gates(exc)}, base)
+                base = verdict.judge(
+                    {
+                        "valid": False,
+                        "verdict": code or "invalid",
+                        "failed_gates": desktop.failed_gates(exc),
+                    },
+                    base,
+                )
             else:
                 base.error = f"daemon failed during verify: {code or type(exc).__name__}: {exc}"
             trace.info["drums"] = base.to_info()
@@ -221,6 +235,7 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
             return reward
         finally:
             errors = [e for e in (judged.dropped, judged.error) if e]
-            write_record(verdict.record_line(trace.id, self.key, judged, reward,
-                                             reward is not None, errors))
+            write_record(
+                verdict.record_line(trace.id, self.key, judged, reward, reward is not None, errors)
+            )
             await release_private(trace.id)

@@ -20,9 +20,17 @@ def daemon_tasks(config: DrumsTasksetConfig) -> list[dict[str, Any]]:
     daemon.check_token_file()
     with sdk().connect(url=daemon.url, token_file=str(daemon.token_file)) as client:
         tasks = client.tasks()
-    return [t if isinstance(t, dict) else {
-        "id": field(t, "id"), "instruction": field(t, "instruction", ""),
-        "supported": field(t, "supported", True), "reason": field(t, "reason")} for t in tasks]
+    return [
+        t
+        if isinstance(t, dict)
+        else {
+            "id": field(t, "id"),
+            "instruction": field(t, "instruction", ""),
+            "supported": field(t, "supported", True),
+            "reason": field(t, "reason"),
+        }
+        for t in tasks
+    ]
 
 
 class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
@@ -31,7 +39,8 @@ class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
         if not (cfg.task_ids or cfg.task_dir or cfg.tasks_jsonl):
             raise ValueError(
                 "drums-verifiers has no tasks: set --env.taskset.task-ids (daemon task ids, or "
-                "'*'), --env.taskset.task-dir (OSWorld JSON) or --env.taskset.tasks-jsonl")
+                "'*'), --env.taskset.task-dir (OSWorld JSON) or --env.taskset.tasks-jsonl"
+            )
         if cfg.task_ids:
             yield from sources.from_daemon_ids(cfg.task_ids, daemon_tasks(cfg))
         if cfg.task_dir:

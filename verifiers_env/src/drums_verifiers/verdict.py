@@ -101,8 +101,20 @@ def enforce(v: Verdict) -> float:
     return float(v.score)
 
 
-def record_line(trace_id: str, task_key: str | None, v: Verdict, reward: float | None,
-                ok: bool, errors: list[str]) -> dict[str, Any]:
+def record_line(
+    trace_id: str,
+    task_key: str | None,
+    v: Verdict,
+    reward: float | None,
+    ok: bool,
+    errors: list[str],
+) -> dict[str, Any]:
     """One line of DRUMS_RECORD: enough to audit a run without opening the traces."""
-    return {"trace": trace_id, "task": task_key, "reward": reward, "ok": ok,
-            "errors": errors, "drums": v.to_info()}
+    return {
+        "trace": trace_id,
+        "task": task_key,
+        "reward": reward,
+        "ok": ok,
+        "errors": errors,
+        "drums": v.to_info(),
+    }

@@ -25,9 +25,22 @@ def dump_argv(
     log: str = "dump.log",
 ) -> list[str]:
     argv = [
-        str(criu), "dump", "-t", str(pid), "-D", str(images), "-o", log, "-v4",
-        "--network-lock", "skip", "--file-locks", "--ghost-limit", GHOST_LIMIT,
-        "--action-script", str(script),
+        str(criu),
+        "dump",
+        "-t",
+        str(pid),
+        "-D",
+        str(images),
+        "-o",
+        log,
+        "-v4",
+        "--network-lock",
+        "skip",
+        "--file-locks",
+        "--ghost-limit",
+        GHOST_LIMIT,
+        "--action-script",
+        str(script),
     ]
     if leave_running:
         argv.append("--leave-running")
@@ -48,9 +61,22 @@ def restore_argv(
     log: str = "restore.log",
 ) -> list[str]:
     argv = [
-        str(criu), "restore", "-D", str(images), "-W", str(work), "-o", log,
-        "--root", str(root), "--restore-detached", "--restore-sibling",
-        "--pidfile", str(pidfile), "--file-locks", "--manage-cgroups=ignore",
+        str(criu),
+        "restore",
+        "-D",
+        str(images),
+        "-W",
+        str(work),
+        "-o",
+        log,
+        "--root",
+        str(root),
+        "--restore-detached",
+        "--restore-sibling",
+        "--pidfile",
+        str(pidfile),
+        "--file-locks",
+        "--manage-cgroups=ignore",
     ]
     if leave_stopped:
         argv.append("--leave-stopped")

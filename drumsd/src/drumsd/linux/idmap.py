@@ -92,14 +92,14 @@ def decode_userns_image(data: bytes) -> UsernsImage:
     """CRIU image: 8 bytes of magic, a u32 size, one UsernsEntry (repeated uid_map = 1,
     gid_map = 2, each an extent {first = 1, lower_first = 2, count = 3})."""
     size = int.from_bytes(data[8:12], "little")
-    body = data[12:12 + size]
+    body = data[12 : 12 + size]
     uid: list[tuple[int, int, int]] = []
     gid: list[tuple[int, int, int]] = []
     i = 0
     while i < len(body):
         key, i = _read_varint(body, i)
         length, i = _read_varint(body, i)
-        extent = _decode_extent(body[i:i + length])
+        extent = _decode_extent(body[i : i + length])
         i += length
         (uid if key >> 3 == 1 else gid).append(extent)
     return UsernsImage(data[:8], tuple(uid), tuple(gid))
@@ -184,15 +184,24 @@ def idmapped_bind(src: Path, dst: Path, ns_fd: int, *, readonly: bool) -> None:
     """Bind `src` at `dst` seen through the id map of user namespace `ns_fd` (util-linux 2.38's
     `mount -o X-mount.idmap` silently ignores the option, so the syscalls are called here)."""
     fd = _check(
-        _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, str(src).encode(),
-                      _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC),
+        _libc.syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, str(src).encode(), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC
+        ),
         f"open_tree {src}",
     )
     try:
         attr = _MountAttr(MOUNT_ATTR_IDMAP | (MOUNT_ATTR_RDONLY if readonly else 0), 0, 0, ns_fd)
-        _check(_libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr),
-                             ctypes.sizeof(attr)), f"mount_setattr idmap {src}")
-        _check(_libc.syscall(_SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, str(dst).encode(),
-                             _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {src} -> {dst}")
+        _check(
+            _libc.syscall(
+                _SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), ctypes.sizeof(attr)
+            ),
+            f"mount_setattr idmap {src}",
+        )
+        _check(
+            _libc.syscall(
+                _SYS_MOVE_MOUNT, fd, b"", _AT_FDCWD, str(dst).encode(), _MOVE_MOUNT_F_EMPTY_PATH
+            ),
+            f"move_mount {src} -> {dst}",
+        )
     finally:
         os.close(fd)

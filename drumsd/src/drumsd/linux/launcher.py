@@ -62,8 +62,12 @@ class Launcher:
             try:
                 with open(job.log, "ab") as log:
                     proc = subprocess.Popen(
-                        list(job.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                        close_fds=True, env=job.env,
+                        list(job.argv),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        close_fds=True,
+                        env=job.env,
                     )
                 # A criu fed a broken image can spin forever: bound it, then kill it (the
                 # caller kills what it restored, through the slot's cgroups).
@@ -80,8 +84,12 @@ class Launcher:
                 # does not depend on what else the host runs.
                 _, status, usage = os.wait4(proc.pid, 0)
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                job.result = Finished(proc.returncode, time.monotonic() - t0,
-                                      usage.ru_utime + usage.ru_stime, timed_out)
+                job.result = Finished(
+                    proc.returncode,
+                    time.monotonic() - t0,
+                    usage.ru_utime + usage.ru_stime,
+                    timed_out,
+                )
             except BaseException as exc:  # delivered to the awaiting task
                 job.result = exc
             try:
@@ -90,7 +98,10 @@ class Launcher:
                 pass
 
     async def run(
-        self, argv: Sequence[str], log: Path, env: dict[str, str] | None = None,
+        self,
+        argv: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Finished:
         job = _Job(argv, log, env, timeout_s, trio.Event(), trio.lowlevel.current_trio_token())

@@ -154,30 +154,59 @@ def plan_stage1(root: str, tmpfs_mib: int, userns: bool = True) -> list[MountOp]
         ops.append(MountOp("rebind_cwd", root))
     ops += [
         MountOp("mkdir", f"{root}/proc"),
-        MountOp("mount", f"{root}/proc", source="proc", fstype="proc",
-                flags=sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC),
+        MountOp(
+            "mount",
+            f"{root}/proc",
+            source="proc",
+            fstype="proc",
+            flags=sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC,
+        ),
         MountOp("mkdir", dev),
     ]
     if not userns:
-        ops.append(MountOp("mount", dev, source="drums-dev", fstype="tmpfs",
-                           flags=sc.MS_NOSUID | sc.MS_NOEXEC, data="size=64k,mode=755"))
-        ops += [MountOp("mknod", f"{dev}/{n}", mode=0o666, dev=(ma, mi))
-                for n, ma, mi in DEVICES]
+        ops.append(
+            MountOp(
+                "mount",
+                dev,
+                source="drums-dev",
+                fstype="tmpfs",
+                flags=sc.MS_NOSUID | sc.MS_NOEXEC,
+                data="size=64k,mode=755",
+            )
+        )
+        ops += [MountOp("mknod", f"{dev}/{n}", mode=0o666, dev=(ma, mi)) for n, ma, mi in DEVICES]
     ops += [
         MountOp("mkdir", f"{dev}/pts"),
-        MountOp("mount", f"{dev}/pts", source="devpts", fstype="devpts",
-                flags=sc.MS_NOSUID | sc.MS_NOEXEC,
-                data="newinstance,ptmxmode=0666,mode=620,gid=5"),
+        MountOp(
+            "mount",
+            f"{dev}/pts",
+            source="devpts",
+            fstype="devpts",
+            flags=sc.MS_NOSUID | sc.MS_NOEXEC,
+            data="newinstance,ptmxmode=0666,mode=620,gid=5",
+        ),
         MountOp("mkdir", f"{dev}/shm", mode=0o1777),
-        MountOp("mount", f"{dev}/shm", source="shm", fstype="tmpfs",
-                flags=sc.MS_NOSUID | sc.MS_NODEV, data=f"size={tmpfs_mib}m,mode=1777"),
+        MountOp(
+            "mount",
+            f"{dev}/shm",
+            source="shm",
+            fstype="tmpfs",
+            flags=sc.MS_NOSUID | sc.MS_NODEV,
+            data=f"size={tmpfs_mib}m,mode=1777",
+        ),
     ]
     if not userns:
         ops += [MountOp("symlink", f"{dev}/{name}", source=to) for name, to in DEV_LINKS]
     ops += [
         MountOp("mkdir", f"{root}/tmp", mode=0o1777),
-        MountOp("mount", f"{root}/tmp", source="tmp", fstype="tmpfs",
-                flags=sc.MS_NOSUID | sc.MS_NODEV, data=f"size={tmpfs_mib}m,mode=1777"),
+        MountOp(
+            "mount",
+            f"{root}/tmp",
+            source="tmp",
+            fstype="tmpfs",
+            flags=sc.MS_NOSUID | sc.MS_NODEV,
+            data=f"size={tmpfs_mib}m,mode=1777",
+        ),
         MountOp("pivot_root", root),
     ]
     return ops
@@ -223,8 +252,11 @@ def apply(plan: Iterable[MountOp]) -> None:
 
 
 def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace(
-        "\\134", "\\"
+    return (
+        field.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
     )
 
 

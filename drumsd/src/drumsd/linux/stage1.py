@@ -33,20 +33,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tmpfs-mib", type=int, default=1024)
     p.add_argument("--hostname", default="drums")
     p.add_argument("--init", default=DESKTOP_INIT)
-    p.add_argument("--init-arg", action="append", default=[],
-                   help="an argument for the desktop init (repeat; use --init-arg=--app)")
+    p.add_argument(
+        "--init-arg",
+        action="append",
+        default=[],
+        help="an argument for the desktop init (repeat; use --init-arg=--app)",
+    )
     p.add_argument("--log", default="/var/log/desktop-init.log", help="inside the slot")
-    p.add_argument("--uid-base", type=int, default=None,
-                   help="hardened: map in-slot ids 0..65535 to host ids from this base")
-    p.add_argument("--no-userns", action="store_true",
-                   help="no user namespace: /dev becomes a tmpfs with mknod'ed nodes")
+    p.add_argument(
+        "--uid-base",
+        type=int,
+        default=None,
+        help="hardened: map in-slot ids 0..65535 to host ids from this base",
+    )
+    p.add_argument(
+        "--no-userns",
+        action="store_true",
+        help="no user namespace: /dev becomes a tmpfs with mknod'ed nodes",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the mount plan and exit")
     return p.parse_args(argv)
 
 
 IDENTITY_MAP = "0 0 4294967295\n"
-NS_FLAGS = (syscalls.CLONE_NEWNS | syscalls.CLONE_NEWPID | syscalls.CLONE_NEWNET
-            | syscalls.CLONE_NEWIPC | syscalls.CLONE_NEWUTS)
+NS_FLAGS = (
+    syscalls.CLONE_NEWNS
+    | syscalls.CLONE_NEWPID
+    | syscalls.CLONE_NEWNET
+    | syscalls.CLONE_NEWIPC
+    | syscalls.CLONE_NEWUTS
+)
 
 
 def _wait_and_exit(pid: int) -> None:

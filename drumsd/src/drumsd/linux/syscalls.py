@@ -102,12 +102,19 @@ def rebind_cwd() -> None:
     made here is ours, and fchdir reaches it without a path walk."""
     here = os.open(".", os.O_PATH | os.O_CLOEXEC)
     try:
-        clone = _libc.syscall(_SYS_OPEN_TREE, -100, b".",
-                              _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE)
+        clone = _libc.syscall(
+            _SYS_OPEN_TREE, -100, b".", _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE
+        )
         _check(0 if clone >= 0 else -1, "open_tree . (clone)")
         try:
-            ret = _libc.syscall(_SYS_MOVE_MOUNT, clone, b"", here, b"",
-                                _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH)
+            ret = _libc.syscall(
+                _SYS_MOVE_MOUNT,
+                clone,
+                b"",
+                here,
+                b"",
+                _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH,
+            )
             _check(0 if ret == 0 else -1, "move_mount clone onto .")
             os.fchdir(clone)
         finally:

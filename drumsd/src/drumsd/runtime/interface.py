@@ -120,9 +120,7 @@ class SlotRuntime(Protocol):
 
     async def screenshot(self, handle: SlotHandle) -> bytes: ...
 
-    async def capture(
-        self, handle: SlotHandle, checkpoint_id: str, dest: Path
-    ) -> CheckpointRef:
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         """Dump the running tree (left running) and snapshot the upper layer while frozen."""
         ...
 

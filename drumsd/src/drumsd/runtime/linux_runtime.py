@@ -208,7 +208,9 @@ def _read_owner_record(d: Path) -> dict[str, Any]:
 
 
 def _write_owner(
-    paths: mounts.SlotPaths, owner: str | None, uid_index: int | None = None,
+    paths: mounts.SlotPaths,
+    owner: str | None,
+    uid_index: int | None = None,
     init: tuple[int, int] | None = None,
 ) -> None:
     """owner.json: who the instance serves, hardened its uid range, and its init (pid,
@@ -286,8 +288,12 @@ class LinuxRuntime:
         self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
         self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
         self._userns_fds: dict[int, int] = {}
-        self.stats: dict[str, int] = {"spare_hits": 0, "spare_misses": 0, "restores": 0,
-                                      "restore_retries": 0}
+        self.stats: dict[str, int] = {
+            "spare_hits": 0,
+            "spare_misses": 0,
+            "restores": 0,
+            "restore_retries": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -396,9 +402,15 @@ class LinuxRuntime:
             fd = self._userns_fds[index] = idmap.userns_fd(idmap.range_map(index))
         return fd
 
-    def _prepare_fs(self, iid: str, owner: str, upper_src: Path | None,
-                    lower: Sequence[Path], tmpfs_mib: int,
-                    uid_index: int | None = None) -> mounts.SlotPaths:
+    def _prepare_fs(
+        self,
+        iid: str,
+        owner: str,
+        upper_src: Path | None,
+        lower: Sequence[Path],
+        tmpfs_mib: int,
+        uid_index: int | None = None,
+    ) -> mounts.SlotPaths:
         """The instance's tmpfs with a copy of the upper snapshot and the overlay root. Hardened:
         the image and the tmpfs are seen through idmapped binds of the slot's uid range (files
         on disk keep in-slot ids) and the overlay is mounted acting as the range's root."""
@@ -426,7 +438,8 @@ class LinuxRuntime:
             opts = mounts.overlay_options(mapped, rwi / "upper", rwi / "work")
             proc = subprocess.run(
                 overlay_as_argv(self._helper, idmap.uid_base(uid_index), paths.root, opts),
-                capture_output=True, text=True,
+                capture_output=True,
+                text=True,
             )
             if proc.returncode != 0:
                 raise OSError(f"overlay for {iid} failed: {proc.stderr.strip()}")
@@ -486,10 +499,17 @@ class LinuxRuntime:
             cache = self.state_dir / "images"
             cache.mkdir(parents=True, exist_ok=True)
             if mounts.fs_type_of(cache) != "tmpfs":
-                mounts.apply([mounts.MountOp(
-                    "mount", str(cache), source="drums-images", fstype="tmpfs",
-                    data=f"size={self.config.images_tmpfs_mib}m,mode=700",
-                )])
+                mounts.apply(
+                    [
+                        mounts.MountOp(
+                            "mount",
+                            str(cache),
+                            source="drums-images",
+                            fstype="tmpfs",
+                            data=f"size={self.config.images_tmpfs_mib}m,mode=700",
+                        )
+                    ]
+                )
             dest = cache / key
             if not dest.exists():
                 tmp = cache / f"{key}.tmp"
@@ -502,8 +522,13 @@ class LinuxRuntime:
     # ------------------------------------------------------------------ restore
 
     async def _restore_instance(
-        self, owner: str, checkpoint: CheckpointRef, limits: SlotLimits, *,
-        prepared: _Prepared | None = None, freeze: bool = False,
+        self,
+        owner: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        prepared: _Prepared | None = None,
+        freeze: bool = False,
     ) -> _Instance:
         """Restore one tree. Retries failures that happened before any restored task ran."""
         self._require_running()
@@ -512,8 +537,12 @@ class LinuxRuntime:
         for attempt in range(1, self.config.max_attempts + 1):
             t_fs = time.monotonic()
             if prepared is not None and prepared.checkpoint_id == checkpoint.id:
-                iid, paths, index, prepared = (prepared.iid, prepared.paths, prepared.uid_index,
-                                               None)
+                iid, paths, index, prepared = (
+                    prepared.iid,
+                    prepared.paths,
+                    prepared.uid_index,
+                    None,
+                )
                 await trio.to_thread.run_sync(_write_owner, paths, owner)
             else:
                 if prepared is not None:
@@ -525,15 +554,28 @@ class LinuxRuntime:
                 with trio.CancelScope(shield=True):
                     try:
                         paths = await trio.to_thread.run_sync(
-                            self._prepare_fs, iid, owner, checkpoint.dir / "upper", lower,
-                            limits.tmpfs_mib, index,
+                            self._prepare_fs,
+                            iid,
+                            owner,
+                            checkpoint.dir / "upper",
+                            lower,
+                            limits.tmpfs_mib,
+                            index,
                         )
                     except BaseException:
                         if index is not None:
                             self._ranges.discard(index)
                         raise
-            inst = _Instance(iid, paths, {}, checkpoint.id, lower, attempts=attempt,
-                             image_sha256=checkpoint.image_sha256, uid_index=index)
+            inst = _Instance(
+                iid,
+                paths,
+                {},
+                checkpoint.id,
+                lower,
+                attempts=attempt,
+                image_sha256=checkpoint.image_sha256,
+                uid_index=index,
+            )
             inst.phases["fs"] = round(time.monotonic() - t_fs, 4)
             try:
                 images = await self._images_for(checkpoint, index)
@@ -571,23 +613,32 @@ class LinuxRuntime:
         work = inst.paths.rw / "criu"
         pidfile = work / "pid"
         argv = helper_argv(
-            self._helper, self.driver.procs_files(inst.cgroups), self.config.ksm,
+            self._helper,
+            self.driver.procs_files(inst.cgroups),
+            self.config.ksm,
             criu.restore_argv(self.config.criu, images, work, inst.paths.root, pidfile),
         )
         t0 = time.monotonic()
         async with self.restore_limiter:
             t_criu = time.monotonic()
-            done = await self._launcher.run(argv, work / "criu.out",
-                                            timeout_s=self.config.restore_timeout_s)
+            done = await self._launcher.run(
+                argv, work / "criu.out", timeout_s=self.config.restore_timeout_s
+            )
         inst.phases["queue"] = round(t_criu - t0, 4)
         inst.phases["criu"] = round(time.monotonic() - t_criu, 4)
         inst.phases["criu_cpu"] = round(done.cpu_s, 4)
         if done.returncode != 0 or not pidfile.exists():
-            errors = criu.log_errors((work / "restore.log").read_text(errors="replace")
-                                     if (work / "restore.log").exists() else "")
+            errors = criu.log_errors(
+                (work / "restore.log").read_text(errors="replace")
+                if (work / "restore.log").exists()
+                else ""
+            )
             out = criu.tail(work / "criu.out", 3)
-            inst.error = (f"criu restore timed out after {self.config.restore_timeout_s} s"
-                          if done.timed_out else f"criu exit {done.returncode}: {errors or out}")
+            inst.error = (
+                f"criu restore timed out after {self.config.restore_timeout_s} s"
+                if done.timed_out
+                else f"criu exit {done.returncode}: {errors or out}"
+            )
             return False
         inst.pid = int(pidfile.read_text().strip())
         inst.pidfd = os.pidfd_open(inst.pid)
@@ -606,9 +657,7 @@ class LinuxRuntime:
                     with contextlib.suppress(cgroups.CgroupError):
                         self.driver.set_cpu(inst.cgroups, limits.vcpus)
         inst.restore_s = time.monotonic() - t0
-        inst.phases["agent"] = round(
-            inst.restore_s - inst.phases["queue"] - inst.phases["criu"], 4
-        )
+        inst.phases["agent"] = round(inst.restore_s - inst.phases["queue"] - inst.phases["criu"], 4)
         # The restorer runs in the restored tasks: their CPU so far is the rest of the cost.
         ticks = sum(t for _, _, t in procfs.activity(self.driver.pids(inst.cgroups)))
         inst.phases["restore_cpu"] = round(done.cpu_s + ticks / os.sysconf("SC_CLK_TCK"), 4)
@@ -638,16 +687,22 @@ class LinuxRuntime:
         last: Exception | None = None
         while trio.current_time() < deadline:
             if inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime):
-                raise RuntimeError_("restore_failed", f"slot init {inst.pid} exited before "
-                                    "its agent answered; see the desktop-init log in the slot")
+                raise RuntimeError_(
+                    "restore_failed",
+                    f"slot init {inst.pid} exited before "
+                    "its agent answered; see the desktop-init log in the slot",
+                )
             try:
                 await self._agent_raw(inst, {"op": "ping"}, 1.0)
                 return
             except agent_client.AgentError as exc:
                 last = exc
             await trio.sleep(0.003)
-        raise RuntimeError_("timeout", f"agent of instance {inst.iid} did not answer within "
-                            f"{timeout_s} s ({last}); the desktop may have failed to start")
+        raise RuntimeError_(
+            "timeout",
+            f"agent of instance {inst.iid} did not answer within "
+            f"{timeout_s} s ({last}); the desktop may have failed to start",
+        )
 
     # ------------------------------------------------------------------ teardown
 
@@ -679,6 +734,7 @@ class LinuxRuntime:
                 if inst.watched:
                     with trio.move_on_after(5):
                         await inst.exited.wait()
+
         if background and self._nursery is not None:
             self._nursery.start_soon(go)
         else:
@@ -698,24 +754,36 @@ class LinuxRuntime:
             namespaces=procfs.namespaces(inst.pid),
             restore_s=inst.restore_s,
             attempts=inst.attempts,
-            extra={"iid": inst.iid, "lower": [str(p) for p in inst.lower], "spare": spare,
-                   "cgroup_version": self.driver.version, "profile": self.config.profile,
-                   "image_sha256": inst.image_sha256, "phases": dict(inst.phases),
-                   "uid_index": inst.uid_index,
-                   "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index)},
+            extra={
+                "iid": inst.iid,
+                "lower": [str(p) for p in inst.lower],
+                "spare": spare,
+                "cgroup_version": self.driver.version,
+                "profile": self.config.profile,
+                "image_sha256": inst.image_sha256,
+                "phases": dict(inst.phases),
+                "uid_index": inst.uid_index,
+                "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index),
+            },
         )
 
     def _inst(self, handle: SlotHandle) -> _Instance:
         inst = self._slots.get(handle.slot_id)
         if inst is None or inst.pid != handle.init_pid:
-            raise RuntimeError_("runtime_error", f"slot {handle.slot_id} (pid {handle.init_pid})"
-                                " is not served by this runtime; adopt() it or create it again")
+            raise RuntimeError_(
+                "runtime_error",
+                f"slot {handle.slot_id} (pid {handle.init_pid})"
+                " is not served by this runtime; adopt() it or create it again",
+            )
         return inst
 
     def _check_lower(self, checkpoint: CheckpointRef) -> None:
         if not checkpoint.lower.is_dir():
-            raise RuntimeError_("restore_failed", f"checkpoint {checkpoint.id}: lower layer "
-                                f"{checkpoint.lower} is missing; rebuild the image")
+            raise RuntimeError_(
+                "restore_failed",
+                f"checkpoint {checkpoint.id}: lower layer "
+                f"{checkpoint.lower} is missing; rebuild the image",
+            )
 
     # ------------------------------------------------------------------ SlotRuntime
 
@@ -724,16 +792,24 @@ class LinuxRuntime:
     ) -> SlotHandle:
         self._check_lower(checkpoint)
         if slot_id in self._slots:
-            raise RuntimeError_("invalid_request", f"slot {slot_id} already exists; reset or "
-                                "destroy it first")
+            raise RuntimeError_(
+                "invalid_request", f"slot {slot_id} already exists; reset or destroy it first"
+            )
         inst = await self._claim_spare(slot_id, checkpoint, limits)
         spare = inst is not None
         if inst is None:
             inst = await self._restore_instance(f"slot:{slot_id}", checkpoint, limits)
         self._slots[slot_id] = inst
         self._after_restore(slot_id, checkpoint, limits)
-        _log("restored", slot=slot_id, iid=inst.iid, pid=inst.pid, spare=spare,
-             restore_s=f"{inst.restore_s:.3f}", attempts=inst.attempts)
+        _log(
+            "restored",
+            slot=slot_id,
+            iid=inst.iid,
+            pid=inst.pid,
+            spare=spare,
+            restore_s=f"{inst.restore_s:.3f}",
+            attempts=inst.attempts,
+        )
         return self._handle(slot_id, inst, spare)
 
     async def reset(
@@ -757,8 +833,14 @@ class LinuxRuntime:
             raise
         self._slots[handle.slot_id] = inst
         self._after_restore(handle.slot_id, checkpoint, limits)
-        _log("reset", slot=handle.slot_id, iid=inst.iid, pid=inst.pid, spare=spare,
-             restore_s=f"{inst.restore_s:.3f}")
+        _log(
+            "reset",
+            slot=handle.slot_id,
+            iid=inst.iid,
+            pid=inst.pid,
+            spare=spare,
+            restore_s=f"{inst.restore_s:.3f}",
+        )
         return self._handle(handle.slot_id, inst, spare)
 
     def _after_restore(self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
@@ -771,8 +853,13 @@ class LinuxRuntime:
         try:
             with trio.CancelScope(shield=True):
                 paths = await trio.to_thread.run_sync(
-                    self._prepare_fs, iid, f"warm:{slot_id}", checkpoint.dir / "upper",
-                    (checkpoint.lower,), limits.tmpfs_mib, index,
+                    self._prepare_fs,
+                    iid,
+                    f"warm:{slot_id}",
+                    checkpoint.dir / "upper",
+                    (checkpoint.lower,),
+                    limits.tmpfs_mib,
+                    index,
                 )
         except OSError as exc:
             if index is not None:
@@ -796,8 +883,9 @@ class LinuxRuntime:
                 await self._dispose(inst, background=False)
             await self._drop_warm(slot_id)
             # Leftovers of this slot from a previous daemon (not in memory).
-            await trio.to_thread.run_sync(self._sweep_owned_by, {f"slot:{slot_id}",
-                                                                f"warm:{slot_id}"})
+            await trio.to_thread.run_sync(
+                self._sweep_owned_by, {f"slot:{slot_id}", f"warm:{slot_id}"}
+            )
 
     async def _agent_raw(
         self, inst: _Instance, request: dict[str, Any], timeout: float
@@ -815,8 +903,11 @@ class LinuxRuntime:
             if exc.code in (agent_client.UNREACHABLE, "failed") and not procfs.is_same_process(
                 inst.pid, inst.starttime
             ):
-                raise RuntimeError_("runtime_error", f"slot {handle.slot_id} died ({exc.message})"
-                                    "; reset it", slot=handle.slot_id) from exc
+                raise RuntimeError_(
+                    "runtime_error",
+                    f"slot {handle.slot_id} died ({exc.message}); reset it",
+                    slot=handle.slot_id,
+                ) from exc
             raise RuntimeError_(_agent_code(exc.code), exc.message, slot=handle.slot_id) from exc
 
     async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
@@ -830,8 +921,9 @@ class LinuxRuntime:
         result = header.get("result") or {}
         output = None
         if "rc" in result:
-            output = CommandResult(int(result["rc"]), str(result.get("stdout", "")),
-                                   str(result.get("stderr", "")))
+            output = CommandResult(
+                int(result["rc"]), str(result.get("stdout", "")), str(result.get("stderr", ""))
+            )
         return StepOutcome(parsed.type, time.monotonic() - t0, output)
 
     async def screenshot(self, handle: SlotHandle) -> bytes:
@@ -846,32 +938,48 @@ class LinuxRuntime:
             command if isinstance(command, str) else list(command)
         )
         header, _ = await self._agent(handle, request, timeout_s + 5.0)
-        return CommandResult(int(header.get("rc", -1)), str(header.get("stdout", "")),
-                             str(header.get("stderr", "")))
+        return CommandResult(
+            int(header.get("rc", -1)), str(header.get("stdout", "")), str(header.get("stderr", ""))
+        )
 
     def _nsenter(self, inst: _Instance, argv: Sequence[str], uid: int | None = None) -> list[str]:
         ids = ["-S", str(uid), "-G", str(uid)] if uid is not None else []
         # -U: act as the slot's root (hardened: an unprivileged host uid), never as host root.
-        ns = ["nsenter", "-t", str(inst.pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w",
-              *ids]
-        return helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False,
-                           [shutil.which("nsenter") or "/usr/bin/nsenter", *ns[1:], "--", *argv])
+        ns = ["nsenter", "-t", str(inst.pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w", *ids]
+        return helper_argv(
+            self._helper,
+            self.driver.procs_files(inst.cgroups),
+            False,
+            [shutil.which("nsenter") or "/usr/bin/nsenter", *ns[1:], "--", *argv],
+        )
 
     async def _run_in_slot(
-        self, inst: _Instance, argv: Sequence[str], timeout_s: float, stdin: bytes = b"",
+        self,
+        inst: _Instance,
+        argv: Sequence[str],
+        timeout_s: float,
+        stdin: bytes = b"",
         uid: int | None = None,
     ) -> CommandResult:
         try:
             with trio.fail_after(timeout_s):
                 proc = await trio.run_process(
-                    self._nsenter(inst, argv, uid), stdin=stdin, capture_stdout=True,
-                    capture_stderr=True, check=False,
+                    self._nsenter(inst, argv, uid),
+                    stdin=stdin,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
                 )
         except trio.TooSlowError as exc:
-            raise RuntimeError_("timeout", f"command {list(argv)!r} in slot instance "
-                                f"{inst.iid} ran over {timeout_s} s") from exc
-        return CommandResult(proc.returncode, proc.stdout.decode(errors="replace"),
-                             proc.stderr.decode(errors="replace"))
+            raise RuntimeError_(
+                "timeout",
+                f"command {list(argv)!r} in slot instance {inst.iid} ran over {timeout_s} s",
+            ) from exc
+        return CommandResult(
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
 
     async def exec_trusted(
         self, handle: SlotHandle, command: str, timeout_s: float
@@ -883,8 +991,11 @@ class LinuxRuntime:
             handle, {"op": "read_file", "path": path, "max_bytes": max_bytes}, 30.0
         )
         if header.get("truncated"):
-            raise RuntimeError_("invalid_request", f"{path} in slot {handle.slot_id} is "
-                                f"{header.get('file_size')} bytes, over max_bytes={max_bytes}")
+            raise RuntimeError_(
+                "invalid_request",
+                f"{path} in slot {handle.slot_id} is "
+                f"{header.get('file_size')} bytes, over max_bytes={max_bytes}",
+            )
         return data
 
     async def write_file(
@@ -892,12 +1003,17 @@ class LinuxRuntime:
     ) -> None:
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
         res = await self._run_in_slot(
-            self._inst(handle), ["/bin/sh", "-c", script, "sh", path], 60.0, stdin=data,
+            self._inst(handle),
+            ["/bin/sh", "-c", script, "sh", path],
+            60.0,
+            stdin=data,
             uid=DESKTOP_UID if user else None,
         )
         if res.returncode != 0:
-            raise RuntimeError_("action_failed", f"writing {path} in slot {handle.slot_id} "
-                                f"failed: {res.stderr.strip()}")
+            raise RuntimeError_(
+                "action_failed",
+                f"writing {path} in slot {handle.slot_id} failed: {res.stderr.strip()}",
+            )
 
     async def facts(self, handle: SlotHandle) -> SlotFacts:
         inst = self._slots.get(handle.slot_id)
@@ -925,13 +1041,23 @@ class LinuxRuntime:
             except OSError:
                 uid_map = []
             return SlotFacts(
-                alive=alive, init_identity_ok=identity, limits_in_force=limits,
-                mounts=mountinfo, net_links=links, namespaces=procfs.namespaces(pid),
-                oom_kills=oom, pids=pids,
-                extra={"host_namespaces": procfs.namespaces("self"),
-                       "cgroup_version": self.driver.version, "cgroups": dirs,
-                       "profile": self.config.profile, "uid_map": uid_map},
+                alive=alive,
+                init_identity_ok=identity,
+                limits_in_force=limits,
+                mounts=mountinfo,
+                net_links=links,
+                namespaces=procfs.namespaces(pid),
+                oom_kills=oom,
+                pids=pids,
+                extra={
+                    "host_namespaces": procfs.namespaces("self"),
+                    "cgroup_version": self.driver.version,
+                    "cgroups": dirs,
+                    "profile": self.config.profile,
+                    "uid_map": uid_map,
+                },
             )
+
         return await trio.to_thread.run_sync(read)
 
     async def wait_exit(self, handle: SlotHandle) -> None:
@@ -966,56 +1092,83 @@ class LinuxRuntime:
     # ------------------------------------------------------------------ dump
 
     async def _dump(
-        self, inst: _Instance, checkpoint_id: str, dest: Path, image_sha256: str,
-        leave_running: bool, parent: str | None,
+        self,
+        inst: _Instance,
+        checkpoint_id: str,
+        dest: Path,
+        image_sha256: str,
+        leave_running: bool,
+        parent: str | None,
     ) -> CheckpointRef:
         assert self._launcher is not None
         if (dest / "images").exists():
-            raise RuntimeError_("invalid_request", f"{dest} already holds a checkpoint; pick a "
-                                "new checkpoint id or delete it")
+            raise RuntimeError_(
+                "invalid_request",
+                f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
+            )
         images, upper = dest / "images", dest / "upper"
         images.mkdir(parents=True)
         script = dest / "post-dump.sh"
         script.write_text(criu.action_script(inst.paths.upper, upper))
         script.chmod(0o700)
-        argv = criu.dump_argv(self.config.criu, inst.pid, images, script,
-                              leave_running=leave_running)
+        argv = criu.dump_argv(
+            self.config.criu, inst.pid, images, script, leave_running=leave_running
+        )
         t0 = time.monotonic()
         async with inst.gate.dump():
-            done = await self._launcher.run(argv, dest / "criu.out",
-                                            timeout_s=self.config.dump_timeout_s)
+            done = await self._launcher.run(
+                argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
+            )
         dump_s = time.monotonic() - t0
         if done.returncode != 0 or not upper.is_dir():
-            errors = criu.log_errors((images / "dump.log").read_text(errors="replace")
-                                     if (images / "dump.log").exists() else "")
+            errors = criu.log_errors(
+                (images / "dump.log").read_text(errors="replace")
+                if (images / "dump.log").exists()
+                else ""
+            )
             shutil.rmtree(dest, ignore_errors=True)
-            raise RuntimeError_("runtime_error", f"criu dump of instance {inst.iid} failed "
-                                f"(exit {done.returncode}): {errors}; is an agent connection or "
-                                "a host fd open in the tree?")
+            raise RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} failed "
+                f"(exit {done.returncode}): {errors}; is an agent connection or "
+                "a host fd open in the tree?",
+            )
         script.unlink()
         upper_sha = await trio.to_thread.run_sync(tree_sha256, upper)
         meta = {
-            "id": checkpoint_id, "lower": [str(p) for p in inst.lower],
-            "image_sha256": image_sha256, "upper_sha256": upper_sha, "parent": parent,
-            "profile": self.config.profile, "dump_s": round(dump_s, 3),
+            "id": checkpoint_id,
+            "lower": [str(p) for p in inst.lower],
+            "image_sha256": image_sha256,
+            "upper_sha256": upper_sha,
+            "parent": parent,
+            "profile": self.config.profile,
+            "dump_s": round(dump_s, 3),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "criu": str(self.config.criu),
         }
         (dest / "meta.json").write_text(json.dumps(meta, indent=1))
-        _log("dumped", iid=inst.iid, checkpoint=checkpoint_id, dump_s=f"{dump_s:.3f}",
-             leave_running=leave_running)
-        return CheckpointRef(checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha,
-                             self.config.profile)
+        _log(
+            "dumped",
+            iid=inst.iid,
+            checkpoint=checkpoint_id,
+            dump_s=f"{dump_s:.3f}",
+            leave_running=leave_running,
+        )
+        return CheckpointRef(
+            checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
+        )
 
-    async def capture(
-        self, handle: SlotHandle, checkpoint_id: str, dest: Path
-    ) -> CheckpointRef:
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         inst = self._inst(handle)
-        return await self._dump(inst, checkpoint_id, dest, inst.image_sha256, True,
-                                inst.checkpoint_id)
+        return await self._dump(
+            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id
+        )
 
     async def branch(
-        self, handle: SlotHandle, source: CheckpointRef, child_ids: Sequence[str],
+        self,
+        handle: SlotHandle,
+        source: CheckpointRef,
+        child_ids: Sequence[str],
         limits: SlotLimits,
     ) -> list[SlotHandle]:
         self._inst(handle)
@@ -1036,8 +1189,13 @@ class LinuxRuntime:
         return [results[c] for c in child_ids]
 
     async def make_template(
-        self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path,
-        *, apps: Sequence[str] = (),
+        self,
+        image_root: Path,
+        image_sha256: str,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        apps: Sequence[str] = (),
     ) -> CheckpointRef:
         """Cold boot: stage 1 in fresh namespaces, wait for the agent, the ready file, a window
         per app (`apps`: shell commands the desktop init starts, e.g. `libreoffice --calc`) and a
@@ -1048,8 +1206,12 @@ class LinuxRuntime:
         image_root = image_root.resolve()
         inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}", apps=apps)
         try:
-            ok = await self._quiescent(inst, self.config.quiesce_window_s,
-                                       self.config.quiesce_timeout_s, self.config.quiesce_poll_ms)
+            ok = await self._quiescent(
+                inst,
+                self.config.quiesce_window_s,
+                self.config.quiesce_timeout_s,
+                self.config.quiesce_poll_ms,
+            )
             if not ok:
                 _log("template_not_quiescent", checkpoint=checkpoint_id)
             ref = await self._dump(inst, checkpoint_id, dest, image_sha256, False, None)
@@ -1084,26 +1246,38 @@ class LinuxRuntime:
         try:
             inst.cgroups = await trio.to_thread.run_sync(self.driver.create, iid, limits)
             pkg_root = Path(__file__).resolve().parents[2]
-            stage1 = [sys.executable, "-m", "drumsd.linux.stage1", "--root", str(paths.root),
-                      "--tmpfs-mib", str(limits.tmpfs_mib), "--hostname", "drums"]
+            stage1 = [
+                sys.executable,
+                "-m",
+                "drumsd.linux.stage1",
+                "--root",
+                str(paths.root),
+                "--tmpfs-mib",
+                str(limits.tmpfs_mib),
+                "--hostname",
+                "drums",
+            ]
             if index is not None:
                 stage1 += ["--uid-base", str(idmap.uid_base(index))]
             for app in apps:
                 stage1 += ["--init-arg=--app", f"--init-arg={app}"]
-            argv = helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False,
-                               stage1)
+            argv = helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False, stage1)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(pkg_root)}
             t0 = time.monotonic()
             log = open(paths.rw / "criu" / "boot.out", "ab")
-            proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                    stderr=log, env=env)
+            proc = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env
+            )
             log.close()
             inst.boot_proc = proc
             deadline = trio.current_time() + 10
             while not (init := procfs.find_ns_init(proc.pid)):
                 if proc.returncode is not None or trio.current_time() > deadline:
-                    raise RuntimeError_("runtime_error", "stage1 did not start: "
-                                        + " | ".join(criu.tail(paths.rw / "criu/boot.out", 5)))
+                    raise RuntimeError_(
+                        "runtime_error",
+                        "stage1 did not start: "
+                        + " | ".join(criu.tail(paths.rw / "criu/boot.out", 5)),
+                    )
                 await trio.sleep(0.005)
             inst.pid = init
             inst.pidfd = os.pidfd_open(inst.pid)
@@ -1117,8 +1291,9 @@ class LinuxRuntime:
                 stage1_log = " | ".join(criu.tail(paths.rw / "criu" / "boot.out", 6))
                 init_log = " | ".join(criu.tail(paths.upper / "var/log/desktop-init.log", 6))
                 raise RuntimeError_(
-                    exc.code, f"{exc.message}; stage1: {stage1_log or '-'}; desktop-init: "
-                    f"{init_log or '-'}", image=str(image_root),
+                    exc.code,
+                    f"{exc.message}; stage1: {stage1_log or '-'}; desktop-init: {init_log or '-'}",
+                    image=str(image_root),
                 ) from exc
             ready = Path(f"/proc/{inst.pid}/root/{READY_FILE}")
             deadline = trio.current_time() + self.config.boot_timeout_s
@@ -1134,8 +1309,15 @@ class LinuxRuntime:
                     break
                 await trio.sleep(0.05)
             boot_s = time.monotonic() - t0
-            _log("cold_boot", owner=owner, iid=iid, pid=inst.pid, boot_s=f"{boot_s:.3f}",
-                 ready_file=ready.exists(), windows=len(windows))
+            _log(
+                "cold_boot",
+                owner=owner,
+                iid=iid,
+                pid=inst.pid,
+                boot_s=f"{boot_s:.3f}",
+                ready_file=ready.exists(),
+                windows=len(windows),
+            )
             ok = True
             return inst, boot_s
         finally:
@@ -1158,10 +1340,15 @@ class LinuxRuntime:
             return False
         iid = str(handle.extra.get("iid") or Path(handle.root).parent.name)
         inst = _Instance(
-            iid, mounts.SlotPaths(Path(handle.root).parent), dict(handle.cgroups),
-            handle.checkpoint_id, tuple(Path(p) for p in handle.extra.get("lower", [])),
-            pid=handle.init_pid, starttime=handle.init_starttime,
-            pidfd=os.pidfd_open(handle.init_pid), restore_s=handle.restore_s,
+            iid,
+            mounts.SlotPaths(Path(handle.root).parent),
+            dict(handle.cgroups),
+            handle.checkpoint_id,
+            tuple(Path(p) for p in handle.extra.get("lower", [])),
+            pid=handle.init_pid,
+            starttime=handle.init_starttime,
+            pidfd=os.pidfd_open(handle.init_pid),
+            restore_s=handle.restore_s,
             image_sha256=str(handle.extra.get("image_sha256", "")),
             uid_index=handle.extra.get("uid_index"),
         )
@@ -1291,8 +1478,11 @@ class LinuxRuntime:
         while pool:
             inst = pool.pop(0)
             self._spare_wakeup.set()
-            if (inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime)
-                    or _kill_pending(inst.pid)):
+            if (
+                inst.exited.is_set()
+                or not procfs.is_same_process(inst.pid, inst.starttime)
+                or _kill_pending(inst.pid)
+            ):
                 await self._dispose(inst, background=True)
                 continue
             t0 = time.monotonic()
@@ -1326,8 +1516,7 @@ class LinuxRuntime:
                     break
                 ref, limits = need
                 try:
-                    inst = await self._restore_instance(f"spare:{ref.id}", ref, limits,
-                                                        freeze=True)
+                    inst = await self._restore_instance(f"spare:{ref.id}", ref, limits, freeze=True)
                 except RuntimeError_ as exc:
                     _log("spare_refill_failed", checkpoint=ref.id, error=exc.message)
                     await trio.sleep(1.0)
@@ -1405,4 +1594,3 @@ __all__ = [
     "open_linux_runtime",
     "tree_sha256",
 ]
-

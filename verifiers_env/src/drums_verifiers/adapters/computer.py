@@ -6,8 +6,21 @@ from typing import Any
 
 from drums_verifiers import actions
 
-ACTIONS = ("click", "double_click", "right_click", "move", "drag", "scroll", "type", "key",
-           "hotkey", "wait", "screenshot", "done", "fail")
+ACTIONS = (
+    "click",
+    "double_click",
+    "right_click",
+    "move",
+    "drag",
+    "scroll",
+    "type",
+    "key",
+    "hotkey",
+    "wait",
+    "screenshot",
+    "done",
+    "fail",
+)
 
 TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -18,15 +31,20 @@ TOOL_SCHEMA: dict[str, Any] = {
             "pixels of the latest screenshot. action: click|double_click|right_click|move (x, y), "
             "drag (x, y, to_x, to_y), scroll (x, y, amount; positive up), type (text), "
             "key (key, e.g. 'enter' or 'ctrl+s'), hotkey (keys), wait (seconds), screenshot, "
-            "done, fail."),
+            "done, fail."
+        ),
         "parameters": {
             "type": "object",
             "properties": {
                 "action": {"type": "string", "enum": list(ACTIONS)},
-                "x": {"type": "number"}, "y": {"type": "number"},
-                "to_x": {"type": "number"}, "to_y": {"type": "number"},
-                "amount": {"type": "integer"}, "text": {"type": "string"},
-                "key": {"type": "string"}, "keys": {"type": "array", "items": {"type": "string"}},
+                "x": {"type": "number"},
+                "y": {"type": "number"},
+                "to_x": {"type": "number"},
+                "to_y": {"type": "number"},
+                "amount": {"type": "integer"},
+                "text": {"type": "string"},
+                "key": {"type": "string"},
+                "keys": {"type": "array", "items": {"type": "string"}},
                 "seconds": {"type": "number"},
             },
             "required": ["action"],
@@ -41,8 +59,9 @@ def computer_action(screen: actions.Screen, args: dict[str, Any]) -> dict[str, A
     if name in ("click", "double_click", "right_click", "move"):
         return actions.click(screen, args.get("x"), args.get("y"), name)
     if name == "drag":
-        return actions.drag(screen, args.get("x"), args.get("y"), args.get("to_x"),
-                            args.get("to_y"))
+        return actions.drag(
+            screen, args.get("x"), args.get("y"), args.get("to_x"), args.get("to_y")
+        )
     if name == "scroll":
         return actions.scroll(screen, args.get("x"), args.get("y"), args.get("amount"))
     if name == "type":

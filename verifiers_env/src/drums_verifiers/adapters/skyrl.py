@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover
     def BaseTextEnvStepOutput(**kw: Any) -> dict[str, Any]:  # type: ignore[no-redef]
         return dict(kw)
 
+
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
 
@@ -81,22 +82,28 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
         self.env.wait_valid(timeout=120)
         obs = self.env.observe()
         self.screen = actions.Screen(*desktop.png_size(obs.png), self.scale)
-        intro = (f"{obs.instruction}\n\nUse the `computer` tool: answer with "
-                 f"<tool_call>{{\"name\": \"computer\", \"arguments\": {{...}}}}</tool_call>. "
-                 f"Schema: {json.dumps(TOOL_SCHEMA['function']['parameters'])}")
-        return [*prompt, self.message(intro, obs.png)], {"env": self.env.id,
-                                                         "tools": [TOOL_SCHEMA]}
+        intro = (
+            f"{obs.instruction}\n\nUse the `computer` tool: answer with "
+            f'<tool_call>{{"name": "computer", "arguments": {{...}}}}</tool_call>. '
+            f"Schema: {json.dumps(TOOL_SCHEMA['function']['parameters'])}"
+        )
+        return [*prompt, self.message(intro, obs.png)], {"env": self.env.id, "tools": [TOOL_SCHEMA]}
 
     def step(self, action: str) -> Any:
         self.turns += 1
         text, png, finished = self.act(action)
         done = finished or self.turns >= self.max_turns
         if not done:
-            return BaseTextEnvStepOutput(observations=[self.message(text, png)], reward=0.0,
-                                         done=False, metadata={"env": self.env.id})
+            return BaseTextEnvStepOutput(
+                observations=[self.message(text, png)],
+                reward=0.0,
+                done=False,
+                metadata={"env": self.env.id},
+            )
         reward = self.finish()
-        return BaseTextEnvStepOutput(observations=[], reward=reward, done=True,
-                                     metadata={"drums": self.judged.to_info()})
+        return BaseTextEnvStepOutput(
+            observations=[], reward=reward, done=True, metadata={"drums": self.judged.to_info()}
+        )
 
     def close(self) -> None:
         if self.client is not None:
@@ -105,19 +112,27 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
 
     def get_metrics(self) -> dict[str, Any]:
         v = self.judged
-        return {"drums_valid": float(bool(v and v.valid)),
-                "drums_actions": float(sum(self.action_counts.values())),
-                "drums_reward_trusted": float(bool(v and v.trusted))}
+        return {
+            "drums_valid": float(bool(v and v.valid)),
+            "drums_actions": float(sum(self.action_counts.values())),
+            "drums_reward_trusted": float(bool(v and v.trusted)),
+        }
 
     # --- the desktop --------------------------------------------------------------------------
 
     def message(self, text: str, png: bytes | None) -> dict[str, Any]:
         if png is None or not self.multimodal:
             return {"role": "user", "content": text}
-        url = "data:image/png;base64," + base64.b64encode(
-            actions.scale_png(png, self.scale)).decode()
-        return {"role": "user", "content": [{"type": "text", "text": text},
-                                            {"type": "image_url", "image_url": {"url": url}}]}
+        url = (
+            "data:image/png;base64," + base64.b64encode(actions.scale_png(png, self.scale)).decode()
+        )
+        return {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": text},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        }
 
     def act(self, reply: str) -> tuple[str, bytes | None, bool]:
         """Run the reply's tool call: (result text, screenshot after, whether the episode ended)."""

@@ -64,8 +64,10 @@ class DrumsComputerTool(_VerlBaseTool):  # type: ignore[misc,valid-type]
         self.config = config
         self.name = "computer"
         self.tool_schema = tool_schema or TOOL_SCHEMA
-        self.daemon = DaemonConfig(url=config.get("daemon_url", "http://127.0.0.1:7070"),
-                                   token_file=config.get("token_file", "/etc/drums/token"))
+        self.daemon = DaemonConfig(
+            url=config.get("daemon_url", "http://127.0.0.1:7070"),
+            token_file=config.get("token_file", "/etc/drums/token"),
+        )
         self.scale = float(config.get("screenshot_scale", 1.0))
         self._instances: dict[str, _Instance] = {}
 
@@ -94,8 +96,9 @@ class DrumsComputerTool(_VerlBaseTool):  # type: ignore[misc,valid-type]
         obs = await desktop.observe(self._instances[instance_id].env)
         return obs.instruction, actions.scale_png(obs.png, self.scale)
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any] | str,
-                      **kwargs: Any) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any] | str, **kwargs: Any
+    ) -> tuple[dict[str, Any], float, dict[str, Any]]:
         inst = self._instances[instance_id]
         if isinstance(parameters, str):
             parameters = json.loads(parameters or "{}")
@@ -161,8 +164,9 @@ class EpisodeResult:
     error: str | None = None
 
 
-async def run_desktop_episode(tool: DrumsComputerTool, generate: Generate, drums_task: Any,
-                              *, max_turns: int = 15) -> EpisodeResult:
+async def run_desktop_episode(
+    tool: DrumsComputerTool, generate: Generate, drums_task: Any, *, max_turns: int = 15
+) -> EpisodeResult:
     """One trajectory on its own desktop: opening screenshot, model/tool turns, reward.
 
     The desktop is released on every path; an invalid or failed episode comes back with
@@ -174,9 +178,15 @@ async def run_desktop_episode(tool: DrumsComputerTool, generate: Generate, drums
     try:
         instruction, png = await tool.observe(instance)
         url = "data:image/png;base64," + base64.b64encode(png).decode()
-        messages.append({"role": "user", "content": [
-            {"type": "text", "text": instruction},
-            {"type": "image_url", "image_url": {"url": url}}]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": instruction},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        )
         for _ in range(max_turns):
             reply = await generate(messages, [TOOL_SCHEMA])
             messages.append(reply)
@@ -185,16 +195,24 @@ async def run_desktop_episode(tool: DrumsComputerTool, generate: Generate, drums
                 break
             for call in calls:
                 response, _, _ = await tool.execute(instance, call["function"]["arguments"])
-                messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
-                                 "content": response["text"],
-                                 "images": len(response.get("image", []))})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call.get("id", ""),
+                        "content": response["text"],
+                        "images": len(response.get("image", [])),
+                    }
+                )
             if tool.finished(instance):
                 break
         try:
             reward = await tool.calc_reward(instance)
             return EpisodeResult(reward, messages, tool.info(instance))
-        except (verdict.DrumsInvalidEpisode, verdict.DrumsCheckerError,
-                verdict.DrumsEnvFailure) as exc:
+        except (
+            verdict.DrumsInvalidEpisode,
+            verdict.DrumsCheckerError,
+            verdict.DrumsEnvFailure,
+        ) as exc:
             reason = f"{type(exc).__name__}: {exc}"
             return EpisodeResult(None, messages, tool.info(instance), reason)
     finally:
@@ -213,6 +231,7 @@ def verl_agent_loop() -> type:
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
             raise NotImplementedError(
                 "wire self.server_manager.generate into run_desktop_episode for your verl "
-                "version; the tool and episode logic are complete in this module")
+                "version; the tool and episode logic are complete in this module"
+            )
 
     return DrumsDesktopAgentLoop

@@ -41,8 +41,17 @@ from typing import Any
 SCREEN = (1920, 1080)
 PNG_SIZE = (192, 108)  # small on purpose: tests move many of them through JSON
 GATES = (
-    "lock_applied", "cgroup", "init_identity", "mount_table", "netns", "guest_ready",
-    "state_hash", "isolation", "alive_after_resume", "no_oom_kill", "no_app_crash",
+    "lock_applied",
+    "cgroup",
+    "init_identity",
+    "mount_table",
+    "netns",
+    "guest_ready",
+    "state_hash",
+    "isolation",
+    "alive_after_resume",
+    "no_oom_kill",
+    "no_app_crash",
     "not_quarantined",
 )
 
@@ -58,8 +67,12 @@ def canned_png(shade: int, size: tuple[int, int] = PNG_SIZE) -> bytes:
         return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
 
 
 def now_iso() -> str:
@@ -67,8 +80,15 @@ def now_iso() -> str:
 
 
 class ApiError(Exception):
-    STATUS = {"unauthorized": 401, "not_found": 404, "env_gone": 410, "invalid_request": 422,
-              "checker_failed": 502, "quarantined": 423, "invalid_episode": 409}
+    STATUS = {
+        "unauthorized": 401,
+        "not_found": 404,
+        "env_gone": 410,
+        "invalid_request": 422,
+        "checker_failed": 502,
+        "quarantined": 423,
+        "invalid_episode": 409,
+    }
 
     def __init__(self, code: str, message: str, **detail: Any) -> None:
         super().__init__(message)
@@ -101,14 +121,22 @@ class FakeSlot:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "id": self.id, "state": "destroyed" if self.gone else (
-                "quarantined" if self.quarantine_reason else "ready"),
-            "checkpoint": "template-fake", "image": "fake", "episode": self.episode,
-            "episode_id": f"{self.id}-e{self.episode}", "parent": self.parent,
-            "task_id": (self.task or {}).get("id"), "created_at": self.created_at,
-            "last_used_at": now_iso(), "idle_timeout_s": 1800.0,
+            "id": self.id,
+            "state": "destroyed"
+            if self.gone
+            else ("quarantined" if self.quarantine_reason else "ready"),
+            "checkpoint": "template-fake",
+            "image": "fake",
+            "episode": self.episode,
+            "episode_id": f"{self.id}-e{self.episode}",
+            "parent": self.parent,
+            "task_id": (self.task or {}).get("id"),
+            "created_at": self.created_at,
+            "last_used_at": now_iso(),
+            "idle_timeout_s": 1800.0,
             "quarantine_reason": self.quarantine_reason,
-            "valid": None if self.gate_polls <= self.fake.get("pending_gate_polls", 0)
+            "valid": None
+            if self.gate_polls <= self.fake.get("pending_gate_polls", 0)
             else not self.failed_gates,
             "labels": self.labels,
         }
@@ -175,14 +203,24 @@ class FakeDaemon:
         slot.gate_polls += 1
         pending = slot.gate_polls <= slot.fake.get("pending_gate_polls", 0)
         gates = [
-            {"name": g, "status": "pending" if pending and g == "alive_after_resume" else (
-                "fail" if g in slot.failed_gates else "pass"), "evidence": {}}
+            {
+                "name": g,
+                "status": "pending"
+                if pending and g == "alive_after_resume"
+                else ("fail" if g in slot.failed_gates else "pass"),
+                "evidence": {},
+            }
             for g in GATES
         ]
-        return {"slot": slot.id, "episode": slot.episode, "episode_id": f"{slot.id}-e1",
-                "profile": "hardened", "gates": gates,
-                "valid": None if pending else not slot.failed_gates,
-                "failed": list(slot.failed_gates)}
+        return {
+            "slot": slot.id,
+            "episode": slot.episode,
+            "episode_id": f"{slot.id}-e1",
+            "profile": "hardened",
+            "gates": gates,
+            "valid": None if pending else not slot.failed_gates,
+            "failed": list(slot.failed_gates),
+        }
 
     def score(self, slot: FakeSlot) -> float:
         expect = slot.fake.get("expect")
@@ -198,15 +236,24 @@ class FakeDaemon:
         valid = not slot.failed_gates
         checker_error = fake.get("checker_error")
         if checker_error:
-            raise ApiError("checker_failed", f"checker crashed: {checker_error}",
-                           slot=slot.id, checker_error=checker_error)
+            raise ApiError(
+                "checker_failed",
+                f"checker crashed: {checker_error}",
+                slot=slot.id,
+                checker_error=checker_error,
+            )
         score = self.score(slot) if valid else None
         flags = list(fake.get("audit_flags", []))
         return {
-            "slot": slot.id, "episode": slot.episode, "task_id": (slot.task or {}).get("id"),
-            "score": score, "valid": valid, "verdict": "valid" if valid else "invalid",
+            "slot": slot.id,
+            "episode": slot.episode,
+            "task_id": (slot.task or {}).get("id"),
+            "score": score,
+            "valid": valid,
+            "verdict": "valid" if valid else "invalid",
             "invalid_reasons": [f"gate {g} failed" for g in slot.failed_gates],
-            "failed_gates": list(slot.failed_gates), "checker_error": None,
+            "failed_gates": list(slot.failed_gates),
+            "checker_error": None,
             "audit": {"flags": flags, "checker_s": 0.01, "second_score": score},
             "trusted": (valid and score is not None and not flags) if valid else False,
             "last_action": slot.actions[-1]["type"] if slot.actions else None,
@@ -215,41 +262,75 @@ class FakeDaemon:
 
     # -- routes --------------------------------------------------------------------------------
 
-    def handle(self, method: str, path: str, query: dict[str, str], body: Any,
-               auth: str | None) -> tuple[int, Any, str]:
+    def handle(
+        self, method: str, path: str, query: dict[str, str], body: Any, auth: str | None
+    ) -> tuple[int, Any, str]:
         if path == "/healthz":
             return 200, {"ok": True}, "json"
         if path == "/fake/stats":
             live = [s.id for s in self.slots.values() if not s.gone]
-            return 200, {"live_slots": live, "checkpoints": sorted(self.checkpoints),
-                         "counters": dict(self.counters)}, "json"
+            return (
+                200,
+                {
+                    "live_slots": live,
+                    "checkpoints": sorted(self.checkpoints),
+                    "counters": dict(self.counters),
+                },
+                "json",
+            )
         if auth != f"Bearer {self.token}":
             raise ApiError("unauthorized", "missing or wrong bearer token; read /etc/drums/token")
         parts = [p for p in path.split("/") if p]
         with self.lock:
             return self.route(method, parts, query, body)
 
-    def route(self, method: str, parts: list[str], query: dict[str, str],
-              body: Any) -> tuple[int, Any, str]:
+    def route(
+        self, method: str, parts: list[str], query: dict[str, str], body: Any
+    ) -> tuple[int, Any, str]:
         match method, parts:
             case "GET", ["v1", "health"]:
-                return 200, {"status": "ok", "version": "fake", "profile": "hardened",
-                             "slots_by_state": {"ready": len([s for s in self.slots.values()
-                                                              if not s.gone])},
-                             "checkpoints": [], "admission": {"enabled": False,
-                                                              "admitting": True}}, "json"
+                return (
+                    200,
+                    {
+                        "status": "ok",
+                        "version": "fake",
+                        "profile": "hardened",
+                        "slots_by_state": {
+                            "ready": len([s for s in self.slots.values() if not s.gone])
+                        },
+                        "checkpoints": [],
+                        "admission": {"enabled": False, "admitting": True},
+                    },
+                    "json",
+                )
             case "GET", ["v1", "metrics"]:
-                return 200, {"window_started_at": now_iso(), "window_s": 1.0, "latencies": {},
-                             "episodes_by_verdict": {}, "failures_by_class": {},
-                             "counters": dict(self.counters)}, "json"
+                return (
+                    200,
+                    {
+                        "window_started_at": now_iso(),
+                        "window_s": 1.0,
+                        "latencies": {},
+                        "episodes_by_verdict": {},
+                        "failures_by_class": {},
+                        "counters": dict(self.counters),
+                    },
+                    "json",
+                )
             case "GET", ["v1", "tasks"]:
                 return 200, {"tasks": [self.task_info(t) for t in self.tasks.values()]}, "json"
             case "GET", ["v1", "tasks", task_id]:
                 return 200, self.task_info(self.resolve_task(task_id) or {}), "json"
             case "GET", ["v1", "slots"]:
                 include_all = query.get("all") in ("1", "true")
-                return 200, {"slots": [s.to_wire() for s in self.slots.values()
-                                       if include_all or not s.gone]}, "json"
+                return (
+                    200,
+                    {
+                        "slots": [
+                            s.to_wire() for s in self.slots.values() if include_all or not s.gone
+                        ]
+                    },
+                    "json",
+                )
             case "POST", ["v1", "slots"]:
                 task = self.resolve_task((body or {}).get("task"))
                 slot = self.new_slot(task)
@@ -280,8 +361,7 @@ class FakeDaemon:
             case "GET", ["v1", "slots", sid, "gates"]:
                 return 200, self.gate_report(self.slot(sid)), "json"
             case "POST", ["v1", "slots", sid, "quiescent"]:
-                return 200, {"slot": self.slot(sid).id, "quiescent": True, "waited_s": 0.0}, \
-                    "json"
+                return 200, {"slot": self.slot(sid).id, "quiescent": True, "waited_s": 0.0}, "json"
             case "POST", ["v1", "slots", sid, "prefork"]:
                 self.slot(sid)
                 ckpt = self.new_checkpoint("prefork", sid)
@@ -294,15 +374,26 @@ class FakeDaemon:
             case "POST", ["v1", "slots", sid, "task"]:
                 slot = self.slot(sid)
                 slot.task = self.resolve_task((body or {}).get("task"))
-                return 200, {"slot": sid, "task": self.task_info(slot.task or {}),
-                             "setup_s": 0.0}, "json"
+                return (
+                    200,
+                    {"slot": sid, "task": self.task_info(slot.task or {}), "setup_s": 0.0},
+                    "json",
+                )
             case "POST", ["v1", "slots", sid, "verify"]:
                 self.count("verifies")
                 return 200, self.verify(self.slot(sid)), "json"
             case "GET", ["v1", "slots", sid, "metrics"]:
                 slot = self.slot(sid)
-                return 200, {"slot": sid, "episode": slot.episode,
-                             "actions": len(slot.actions), "latencies": {}}, "json"
+                return (
+                    200,
+                    {
+                        "slot": sid,
+                        "episode": slot.episode,
+                        "actions": len(slot.actions),
+                        "latencies": {},
+                    },
+                    "json",
+                )
             case "POST", ["v1", "slots", sid, "quarantine"]:
                 slot = self.slot(sid)
                 slot.quarantine_reason = (body or {}).get("reason", "quarantined")
@@ -325,12 +416,22 @@ class FakeDaemon:
         raise ApiError("not_found", f"no route {method} /{'/'.join(parts)}")
 
     def task_info(self, task: dict[str, Any]) -> dict[str, Any]:
-        return {"id": task.get("id", ""), "instruction": task.get("instruction", ""),
-                "source": "fake", "domain": task.get("snapshot"), "supported": True}
+        return {
+            "id": task.get("id", ""),
+            "instruction": task.get("instruction", ""),
+            "source": "fake",
+            "domain": task.get("snapshot"),
+            "supported": True,
+        }
 
     def new_checkpoint(self, kind: str, source: str) -> dict[str, Any]:
-        ckpt = {"id": f"c{uuid.uuid4().hex[:8]}", "kind": kind, "source_slot": source,
-                "created_at": now_iso(), "size_mib": 100.0}
+        ckpt = {
+            "id": f"c{uuid.uuid4().hex[:8]}",
+            "kind": kind,
+            "source_slot": source,
+            "created_at": now_iso(),
+            "size_mib": 100.0,
+        }
         self.checkpoints[ckpt["id"]] = ckpt
         self.count(f"checkpoints_{kind}")
         return ckpt
@@ -340,8 +441,9 @@ class FakeDaemon:
         if isinstance(action, str):
             action = {"type": "pyautogui", "code": action}
         if not isinstance(action, dict) or "type" not in action:
-            raise ApiError("invalid_request", "action must be pyautogui code or an action dict "
-                           "with a 'type'")
+            raise ApiError(
+                "invalid_request", "action must be pyautogui code or an action dict with a 'type'"
+            )
         slot.actions.append(dict(action))
         self.count("steps")
         output = None
@@ -351,14 +453,16 @@ class FakeDaemon:
             output = {"returncode": 0, "stdout": f"ran as user: {shown}\n", "stderr": ""}
         self.after_action(slot)
         result: dict[str, Any] = {
-            "slot": slot.id, "episode": slot.episode, "action_type": action["type"],
-            "elapsed_s": 0.001, "actions": len(slot.actions),
+            "slot": slot.id,
+            "episode": slot.episode,
+            "action_type": action["type"],
+            "elapsed_s": 0.001,
+            "actions": len(slot.actions),
             "terminal": action["type"] if action["type"] in ("done", "fail") else None,
             "output": output,
         }
         if body.get("screenshot"):
-            result["screenshot_png_b64"] = base64.b64encode(
-                canned_png(len(slot.actions))).decode()
+            result["screenshot_png_b64"] = base64.b64encode(canned_png(len(slot.actions))).decode()
         return result
 
     def branch(self, parent: FakeSlot, body: dict[str, Any]) -> dict[str, Any]:
@@ -379,8 +483,12 @@ class FakeDaemon:
                 child.failed_gates.append("alive_after_resume")
             children.append(child.to_wire())
         self.count("branches")
-        return {"parent": parent.id, "children": children, "checkpoint": ckpt["id"],
-                "elapsed_s": 0.01}
+        return {
+            "parent": parent.id,
+            "children": children,
+            "checkpoint": ckpt["id"],
+            "elapsed_s": 0.01,
+        }
 
 
 def load_tasks(directory: Path | None) -> dict[str, dict[str, Any]]:
@@ -418,8 +526,9 @@ class FakeDrumsd:
             def _send(self, status: int, payload: Any, kind: str) -> None:
                 data = payload if kind == "png" else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("content-type", "image/png" if kind == "png"
-                                 else "application/json")
+                self.send_header(
+                    "content-type", "image/png" if kind == "png" else "application/json"
+                )
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -432,15 +541,20 @@ class FakeDrumsd:
                 try:
                     body = json.loads(raw) if raw else None
                     status, payload, kind = daemon.handle(
-                        method, path, query, body, self.headers.get("authorization"))
+                        method, path, query, body, self.headers.get("authorization")
+                    )
                 except ApiError as e:
                     status, kind = e.status, "json"
-                    payload = {"error": {"code": e.code, "message": e.message,
-                                         "detail": e.detail}}
+                    payload = {"error": {"code": e.code, "message": e.message, "detail": e.detail}}
                 except json.JSONDecodeError:
                     status, kind = 422, "json"
-                    payload = {"error": {"code": "invalid_request",
-                                         "message": "body is not JSON", "detail": {}}}
+                    payload = {
+                        "error": {
+                            "code": "invalid_request",
+                            "message": "body is not JSON",
+                            "detail": {},
+                        }
+                    }
                 self._send(status, payload, kind)
 
             def do_GET(self) -> None:

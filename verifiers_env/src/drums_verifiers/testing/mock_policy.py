@@ -113,8 +113,14 @@ def completion_chunks(model: str, step: dict[str, Any]) -> list[dict[str, Any]]:
     chunks.append(chunk({}, "tool_calls" if calls else "stop"))
     usage = {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
     chunks.append(
-        {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
-         "choices": [], "usage": usage}
+        {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage,
+        }
     )
     return chunks
 
@@ -187,8 +193,15 @@ class MockPolicy:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._json(200, {"object": "list", "data": [
-                        {"id": "mock-policy", "object": "model", "max_model_len": 131072}]})
+                    self._json(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [
+                                {"id": "mock-policy", "object": "model", "max_model_len": 131072}
+                            ],
+                        },
+                    )
                 else:
                     self._json(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -60,8 +60,9 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         """Run one action built by `build()` (which may raise BadAction) and report it."""
         state = self.state
         if state.env_failed:
-            return text_result(f"the desktop is gone ({state.env_failed}); the episode is over",
-                               error=True)
+            return text_result(
+                f"the desktop is gone ({state.env_failed}); the episode is over", error=True
+            )
         if state.terminal:
             return text_result(f"the episode already ended with {state.terminal}", error=True)
         try:
@@ -100,8 +101,9 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         state = self.state
         state.env_failed = f"{desktop.error_code(exc) or type(exc).__name__}: {exc}"
         log.warning("env=%s failed during %s: %s", state.env_id, during, exc)
-        return text_result(f"the desktop failed ({state.env_failed}); the episode is over",
-                           error=True)
+        return text_result(
+            f"the desktop failed ({state.env_failed}); the episode is over", error=True
+        )
 
 
 def vf_image(png: bytes) -> ImageContent:

@@ -15,8 +15,9 @@ class HybridTools(DrumsTools):
     @vf.tool
     async def shell(self, command: str) -> CallToolResult:
         """Run a bash command as the desktop user; returns exit code, stdout and stderr."""
-        return await self.act(lambda: actions.shell(command, self.config.shell_timeout_s),
-                              screenshot=False)
+        return await self.act(
+            lambda: actions.shell(command, self.config.shell_timeout_s), screenshot=False
+        )
 
     @vf.tool
     async def read_file(self, path: str) -> CallToolResult:

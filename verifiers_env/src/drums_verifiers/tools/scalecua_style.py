@@ -34,13 +34,27 @@ class ScaleCUATools(DesktopTools):
         scroll(clicks, x, y) (positive up), write(message), press(keys), hotkey(keys),
         wait(seconds), terminate(status='success'|'failure'), response(answer).
         Coordinates are pixels of the latest screenshot."""
-        args = {k: v for k, v in dict(action=action, x=x, y=y, clicks=clicks, button=button,
-                                      message=message, keys=keys, seconds=seconds,
-                                      status=status, answer=answer).items() if v is not None}
+        args = {
+            k: v
+            for k, v in dict(
+                action=action,
+                x=x,
+                y=y,
+                clicks=clicks,
+                button=button,
+                message=message,
+                keys=keys,
+                seconds=seconds,
+                status=status,
+                answer=answer,
+            ).items()
+            if v is not None
+        }
         final = action in ("terminate", "response")
         return await self.act(
             lambda: actions.scalecua_action(self.screen(), self.cursor(), args),
-            screenshot=not final)
+            screenshot=not final,
+        )
 
 
 if __name__ == "__main__":

@@ -106,3 +106,27 @@ def test_overall_cap_and_warning() -> None:
     ]
     assert [f.path for f in files_to_delete(files, config)] == ["/a"]
     assert "forgotten_warn_gib" in forgotten_warnings(files, config)[0]
+
+
+def test_slot_cost_is_env_mib_until_a_slot_is_measured() -> None:
+    from drumsd.core.admission import slot_cost_mib
+
+    assert slot_cost_mib(1024, []) == 1024.0
+    assert slot_cost_mib(1024, [0.0]) == 1024.0  # a slot not yet charged says nothing
+
+
+def test_slot_cost_is_the_mean_merged_charge_bounded_by_env_mib() -> None:
+    from drumsd.core.admission import MIN_SLOT_COST_MIB, slot_cost_mib
+
+    assert slot_cost_mib(1024, [10.0, 30.0]) == 20.0  # KSM-merged desktops: ~20 MiB each
+    assert slot_cost_mib(1024, [3000.0, 1000.0]) == 1024.0  # never above the configured cost
+    assert slot_cost_mib(1024, [1.0]) == MIN_SLOT_COST_MIB
+
+
+def test_merged_slots_admit_more_than_a_fixed_env_mib() -> None:
+    from drumsd.core.admission import slot_cost_mib
+
+    config = AdmissionConfig(min_available_mib=4096, min_available_pct=0)
+    host = sample(mem_available_mib=4096 + 200.0)
+    assert not decide(host, config, config.env_mib).admit
+    assert decide(host, config, slot_cost_mib(config.env_mib, [15.0] * 8)).admit

@@ -388,6 +388,9 @@ class AdmissionState(ResponseModel):
     mem_total_mib: Optional[float] = None
     psi_memory_some_avg10: Optional[float] = None
     state_free_mib: Optional[float] = None
+    slot_cost_mib: Optional[float] = Field(
+        default=None, description="what one more slot costs: the live slots' real, merged charge"
+    )
     sampled_at: Optional[datetime] = None
 
 

@@ -5,6 +5,7 @@ A refusal names the limit that would be crossed, and carries a Retry-After hint;
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from drumsd.core.config import AdmissionConfig
@@ -31,6 +32,19 @@ class Decision:
 
 
 ADMIT = Decision(admit=True)
+
+# Below this a measured slot cost is noise (a slot caught between restore and first fault).
+MIN_SLOT_COST_MIB = 16.0
+
+
+def slot_cost_mib(env_mib: float, charged_mib: Sequence[float]) -> float:
+    """What one more slot costs: the mean memory charged to the live slots, which counts a
+    KSM-merged page once (the kernel charges it to one cgroup), so slots that share pages admit
+    more slots. `env_mib` stays the ceiling, and the answer while no slot has been measured."""
+    measured = [m for m in charged_mib if m > 0]
+    if not measured:
+        return float(env_mib)
+    return min(float(env_mib), max(MIN_SLOT_COST_MIB, sum(measured) / len(measured)))
 
 
 def decide(

@@ -120,6 +120,7 @@ class CgroupDriver(Protocol):
     def kill(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None: ...
     def remove(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None: ...
     def oom_kills(self, dirs: Mapping[str, str]) -> int: ...
+    def memory_bytes(self, dirs: Mapping[str, str]) -> int: ...
     def limits_in_force(self, dirs: Mapping[str, str]) -> dict[str, str]: ...
     def slot_names(self) -> list[str]: ...
     def dirs_of(self, name: str) -> dict[str, str]: ...
@@ -246,6 +247,9 @@ class CgroupV1:
 
     def remove(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None:
         _rmdir_all([dirs[c] for c in V1_CONTROLLERS if c in dirs], timeout_s)
+
+    def memory_bytes(self, dirs: Mapping[str, str]) -> int:
+        return int((Path(dirs["memory"]) / "memory.usage_in_bytes").read_text())
 
     def oom_kills(self, dirs: Mapping[str, str]) -> int:
         text = (Path(dirs["memory"]) / "memory.oom_control").read_text()
@@ -378,6 +382,9 @@ class CgroupV2:
 
     def remove(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None:
         _rmdir_all([dirs["unified"]], timeout_s)
+
+    def memory_bytes(self, dirs: Mapping[str, str]) -> int:
+        return int((Path(dirs["unified"]) / "memory.current").read_text())
 
     def oom_kills(self, dirs: Mapping[str, str]) -> int:
         return self._events(dirs, "memory.events").get("oom_kill", 0)

@@ -1026,10 +1026,13 @@ class LinuxRuntime:
             limits: dict[str, Any] = {}
             oom = 0
             pids: list[int] = []
+            memory_mib: float | None = None
             with contextlib.suppress(OSError):
                 limits = dict(self.driver.limits_in_force(dirs))
                 oom = self.driver.oom_kills(dirs)
                 pids = self.driver.pids(dirs)
+            with contextlib.suppress(OSError, ValueError):
+                memory_mib = self.driver.memory_bytes(dirs) / 2**20
             try:
                 mountinfo = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
                 netdev = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
@@ -1055,6 +1058,7 @@ class LinuxRuntime:
                     "cgroups": dirs,
                     "profile": self.config.profile,
                     "uid_map": uid_map,
+                    "memory_mib": memory_mib,
                 },
             )
 

@@ -37,7 +37,13 @@ from drums.models import (
 )
 
 from drumsd.core import gates as G
-from drumsd.core.admission import Decision, HostSample, decide, state_space_warnings
+from drumsd.core.admission import (
+    Decision,
+    HostSample,
+    decide,
+    slot_cost_mib,
+    state_space_warnings,
+)
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.core.journal import JournalState, snapshot_events
@@ -181,6 +187,7 @@ class Supervisor:
         self._locks: dict[str, trio.Lock] = {}
         self._dirty: set[str] = set()
         self._pending_mib = 0.0
+        self._charged_mib: dict[str, float] = {}  # slot -> memory charged to its cgroup, last read
         self._nursery: trio.Nursery | None = None
         self._forgotten_bytes = 0
         # Warm spares (a Linux runtime extra): checkpoints with a pool, what claims looked like.
@@ -342,6 +349,15 @@ class Supervisor:
                 free_mib=free,
             )
 
+    def slot_cost_mib(self) -> float:
+        """Admission's cost of one more slot: the real, KSM-merged charge of the live slots."""
+        live = [
+            self._charged_mib[i]
+            for i, r in self.slots.items()
+            if i in self._charged_mib and r.status in (SlotStatus.ready, SlotStatus.quarantined)
+        ]
+        return slot_cost_mib(self.config.admission.env_mib, live)
+
     def _admit(self, operation: str, cost_mib: float) -> None:
         decision = decide(
             self.sample, self.config.admission, cost_mib, pending_mib=self._pending_mib
@@ -451,6 +467,9 @@ class Supervisor:
             "pids": list(facts.pids),
             "extra": dict(facts.extra),
         }
+        charged = facts.extra.get("memory_mib")
+        if isinstance(charged, (int, float)):
+            self._charged_mib[rec.id] = float(charged)
         if self.crash_watch is not None:
             since = rec.episode_started_at or 0.0
             out["extra"].update(self.crash_watch.facts(rec.id, since=since))
@@ -682,7 +701,7 @@ class Supervisor:
     async def create(self, req: SlotCreate) -> SlotRecord:
         self._check_open()
         cp = self._resolve_source(req)
-        self._admit("create", self.config.admission.env_mib)
+        self._admit("create", self.slot_cost_mib())
         now = self.clock()
         lease = slot_lease(self.config, req.idle_timeout_s, req.ttl_s)
         rec = SlotRecord(
@@ -712,7 +731,8 @@ class Supervisor:
         return rec
 
     async def _restore_new(self, rec: SlotRecord, cp: CheckpointRecord) -> SlotHandle:
-        self._pending_mib += self.config.admission.env_mib
+        cost = self.slot_cost_mib()
+        self._pending_mib += cost
         try:
             return await self.runtime.restore(rec.id, self._ref(cp), self._limits())
         except RuntimeError_ as exc:
@@ -725,7 +745,7 @@ class Supervisor:
                 await self._discard(rec, "create was cancelled")
             raise
         finally:
-            self._pending_mib -= self.config.admission.env_mib
+            self._pending_mib -= cost
 
     async def _discard(self, rec: SlotRecord, failure: str) -> None:
         """A slot that never became ready: clean the runtime side, keep a full archive."""
@@ -826,6 +846,7 @@ class Supervisor:
         await self._archive(rec)
         self.last_screenshot.pop(rec.id, None)
         self.slot_latency.pop(rec.id, None)
+        self._charged_mib.pop(rec.id, None)
         self._dirty.discard(rec.id)
         # Preforks of this slot are no use to anyone once no child restores from them.
         referenced = self._referenced_checkpoints()
@@ -1076,7 +1097,8 @@ class Supervisor:
                 )
         else:
             source = self._reusable_prefork(rec)
-        cost = self.config.admission.env_mib * req.n
+        children_cost = self.slot_cost_mib() * req.n
+        cost = children_cost
         if source is None:
             cost += self.config.admission.capture_mib
             self._check_state_space("branch")
@@ -1113,7 +1135,7 @@ class Supervisor:
                 children.append(child)
             source.last_used_at = now
             self._save_checkpoint(source, "used")
-            self._pending_mib += self.config.admission.env_mib * req.n
+            self._pending_mib += children_cost
             try:
                 handles = await self.runtime.branch(
                     self._handle(rec), self._ref(source), [c.id for c in children], self._limits()
@@ -1132,7 +1154,7 @@ class Supervisor:
                     raise _runtime_error(exc, slot_id) from exc
                 raise
             finally:
-                self._pending_mib -= self.config.admission.env_mib * req.n
+                self._pending_mib -= children_cost
         for child, handle in zip(children, handles, strict=True):
             async with self._lock(child.id):
                 await self._begin_episode(child, handle, "ready")
@@ -1620,7 +1642,7 @@ class Supervisor:
         return decide(
             self.sample,
             self.config.admission,
-            self.config.admission.env_mib,
+            self.slot_cost_mib(),
             pending_mib=self._pending_mib,
         ).admit
 
@@ -1711,7 +1733,7 @@ class Supervisor:
         decision = decide(
             self.sample,
             self.config.admission,
-            self.config.admission.env_mib,
+            self.slot_cost_mib(),
             pending_mib=self._pending_mib,
         )
         if not decision.admit:
@@ -1770,11 +1792,13 @@ class Supervisor:
 
     def admission_state(self, decision: Decision | None = None) -> dict[str, Any]:
         s = self.sample
-        decision = decision or decide(s, self.config.admission, self.config.admission.env_mib)
+        cost = self.slot_cost_mib()
+        decision = decision or decide(s, self.config.admission, cost)
         return {
             "enabled": self.config.admission.enabled,
             "admitting": decision.admit,
             "reason": decision.reason,
+            "slot_cost_mib": cost,
             "mem_available_mib": s.mem_available_mib if s else None,
             "mem_total_mib": s.mem_total_mib if s else None,
             "psi_memory_some_avg10": s.psi_memory_some_avg10 if s else None,

@@ -120,3 +120,14 @@ def test_step_timeouts() -> None:
 def test_every_documented_type_is_validated() -> None:
     assert set(protocol.ACTION_TYPES) == set(protocol._FIELDS)
     assert json.loads(protocol.encode_request({"op": "ping"})) == {"op": "ping"}
+
+
+def test_the_guest_speaks_every_action_the_api_accepts() -> None:
+    """The guest runs in the image with the stdlib only, so it keeps its own list: this is the
+    check that it never drifts from the wire models'."""
+    from typing import get_args
+
+    from drums.models import ACTION_TYPES, Action
+
+    assert protocol.ACTION_TYPES == ACTION_TYPES
+    assert set(get_args(Action.model_fields["type"].annotation)) == set(ACTION_TYPES)

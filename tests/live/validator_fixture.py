@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from live_daemon import Daemon, start_live_daemon
+import httpx
+from live_daemon import Daemon, http_client, start_live_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -48,7 +49,7 @@ def install_set(build: Path, root: Path) -> Path:
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(build, target)
-    for dirpath, dirnames, filenames in os.walk(target):
+    for dirpath, _dirnames, filenames in os.walk(target):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o644)
@@ -165,7 +166,7 @@ def run_validation(
 def start_validator_daemon(installed: Path, tmp: Path | None = None) -> Daemon:
     """An `office` daemon whose task assets and verifier modules come from `installed`."""
     tmp = tmp or Path(tempfile.mkdtemp(prefix="drums-validator-"))
-    state = Path(f"/run/drums-validator-state-{os.getpid()}")
+    state = _state_dir()
     state.mkdir(mode=0o755, exist_ok=True)
     started = time.monotonic()
     daemon = start_live_daemon(
@@ -180,6 +181,32 @@ def start_validator_daemon(installed: Path, tmp: Path | None = None) -> Daemon:
     )
     print(f"validator daemon: office template ready in {time.monotonic() - started:.1f}s")
     return daemon
+
+
+def _state_dir() -> Path:
+    # On /run (tmpfs) as in production; root-owned 0755.
+    return Path(f"/run/drums-validator-state-{os.getpid()}")
+
+
+def stop_validator_daemon(daemon: Daemon) -> None:
+    """Destroy what is left, stop the daemon, unmount its image cache, remove its state."""
+    try:
+        with http_client(daemon, timeout=60) as http:
+            for slot in http.get("/v1/slots").json().get("slots", []):
+                http.delete(f"/v1/slots/{slot['id']}")
+    except httpx.HTTPError:
+        pass
+    daemon.stop(limit_s=60)
+    state = _state_dir()
+    prefix = str(state)
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.split()[4] == prefix or line.split()[4].startswith(prefix + "/")
+    ]
+    for target in sorted(mounts, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":
@@ -198,4 +225,4 @@ if __name__ == "__main__":
         )
         print(json.dumps(summary, indent=1))
     finally:
-        daemon.stop(limit_s=60)
+        stop_validator_daemon(daemon)

@@ -37,9 +37,11 @@ def test_first_episode_runs_and_cleans_up(daemon: Daemon, tmp_path: Path) -> Non
     out = tmp_path / "out"
     with daemon.client() as client:
         scores = example.first_episode(client, task(), out)
-    assert list(scores.values()) == [1.0, 0.0, 1.0, 0.0]  # the two solved copies score
+    # The stand-in scores any episode that acted (every copy here); which copies really solve
+    # the task is checked against a real daemon and checker in test_sdk_processes.py.
+    assert len(scores) == 4 and all(s == 1.0 for s in scores.values()), scores
     assert sorted(p.name for p in out.iterdir()) == [
-        "child0.png", "child1.png", "child2.png", "child3.png", "start.png",
+        "child0.png", "child1.png", "child2.png", "child3.png", "parent.png", "start.png",
     ]  # fmt: skip
     assert daemon.leftovers() == ([], [])
 

@@ -3,10 +3,22 @@
 # the live ones on real restored desktops (DRUMS_LIVE=1 makes a missing CRIU or image a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh base
+bash scripts/setup.sh base office  # live tests run OSWorld and factory tasks on office apps
+
+# The task factory's app tests run the real apps on the host (headless conversions, GIMP batch,
+# Chromium print-to-pdf), so the host needs them too.
+host_apps=(libreoffice-calc libreoffice-writer libreoffice-impress gimp chromium xvfb xdotool)
+missing=()
+for p in "${host_apps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "==> apt: host apps for the task factory's tests: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
 export PATH="$PWD/.venv/bin:$PATH" DRUMS_LIVE=1 DRUMS_CI=1
 echo "==> ruff"
 ruff check .
 ruff format --check .
 echo "==> pytest"
-exec pytest -q -p no:cacheprovider "$@"
+exec pytest -q -rs -p no:cacheprovider "$@"

@@ -14,6 +14,7 @@ for p in "${host_apps[@]}"; do
 done
 if ((${#missing[@]})); then
     echo "==> apt: host apps for the task factory's tests: ${missing[*]}"
+    apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 export PATH="$PWD/.venv/bin:$PATH" DRUMS_LIVE=1 DRUMS_CI=1

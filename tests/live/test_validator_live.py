@@ -22,7 +22,6 @@ from live_daemon import Daemon, require_live
 from validator_fixture import (
     build_set,
     install_set,
-    rewrite_open_steps,
     run_validation,
     start_validator_daemon,
     stop_validator_daemon,
@@ -43,7 +42,6 @@ def validator_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[D
     build = build_set(tmp / "build", seed=1, per_family=1, families=list(FAMILIES))
     root = Path(f"/run/drums-validator-{os.getpid()}")
     installed = install_set(build, root)
-    rewrite_open_steps(installed)
     daemon = start_validator_daemon(installed, tmp / "daemon")
     try:
         yield daemon, installed

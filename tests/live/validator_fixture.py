@@ -59,87 +59,6 @@ def install_set(build: Path, root: Path) -> Path:
 OFFICE_SUFFIXES = (".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", ".odt", ".pptx", ".odp")
 
 
-def launch_instead_of_open(task: dict[str, Any]) -> dict[str, Any]:
-    """The task with every `open` setup step turned into a `launch` of the same file.
-
-    Why: drumsd's `open` step waits for the file's window by listing windows with `wmctrl`,
-    which the `office` image does not ship (drumsd/src/drumsd/linux/image.py BASE_PACKAGES), so
-    the step fails the create with a RuntimeError. The oracle and near misses wait for the
-    window themselves (`xdotool search --sync`), so launching without waiting is equivalent for
-    validation. Remove once the image ships wmctrl or bridge.windows() falls back to xdotool.
-    """
-    config = []
-    for step in task.get("config", []):
-        if step.get("type") == "open":
-            path = step["parameters"]["path"]
-            tool = "libreoffice" if path.lower().endswith(OFFICE_SUFFIXES) else "xdg-open"
-            step = {"type": "launch", "parameters": {"command": [tool, path]}}
-        config.append(step)
-    return {**task, "config": config}
-
-
-def rewrite_open_steps(installed: Path) -> int:
-    """Apply launch_instead_of_open to the installed tasks.jsonl; how many tasks changed."""
-    path = installed / "tasks.jsonl"
-    lines, changed = [], 0
-    for line in path.read_text().splitlines():
-        task = json.loads(line)
-        new = launch_instead_of_open(task)
-        changed += new != task
-        lines.append(json.dumps(new, sort_keys=True))
-    path.write_text("\n".join(lines) + "\n")
-    return changed
-
-
-class SettledClient:
-    """A drums client whose forked children wait for their gates before verify.
-
-    Why: drums_tasks.validate verifies each child right after its actions; a child with no
-    actions (the no-op branch) is verified within a second of the fork, while the
-    alive_after_resume gate is still pending, so the daemon answers valid=false ("gates
-    pending") and the task is rejected for "noop: invalid episode". Waiting for the gates first
-    (a failed gate still shows as invalid in the verify) is what the validator should do.
-    """
-
-    def __init__(self, client: Any, gate_timeout: float = 60.0) -> None:
-        self._client = client
-        self._gate_timeout = gate_timeout
-
-    def create(self, **kwargs: Any) -> Any:
-        return _SettledEnv(self._client.create(**kwargs), self._gate_timeout)
-
-
-class _SettledEnv:
-    def __init__(self, env: Any, gate_timeout: float) -> None:
-        self._env = env
-        self._gate_timeout = gate_timeout
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    def fork(self, n: int) -> Any:
-        return _SettledFork(self._env.fork(n), self._gate_timeout)
-
-    def verify(self, **kwargs: Any) -> Any:
-        try:
-            self._env.wait_valid(timeout=self._gate_timeout)
-        except Exception:  # a failed or stuck gate: the verify below reports it as invalid
-            pass
-        return self._env.verify(**kwargs)
-
-
-class _SettledFork:
-    def __init__(self, cm: Any, gate_timeout: float) -> None:
-        self._cm = cm
-        self._gate_timeout = gate_timeout
-
-    def __enter__(self) -> list[_SettledEnv]:
-        return [_SettledEnv(child, self._gate_timeout) for child in self._cm.__enter__()]
-
-    def __exit__(self, *exc: Any) -> Any:
-        return self._cm.__exit__(*exc)
-
-
 def run_validation(
     daemon_url: str,
     token: str,
@@ -148,13 +67,13 @@ def run_validation(
     per_family: int = 1,
     families: list[str] | None = None,
 ) -> dict[str, Any]:
-    """drums_tasks.validate.run over the installed set, through SettledClient."""
+    """drums_tasks.validate.run over the installed set."""
     import drums
     from drums_tasks import validate
 
     with drums.connect(daemon_url, token) as client:
         return validate.run(
-            SettledClient(client),
+            client,
             installed,
             per_family,
             report,
@@ -216,7 +135,6 @@ if __name__ == "__main__":
     families = sys.argv[3:] or None
     build = build_set(out / "build", per_family=per_family)
     installed = install_set(build, Path(f"/run/drums-validator-{os.getpid()}"))
-    print(f"rewrote open steps of {rewrite_open_steps(installed)} tasks", flush=True)
     daemon = start_validator_daemon(installed, out / "daemon")
     print(f"url={daemon.url} token_file={daemon.dir / 'token'} set={installed}", flush=True)
     try:

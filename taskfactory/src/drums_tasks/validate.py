@@ -44,6 +44,7 @@ class BranchResult:
     checker_error: str | None = None
     step_error: str | None = None
     seconds: float = 0.0
+    invalid_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -64,7 +65,8 @@ def judge(branches: list[BranchResult]) -> list[str]:
         if b.step_error:
             reasons.append(f"{b.name}: an action failed: {b.step_error}")
         if not b.valid:
-            reasons.append(f"{b.name}: invalid episode")
+            why = "; ".join(b.invalid_reasons)
+            reasons.append(f"{b.name}: invalid episode" + (f" ({why})" if why else ""))
         if b.score is None:
             reasons.append(f"{b.name}: no score ({b.checker_error or 'checker gave none'})")
         for flag in ("redundant_disagree", "nondeterministic", "checker_crash", "checker_timeout"):
@@ -103,7 +105,9 @@ class _Env(Protocol):  # the part of drums.Env the validator uses
     def close(self) -> None: ...
 
 
-def _run_branch(env: _Env, name: str, actions: list[Any], verify_timeout: float) -> BranchResult:
+def _run_branch(
+    env: _Env, name: str, actions: list[Any], verify_timeout: float, gate_timeout: float
+) -> BranchResult:
     t0 = time.monotonic()
     step_error = None
     for i, action in enumerate(actions):
@@ -112,6 +116,12 @@ def _run_branch(env: _Env, name: str, actions: list[Any], verify_timeout: float)
         except Exception as exc:  # report which step of which branch broke, keep the others
             step_error = f"step {i} ({str(action)[:80]}): {type(exc).__name__}: {exc}"
             break
+    try:
+        # A verdict needs every gate judged: alive_after_resume waits alive_after_s after the
+        # fork, and a no-op branch gets here at once. An invalid episode is reported by verify.
+        env.wait_valid(timeout=gate_timeout)
+    except Exception:
+        pass
     try:
         v = env.verify(strict=False, timeout=verify_timeout)
     except Exception as exc:
@@ -126,6 +136,7 @@ def _run_branch(env: _Env, name: str, actions: list[Any], verify_timeout: float)
         v.checker_error,
         step_error,
         time.monotonic() - t0,
+        list(getattr(v, "invalid_reasons", None) or []),
     )
 
 
@@ -150,7 +161,7 @@ def validate_task(
         with env.fork(len(plan)) as forked:
             children = list(forked)
             results = [
-                _run_branch(child, name, actions, verify_timeout)
+                _run_branch(child, name, actions, verify_timeout, gate_timeout)
                 for child, (name, actions) in zip(children, plan, strict=False)
             ]
     except Exception as exc:

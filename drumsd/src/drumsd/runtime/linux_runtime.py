@@ -926,6 +926,12 @@ class LinuxRuntime:
             )
         return StepOutcome(parsed.type, time.monotonic() - t0, output)
 
+    async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
+        """Top-level windows as the guest agent reads them from the X server (id, name,
+        instance, class, geometry, active): no window tool needed in the image."""
+        header, _ = await self._agent(handle, {"op": "windows"}, 10.0)
+        return list(header.get("windows") or [])
+
     async def screenshot(self, handle: SlotHandle) -> bytes:
         _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
         return png

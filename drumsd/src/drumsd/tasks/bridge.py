@@ -54,6 +54,16 @@ def context_from_config(
     return context_for_checker(ctx, venv, uid=cfg.checker_uid, gid=cfg.checker_gid)
 
 
+def agent_window(window: dict[str, Any]) -> WindowInfo:
+    """A window as the guest agent lists it, in the shape `wmctrl -lx` gives (hex id,
+    instance.Class), which the setup steps match on."""
+    return {
+        "id": f"0x{int(window['id']):08x}",
+        "title": str(window.get("name", "")),
+        "wm_class": f"{window.get('instance', '')}.{window.get('class', '')}",
+    }
+
+
 def parse_wmctrl(listing: str) -> list[WindowInfo]:
     """`wmctrl -lx` lines: id, desktop, WM_CLASS, host, title."""
     windows: list[WindowInfo] = []
@@ -98,6 +108,9 @@ class RuntimeSlotAccess:
         await self.runtime.step(self.handle, action)
 
     async def windows(self) -> list[WindowInfo]:
+        from_agent = getattr(self.runtime, "windows", None)
+        if from_agent is not None:  # the guest asks the X server itself: no wmctrl in the image
+            return [agent_window(w) for w in await from_agent(self.handle)]
         done = await self.runtime.exec_user(self.handle, ["wmctrl", "-lx"], 10.0)
         return parse_wmctrl(done.stdout) if done.returncode == 0 else []
 

@@ -131,3 +131,14 @@ def test_parse_wmctrl() -> None:
          "title": "Data.xlsx - LibreOffice Calc"},
         {"id": "0x01000003", "wm_class": "xterm.XTerm", "title": ""},
     ]  # fmt: skip
+
+
+def test_agent_windows_take_the_shape_the_setup_steps_match() -> None:
+    from drumsd.tasks.bridge import agent_window, parse_wmctrl
+
+    agent = {"id": 0x3A00007, "name": "Untitled 1 - LibreOffice Calc", "instance": "libreoffice",
+             "class": "libreoffice-calc", "x": 0, "y": 0, "width": 10, "height": 10}  # fmt: skip
+    wmctrl = parse_wmctrl(
+        "0x03a00007  0 libreoffice.libreoffice-calc  drums Untitled 1 - LibreOffice Calc"
+    )
+    assert [agent_window(agent)] == wmctrl

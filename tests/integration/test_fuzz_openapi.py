@@ -38,13 +38,13 @@ def test_fuzz_finds_no_server_error(daemon: Daemon, tmp_path: Path) -> None:
             "--max-examples",
             "8",
             "--max-time",
-            "45",
+            "150",  # a bound, not a target: the seeded run ends at max-examples (~45 s idle)
             "--seed",
             "20261130",
             "--workers",
             "1",
             "--request-timeout",
-            "15",
+            "90",  # above the longest legitimate request: a `wait` action of up to 60 s
             "--generation-database",
             "none",
             "--no-color",
@@ -55,7 +55,7 @@ def test_fuzz_finds_no_server_error(daemon: Daemon, tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
         cwd=tmp_path,
     )
     out = done.stdout + done.stderr

@@ -4,15 +4,25 @@ simulation (the live run needs drumsd; this proves the plumbing and the acceptan
 from __future__ import annotations
 
 import json
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from drums_tasks.build import generate
 from drums_tasks.offline import evaluate
 from drums_tasks.spec import scope_probe
-from drums_tasks.validate import BranchResult, branch_plan, judge, run, sample
+from drums_tasks.validate import (
+    BranchResult,
+    branch_plan,
+    judge,
+    load_set,
+    run,
+    sample,
+    validate_task,
+)
 
 
 def _ok() -> list[BranchResult]:
@@ -108,16 +118,54 @@ class _Client:
         return _Env(spec, task["evaluator"]["scope"]["seeded"])
 
 
-def test_run_accepts_every_sampled_task_offline(small_build: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_run_accepts_every_sampled_task_offline(
+    small_build: Path, tmp_path: Path, jobs: int
+) -> None:
     report = tmp_path / "r.jsonl"
     fams = ["calc_set_value", "writer_heading", "files_rename", "chrome_link_target"]
-    summary = run(_Client(), small_build, 2, report, fams, log=lambda _m: None)
+    summary = run(_Client(), small_build, 2, report, fams, log=lambda _m: None, jobs=jobs)
     assert summary["tasks"] == 8
+    assert summary["wall_seconds_per_task"] is not None
     assert summary["accepted"] == 8, report.read_text()
     lines = [json.loads(x) for x in report.open()]
     assert {x["family"] for x in lines} == set(fams)
     assert all(len(x["branches"]) >= 5 for x in lines)
     assert report.with_suffix(".summary.json").is_file()
+
+
+class _BarrierChild(_Child):
+    """A child whose first action waits until every sibling has started one."""
+
+    barrier: threading.Barrier
+
+    def step(self, action: Any) -> None:
+        if not self.actions:
+            self.barrier.wait(timeout=10)
+        super().step(action)
+
+
+def test_branches_of_a_task_run_at_once(small_build: Path) -> None:
+    # Every branch but the no-op acts; if they ran one after another, the first would wait on
+    # the barrier alone, time out, and the verdict would report a failed action.
+    tasks, sols = load_set(small_build)
+    task = next(t for t in tasks if t["drums"]["family"] == "calc_set_value")
+    acting = sum(1 for _name, actions in branch_plan(sols[task["id"]]) if actions)
+    _BarrierChild.barrier = threading.Barrier(acting)
+
+    class Env(_Env):
+        @contextmanager
+        def fork(self, n: int):
+            yield [_BarrierChild(self.spec, self.seeded) for _ in range(n)]
+
+    class Client(_Client):
+        def create(self, task: dict[str, Any]) -> _Env:
+            env = super().create(task)
+            return Env(env.spec, env.seeded)
+
+    verdict = validate_task(Client(), task, sols[task["id"]])
+    assert verdict.accepted, verdict.reasons
+    assert not any(b.step_error for b in verdict.branches)
 
 
 def test_sample_takes_the_first_tasks_of_every_family(small_build: Path) -> None:

@@ -66,8 +66,9 @@ def run_validation(
     report: Path,
     per_family: int = 1,
     families: list[str] | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
-    """drums_tasks.validate.run over the installed set."""
+    """drums_tasks.validate.run over the installed set, `jobs` tasks in flight."""
     import drums
     from drums_tasks import validate
 
@@ -79,6 +80,7 @@ def run_validation(
             report,
             families,
             lambda m: print(m, file=sys.stderr, flush=True),
+            jobs,
         )
 
 
@@ -130,6 +132,7 @@ def stop_validator_daemon(daemon: Daemon) -> None:
 
 if __name__ == "__main__":
     # python validator_fixture.py OUT [PER_FAMILY [FAMILY ...]]: build, install, serve, validate.
+    # VALIDATE_JOBS=N in the environment: N tasks in flight (default 1).
     out = Path(sys.argv[1])
     per_family = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     families = sys.argv[3:] or None
@@ -139,7 +142,13 @@ if __name__ == "__main__":
     print(f"url={daemon.url} token_file={daemon.dir / 'token'} set={installed}", flush=True)
     try:
         summary = run_validation(
-            daemon.url, daemon.token, installed, out / "report.jsonl", per_family, families
+            daemon.url,
+            daemon.token,
+            installed,
+            out / "report.jsonl",
+            per_family,
+            families,
+            int(os.environ.get("VALIDATE_JOBS", "1")),
         )
         print(json.dumps(summary, indent=1))
     finally:

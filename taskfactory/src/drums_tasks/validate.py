@@ -1,7 +1,7 @@
 """Prove a built task set on a live drumsd host.
 
     python -m drums_tasks.validate --tasks DIR --url URL [--token-file F] [--sample N]
-                                   [--families F ...] [--report report.jsonl]
+                                   [--families F ...] [--report report.jsonl] [--jobs J]
 
 The daemon must be configured with DIR/assets as its task assets directory and DIR (holding the
 generated verifier module) among its verifier module directories.
@@ -15,8 +15,10 @@ actions in its child, verify each child (strict=False). A task is accepted only 
   - no branch has `redundant_disagree` (check_alt agrees) or `nondeterministic`,
   - the scope probe has `scope_violation` and the no-op and the oracle do not.
 
-Writes one JSON line per task (accepted, reasons, per-branch scores/flags, timings) and a summary
-(acceptance rate, time per task, rejections by reason, per family); shows progress per task.
+The branches of a task run at once (each child is its own desktop; most of a branch is waiting
+on an app), and `--jobs` tasks are in flight at once. Writes one JSON line per task (accepted,
+reasons, per-branch scores/flags, timings) and a summary (acceptance rate, time per task, the
+wall time per task of the whole run, rejections by reason, per family); shows progress per task.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -146,7 +149,10 @@ def validate_task(
     solutions: dict[str, Any],
     gate_timeout: float = 120.0,
     verify_timeout: float = 120.0,
+    branch_jobs: int | None = None,
 ) -> TaskVerdict:
+    """Create, fork one child per branch, run the branches at once (at most `branch_jobs`;
+    default all), judge. The SDK's sync client is safe to share between threads."""
     t0 = time.monotonic()
     family = task.get("drums", {}).get("family", "?")
     plan = branch_plan(solutions)
@@ -160,10 +166,15 @@ def validate_task(
         env.wait_valid(timeout=gate_timeout)
         with env.fork(len(plan)) as forked:
             children = list(forked)
-            results = [
-                _run_branch(child, name, actions, verify_timeout, gate_timeout)
-                for child, (name, actions) in zip(children, plan, strict=False)
-            ]
+            with ThreadPoolExecutor(max_workers=branch_jobs or len(plan)) as pool:
+                results = list(
+                    pool.map(
+                        lambda pair: _run_branch(
+                            pair[0], pair[1][0], pair[1][1], verify_timeout, gate_timeout
+                        ),
+                        zip(children, plan, strict=False),
+                    )
+                )
     except Exception as exc:
         return TaskVerdict(
             task["id"], family, False, [f"{type(exc).__name__}: {exc}"], [], time.monotonic() - t0
@@ -201,7 +212,9 @@ def sample(
     return out
 
 
-def summarize(verdicts: list[TaskVerdict]) -> dict[str, Any]:
+def summarize(verdicts: list[TaskVerdict], wall_seconds: float | None = None) -> dict[str, Any]:
+    """Counts, rates and times. `seconds_per_task_*` is each task's own latency (create to
+    verdict); with tasks in flight at once, the run's throughput is `wall_seconds_per_task`."""
     n = len(verdicts)
     acc = sum(v.accepted for v in verdicts)
     reasons: Counter[str] = Counter()
@@ -218,6 +231,8 @@ def summarize(verdicts: list[TaskVerdict]) -> dict[str, Any]:
         "acceptance_rate": acc / n if n else None,
         "seconds_per_task_mean": sum(times) / n if n else None,
         "seconds_per_task_p50": times[n // 2] if n else None,
+        "wall_seconds": wall_seconds,
+        "wall_seconds_per_task": wall_seconds / n if n and wall_seconds is not None else None,
         "rejections_by_reason": dict(reasons.most_common()),
         "per_family": dict(per_family),
     }
@@ -230,19 +245,27 @@ def run(
     report: Path,
     families: list[str] | None = None,
     log: Callable[[str], None] = print,
+    jobs: int = 1,
+    branch_jobs: int | None = None,
 ) -> dict[str, Any]:
+    """Validate the sample with `jobs` tasks in flight; report lines in order of completion."""
     tasks, sols = load_set(tasks_dir)
     chosen = sample(tasks, per_family, families)
-    verdicts = []
-    with report.open("w") as out:
-        for k, task in enumerate(chosen, 1):
-            v = validate_task(client, task, sols[task["id"]])
+    verdicts: list[TaskVerdict] = []
+    started = time.monotonic()
+    with report.open("w") as out, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [
+            pool.submit(validate_task, client, t, sols[t["id"]], branch_jobs=branch_jobs)
+            for t in chosen
+        ]
+        for k, future in enumerate(as_completed(futures), 1):
+            v = future.result()  # validate_task turns every daemon failure into a verdict
             verdicts.append(v)
             out.write(json.dumps(asdict(v)) + "\n")
             out.flush()
             status = "accepted" if v.accepted else "REJECTED: " + "; ".join(v.reasons[:3])
             log(f"[{k}/{len(chosen)}] {v.family} {v.id} {v.seconds:.1f}s {status}")
-    summary = summarize(verdicts)
+    summary = summarize(verdicts, time.monotonic() - started)
     report.with_suffix(".summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -259,6 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample", type=int, default=2, help="tasks per family (default 2)")
     ap.add_argument("--families", nargs="*", default=None)
     ap.add_argument("--report", type=Path, default=Path("validate-report.jsonl"))
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="tasks in flight at once (default 2; 1 = one by one)"
+    )
+    ap.add_argument(
+        "--branch-jobs",
+        type=int,
+        default=None,
+        help="branches of one task run at once (default: all of them)",
+    )
     args = ap.parse_args(argv)
     if not (args.tasks / f"{VERIFIER_MODULE}.py").is_file():
         print(
@@ -278,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             args.report,
             args.families,
             lambda m: print(m, file=sys.stderr, flush=True),
+            args.jobs,
+            args.branch_jobs,
         )
     print(json.dumps(summary, indent=1))
     return 0 if summary["tasks"] else 1

@@ -4,6 +4,7 @@ crash watch started by serve and followed by the supervisor, evidence merged int
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -101,12 +102,78 @@ def test_files_the_restored_tree_wrote_itself_are_not_a_mismatch(tmp_path: Path)
     out = state_hash_evidence(live, snap, written_since=restore_began)
     assert out["upper_sha256"] == recorded
     assert out["upper_written"] == ["home/user/.cache/f", "home/user/.cache/lock"]
-    # The same change dated before the restore began is a copy that differs: a mismatch.
-    old = restore_began - 60
-    os.utime(live / "home/user/.cache/f", (old, old))
+    # The same changes made before the restore began are a copy that differs: a mismatch.
+    restore_began = time.time() + 1
     out = state_hash_evidence(live, snap, written_since=restore_began)
     assert out["upper_diff"]["changed"] == ["home/user/.cache/f"]
+    assert out["upper_diff"]["added"] == ["home/user/.cache/lock"]
     assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+
+
+def _chromium_profile(root: Path) -> None:
+    prof = root / "home/user/.config/chromium/Default"
+    (prof / "Sessions").mkdir(parents=True)
+    (prof / "Sessions/Session_1").write_text("tabs")
+    (prof / "shared_proto_db").mkdir()
+    (prof / "shared_proto_db/000003.log").write_text("log")
+    (prof / "Web Data").write_text("sqlite")
+
+
+def test_what_an_app_does_right_after_restore_is_its_own_write(tmp_path: Path) -> None:
+    """An app right after its restore removes a directory with its files, renames a file (which
+    keeps its mtime) and rewrites a file with its old times; none of it is a mismatch."""
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    for root in (snap, live):
+        _tree(root)
+        _chromium_profile(root)
+    recorded = tree_sha256(snap)
+    prof = live / "home/user/.config/chromium/Default"
+    old = time.time() - 3600
+    os.utime(prof / "Sessions/Session_1", (old, old))
+    restore_began = time.time() - 0.5
+    shutil.rmtree(prof / "shared_proto_db")  # a removed subtree: its parent dir is gone too
+    os.rename(prof / "Sessions/Session_1", prof / "Sessions/Session_2")  # mtime stays old
+    (prof / "Web Data").write_text("sqlite, flushed")
+    os.utime(prof / "Web Data", (old, old))  # rewritten, then backdated (cp -p): ctime is now
+    out = state_hash_evidence(live, snap, written_since=restore_began)
+    assert out["upper_sha256"] == recorded, out
+    assert out["upper_written"] == [
+        "home/user/.config/chromium/Default/Sessions/Session_1",
+        "home/user/.config/chromium/Default/Sessions/Session_2",
+        "home/user/.config/chromium/Default/Web Data",
+        "home/user/.config/chromium/Default/shared_proto_db",
+        "home/user/.config/chromium/Default/shared_proto_db/000003.log",
+    ]
+
+
+def test_a_removal_from_the_copy_before_the_restore_is_a_mismatch(tmp_path: Path) -> None:
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    for root in (snap, live):
+        _tree(root)
+        _chromium_profile(root)
+    recorded = tree_sha256(snap)
+    shutil.rmtree(live / "home/user/.config/chromium/Default/shared_proto_db")
+    (live / "home/user/.cache/f").unlink()
+    restore_began = time.time() + 1  # the restore began after these changes to the copy
+    out = state_hash_evidence(live, snap, written_since=restore_began)
+    assert out["upper_diff"]["removed"] == [
+        "home/user/.cache/f",
+        "home/user/.config/chromium/Default/shared_proto_db",
+        "home/user/.config/chromium/Default/shared_proto_db/000003.log",
+    ]
+    assert "upper_written" not in out
+    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+
+
+def test_split_written_since_judges_a_vanished_entry_by_its_nearest_ancestor(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "a/b").mkdir(parents=True)
+    diff = {"added": ["a/b/tmp"], "removed": ["a/b/c/d/e"], "changed": ["gone"]}
+    kept, written = ev.split_written_since(diff, tmp_path, time.time() - 60)
+    assert written == ["a/b/c/d/e", "a/b/tmp", "gone"] and not any(kept.values())
+    kept, written = ev.split_written_since(diff, tmp_path, time.time() + 60)
+    assert kept == diff and written == []
 
 
 def test_lock_is_not_applied_for_a_process_outside_the_range() -> None:
@@ -292,3 +359,58 @@ def test_process_locks_tells_a_locked_process_from_an_unlocked_one() -> None:
         assert str(os.getpid()) in lock["not_locked"]
     finally:
         child.communicate("", timeout=10)
+
+
+class _StampedRuntime(MemoryRuntime):
+    """A memory runtime whose handles carry the wall clock their restore began, like Linux's."""
+
+    def _start(self, slot_id: str, checkpoint: Any, actions: int = 0) -> Any:
+        handle = super()._start(slot_id, checkpoint, actions)
+        handle.extra["restore_started_at"] = time.time()
+        return handle
+
+
+class _SlowEvidence:
+    """GateEvidence's surface; each read takes a while (hashing a large upper under load)."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float | None] = {}
+
+    def read(
+        self,
+        handle: Any,
+        facts: Any,
+        *,
+        profile: str,
+        snapshot: Any = None,
+        written_since: float | None = None,
+    ) -> dict[str, Any]:
+        if snapshot is not None:
+            self.since[handle.slot_id] = written_since
+            time.sleep(0.4)
+        return {"upper_sha256": handle.extra["upper_sha256"]}
+
+
+async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path) -> None:
+    """A branch begins its children's episodes one after another: a late child's tree has run
+    for a while before its episode starts, and what it wrote then is its own (seen: Chromium's
+    `Web Data` rewritten in every child after the first few, under load)."""
+    from drums.models import BranchRequest, SlotCreate
+
+    evidence = _SlowEvidence()
+    config = _config(tmp_path)
+    async with open_supervisor(
+        config,
+        _StampedRuntime(config.state_dir),
+        host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
+        evidence=evidence,  # type: ignore[arg-type]
+    ) as sup:
+        await _wait(lambda: sup.template_status.get("base") == "ready")
+        parent = await sup.create(SlotCreate())
+        out = await sup.branch(parent.id, BranchRequest(n=4))
+        for child in out["children"]:
+            restored_at = sup._handle(child).extra["restore_started_at"]
+            assert evidence.since[child.id] == restored_at
+        # The last child's episode began well after its restore (the other reads came first).
+        last = out["children"][-1]
+        assert last.episode_started_at - evidence.since[last.id] > 1.0

@@ -137,20 +137,38 @@ def manifest_diff(have: Mapping[str, str], want: Mapping[str, str]) -> dict[str,
 def split_written_since(
     diff: Mapping[str, list[str]], root: Path, since: float
 ) -> tuple[dict[str, list[str]], list[str]]:
-    """(the diff without entries written at or after `since`, those entries). Added and changed
-    entries are judged by their own mtime, removed ones by their parent directory's."""
+    """(the diff without entries touched at or after `since`, those entries). Added and changed
+    entries are judged by their own inode, removed ones by their parent directory (a removal
+    changes it); when that is gone too (a removed subtree, or an added temp file removed since
+    the manifest was read), by the nearest ancestor still there.
+
+    "Touched" is the later of mtime and ctime: a rename keeps a file's mtime (an app rotating
+    its files would look old) and so does `cp -p`, but both set ctime to now. The copy of the
+    snapshot into the slot's upper sets every ctime at copy time, so `since` must be taken after
+    that copy (e.g. when criu starts): a change made to the copy before then stays a mismatch."""
     kept: dict[str, list[str]] = {}
     written: list[str] = []
     for kind, paths in diff.items():
         kept[kind] = []
         for rel in paths:
             probe = root / rel if kind != "removed" else (root / rel).parent
-            try:
-                recent = probe.lstat().st_mtime >= since
-            except OSError:
-                recent = False
+            recent = _touched_at(_nearest_existing(root, probe)) >= since
             (written if recent else kept[kind]).append(rel)
     return kept, sorted(written)
+
+
+def _touched_at(p: Path) -> float:
+    try:
+        st = p.lstat()
+    except OSError:
+        return float("-inf")  # removed between the two reads: no proof the tree did it
+    return max(st.st_mtime, st.st_ctime)
+
+
+def _nearest_existing(root: Path, p: Path) -> Path:
+    while p != root and not os.path.lexists(p):
+        p = p.parent
+    return p
 
 
 def manifest_sha256(manifest: Mapping[str, str]) -> str:

@@ -44,10 +44,12 @@ def state_hash_evidence(
 ) -> dict[str, Any]:
     """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc.
 
-    With `written_since` (when the restore began, wall clock), a difference the restored tree
-    made itself (an entry, or for a removal its parent dir, modified at or after that time) is
-    reported apart, in `upper_written`, not as a mismatch: apps of a template may write their
-    files as soon as they run. A copy changed before the restore keeps its older mtime."""
+    With `written_since` (when criu began the restore, wall clock, taken after the snapshot was
+    copied into the upper), a difference the restored tree made itself (an entry, or for a
+    removal its parent dir, whose mtime or ctime is at or after that time) is reported apart, in
+    `upper_written`, not as a mismatch: apps of a template write their files as soon as they
+    run (Chromium rewrites `Web Data` and its leveldb logs on resume). A copy changed before
+    the restore keeps older times, so it stays a mismatch."""
     if not snapshot.is_dir():
         return {"upper_unreadable": f"checkpoint snapshot {snapshot} is missing"}
     if not live_upper.is_dir():

@@ -170,6 +170,10 @@ class _Instance:
     exited: trio.Event = field(default_factory=trio.Event)
     gate: _AgentGate = field(default_factory=_AgentGate)
     restore_s: float = 0.0
+    # Wall clock when criu began restoring this tree (kept when a spare is claimed: the tree ran
+    # between its restore and its freeze). state_hash counts upper entries touched from then on
+    # as the tree's own writes.
+    restore_started_at: float = 0.0
     attempts: int = 1
     frozen: bool = False
     watched: bool = False
@@ -621,6 +625,7 @@ class LinuxRuntime:
         t0 = time.monotonic()
         async with self.restore_limiter:
             t_criu = time.monotonic()
+            inst.restore_started_at = time.time()  # after the upper copy (see split_written_since)
             done = await self._launcher.run(
                 argv, work / "criu.out", timeout_s=self.config.restore_timeout_s
             )
@@ -762,6 +767,7 @@ class LinuxRuntime:
                 "profile": self.config.profile,
                 "image_sha256": inst.image_sha256,
                 "phases": dict(inst.phases),
+                "restore_started_at": inst.restore_started_at or None,
                 "uid_index": inst.uid_index,
                 "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index),
             },
@@ -1359,6 +1365,7 @@ class LinuxRuntime:
             starttime=handle.init_starttime,
             pidfd=os.pidfd_open(handle.init_pid),
             restore_s=handle.restore_s,
+            restore_started_at=float(handle.extra.get("restore_started_at") or 0.0),
             image_sha256=str(handle.extra.get("image_sha256", "")),
             uid_index=handle.extra.get("uid_index"),
         )

@@ -482,9 +482,16 @@ class Supervisor:
             cp = self.checkpoints.get(rec.checkpoint)
             if at_start and cp is not None and cp.upper_sha256:
                 snapshot = Path(cp.dir) / "upper"
-                # Files the restored tree writes itself are not a mismatch: anything modified
-                # after the restore began (its duration plus a margin before ready).
-                written_since = (rec.episode_started_at or self.clock()) - handle.restore_s - 1.0
+                # Files the restored tree writes itself are not a mismatch: anything touched
+                # after its restore began. The runtime's wall clock of that start, not "now
+                # minus restore_s": a branch begins its children's episodes one after another,
+                # so a late child's tree has run for seconds before its episode starts.
+                restored_at = handle.extra.get("restore_started_at")
+                written_since = (
+                    float(restored_at)
+                    if isinstance(restored_at, (int, float))
+                    else (rec.episode_started_at or self.clock()) - handle.restore_s - 1.0
+                )
             read = partial(
                 self.evidence.read,
                 handle,

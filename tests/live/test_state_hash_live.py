@@ -1,0 +1,90 @@
+"""state_hash on fork children whose desktop changes its files right after the restore.
+
+Seen with Chromium under load: every fork child after the first few failed state_hash with its
+own writes (`Web Data`, leveldb logs) reported as a mismatch, because the children's episodes
+begin one after another and the gate judged "written by the tree" from the episode start minus
+the restore time, not from when each tree's restore began. A removed directory was a mismatch
+even without load (its files' parent dir is gone, so nothing dated the removal).
+
+Here a process of the parent's desktop waits until it finds itself in another network
+namespace (only a restore does that: the parent keeps its own), then removes a directory with
+a file in it, rewrites a file and writes a marker. Every child must start a valid episode, and
+the test fails if no child made its change before its gate was read. A change made to the
+upper before the restore still fails the gate: test_gates_live.py's tampered-upper test.
+DRUMS_LIVE=1 (root, CRIU, the base image).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from gate_daemons import create, destroy, execute, poll, settled_gates, shared_daemon
+from live_daemon import http_client, require_live
+
+CHILDREN = 4
+
+# Seeds ~/churn, then waits for a restore into a new netns and changes it at once.
+CHURN = r"""
+mkdir -p ~/churn/sub && echo seeded > ~/churn/sub/f && echo v1 > ~/churn/kept
+ns0=$(readlink /proc/self/ns/net)
+while [ "$(readlink /proc/self/ns/net)" = "$ns0" ]; do sleep 0.01; done
+rm -rf ~/churn/sub
+echo v2 > ~/churn/kept
+date +%s.%N > ~/churn/removed
+"""
+
+
+def _churn_command() -> str:
+    script = CHURN.strip().replace("'", "'\"'\"'")
+    return f"setsid sh -c '{script}' </dev/null >/dev/null 2>&1 &"
+
+
+def _read(http, slot_id: str, path: str) -> str:
+    out = execute(http, slot_id, f"cat {path} 2>/dev/null || true")["output"]
+    return (out.get("stdout") or "").strip()
+
+
+def _removed_at(http, slot_id: str) -> float | None:
+    text = _read(http, slot_id, "~/churn/removed")
+    return float(text) if text else None
+
+
+def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
+    require_live()
+    daemon = shared_daemon("hardened")
+    with http_client(daemon) as http:
+        parent = create(http)["id"]
+        children: list[str] = []
+        try:
+            execute(http, parent, _churn_command())
+            poll(
+                "the parent's churn process seeded ~/churn",
+                lambda: _read(http, parent, "~/churn/kept") == "v1",
+                limit_s=20,
+            )
+            r = http.post(f"/v1/slots/{parent}/branch", json={"n": CHILDREN})
+            assert r.status_code == 201, r.text
+            children = [c["id"] for c in r.json()["children"]]
+            before_read = 0
+            for child in children:
+                report = settled_gates(http, child)
+                failed = {n: g["evidence"] for n, g in report.items() if g["status"] != "pass"}
+                assert not failed, (child, failed)
+                removed_at = poll(
+                    f"child {child} removed ~/churn/sub after its restore",
+                    lambda c=child: _removed_at(http, c),
+                    limit_s=20,
+                )
+                checked_at = datetime.fromisoformat(report["state_hash"]["checked_at"])
+                if removed_at < checked_at.timestamp():
+                    before_read += 1
+            # Otherwise nothing above exercised the gate with the tree's own changes.
+            assert before_read >= 1, "no child changed its upper before its state_hash read"
+            # The parent was never restored: its process is still waiting.
+            assert _removed_at(http, parent) is None
+        finally:
+            for sid in [*children, parent]:
+                destroy(http, sid)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import random
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..actions import (
     hotkey,
     office_save,
     press,
+    shell,
     soffice_convert,
     wait,
     write,
@@ -692,35 +694,22 @@ def export_csv(rng: random.Random) -> TaskSpec:
             f"{wrong_dir}/{stem}.csv",
             "saves on the Desktop",
         ),
-        conv("header_dropped", "csv", DOCS, _csv_text(rows[1:]), out, "header row missing"),
+        # Exports, then strips the first line in a shell as an agent might. (Deleting row 1 in
+        # Calc before a headless export was not a reliable route: the live validator saw its CSV
+        # keep the header.) The workbook itself stays as seeded.
+        Solution(
+            "header_dropped",
+            [soffice_convert(path, "csv", DOCS), wait(1.0), shell(f"sed -i 1d {shlex.quote(out)}")],
+            lambda _i: {out: _csv_text(rows[1:])},
+            "header row missing",
+        ),
     ]
-    # the header-dropped branch needs a real edit before exporting: delete row 1, then convert
-    near[-1].actions = [
-        activate_window(re.escape(path.rsplit("/", 1)[1])),
-        *goto(0, "A1", 2),
-        hotkey("shift", "space"),
-        hotkey("ctrl", "minus"),
-        wait(1.0),
-        *office_save(),
-        soffice_convert(path, "csv", DOCS),
-        wait(1.0),
-    ]
-    near[-1].simulate = _header_dropped_sim(path, t, out, rows)
     spec = calc_spec(rng, instr, path, table_xlsx(t), {}, oracle, near)
     spec.results = [(out, "out.csv")]
     spec.check, spec.check_alt = "csv_rows", "csv_rows_raw"
     spec.options = {"file": "out.csv", "rows": rows, "delimiter": ","}
     spec.allow = [out, LOCKS]
     return spec
-
-
-def _header_dropped_sim(path: str, t: Table, out: str, rows: list[list[str]]):
-    def sim(inputs: dict[str, bytes]) -> dict[str, bytes | None]:
-        wb = openpyxl.load_workbook(io.BytesIO(inputs[path]))
-        wb[t.sheet].delete_rows(1)
-        return {path: xlsx_bytes(wb), out: _csv_text(rows[1:])}
-
-    return sim
 
 
 @family("calc_csv_to_xlsx", "libreoffice_calc")

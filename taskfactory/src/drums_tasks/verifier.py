@@ -22,12 +22,13 @@ import struct
 import unicodedata
 import zipfile
 import zlib
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 from xml.etree import ElementTree as ET
 
 Paths = dict[str, "str | None"]
 Options = dict[str, Any]
+_T = TypeVar("_T")
 
 
 def _file(paths: Paths, key: str) -> str | None:
@@ -43,6 +44,29 @@ def _read(paths: Paths, key: str) -> bytes | None:
         return None
     with open(p, "rb") as f:
         return f.read()
+
+
+def _load(paths: Paths, key: str, parse: Callable[[str], _T | None]) -> _T | None:
+    """`parse(path)` of a result file, or None (the checker scores 0) when the file is missing,
+    `parse` raises on it (a damaged or foreign file), or `parse` itself rejects it with None."""
+    p = _file(paths, key)
+    if p is None:
+        return None
+    try:
+        return parse(p)
+    except Exception:
+        return None
+
+
+def _read_text(paths: Paths, key: str, encoding: str = "utf-8") -> str | None:
+    """A result file's text, or None when it is missing or not valid `encoding`."""
+    data = _read(paths, key)
+    if data is None:
+        return None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError:
+        return None
 
 
 def _score(ok: bool) -> float:
@@ -69,12 +93,8 @@ def _same_value(got: Any, want: Any, tol: float) -> bool:
 def xlsx_cells(paths: Paths, options: Options) -> float:
     import openpyxl
 
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
-        wb = openpyxl.load_workbook(p, data_only=True)
-    except Exception:
+    wb = _load(paths, options["file"], lambda p: openpyxl.load_workbook(p, data_only=True))
+    if wb is None:
         return 0.0
     if "sheet_names" in options and wb.sheetnames != options["sheet_names"]:
         return 0.0
@@ -170,29 +190,32 @@ def _raw_cells(zf: zipfile.ZipFile, sheet_part: str, shared: list[str]) -> dict[
     return cells
 
 
+def _raw_workbook(p: str) -> tuple[zipfile.ZipFile, list[tuple[Any, str]], list[str]]:
+    """The package, its sheets as (name, worksheet part) in order, and its shared strings."""
+    zf = zipfile.ZipFile(p)
+    wb = ET.fromstring(zf.read("xl/workbook.xml"))
+    rels = _rels(zf, "xl/workbook.xml")
+    sheets = [
+        (s.get("name"), rels.get(s.get(f"{_RELNS}id", ""), "")) for s in wb.iter(f"{_SS}sheet")
+    ]
+    shared: list[str] = []
+    if "xl/sharedStrings.xml" in zf.namelist():
+        sst = ET.fromstring(zf.read("xl/sharedStrings.xml"))
+        for si in sst.findall(f"{_SS}si"):
+            # Phonetic runs (rPh) are not part of the cell text.
+            texts = [t.text or "" for t in si.findall(f"{_SS}t")]
+            for r in si.findall(f"{_SS}r"):
+                texts += [t.text or "" for t in r.findall(f"{_SS}t")]
+            shared.append("".join(texts))
+    return zf, sheets, shared
+
+
 def xlsx_cells_raw(paths: Paths, options: Options) -> float:
-    p = _file(paths, options["file"])
-    if p is None:
+    book = _load(paths, options["file"], _raw_workbook)
+    if book is None:
         return 0.0
-    try:
-        zf = zipfile.ZipFile(p)
-        wb = ET.fromstring(zf.read("xl/workbook.xml"))
-        rels = _rels(zf, "xl/workbook.xml")
-        sheets = [
-            (s.get("name"), rels.get(s.get(f"{_RELNS}id", ""), "")) for s in wb.iter(f"{_SS}sheet")
-        ]
-        names = [n for n, _ in sheets]
-        shared: list[str] = []
-        if "xl/sharedStrings.xml" in zf.namelist():
-            sst = ET.fromstring(zf.read("xl/sharedStrings.xml"))
-            for si in sst.findall(f"{_SS}si"):
-                # Phonetic runs (rPh) are not part of the cell text.
-                texts = [t.text or "" for t in si.findall(f"{_SS}t")]
-                for r in si.findall(f"{_SS}r"):
-                    texts += [t.text or "" for t in r.findall(f"{_SS}t")]
-                shared.append("".join(texts))
-    except Exception:
-        return 0.0
+    zf, sheets, shared = book
+    names = [n for n, _ in sheets]
     if "sheet_names" in options and names != options["sheet_names"]:
         return 0.0
     sheet = options.get("sheet")
@@ -280,12 +303,8 @@ def _rows_eq(got: list[list[str]], want: list[list[str]]) -> bool:
 
 
 def csv_rows(paths: Paths, options: Options) -> float:
-    data = _read(paths, options["file"])
-    if data is None:
-        return 0.0
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
+    text = _read_text(paths, options["file"], "utf-8-sig")
+    if text is None:
         return 0.0
     rows = list(csv.reader(io.StringIO(text), delimiter=options.get("delimiter", ",")))
     return _score(_rows_eq(rows, options["rows"]))
@@ -382,12 +401,8 @@ def _judge_text_doc(paras: list[_Para], cells: list[list[list[str]]], options: O
 def docx_text(paths: Paths, options: Options) -> float:
     import docx
 
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
-        doc = docx.Document(p)
-    except Exception:
+    doc = _load(paths, options["file"], docx.Document)
+    if doc is None:
         return 0.0
     paras = []
     for para in doc.paragraphs:
@@ -428,24 +443,27 @@ def _w_para(p: ET.Element, style_names: dict[str, str]) -> _Para:
     return _Para("".join(r[0] for r in runs), runs, style)
 
 
+def _raw_document(p: str) -> tuple[ET.Element, dict[str, str]]:
+    """word/document.xml and the style names by id (the default paragraph style as __default__)."""
+    zf = zipfile.ZipFile(p)
+    root = ET.fromstring(zf.read("word/document.xml"))
+    style_names: dict[str, str] = {}
+    if "word/styles.xml" in zf.namelist():
+        for s in ET.fromstring(zf.read("word/styles.xml")).iter(f"{_W}style"):
+            name = s.find(f"{_W}name")
+            sid = s.get(f"{_W}styleId", "")
+            if name is not None:
+                style_names[sid] = name.get(f"{_W}val", sid)
+                if s.get(f"{_W}type") == "paragraph" and s.get(f"{_W}default") in ("1", "true"):
+                    style_names["__default__"] = style_names[sid]
+    return root, style_names
+
+
 def docx_text_raw(paths: Paths, options: Options) -> float:
-    p = _file(paths, options["file"])
-    if p is None:
+    document = _load(paths, options["file"], _raw_document)
+    if document is None:
         return 0.0
-    try:
-        zf = zipfile.ZipFile(p)
-        root = ET.fromstring(zf.read("word/document.xml"))
-        style_names: dict[str, str] = {}
-        if "word/styles.xml" in zf.namelist():
-            for s in ET.fromstring(zf.read("word/styles.xml")).iter(f"{_W}style"):
-                name = s.find(f"{_W}name")
-                sid = s.get(f"{_W}styleId", "")
-                if name is not None:
-                    style_names[sid] = name.get(f"{_W}val", sid)
-                    if s.get(f"{_W}type") == "paragraph" and s.get(f"{_W}default") in ("1", "true"):
-                        style_names["__default__"] = style_names[sid]
-    except Exception:
-        return 0.0
+    root, style_names = document
     body = root.find(f"{_W}body")
     if body is None:
         return 0.0
@@ -469,11 +487,13 @@ def docx_text_raw(paths: Paths, options: Options) -> float:
 _ODF_MIME_TEXT = "application/vnd.oasis.opendocument.text"
 
 
-def _odf_mimetype_ok(zf: zipfile.ZipFile, want: str) -> bool:
-    try:
-        return zf.read("mimetype").decode().strip() == want
-    except KeyError:
-        return False
+def _odf_mimetype_ok(p: str, options: Options) -> bool:
+    """The package says it is the ODF type the task wants (option `mimetype`, text by default)."""
+    with zipfile.ZipFile(p) as zf:
+        try:
+            return zf.read("mimetype").decode().strip() == options.get("mimetype", _ODF_MIME_TEXT)
+        except KeyError:
+            return False
 
 
 def odf_text(paths: Paths, options: Options) -> float:
@@ -482,15 +502,8 @@ def odf_text(paths: Paths, options: Options) -> float:
     from odf import text as odftext
     from odf.opendocument import load
 
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
-        with zipfile.ZipFile(p) as zf:
-            if not _odf_mimetype_ok(zf, options.get("mimetype", _ODF_MIME_TEXT)):
-                return 0.0
-        doc = load(p)
-    except Exception:
+    doc = _load(paths, options["file"], lambda p: load(p) if _odf_mimetype_ok(p, options) else None)
+    if doc is None:
         return 0.0
     paras = []
     for el in doc.body.getElementsByType(odftext.P) + doc.body.getElementsByType(odftext.H):
@@ -530,15 +543,14 @@ def _odf_el_text(el: ET.Element) -> str:
 
 
 def odf_text_raw(paths: Paths, options: Options) -> float:
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
+    def content(p: str) -> ET.Element | None:
+        if not _odf_mimetype_ok(p, options):
+            return None
         with zipfile.ZipFile(p) as zf:
-            if not _odf_mimetype_ok(zf, options.get("mimetype", _ODF_MIME_TEXT)):
-                return 0.0
-            root = ET.fromstring(zf.read("content.xml"))
-    except Exception:
+            return ET.fromstring(zf.read("content.xml"))
+
+    root = _load(paths, options["file"], content)
+    if root is None:
         return 0.0
     body = root.find("{urn:oasis:names:tc:opendocument:xmlns:office:1.0}body")
     if body is None:
@@ -573,17 +585,16 @@ def _judge_slides(slides: list[tuple[str, str]], options: Options) -> bool:
 def pptx_text(paths: Paths, options: Options) -> float:
     from pptx import Presentation
 
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
-        prs = Presentation(p)
+    def slides_of(p: str) -> list[tuple[str, str]]:
         slides = []
-        for slide in prs.slides:
+        for slide in Presentation(p).slides:
             title = slide.shapes.title
             texts = [s.text_frame.text for s in slide.shapes if s.has_text_frame]
             slides.append((title.text_frame.text if title is not None else "", "\n".join(texts)))
-    except Exception:
+        return slides
+
+    slides = _load(paths, options["file"], slides_of)
+    if slides is None:
         return 0.0
     return _score(_judge_slides(slides, options))
 
@@ -605,31 +616,33 @@ def _a_text(el: ET.Element) -> str:
     return "\n".join(paras)
 
 
+def _raw_slides(p: str) -> list[tuple[str, str]]:
+    """(title, all text) of every slide, in the order of the presentation's slide list."""
+    zf = zipfile.ZipFile(p)
+    pres = ET.fromstring(zf.read("ppt/presentation.xml"))
+    rels = _rels(zf, "ppt/presentation.xml")
+    slides = []
+    lst = pres.find(f"{_P}sldIdLst")
+    for sid in lst.findall(f"{_P}sldId") if lst is not None else []:
+        part = rels[sid.get(f"{_RELNS}id", "")]
+        root = ET.fromstring(zf.read(part))
+        title, texts = "", []
+        for sp in root.iter(f"{_P}sp"):
+            tx = sp.find(f"{_P}txBody")
+            if tx is None:
+                continue
+            text = _a_text(tx)
+            texts.append(text)
+            ph = sp.find(f"{_P}nvSpPr/{_P}nvPr/{_P}ph")
+            if ph is not None and ph.get("type") in ("title", "ctrTitle") and not title:
+                title = text
+        slides.append((title, "\n".join(texts)))
+    return slides
+
+
 def pptx_text_raw(paths: Paths, options: Options) -> float:
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
-        zf = zipfile.ZipFile(p)
-        pres = ET.fromstring(zf.read("ppt/presentation.xml"))
-        rels = _rels(zf, "ppt/presentation.xml")
-        slides = []
-        lst = pres.find(f"{_P}sldIdLst")
-        for sid in lst.findall(f"{_P}sldId") if lst is not None else []:
-            part = rels[sid.get(f"{_RELNS}id", "")]
-            root = ET.fromstring(zf.read(part))
-            title, texts = "", []
-            for sp in root.iter(f"{_P}sp"):
-                tx = sp.find(f"{_P}txBody")
-                if tx is None:
-                    continue
-                text = _a_text(tx)
-                texts.append(text)
-                ph = sp.find(f"{_P}nvSpPr/{_P}nvPr/{_P}ph")
-                if ph is not None and ph.get("type") in ("title", "ctrTitle") and not title:
-                    title = text
-            slides.append((title, "\n".join(texts)))
-    except Exception:
+    slides = _load(paths, options["file"], _raw_slides)
+    if slides is None:
         return 0.0
     return _score(_judge_slides(slides, options))
 
@@ -652,41 +665,43 @@ def _judge_pdf(n_pages: int, text: str, doc: Options) -> bool:
     return not any(_squash(a) in flat for a in doc.get("absent", []))
 
 
-def pdf_text(paths: Paths, options: Options) -> float:
-    from pypdf import PdfReader
-
+def _judge_pdfs(
+    paths: Paths, options: Options, extract: Callable[[bytes], tuple[int, str]]
+) -> float:
+    """Every document of `docs`, read by `extract(data) -> (page count, text)`."""
     for doc in options["docs"]:
         data = _read(paths, doc["file"])
         if data is None or not data.startswith(b"%PDF"):
             return 0.0
         try:
-            reader = PdfReader(io.BytesIO(data))
-            text = "\n".join(pg.extract_text() or "" for pg in reader.pages)
-            n = len(reader.pages)
+            n, text = extract(data)
         except Exception:
             return 0.0
         if not _judge_pdf(n, text, doc):
             return 0.0
     return 1.0
+
+
+def pdf_text(paths: Paths, options: Options) -> float:
+    from pypdf import PdfReader
+
+    def extract(data: bytes) -> tuple[int, str]:
+        reader = PdfReader(io.BytesIO(data))
+        text = "\n".join(pg.extract_text() or "" for pg in reader.pages)
+        return len(reader.pages), text
+
+    return _judge_pdfs(paths, options, extract)
 
 
 def pdf_text_fitz(paths: Paths, options: Options) -> float:
     os.environ.setdefault("PYMUPDF_MESSAGE", "fd:2")
     import pymupdf
 
-    for doc in options["docs"]:
-        data = _read(paths, doc["file"])
-        if data is None or not data.startswith(b"%PDF"):
-            return 0.0
-        try:
-            with pymupdf.open(stream=data, filetype="pdf") as d:
-                text = "\n".join(pg.get_text() for pg in d)
-                n = d.page_count
-        except Exception:
-            return 0.0
-        if not _judge_pdf(n, text, doc):
-            return 0.0
-    return 1.0
+    def extract(data: bytes) -> tuple[int, str]:
+        with pymupdf.open(stream=data, filetype="pdf") as d:
+            return d.page_count, "\n".join(pg.get_text() for pg in d)
+
+    return _judge_pdfs(paths, options, extract)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -710,15 +725,12 @@ def _judge_pixels(get: Any, w: int, h: int, options: Options) -> bool:
 def image_pixels(paths: Paths, options: Options) -> float:
     from PIL import Image
 
-    p = _file(paths, options["file"])
-    if p is None:
-        return 0.0
-    try:
+    def rgb_of(p: str) -> Image.Image | None:
         with Image.open(p) as im:
-            if im.format != options.get("format", "PNG"):
-                return 0.0
-            rgb = im.convert("RGB")
-    except Exception:
+            return im.convert("RGB") if im.format == options.get("format", "PNG") else None
+
+    rgb = _load(paths, options["file"], rgb_of)
+    if rgb is None:
         return 0.0
     return _score(_judge_pixels(lambda x, y: rgb.getpixel((x, y)), rgb.width, rgb.height, options))
 
@@ -815,13 +827,10 @@ def image_pixels_raw(paths: Paths, options: Options) -> float:
 
 
 def text_equals(paths: Paths, options: Options) -> float:
-    data = _read(paths, options["file"])
-    if data is None:
+    text = _read_text(paths, options["file"])
+    if text is None:
         return 0.0
-    try:
-        return _score(data.decode("utf-8").rstrip() == options["expected"])
-    except UnicodeDecodeError:
-        return 0.0
+    return _score(text.rstrip() == options["expected"])
 
 
 def text_equals_raw(paths: Paths, options: Options) -> float:
@@ -832,13 +841,10 @@ def text_equals_raw(paths: Paths, options: Options) -> float:
 
 
 def lines_equal(paths: Paths, options: Options) -> float:
-    data = _read(paths, options["file"])
-    if data is None:
+    text = _read_text(paths, options["file"])
+    if text is None:
         return 0.0
-    try:
-        lines = data.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        return 0.0
+    lines = text.splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     return _score(lines == options["lines"])

@@ -285,50 +285,28 @@ def copy_to_backup(rng: random.Random) -> TaskSpec:
 # ---- text processing ---------------------------------------------------------------------------
 
 
-def _answer_spec(
+def _output_spec(
     rng: random.Random,
     instr: str,
     wd: str,
     files: dict[str, bytes],
     out: str,
-    want: str,
+    check: str,
+    want: dict,
     oracle: Solution,
     near: list[Solution],
 ) -> TaskSpec:
+    """A task judged on the one file it may write, `out`, by `check` and its `_raw` twin;
+    `want` is the rest of the checker's options (`expected` text, or `lines`)."""
     return terminal_spec(
         rng,
         instr,
         wd,
         files,
         [(out, "out")],
-        "text_equals",
-        "text_equals_raw",
-        {"file": "out", "expected": want},
-        [out],
-        oracle,
-        near,
-    )
-
-
-def _lines_spec(
-    rng: random.Random,
-    instr: str,
-    wd: str,
-    files: dict[str, bytes],
-    out: str,
-    lines: list[str],
-    oracle: Solution,
-    near: list[Solution],
-) -> TaskSpec:
-    return terminal_spec(
-        rng,
-        instr,
-        wd,
-        files,
-        [(out, "out")],
-        "lines_equal",
-        "lines_equal_raw",
-        {"file": "out", "lines": lines},
+        check,
+        f"{check}_raw",
+        {"file": "out", **want},
         [out],
         oracle,
         near,
@@ -387,7 +365,8 @@ def count_errors(rng: random.Random) -> TaskSpec:
                 "counts every line",
             )
         )
-    return _answer_spec(rng, instr, wd, {log: data}, out, str(n_err), oracle, near)
+    want = {"expected": str(n_err)}
+    return _output_spec(rng, instr, wd, {log: data}, out, "text_equals", want, oracle, near)
 
 
 @family("term_sort_unique", "os")
@@ -414,7 +393,9 @@ def sort_unique(rng: random.Random) -> TaskSpec:
         run("reverse_order", f"sort -ru {q} > {o}", _writes(out, want[::-1]), "reversed"),
         run("uniq_unsorted", f"uniq {q} > {o}", _writes(out, adjacent_uniq), "uniq without sort"),
     ]
-    return _lines_spec(rng, instr, wd, {src: data}, out, want, oracle, near)
+    return _output_spec(
+        rng, instr, wd, {src: data}, out, "lines_equal", {"lines": want}, oracle, near
+    )
 
 
 @family("term_head_lines", "os")
@@ -439,7 +420,9 @@ def head_lines(rng: random.Random) -> TaskSpec:
             "without the header",
         ),
     ]
-    return _lines_spec(rng, instr, wd, {src: data}, out, rows[:n], oracle, near)
+    return _output_spec(
+        rng, instr, wd, {src: data}, out, "lines_equal", {"lines": rows[:n]}, oracle, near
+    )
 
 
 @family("term_edit_config", "os")
@@ -489,5 +472,7 @@ def edit_config(rng: random.Random) -> TaskSpec:
             "changes backup_port only",
         ),
     ]
-    spec = _lines_spec(rng, instr, wd, {path: data}, path, want, oracle, near)
+    spec = _output_spec(
+        rng, instr, wd, {path: data}, path, "lines_equal", {"lines": want}, oracle, near
+    )
     return spec

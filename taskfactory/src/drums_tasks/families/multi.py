@@ -24,8 +24,44 @@ def _open(path: str, seconds: float = 3) -> list[dict]:
     ]
 
 
-def _readme(rng: random.Random) -> bytes:
-    return ("Shared work folder.\n" + content.sentence(rng) + "\n").encode()
+def multi_spec(
+    rng: random.Random,
+    *,
+    instruction: str,
+    files: dict[str, bytes],
+    launch: list[dict],
+    results: list[tuple[str, str]],
+    check: str,
+    check_alt: str,
+    options: dict,
+    allow: list[str],
+    oracle: Solution,
+    near_misses: list[Solution],
+    related_apps: list[str],
+    roots: list[str] | None = None,
+    dirs: list[str] | None = None,
+) -> TaskSpec:
+    """A multi-app task over `files` plus the README decoy in Documents (its text is drawn from
+    `rng` here, last); the apps' lock files may change besides `allow`."""
+    decoy = f"{DOCS}/README.txt"
+    return TaskSpec(
+        family="",
+        app="multi_apps",
+        instruction=instruction,
+        files={**files, decoy: ("Shared work folder.\n" + content.sentence(rng) + "\n").encode()},
+        launch=launch,
+        results=results,
+        check=check,
+        check_alt=check_alt,
+        options=options,
+        roots=roots or [DOCS],
+        allow=[*allow, LOCKS],
+        oracle=oracle,
+        near_misses=near_misses,
+        decoy=decoy,
+        related_apps=related_apps,
+        dirs=dirs or [],
+    )
 
 
 @family("multi_xlsx_total_to_docx", "multi_apps")
@@ -73,25 +109,21 @@ def xlsx_total_to_docx(rng: random.Random) -> TaskSpec:
             "not_saved", docx_path, gui, None, save=False, why="edits, never saves"
         )
     )
-    return TaskSpec(
-        family="",
-        app="multi_apps",
+    return multi_spec(
+        rng,
         instruction=instr,
         files={
             xlsx: calc.table_xlsx(t),
             docx_path: writer.docx_of(paras),
-            f"{DOCS}/README.txt": _readme(rng),
         },
         launch=[*_open(xlsx), *_open(docx_path)],
         results=[(docx_path, "report.docx")],
         check="docx_text",
         check_alt="docx_text_raw",
         options={"file": "report.docx", "paragraphs": want},
-        roots=[DOCS],
-        allow=[docx_path, LOCKS],
+        allow=[docx_path],
         oracle=oracle,
         near_misses=near,
-        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_calc", "libreoffice_writer"],
     )
 
@@ -166,11 +198,10 @@ def web_rate_to_xlsx(rng: random.Random) -> TaskSpec:
             )
         )
     guard = {f"B{k + 3}": rates[order[k + 1]], f"A{k + 2}": region}
-    return TaskSpec(
-        family="",
-        app="multi_apps",
+    return multi_spec(
+        rng,
         instruction=instr,
-        files={html_path: html, xlsx: xlsx_bytes(wb), f"{DOCS}/README.txt": _readme(rng)},
+        files={html_path: html, xlsx: xlsx_bytes(wb)},
         launch=[
             *_open(xlsx),
             {
@@ -183,11 +214,9 @@ def web_rate_to_xlsx(rng: random.Random) -> TaskSpec:
         check="xlsx_cells",
         check_alt="xlsx_cells_raw",
         options={"file": "rates.xlsx", "sheet": sheet, "cells": {ref: want, **guard}},
-        roots=[DOCS],
-        allow=[xlsx, LOCKS],
+        allow=[xlsx],
         oracle=oracle,
         near_misses=near,
-        decoy=f"{DOCS}/README.txt",
         related_apps=["chrome", "libreoffice_calc"],
     )
 
@@ -233,25 +262,21 @@ def text_title_to_pptx(rng: random.Random) -> TaskSpec:
         ),
         impress.impress_solution("not_saved", pptx, gui, None, why="edits, never saves"),
     ]
-    return TaskSpec(
-        family="",
-        app="multi_apps",
+    return multi_spec(
+        rng,
         instruction=instr,
         files={
             pptx: impress.pptx_of(deck),
             txt: (new + "\n").encode(),
-            f"{DOCS}/README.txt": _readme(rng),
         },
         launch=[{"type": "launch", "parameters": {"command": ["xterm"]}}, *_open(pptx, 4)],
         results=[(pptx, "deck.pptx")],
         check="pptx_text",
         check_alt="pptx_text_raw",
         options={"file": "deck.pptx", "titles": [s.title for s in want]},
-        roots=[DOCS],
-        allow=[pptx, LOCKS],
+        allow=[pptx],
         oracle=oracle,
         near_misses=near,
-        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_impress", "os"],
     )
 
@@ -291,14 +316,12 @@ def export_both_pdf(rng: random.Random) -> TaskSpec:
         {"file": "doc.pdf", "contains": [paras[0].text]},
         {"file": "sheet.pdf", "contains": [t.rows[0][0], t.rows[-1][0]]},
     ]
-    return TaskSpec(
-        family="",
-        app="multi_apps",
+    return multi_spec(
+        rng,
         instruction=instr,
         files={
             docx_path: writer.docx_of(paras),
             xlsx: calc.table_xlsx(t),
-            f"{DOCS}/README.txt": _readme(rng),
             f"{outdir}/.keep": b"",
         },
         launch=[*_open(docx_path), *_open(xlsx)],
@@ -307,10 +330,9 @@ def export_both_pdf(rng: random.Random) -> TaskSpec:
         check_alt="pdf_text_fitz",
         options={"docs": docs},
         roots=[DOCS, DESKTOP],
-        allow=[d_out, x_out, outdir, LOCKS],
+        allow=[d_out, x_out, outdir],
         oracle=oracle,
         near_misses=near,
-        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_writer", "libreoffice_calc"],
     )
 
@@ -342,21 +364,19 @@ def calc_count_to_answer(rng: random.Random) -> TaskSpec:
             "wrong_folder", str(want), f"{DOCS}/answer.txt", why="right count, saved in Documents"
         )
     )
-    return TaskSpec(
-        family="",
-        app="multi_apps",
+    return multi_spec(
+        rng,
         instruction=instr,
-        files={xlsx: calc.table_xlsx(t), f"{DOCS}/README.txt": _readme(rng)},
+        files={xlsx: calc.table_xlsx(t)},
         launch=[*_open(xlsx), {"type": "launch", "parameters": {"command": ["xterm"]}}],
         results=[(chromium.ANSWER, "answer.txt")],
         check="text_equals",
         check_alt="text_equals_raw",
         options={"file": "answer.txt", "expected": str(want)},
         roots=[DOCS, DESKTOP],
-        allow=[chromium.ANSWER, LOCKS],
+        allow=[chromium.ANSWER],
         oracle=chromium.answer("oracle", str(want)),
         near_misses=near,
-        decoy=f"{DOCS}/README.txt",
         related_apps=["libreoffice_calc", "os"],
         dirs=[DESKTOP],
     )

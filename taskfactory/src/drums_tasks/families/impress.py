@@ -1,7 +1,8 @@
 """LibreOffice Impress families: edit slide text in a seeded pptx, or convert the deck.
 
 The keyboard oracle: Home (first slide), Page Down per slide, Tab selects the slide's objects in
-z-order (title first, then the body), Enter starts text editing, Ctrl+A selects the object's text.
+z-order (title first, then the body), Enter starts text editing; the object is emptied (see
+`clear_text`) before the new text is typed, never typed over a Ctrl+A selection.
 """
 
 from __future__ import annotations

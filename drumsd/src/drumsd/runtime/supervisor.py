@@ -1162,9 +1162,12 @@ class Supervisor:
                 raise
             finally:
                 self._pending_mib -= children_cost
-        for child, handle in zip(children, handles, strict=True):
-            async with self._lock(child.id):
-                await self._begin_episode(child, handle, "ready")
+        # The children start their episodes at once: each start reads its gate evidence (a hash
+        # of its whole upper), and one after another the last child's episode began seconds
+        # after its desktop was restored and running.
+        async with trio.open_nursery() as nursery:
+            for child, handle in zip(children, handles, strict=True):
+                nursery.start_soon(self._begin_child_episode, child, handle)
         elapsed = time.monotonic() - started
         self._observe("fork", slot_id, elapsed)
         return {
@@ -1173,6 +1176,10 @@ class Supervisor:
             "checkpoint": source.id,
             "elapsed_s": elapsed,
         }
+
+    async def _begin_child_episode(self, child: SlotRecord, handle: SlotHandle) -> None:
+        async with self._lock(child.id):
+            await self._begin_episode(child, handle, "ready")
 
     # --- quiescent / tasks / verify -------------------------------------------------------------
 

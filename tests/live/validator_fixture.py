@@ -153,3 +153,4 @@ if __name__ == "__main__":
         print(json.dumps(summary, indent=1))
     finally:
         stop_validator_daemon(daemon)
+        shutil.rmtree(installed.parent, ignore_errors=True)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pptx import Presentation
 
 from ..actions import (
-    HEADLESS_TIMEOUT_S,
     Action,
     activate_window,
-    execute,
     hotkey,
     office_save,
     press,
@@ -28,7 +27,14 @@ from ..docfiles import odp_bytes, pptx_bytes
 from ..spec import Solution, TaskSpec
 from . import content
 from .registry import family
-from .writer import _convert_solution, pdf_pages
+from .writer import (
+    convert_solution,
+    copied_unconverted,
+    office_spec,
+    old_draft_converted,
+    pdf_pages,
+    saved_on_desktop,
+)
 
 DOCS = "/home/user/Documents"
 DESKTOP = "/home/user/Desktop"
@@ -134,29 +140,23 @@ def impress_spec(
     oracle: Solution,
     near: list[Solution],
 ) -> TaskSpec:
-    decoy = f"{DOCS}/README.txt"
+    """A task that edits the deck `path` in place."""
     dest = path.rsplit("/", 1)[1]
-    return TaskSpec(
-        family="",
+    return office_spec(
+        rng,
         app="libreoffice_impress",
+        readme="Slides for the team.",
         instruction=instruction,
-        files={
-            path: pptx_of(deck),
-            decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode(),
-        },
-        launch=[
-            {"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": 4}},
-        ],
-        results=[(path, dest)],
+        files={path: pptx_of(deck)},
+        opened=path,
+        seconds=4,
+        output=path,
+        dest=dest,
         check="pptx_text",
         check_alt="pptx_text_raw",
         options={"file": dest, **options},
-        roots=[DOCS],
-        allow=[path, LOCKS],
         oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
+        near=near,
     )
 
 
@@ -292,104 +292,65 @@ def _deck_files(rng: random.Random) -> tuple[list[Slide], list[Slide], str, str,
     return deck, other, path, f"{DOCS}/old_{stem}.pptx", stem
 
 
-def _convert_spec(
+def _conversion_spec(
     rng: random.Random,
-    instr: str,
+    instruction: str,
     deck: list[Slide],
     other: list[Slide],
     path: str,
-    other_path: str,
+    old: str,
     out: str,
-    dest: str,
-    check: str,
-    check_alt: str,
+    check: tuple[str, str],
     options: dict,
     oracle: Solution,
     near: list[Solution],
 ) -> TaskSpec:
-    decoy = f"{DOCS}/README.txt"
-    return TaskSpec(
-        family="",
+    """The deck `path` converted to `out`, with the older deck `old` beside it."""
+    return office_spec(
+        rng,
         app="libreoffice_impress",
-        instruction=instr,
-        files={
-            path: pptx_of(deck),
-            other_path: pptx_of(other),
-            decoy: ("Slides for the team.\n" + content.sentence(rng) + "\n").encode(),
-        },
-        launch=[
-            {"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": 4}},
-        ],
-        results=[(out, dest)],
-        check=check,
-        check_alt=check_alt,
-        options={"file": dest, **options} if "docs" not in options else options,
-        roots=[DOCS],
-        allow=[out, LOCKS],
+        readme="Slides for the team.",
+        instruction=instruction,
+        files={path: pptx_of(deck), old: pptx_of(other)},
+        opened=path,
+        seconds=4,
+        output=out,
+        dest=f"out.{out.rsplit('.', 1)[1]}",
+        check=check[0],
+        check_alt=check[1],
+        options=options,
         oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
+        near=near,
     )
+
+
+# LibreOffice's PDF export filter with a page range: what printing only the current slide gives.
+_PDF_FIRST_SLIDE = 'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}'
 
 
 @family("impress_export_pdf", "libreoffice_impress")
 def export_pdf(rng: random.Random) -> TaskSpec:
-    deck, other, path, other_path, stem = _deck_files(rng)
+    deck, other, path, old, stem = _deck_files(rng)
     out = f"{DOCS}/{stem}.pdf"
     instr = f"Export the presentation {path} to PDF as {out} (one page per slide)."
 
-    def pages(d: list[Slide]) -> list[list[str]]:
-        return [[s.title, *s.body] for s in d]
+    def pdf(d: list[Slide]) -> Callable[[], bytes]:
+        return lambda: pdf_pages([[s.title, *s.body] for s in d])
 
-    oracle = _convert_solution("oracle", path, "pdf", DOCS, out, lambda: pdf_pages(pages(deck)), "")
+    oracle = convert_solution("oracle", path, "pdf", DOCS, out, pdf(deck), "")
     near = [
-        _convert_solution(
-            "wrong_folder",
-            path,
-            "pdf",
-            DESKTOP,
-            f"{DESKTOP}/{stem}.pdf",
-            lambda: pdf_pages(pages(deck)),
-            "PDF on the Desktop",
-        ),
-        Solution(
-            "other_deck",
-            [
-                *_convert_solution("x", other_path, "pdf", "/tmp", "", None, "").actions,
-                execute(["cp", f"/tmp/old_{stem}.pdf", out]),
-            ],
-            lambda _i: {out: pdf_pages(pages(other))},
-            "exports the old deck",
-        ),
-        Solution(
-            "pptx_renamed",
-            [execute(["cp", path, out])],
-            lambda i: {out: i[path]},
-            "copies the pptx under a .pdf name",
-        ),
-        Solution(
+        saved_on_desktop(path, "pdf", out, pdf(deck), "PDF on the Desktop"),
+        old_draft_converted("other_deck", old, "pdf", out, pdf(other), "exports the old deck"),
+        copied_unconverted(path, out, "copies the pptx under a .pdf name"),
+        convert_solution(
             "first_slide_only",
-            [execute(["sh", "-c", "true"])],
-            lambda _i: {out: pdf_pages(pages(deck[:1]))},
+            path,
+            _PDF_FIRST_SLIDE,
+            DOCS,
+            out,
+            pdf(deck[:1]),
             "a PDF of the first slide only (e.g. printed the current slide)",
         ),
-    ]
-    near[-1].actions = [
-        execute(
-            [
-                "soffice",
-                "-env:UserInstallation=file:///tmp/drums-oracle-lo",
-                "--headless",
-                "--convert-to",
-                'pdf:impress_pdf_Export:{"PageRange":{"type":"string","value":"1"}}',
-                "--outdir",
-                DOCS,
-                path,
-            ],
-            HEADLESS_TIMEOUT_S,
-        ),
-        wait(1.0),
     ]
     opts = {
         "docs": [
@@ -400,73 +361,26 @@ def export_pdf(rng: random.Random) -> TaskSpec:
             }
         ]
     }
-    return _convert_spec(
-        rng,
-        instr,
-        deck,
-        other,
-        path,
-        other_path,
-        out,
-        "out.pdf",
-        "pdf_text",
-        "pdf_text_fitz",
-        opts,
-        oracle,
-        near,
-    )
+    check = ("pdf_text", "pdf_text_fitz")
+    return _conversion_spec(rng, instr, deck, other, path, old, out, check, opts, oracle, near)
 
 
 @family("impress_pptx_to_odp", "libreoffice_impress")
 def pptx_to_odp(rng: random.Random) -> TaskSpec:
-    deck, other, path, other_path, stem = _deck_files(rng)
+    deck, other, path, old, stem = _deck_files(rng)
     out = f"{DOCS}/{stem}.odp"
     instr = f"Save a copy of the presentation {path} in OpenDocument format as {out}."
 
-    def odp(d: list[Slide]) -> bytes:
-        return odp_bytes([[s.title, *s.body] for s in d])
+    def odp(d: list[Slide]) -> Callable[[], bytes]:
+        return lambda: odp_bytes([[s.title, *s.body] for s in d])
 
-    oracle = _convert_solution("oracle", path, "odp", DOCS, out, lambda: odp(deck), "")
+    oracle = convert_solution("oracle", path, "odp", DOCS, out, odp(deck), "")
     near = [
-        _convert_solution(
-            "wrong_folder",
-            path,
-            "odp",
-            DESKTOP,
-            f"{DESKTOP}/{stem}.odp",
-            lambda: odp(deck),
-            "copy on the Desktop",
-        ),
-        Solution(
-            "other_deck",
-            [
-                *_convert_solution("x", other_path, "odp", "/tmp", "", None, "").actions,
-                execute(["cp", f"/tmp/old_{stem}.odp", out]),
-            ],
-            lambda _i: {out: odp(other)},
-            "converts the old deck",
-        ),
-        Solution(
-            "pptx_renamed",
-            [execute(["cp", path, out])],
-            lambda i: {out: i[path]},
-            "copies the pptx under an .odp name",
-        ),
+        saved_on_desktop(path, "odp", out, odp(deck), "copy on the Desktop"),
+        old_draft_converted("other_deck", old, "odp", out, odp(other), "converts the old deck"),
+        copied_unconverted(path, out, "copies the pptx under an .odp name"),
     ]
     everything = [s.title for s in deck] + [b for s in deck for b in s.body]
-    opts = {"contains": everything, "mimetype": ODP_MIME}
-    return _convert_spec(
-        rng,
-        instr,
-        deck,
-        other,
-        path,
-        other_path,
-        out,
-        "out.odp",
-        "odf_text",
-        "odf_text_raw",
-        opts,
-        oracle,
-        near,
-    )
+    opts = {"file": "out.odp", "contains": everything, "mimetype": ODP_MIME}
+    check = ("odf_text", "odf_text_raw")
+    return _conversion_spec(rng, instr, deck, other, path, old, out, check, opts, oracle, near)

@@ -95,6 +95,49 @@ def writer_solution(
     return Solution(name, acts, simulate, why)
 
 
+def office_spec(
+    rng: random.Random,
+    *,
+    app: str,
+    readme: str,
+    instruction: str,
+    files: dict[str, bytes],
+    opened: str,
+    seconds: int,
+    output: str,
+    dest: str,
+    check: str,
+    check_alt: str,
+    options: dict,
+    oracle: Solution,
+    near: list[Solution],
+) -> TaskSpec:
+    """A LibreOffice task (Writer, Impress or Calc): `files` plus a README decoy in Documents that
+    starts with the line `readme` (its second line is drawn from `rng` here, last), `opened` open
+    in `app`; judged on the one file `output` (fetched as `dest`), which, with the lock files, is
+    all the task may change."""
+    decoy = f"{DOCS}/README.txt"
+    return TaskSpec(
+        family="",
+        app=app,
+        instruction=instruction,
+        files={**files, decoy: f"{readme}\n{content.sentence(rng)}\n".encode()},
+        launch=[
+            {"type": "open", "parameters": {"path": opened}},
+            {"type": "sleep", "parameters": {"seconds": seconds}},
+        ],
+        results=[(output, dest)],
+        check=check,
+        check_alt=check_alt,
+        options=options,
+        roots=[DOCS],
+        allow=[output, LOCKS],
+        oracle=oracle,
+        near_misses=near,
+        decoy=decoy,
+    )
+
+
 def writer_spec(
     rng: random.Random,
     instruction: str,
@@ -106,26 +149,23 @@ def writer_spec(
     check: str = "docx_text",
     check_alt: str = "docx_text_raw",
 ) -> TaskSpec:
-    decoy = f"{DOCS}/README.txt"
+    """A task that edits the document `path` in place."""
     dest = path.rsplit("/", 1)[1]
-    return TaskSpec(
-        family="",
+    return office_spec(
+        rng,
         app="libreoffice_writer",
+        readme="Team documents.",
         instruction=instruction,
-        files={path: data, decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode()},
-        launch=[
-            {"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": 3}},
-        ],
-        results=[(path, dest)],
+        files={path: data},
+        opened=path,
+        seconds=3,
+        output=path,
+        dest=dest,
         check=check,
         check_alt=check_alt,
         options={"file": dest, **options},
-        roots=[DOCS],
-        allow=[path, LOCKS],
         oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
+        near=near,
     )
 
 
@@ -531,141 +571,132 @@ def pdf_pages(pages: list[list[str]]) -> bytes:
     return data
 
 
-def _convert_solution(
-    name: str, src: str, fmt: str, outdir: str, dest: str, payload, why: str
+def convert_actions(src: str, fmt: str, outdir: str) -> list[Action]:
+    """LibreOffice's headless converter, then a second for the file to land."""
+    return [soffice_convert(src, fmt, outdir), wait(1.0)]
+
+
+def convert_solution(
+    name: str,
+    src: str,
+    fmt: str,
+    outdir: str,
+    dest: str,
+    payload: Callable[[], bytes],
+    why: str,
 ) -> Solution:
-    return Solution(
-        name, [soffice_convert(src, fmt, outdir), wait(1.0)], lambda _i: {dest: payload()}, why
+    """Converts `src` to `fmt` in `outdir`; `payload` builds the `dest` file (lazily: only tests
+    need it)."""
+    return Solution(name, convert_actions(src, fmt, outdir), lambda _i: {dest: payload()}, why)
+
+
+# The near misses every document conversion has (Writer's and Impress's).
+
+
+def saved_on_desktop(
+    src: str, fmt: str, out: str, payload: Callable[[], bytes], why: str
+) -> Solution:
+    """The right conversion, written to the Desktop instead of `out`'s folder."""
+    desktop_out = f"{DESKTOP}/{out.rsplit('/', 1)[1]}"
+    return convert_solution("wrong_folder", src, fmt, DESKTOP, desktop_out, payload, why)
+
+
+def old_draft_converted(
+    name: str, old: str, fmt: str, out: str, payload: Callable[[], bytes], why: str
+) -> Solution:
+    """The older file `old` beside the source converted (in /tmp) and copied to `out`: the right
+    name, the wrong content."""
+    converted = f"/tmp/{old.rsplit('/', 1)[1].rsplit('.', 1)[0]}.{fmt}"
+    acts = [*convert_actions(old, fmt, "/tmp"), execute(["cp", converted, out])]
+    return Solution(name, acts, lambda _i: {out: payload()}, why)
+
+
+def copied_unconverted(src: str, out: str, why: str) -> Solution:
+    """`src` copied under `out`'s name, not converted (`docx_renamed`, `pptx_renamed`)."""
+    ext = src.rsplit(".", 1)[1]
+    return Solution(f"{ext}_renamed", [execute(["cp", src, out])], lambda i: {out: i[src]}, why)
+
+
+def _conversion(
+    rng: random.Random,
+    fmt: str,
+    *,
+    instruction: Callable[[str, str], str],
+    convert: Callable[[list[str]], bytes],
+    whys: tuple[str, str, str],
+    check: tuple[str, str],
+    options: Callable[[list[str]], dict],
+) -> TaskSpec:
+    """A docx converted to `fmt` as `<stem>.<fmt>` beside it, with an older draft `old_<stem>.docx`
+    in the same folder: `convert(texts)` is the converted file, `whys` explain the near misses
+    (Desktop, old draft, renamed), `check` is the checker and its twin, given `options(texts)`."""
+    paras = make_paras(rng, 3, 5)
+    other = make_paras(rng, 3, 4)
+    path = _path(rng)
+    stem = path.rsplit("/", 1)[1][:-5]
+    old = f"{DOCS}/old_{stem}.docx"
+    out = f"{DOCS}/{stem}.{fmt}"
+    texts = _texts(paras)
+    oracle = convert_solution("oracle", path, fmt, DOCS, out, lambda: convert(texts), "")
+    desktop_why, old_why, renamed_why = whys
+    near = [
+        saved_on_desktop(path, fmt, out, lambda: convert(texts), desktop_why),
+        old_draft_converted(
+            "other_document", old, fmt, out, lambda: convert(_texts(other)), old_why
+        ),
+        copied_unconverted(path, out, renamed_why),
+    ]
+    return office_spec(
+        rng,
+        app="libreoffice_writer",
+        readme="Team documents.",
+        instruction=instruction(path, out),
+        files={path: docx_of(paras), old: docx_of(other)},
+        opened=path,
+        seconds=3,
+        output=out,
+        dest=f"out.{fmt}",
+        check=check[0],
+        check_alt=check[1],
+        options=options(texts),
+        oracle=oracle,
+        near=near,
     )
 
 
 @family("writer_export_pdf", "libreoffice_writer")
 def export_pdf(rng: random.Random) -> TaskSpec:
-    paras = make_paras(rng, 3, 5)
-    other = make_paras(rng, 3, 4)
-    path = _path(rng)
-    stem = path.rsplit("/", 1)[1][:-5]
-    other_path = f"{DOCS}/old_{stem}.docx"
-    out = f"{DOCS}/{stem}.pdf"
-    texts = _texts(paras)
-    instr = f"Export {path} to PDF as {out}."
-    oracle = _convert_solution("oracle", path, "pdf", DOCS, out, lambda: pdf_of(texts), "")
-    near = [
-        _convert_solution(
-            "wrong_folder",
-            path,
-            "pdf",
-            DESKTOP,
-            f"{DESKTOP}/{stem}.pdf",
-            lambda: pdf_of(texts),
-            "PDF on the Desktop",
-        ),
-        Solution(
-            "other_document",
-            [
-                soffice_convert(other_path, "pdf", "/tmp"),
-                wait(1.0),
-                execute(["cp", f"/tmp/old_{stem}.pdf", out]),
-            ],
-            lambda _i: {out: pdf_of(_texts(other))},
-            "exports the old draft",
-        ),
-        Solution(
-            "docx_renamed",
-            [execute(["cp", path, out])],
-            lambda i: {out: i[path]},
-            "copies the docx under a .pdf name",
-        ),
-    ]
-    decoy = f"{DOCS}/README.txt"
-    return TaskSpec(
-        family="",
-        app="libreoffice_writer",
-        instruction=instr,
-        files={
-            path: docx_of(paras),
-            other_path: docx_of(other),
-            decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode(),
+    return _conversion(
+        rng,
+        "pdf",
+        instruction=lambda path, out: f"Export {path} to PDF as {out}.",
+        convert=pdf_of,
+        whys=("PDF on the Desktop", "exports the old draft", "copies the docx under a .pdf name"),
+        check=("pdf_text", "pdf_text_fitz"),
+        options=lambda texts: {
+            "docs": [{"file": "out.pdf", "pages": 1, "contains": [texts[0], texts[-1]]}]
         },
-        launch=[
-            {"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": 3}},
-        ],
-        results=[(out, "out.pdf")],
-        check="pdf_text",
-        check_alt="pdf_text_fitz",
-        options={"docs": [{"file": "out.pdf", "pages": 1, "contains": [texts[0], texts[-1]]}]},
-        roots=[DOCS],
-        allow=[out, LOCKS],
-        oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
     )
 
 
 @family("writer_docx_to_odt", "libreoffice_writer")
 def docx_to_odt(rng: random.Random) -> TaskSpec:
-    paras = make_paras(rng, 3, 5)
-    other = make_paras(rng, 3, 4)
-    path = _path(rng)
-    stem = path.rsplit("/", 1)[1][:-5]
-    other_path = f"{DOCS}/old_{stem}.docx"
-    out = f"{DOCS}/{stem}.odt"
-    texts = _texts(paras)
-    instr = f"Save a copy of {path} in OpenDocument Text format as {out}."
-    oracle = _convert_solution("oracle", path, "odt", DOCS, out, lambda: odt_bytes(texts), "")
-    near = [
-        _convert_solution(
-            "wrong_folder",
-            path,
-            "odt",
-            DESKTOP,
-            f"{DESKTOP}/{stem}.odt",
-            lambda: odt_bytes(texts),
+    return _conversion(
+        rng,
+        "odt",
+        instruction=lambda path, out: (
+            f"Save a copy of {path} in OpenDocument Text format as {out}."
+        ),
+        convert=odt_bytes,
+        whys=(
             "copy on the Desktop",
-        ),
-        Solution(
-            "other_document",
-            [
-                soffice_convert(other_path, "odt", "/tmp"),
-                wait(1.0),
-                execute(["cp", f"/tmp/old_{stem}.odt", out]),
-            ],
-            lambda _i: {out: odt_bytes(_texts(other))},
             "converts the old draft",
-        ),
-        Solution(
-            "docx_renamed",
-            [execute(["cp", path, out])],
-            lambda i: {out: i[path]},
             "copies the docx under an .odt name",
         ),
-    ]
-    decoy = f"{DOCS}/README.txt"
-    return TaskSpec(
-        family="",
-        app="libreoffice_writer",
-        instruction=instr,
-        files={
-            path: docx_of(paras),
-            other_path: docx_of(other),
-            decoy: ("Team documents.\n" + content.sentence(rng) + "\n").encode(),
-        },
-        launch=[
-            {"type": "open", "parameters": {"path": path}},
-            {"type": "sleep", "parameters": {"seconds": 3}},
-        ],
-        results=[(out, "out.odt")],
-        check="odf_text",
-        check_alt="odf_text_raw",
-        options={
+        check=("odf_text", "odf_text_raw"),
+        options=lambda texts: {
             "file": "out.odt",
             "paragraphs": texts,
             "mimetype": "application/vnd.oasis.opendocument.text",
         },
-        roots=[DOCS],
-        allow=[out, LOCKS],
-        oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
     )

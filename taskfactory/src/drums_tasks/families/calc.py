@@ -20,6 +20,7 @@ from openpyxl.utils import get_column_letter
 from ..actions import (
     Action,
     activate_window,
+    execute,
     hotkey,
     office_save,
     press,
@@ -28,12 +29,13 @@ from ..actions import (
     wait,
     write,
 )
-from ..docfiles import xlsx_bytes
+from ..docfiles import odt_bytes, xlsx_bytes
 from ..spec import Solution, TaskSpec
 from . import content
 from .registry import family
 
 DOCS = "/home/user/Documents"
+DESKTOP = "/home/user/Desktop"
 LOCKS = f"{DOCS}/.~lock.*#"
 STEMS = ["sales_report", "figures", "inventory", "quarterly", "ledger", "tally", "stocktake"]
 
@@ -164,27 +166,43 @@ def calc_spec(
     options: dict[str, Any],
     oracle: Solution,
     near: list[Solution],
-    extra_results: list[str] | None = None,
 ) -> TaskSpec:
+    """A task that edits the workbook `path` in place."""
+    dest = path.rsplit("/", 1)[1]
+    return _calc_spec(rng, instruction, {path: data}, path, path, dest, options, oracle, near)
+
+
+def _calc_spec(
+    rng: random.Random,
+    instruction: str,
+    files: dict[str, bytes],
+    opened: str,
+    output: str,
+    dest: str,
+    options: dict[str, Any],
+    oracle: Solution,
+    near: list[Solution],
+    check: tuple[str, str] = ("xlsx_cells", "xlsx_cells_raw"),
+) -> TaskSpec:
+    """A Calc task: `files` plus the README decoy in Documents (its text drawn from `rng` here,
+    last), `opened` open in Calc; judged on the one file `output` (fetched as `dest`), which, with
+    the lock files, is all the task may change."""
     decoy = f"{DOCS}/README.txt"
-    results = [(path, path.rsplit("/", 1)[1])]
-    for p in extra_results or []:
-        results.append((p, p.rsplit("/", 1)[1]))
     return TaskSpec(
         family="",
         app="libreoffice_calc",
         instruction=instruction,
-        files={path: data, decoy: _readme(rng)},
+        files={**files, decoy: _readme(rng)},
         launch=[
-            {"type": "open", "parameters": {"path": path}},
+            {"type": "open", "parameters": {"path": opened}},
             {"type": "sleep", "parameters": {"seconds": 3}},
         ],
-        results=results,
-        check="xlsx_cells",
-        check_alt="xlsx_cells_raw",
-        options={"file": results[0][1], **options},
+        results=[(output, dest)],
+        check=check[0],
+        check_alt=check[1],
+        options={"file": dest, **options},
         roots=[DOCS],
-        allow=[path, LOCKS, *(extra_results or [])],
+        allow=[output, LOCKS],
         oracle=oracle,
         near_misses=near,
         decoy=decoy,
@@ -199,11 +217,10 @@ def _path(rng: random.Random, ext: str = "xlsx") -> str:
     return f"{DOCS}/{content.filename(rng, STEMS, ext)}"
 
 
-def _nosave(oracle: Solution) -> Solution:
+def _nosave(oracle: Solution, why: str = "edits the cells, never saves") -> Solution:
     """The oracle's edits without the save: the file on disk must still score 0."""
-    acts = [a for a in oracle.actions]
     # office_save appends: ctrl+s, wait, enter, wait -> drop those four steps.
-    return Solution("not_saved", acts[:-4], lambda _inputs: {}, "edits the cells, never saves")
+    return Solution("not_saved", oracle.actions[:-4], lambda _inputs: {}, why)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -586,12 +603,7 @@ def percent_format(rng: random.Random) -> TaskSpec:
             percent=(0, [f"B{i + 2}" for i in range(n)]),
             why="formats the Target column",
         ),
-        Solution(
-            "not_saved",
-            calc_solution("o", path, 2, [], percent=(0, refs)).actions[:-4],
-            lambda _i: {},
-            "formats, never saves",
-        ),
+        _nosave(oracle, "formats, never saves"),
     ]
     return calc_spec(rng, instr, path, xlsx_bytes(wb), opts, oracle, near)
 
@@ -625,12 +637,7 @@ def bold_header(rng: random.Random) -> TaskSpec:
             bold=(0, [*hdr, "A2", "B2", "C2", "D2", "E2"]),
             why="bolds row 2 as well",
         ),
-        Solution(
-            "not_saved",
-            calc_solution("o", path, 2, [], bold=(0, hdr)).actions[:-4],
-            lambda _i: {},
-            "bolds, never saves",
-        ),
+        _nosave(oracle, "bolds, never saves"),
     ]
     return calc_spec(rng, instr, path, table_xlsx(t), opts, oracle, near)
 
@@ -645,6 +652,18 @@ def csv_rows_of(t: Table) -> list[list[str]]:
 
 def _csv_text(rows: list[list[str]], delim: str = ",") -> bytes:
     return ("\n".join(delim.join(r) for r in rows) + "\n").encode()
+
+
+def _convert_actions(src: str, fmt: str, outdir: str) -> list[Action]:
+    """LibreOffice's headless converter, then a second for the file to land."""
+    return [soffice_convert(src, fmt, outdir), wait(1.0)]
+
+
+def _convert(
+    name: str, src: str, fmt: str, outdir: str, dest: str, data: bytes, why: str
+) -> Solution:
+    """Converts `src` to `fmt` in `outdir`, which writes `dest` (simulated as `data`)."""
+    return Solution(name, _convert_actions(src, fmt, outdir), lambda _i: {dest: data}, why)
 
 
 @family("calc_export_csv", "libreoffice_calc")
@@ -662,36 +681,33 @@ def export_csv(rng: random.Random) -> TaskSpec:
         [f"old {r[0]}", str(i + 1)] for i, r in enumerate(t.rows[:3])
     ]
 
-    def conv(name: str, fmt: str, outdir: str, data: bytes, dest: str, why: str) -> Solution:
-        return Solution(
-            name, [soffice_convert(path, fmt, outdir), wait(1.0)], lambda _i: {dest: data}, why
-        )
-
-    wrong_dir = "/home/user/Desktop"
-    oracle = conv("oracle", "csv", DOCS, _csv_text(rows), out, "")
+    oracle = _convert("oracle", path, "csv", DOCS, out, _csv_text(rows), "")
     near = [
-        conv(
+        _convert(
             "semicolons",
+            path,
             "csv:Text - txt - csv (StarCalc):59,34,76,1",
             DOCS,
-            _csv_text(rows, ";"),
             out,
+            _csv_text(rows, ";"),
             "semicolon separated",
         ),
-        conv(
+        _convert(
             "wrong_sheet",
+            path,
             "csv:Text - txt - csv (StarCalc):44,34,76,1,,0,false,true,false,false,false,2",
             DOCS,
-            _csv_text(other_rows),
             out,
+            _csv_text(other_rows),
             "exports the second sheet",
         ),
-        conv(
+        _convert(
             "wrong_folder",
+            path,
             "csv",
-            wrong_dir,
+            DESKTOP,
+            f"{DESKTOP}/{stem}.csv",
             _csv_text(rows),
-            f"{wrong_dir}/{stem}.csv",
             "saves on the Desktop",
         ),
         # Exports, then strips the first line in a shell as an agent might. (Deleting row 1 in
@@ -699,17 +715,15 @@ def export_csv(rng: random.Random) -> TaskSpec:
         # keep the header.) The workbook itself stays as seeded.
         Solution(
             "header_dropped",
-            [soffice_convert(path, "csv", DOCS), wait(1.0), shell(f"sed -i 1d {shlex.quote(out)}")],
+            [*_convert_actions(path, "csv", DOCS), shell(f"sed -i 1d {shlex.quote(out)}")],
             lambda _i: {out: _csv_text(rows[1:])},
             "header row missing",
         ),
     ]
-    spec = calc_spec(rng, instr, path, table_xlsx(t), {}, oracle, near)
-    spec.results = [(out, "out.csv")]
-    spec.check, spec.check_alt = "csv_rows", "csv_rows_raw"
-    spec.options = {"file": "out.csv", "rows": rows, "delimiter": ","}
-    spec.allow = [out, LOCKS]
-    return spec
+    files = {path: table_xlsx(t)}
+    opts = {"rows": rows, "delimiter": ","}
+    check = ("csv_rows", "csv_rows_raw")
+    return _calc_spec(rng, instr, files, path, out, "out.csv", opts, oracle, near, check)
 
 
 @family("calc_csv_to_xlsx", "libreoffice_calc")
@@ -731,62 +745,39 @@ def csv_to_xlsx(rng: random.Random) -> TaskSpec:
             ws.append([int(v) if v.isdigit() else v for v in r])
         return xlsx_bytes(wb)
 
-    def conv(name: str, fmt: str, outdir: str, dest: str, payload: bytes, why: str) -> Solution:
-        return Solution(
-            name, [soffice_convert(src, fmt, outdir), wait(1.0)], lambda _i: {dest: payload}, why
-        )
-
-    wrong_dir = "/home/user/Desktop"
-    oracle = conv("oracle", "xlsx", DOCS, out, xlsx_of(rows), "")
+    oracle = _convert("oracle", src, "xlsx", DOCS, out, xlsx_of(rows), "")
     near = [
-        conv("saved_as_ods", "ods", DOCS, src[:-4] + ".ods", b"", "ODF spreadsheet, no xlsx"),
-        conv(
+        # An ODS file is a zip the xlsx checkers must refuse; simulate it with a real ODF text zip.
+        _convert(
+            "saved_as_ods",
+            src,
+            "ods",
+            DOCS,
+            src[:-4] + ".ods",
+            odt_bytes(["not a workbook"]),
+            "ODF spreadsheet, no xlsx",
+        ),
+        _convert(
             "wrong_folder",
+            src,
             "xlsx",
-            wrong_dir,
-            f"{wrong_dir}/{out.rsplit('/', 1)[1]}",
+            DESKTOP,
+            f"{DESKTOP}/{out.rsplit('/', 1)[1]}",
             xlsx_of(rows),
             "saves on the Desktop",
         ),
         Solution(
             "csv_renamed",
-            [
-                soffice_convert(src, "xlsx", "/tmp"),
-                wait(1.0),
-                {"type": "execute", "command": ["cp", src, out]},
-            ],
+            [*_convert_actions(src, "xlsx", "/tmp"), execute(["cp", src, out])],
             lambda _i: {out: data},
             "copies the CSV text under the xlsx name",
         ),
     ]
-    # An ODS file is a zip the xlsx checkers must refuse; simulate it with a real ODF text zip.
-    from ..docfiles import odt_bytes
-
-    ods = odt_bytes(["not a workbook"])
-    near[0].simulate = lambda _i: {src[:-4] + ".ods": ods}
-    decoy = f"{DOCS}/README.txt"
     cells = {
         "A1": "Item",
         f"A{n + 1}": t.rows[-1][0],
         f"E{n + 1}": t.rows[-1][4],
         "B2": t.rows[0][1],
     }
-    return TaskSpec(
-        family="",
-        app="libreoffice_calc",
-        instruction=instr,
-        files={src: data, decoy: _readme(rng)},
-        launch=[
-            {"type": "open", "parameters": {"path": src}},
-            {"type": "sleep", "parameters": {"seconds": 3}},
-        ],
-        results=[(out, "out.xlsx")],
-        check="xlsx_cells",
-        check_alt="xlsx_cells_raw",
-        options={"file": "out.xlsx", "sheet": sheet, "cells": cells},
-        roots=[DOCS],
-        allow=[out, LOCKS],
-        oracle=oracle,
-        near_misses=near,
-        decoy=decoy,
-    )
+    opts = {"sheet": sheet, "cells": cells}
+    return _calc_spec(rng, instr, {src: data}, src, out, "out.xlsx", opts, oracle, near)

@@ -10,8 +10,10 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 from drumsd.tasks.audit import EpisodeFacts, scan_scope, trusted_verdict, verify
 from drumsd.tasks.model import ScopeManifest, Task, TaskContext, find_task, resolve_task
 from drumsd.tasks.testing import DirSlot, checker_context
@@ -235,3 +237,32 @@ def test_scan_scope_sees_whiteouts(tmp_path: Path) -> None:
     os.mknod(upper / "home/user/notes.txt", stat.S_IFCHR | 0o600, os.makedev(0, 0))
     report = scan_scope(upper, ScopeManifest(roots=["/home/user"], allow=[]))
     assert report.violations == ["/home/user/notes.txt"]
+
+
+async def test_second_run_and_redundant_checker_run_at_once(
+    venv_ctx: TaskContext, tmp_path: Path
+) -> None:
+    # Each call waits until the other audit call has started: one after the other, the first
+    # would wait alone until its deadline and the audit would show a checker timeout.
+    from drumsd.tasks.checker import CheckerOutcome
+
+    task, slot, ctx = setup_case(venv_ctx, tmp_path)
+    (slot.home / "Desktop" / "out.txt").write_text("done")
+    calls: list[str] = []
+    both_started = trio.Event()
+
+    async def run(call: Any) -> CheckerOutcome:
+        calls.append(repr(call)[:40])
+        if len(calls) == 3:
+            both_started.set()
+        if len(calls) > 1:
+            with trio.move_on_after(5) as waited:
+                await both_started.wait()
+            if waited.cancelled_caught:
+                return CheckerOutcome(score=None, error_class="timeout", error="waited alone")
+        return CheckerOutcome(score=1.0)
+
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True), run=run)
+    assert len(calls) == 3
+    assert result.audit.second_score == 1.0 and result.audit.redundant_score == 1.0, result
+    assert "checker_timeout" not in result.audit.flags

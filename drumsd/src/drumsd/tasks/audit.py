@@ -245,6 +245,28 @@ async def _redundant(
     return await score_prepared(prepared, ev.conj, run)
 
 
+async def _second_and_redundant(
+    task: Task,
+    evaluation: Evaluation,
+    access: SlotAccess,
+    ctx: TaskContext,
+    run: RunChecker,
+    episode: EpisodeFacts,
+) -> tuple[Scoring, Scoring | str | None]:
+    results: dict[str, Any] = {}
+
+    async def second() -> None:
+        results["second"] = await score_prepared(evaluation.prepared, evaluation.conj, run)
+
+    async def redundant() -> None:
+        results["redundant"] = await _redundant(task, evaluation, access, ctx, run, episode.run_dir)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second)
+        nursery.start_soon(redundant)
+    return results["second"], results["redundant"]
+
+
 async def verify(
     task: Task,
     access: SlotAccess,
@@ -281,14 +303,15 @@ async def verify(
         metrics=[vars(m) for m in evaluation.scoring.metrics] if evaluation.scoring else [],
     )
     if evaluation.scoring is not None and evaluation.score is not None:
-        second = await score_prepared(evaluation.prepared, evaluation.conj, run)
+        # The second run and the redundant checker are independent reads of what the first run
+        # read (each checker process gets its own scratch copy): run them at once.
+        second, redundant = await _second_and_redundant(task, evaluation, access, ctx, run, episode)
         audit.second_score = second.score
         second_flag = _flag_for(second.error_class)
         if second_flag and second_flag not in flags:
             flags.append(second_flag)
         if _differs(evaluation.score, second.score):
             flags.append("nondeterministic")
-        redundant = await _redundant(task, evaluation, access, ctx, run, episode.run_dir)
         if isinstance(redundant, str):
             audit.redundant_error = redundant
             flags.append("redundant_disagree")

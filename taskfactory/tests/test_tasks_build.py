@@ -207,3 +207,16 @@ def test_actions_refuse_text_pyautogui_mistypes() -> None:
     with pytest.raises(ValueError, match="non-ASCII"):
         write("caf\u00e9")
     assert "pyautogui.write('a>b'" in write("a>b")
+
+
+def test_set_order_is_by_family_name_and_index(small_build: Path, tmp_path: Path) -> None:
+    # Registration order follows which family module imports which; the set must not.
+    keys = [
+        (t["drums"]["family"], t["drums"]["index"])
+        for t in map(json.loads, (small_build / "tasks.jsonl").open())
+    ]
+    assert keys == sorted(keys)
+    out = tmp_path / "two"
+    build(0, out, per_family=1, families=["writer_heading", "calc_set_value", "writer_heading"])
+    fams = [json.loads(x)["drums"]["family"] for x in (out / "tasks.jsonl").open()]
+    assert fams == ["calc_set_value", "writer_heading"]

@@ -85,7 +85,8 @@ def build(
     log=print,
 ) -> dict[str, Any]:
     load_all()
-    names = families or list(FAMILIES)
+    # By name, not by registration: which family module imports which must not reorder the set.
+    names = sorted(set(families or FAMILIES))
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise SystemExit(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")

@@ -208,6 +208,31 @@ async def test_checker_runs_unprivileged_in_scratch_with_stdout_apart(
     assert "noise on stdout" in out.stderr_tail
 
 
+async def test_checker_gets_the_verifier_sources_not_the_task_set_beside_them(
+    ctx: TaskContext, tmp_path: Path
+) -> None:
+    # A built task set is its own verifier directory: the module, tasks.jsonl, and assets/.
+    assert ctx.checker is not None
+    module_dir = write_verifier(
+        tmp_path / "set",
+        "import os, helper, helpers_pkg\n"
+        "def where(paths, options):\n"
+        "    here = os.path.dirname(__file__)\n"
+        "    seen = sorted(os.listdir(here))\n"
+        "    ok = seen == ['drums_verifier_test.py', 'helper.py', 'helpers_pkg']\n"
+        "    return 1.0 if ok and helper.ONE + helpers_pkg.TWO == 3 else 0.0\n",
+    )
+    (module_dir / "helper.py").write_text("ONE = 1\n")
+    (module_dir / "helpers_pkg").mkdir()
+    (module_dir / "helpers_pkg" / "__init__.py").write_text("TWO = 2\n")
+    (module_dir / "tasks.jsonl").write_text("{}\n")
+    (module_dir / "assets").mkdir()
+    (module_dir / "assets" / "big.bin").write_bytes(b"x" * 1024)
+    call = verifier_call(module_dir, "drums_verifier_test", "where", [{}, {}], None)
+    out = await run_checker(call, ctx.checker, 60)
+    assert out.score == 1.0, out
+
+
 async def test_checker_deadline_kills_a_hung_checker(ctx: TaskContext, tmp_path: Path) -> None:
     assert ctx.checker is not None
     module_dir = write_verifier(

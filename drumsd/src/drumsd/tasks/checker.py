@@ -93,6 +93,20 @@ def verifier_call(
     return CheckerCall(request=request, files=files, module_dir=module_dir)
 
 
+def copy_python_sources(module_dir: Path, dest: Path) -> None:
+    """The importable part of a verifier directory: its top-level modules and packages.
+
+    A verifier directory is often a whole built task set (the default build holds 75 MiB of
+    seeded assets beside its one verifier module); every checker run copied all of it. Sibling
+    modules and packages still come along, so a verifier may import its own helpers."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in module_dir.iterdir():
+        if entry.suffix == ".py" and entry.is_file():
+            shutil.copy2(entry, dest / entry.name)
+        elif (entry / "__init__.py").is_file():
+            shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def _prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str, Any]]:
     env.scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="drums-check-", dir=env.scratch_root))
@@ -105,7 +119,7 @@ def _prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str
         target.write_bytes(data)
     if call.module_dir is not None:
         copy = scratch / "_verifier"
-        shutil.copytree(call.module_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_python_sources(call.module_dir, copy)
         request["module_dir"] = str(copy)
     if os.geteuid() == 0:
         for dirpath, _dirs, names in os.walk(scratch):

@@ -711,6 +711,16 @@ class LinuxRuntime:
 
     # ------------------------------------------------------------------ teardown
 
+    def _kill_boot(self, inst: _Instance) -> None:
+        """Before a cold boot's teardown (in trio's thread: the process handle needs it). A
+        boot torn down before its exec helper joined the cgroups (a SIGTERM to drumsd right
+        after the spawn) is in none of them: killed first, it never execs stage 1, else it
+        boots a desktop that nothing owns (seen once, under load, in CI)."""
+        boot = inst.boot_proc
+        if boot is not None and boot.returncode is None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                boot.kill()
+
     def _teardown(self, inst: _Instance) -> None:
         """Blocking: kill the tree, reap, remove cgroups and mounts. Nothing remains."""
         if inst.cgroups:
@@ -733,6 +743,7 @@ class LinuxRuntime:
     async def _dispose(self, inst: _Instance, background: bool) -> None:
         async def go() -> None:
             with trio.CancelScope(shield=True):
+                self._kill_boot(inst)
                 await trio.to_thread.run_sync(self._teardown, inst)
                 if inst.boot_proc is not None:
                     await inst.boot_proc.wait()
@@ -1339,6 +1350,7 @@ class LinuxRuntime:
         finally:
             if not ok:
                 with trio.CancelScope(shield=True):
+                    self._kill_boot(inst)
                     await trio.to_thread.run_sync(self._teardown, inst)
 
     async def wait_instance_quiet(self, inst: _Instance, window_s: float, timeout_s: float) -> bool:

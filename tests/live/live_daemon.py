@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -105,3 +107,30 @@ def http_client(daemon: Daemon, timeout: float = 120) -> httpx.Client:
     return httpx.Client(
         base_url=daemon.url, headers={"Authorization": f"Bearer {daemon.token}"}, timeout=timeout
     )
+
+
+def mounts_under(root: Path) -> list[str]:
+    """Mount points at or below `root` (from this process's mountinfo)."""
+    prefix = str(root)
+    targets = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = line.split()[4]
+        if target == prefix or target.startswith(prefix + "/"):
+            targets.append(target)
+    return targets
+
+
+def stop_and_clean(daemon: Daemon, state: Path, *dirs: Path) -> None:
+    """Destroy the daemon's slots, stop it, unmount what its runtime leaves mounted under `state`
+    after a stop (its image-cache tmpfs), and remove `state` and `dirs`."""
+    try:
+        with http_client(daemon, timeout=60) as http:
+            for slot in http.get("/v1/slots").json().get("slots", []):
+                http.delete(f"/v1/slots/{slot['id']}")
+    except httpx.HTTPError:
+        pass
+    daemon.stop(limit_s=60)
+    for target in sorted(mounts_under(state), reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    for d in (state, *dirs):
+        shutil.rmtree(d, ignore_errors=True)

@@ -14,8 +14,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from live_daemon import Daemon, http_client, start_live_daemon
+from live_daemon import Daemon, http_client, mounts_under, start_live_daemon, stop_and_clean
 
 PER_CHECKPOINT = 2
 
@@ -38,20 +36,6 @@ def _start(name: str, **overrides: Any) -> tuple[Daemon, Path, Path]:
     return daemon, state, tmp
 
 
-def _stop(daemon: Daemon, state: Path, tmp: Path) -> None:
-    try:
-        with http_client(daemon, timeout=60) as http:
-            for slot in http.get("/v1/slots").json().get("slots", []):
-                http.delete(f"/v1/slots/{slot['id']}")
-    except httpx.HTTPError:
-        pass
-    daemon.stop(limit_s=60)
-    for target in sorted(_mounts_under(state), reverse=True):
-        subprocess.run(["umount", "-l", target], capture_output=True)
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def warm() -> Iterator[tuple[Daemon, Path]]:
     daemon, state, tmp = _start(
@@ -62,7 +46,7 @@ def warm() -> Iterator[tuple[Daemon, Path]]:
     try:
         yield daemon, state
     finally:
-        _stop(daemon, state, tmp)
+        stop_and_clean(daemon, state, tmp)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +55,7 @@ def cold() -> Iterator[tuple[Daemon, Path]]:
     try:
         yield daemon, state
     finally:
-        _stop(daemon, state, tmp)
+        stop_and_clean(daemon, state, tmp)
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -86,16 +70,6 @@ def poll(what: str, fn: Callable[[], Any], limit_s: float = 30.0, every_s: float
             return last
         time.sleep(every_s)
     raise AssertionError(f"{what}: not within {limit_s}s (last: {last!r})")
-
-
-def _mounts_under(root: Path) -> list[str]:
-    prefix = str(root)
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        target = line.split()[4]
-        if target == prefix or target.startswith(prefix + "/"):
-            out.append(target)
-    return out
 
 
 def _template(http: httpx.Client) -> str:
@@ -183,7 +157,7 @@ def _traces(state: Path, iid: str, init: tuple[int, int] | None) -> list[str]:
     d = state / "slots" / iid
     if d.exists():
         left.append(f"dir {d}")
-    left += [f"mount {m}" for m in _mounts_under(d)]
+    left += [f"mount {m}" for m in mounts_under(d)]
     left += [f"cgroup {c}" for c in glob.glob(f"/sys/fs/cgroup/*/**/{iid}", recursive=True)]
     if init is not None:
         pid, start = init

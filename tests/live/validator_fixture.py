@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-from live_daemon import Daemon, http_client, start_live_daemon
+from live_daemon import Daemon, start_live_daemon, stop_and_clean
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -111,23 +110,7 @@ def _state_dir() -> Path:
 
 def stop_validator_daemon(daemon: Daemon) -> None:
     """Destroy what is left, stop the daemon, unmount its image cache, remove its state."""
-    try:
-        with http_client(daemon, timeout=60) as http:
-            for slot in http.get("/v1/slots").json().get("slots", []):
-                http.delete(f"/v1/slots/{slot['id']}")
-    except httpx.HTTPError:
-        pass
-    daemon.stop(limit_s=60)
-    state = _state_dir()
-    prefix = str(state)
-    mounts = [
-        line.split()[4]
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-        if line.split()[4] == prefix or line.split()[4].startswith(prefix + "/")
-    ]
-    for target in sorted(mounts, reverse=True):
-        subprocess.run(["umount", "-l", target], capture_output=True)
-    shutil.rmtree(state, ignore_errors=True)
+    stop_and_clean(daemon, _state_dir())
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m drums_tasks.validate --tasks DIR --url URL [--token-file F] [--sample N]
                                    [--families F ...] [--report report.jsonl] [--jobs J]
+                                   [--branch-jobs B]
 
 The daemon must be configured with DIR/assets as its task assets directory and DIR (holding the
 generated verifier module) among its verifier module directories.
@@ -169,10 +170,11 @@ def validate_task(
             with ThreadPoolExecutor(max_workers=branch_jobs or len(plan)) as pool:
                 results = list(
                     pool.map(
-                        lambda pair: _run_branch(
-                            pair[0], pair[1][0], pair[1][1], verify_timeout, gate_timeout
+                        lambda child, branch: _run_branch(
+                            child, *branch, verify_timeout, gate_timeout
                         ),
-                        zip(children, plan, strict=False),
+                        children,
+                        plan,
                     )
                 )
     except Exception as exc:

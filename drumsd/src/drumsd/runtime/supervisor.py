@@ -484,8 +484,8 @@ class Supervisor:
                 snapshot = Path(cp.dir) / "upper"
                 # Files the restored tree writes itself are not a mismatch: anything touched
                 # after its restore began. The runtime's wall clock of that start, not "now
-                # minus restore_s": a branch begins its children's episodes one after another,
-                # so a late child's tree has run for seconds before its episode starts.
+                # minus restore_s": a branch restores all its children before their episodes
+                # begin, so under load a child's tree has run for seconds by then.
                 restored_at = handle.extra.get("restore_started_at")
                 written_since = (
                     float(restored_at)

@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from drumsd.core.seams import SlotLimits
 from drumsd.linux import cgroups, criu, mounts, procfs
 from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv
-from drumsd.runtime.interface import SlotLimits
 
 LIMITS = SlotLimits(vcpus=1.5, memory_mib=512, pids_max=300, tmpfs_mib=64)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsd.core.admission import HostSample
-from drumsd.runtime.interface import CheckpointRef, SlotHandle, SlotLimits
+from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from test_api_app import create, open_api
 
@@ -34,6 +34,9 @@ class SpareRecordingRuntime(MemoryRuntime):
 
     def set_spare_target(self, checkpoint_id: str, n: int) -> None:
         self.targets[checkpoint_id] = n
+
+    async def drop_spares(self, checkpoint_id: str) -> None:
+        self.enabled.pop(checkpoint_id, None)
 
     def spare_counts(self) -> dict[str, int]:
         return {cid: 2 for cid in self.enabled}

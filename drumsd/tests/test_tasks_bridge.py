@@ -11,7 +11,7 @@ import pytest
 from drumsd.core.config import TasksConfig
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
-from drumsd.runtime.interface import CommandResult, RuntimeError_, SlotHandle
+from drumsd.core.seams import CommandResult, RuntimeError_, SlotHandle
 from drumsd.runtime.verifier import TaskCatalog, Verifier
 from drumsd.tasks.bridge import TaskBridge, context_from_config, parse_wmctrl
 from drumsd.tasks.model import TaskContext

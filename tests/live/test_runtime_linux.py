@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from drumsd.runtime.interface import CheckpointRef, SlotHandle, SlotLimits
+from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
 
 pytestmark = pytest.mark.live
 
@@ -310,7 +310,7 @@ async def test_slot_ids_map_as_the_profile_says(rt, template, profile) -> None:
 async def test_a_hanging_restore_times_out_is_retried_and_leaves_nothing(
     state_dir, template
 ) -> None:
-    from drumsd.runtime.interface import RuntimeError_
+    from drumsd.core.seams import RuntimeError_
     from drumsd.runtime.linux_runtime import open_linux_runtime
 
     broken_dir = state_dir / "ck" / f"broken-{uuid.uuid4().hex[:6]}"

@@ -28,7 +28,7 @@ from typing import Any
 
 import trio
 
-from drumsd.runtime.interface import SlotHandle, SlotLimits
+from drumsd.core.seams import SlotHandle, SlotLimits
 
 Progress = Callable[[str], None]
 MIB = 1024 * 1024

@@ -20,7 +20,7 @@ from pathlib import Path
 import trio
 
 from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
-from drumsd.runtime.interface import RuntimeError_, SlotRuntime
+from drumsd.core.seams import RuntimeError_, SlotRuntime
 
 log = logging.getLogger("drumsd.serve")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from drumsd.runtime.interface import SlotLimits
+from drumsd.core.seams import SlotLimits
 
 MIB = 1024 * 1024
 CPU_PERIOD_US = 100_000

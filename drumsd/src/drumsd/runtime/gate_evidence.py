@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from drumsd.core.seams import SlotHandle
 from drumsd.linux import evidence as ev
-from drumsd.runtime.interface import SlotHandle
 
 HARDENED_RANGE = 65536
 ALLOWED_CAPBND = 0

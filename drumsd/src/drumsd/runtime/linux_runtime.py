@@ -34,12 +34,7 @@ from typing import Any
 
 import trio
 
-from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, idmap, mounts, procfs
-from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
-from drumsd.linux.launcher import Launcher
-from drumsd.runtime import agent_client
-from drumsd.runtime.interface import (
+from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
     RuntimeError_,
@@ -48,6 +43,11 @@ from drumsd.runtime.interface import (
     SlotLimits,
     StepOutcome,
 )
+from drumsd.guest import protocol
+from drumsd.linux import cgroups, criu, idmap, mounts, procfs
+from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
+from drumsd.linux.launcher import Launcher
+from drumsd.runtime import agent_client
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
 READY_FILE = protocol.READY_PATH.lstrip("/")

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from drumsd.runtime.interface import (
+from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
     RuntimeError_,

@@ -75,18 +75,20 @@ from drumsd.core.records import (
     is_live,
 )
 from drumsd.core.retention import files_to_delete, forgotten_warnings, keep_kind
+from drumsd.core.seams import (
+    CheckpointRef,
+    KsmControl,
+    RuntimeError_,
+    SlotHandle,
+    SlotLimits,
+    SlotRuntime,
+    SpareControl,
+)
 from drumsd.core.spare_pool import PoolStats, share_host, spare_target
 from drumsd.linux.host_sampler import read_host_namespaces, read_space, sample_host
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten, write_forgotten
 from drumsd.runtime.gate_evidence import GateEvidence
-from drumsd.runtime.interface import (
-    CheckpointRef,
-    RuntimeError_,
-    SlotHandle,
-    SlotLimits,
-    SlotRuntime,
-)
 from drumsd.runtime.verifier import NoTaskCatalog, NoTaskVerifier, TaskCatalog, Verifier
 
 log = logging.getLogger("drumsd.supervisor")
@@ -208,7 +210,8 @@ class Supervisor:
             self._spawn(self._reap_loop)
             self._spawn(self._gate_loop)
             if self._spares_on():
-                self.runtime.refill_allowed = self._refill_allowed  # type: ignore[attr-defined]
+                assert isinstance(self.runtime, SpareControl)
+                self.runtime.refill_allowed = self._refill_allowed
                 self._spawn(self._spare_sizing_loop)
             self._start_template_builds()
             task_status.started(self)
@@ -1614,13 +1617,14 @@ class Supervisor:
     # --- warm spares ----------------------------------------------------------------------------
 
     def _spares_on(self) -> bool:
-        return self.config.spares.enabled and hasattr(self.runtime, "enable_spares")
+        return self.config.spares.enabled and isinstance(self.runtime, SpareControl)
 
     def _enable_spares(self, cp: CheckpointRecord) -> None:
         """Keep frozen restores of `cp` ready so create/reset/branch from it are a thaw."""
         if not self._spares_on() or not cp.ready:
             return
-        self.runtime.enable_spares(self._ref(cp), self._limits())  # type: ignore[attr-defined]
+        assert isinstance(self.runtime, SpareControl)
+        self.runtime.enable_spares(self._ref(cp), self._limits())
         self._pool_since.setdefault(cp.id, time.monotonic())
         self.pool_stats.setdefault(cp.id, PoolStats())
         log.info("checkpoint=%s warm spares enabled", cp.id)
@@ -1630,12 +1634,11 @@ class Supervisor:
         self._pool_since.pop(checkpoint_id, None)
         self._pool_targets.pop(checkpoint_id, None)
         self.pool_stats.pop(checkpoint_id, None)
-        forget = getattr(self.runtime, "forget_checkpoint", None)
-        if forget is None:
+        if not isinstance(self.runtime, SpareControl):
             return
         with trio.CancelScope(shield=True):
             try:
-                await forget(checkpoint_id)
+                await self.runtime.forget_checkpoint(checkpoint_id)
             except RuntimeError_ as exc:
                 log.error("checkpoint=%s dropping spares failed: %s", checkpoint_id, exc.message)
 
@@ -1673,10 +1676,9 @@ class Supervisor:
             if cid in self.pool_stats
         }
         targets = share_host(wanted, self.config.spares.per_host)
-        setter = getattr(self.runtime, "set_spare_target", None)
-        for cid, n in targets.items():
-            if setter is not None:
-                setter(cid, n)
+        if isinstance(self.runtime, SpareControl):
+            for cid, n in targets.items():
+                self.runtime.set_spare_target(cid, n)
         self._pool_targets = targets
         return targets
 
@@ -1687,8 +1689,9 @@ class Supervisor:
 
     def pools_state(self) -> dict[str, Any]:
         """Per pooled checkpoint: spares parked now, target, hits, misses, claim latency."""
-        counts_of = getattr(self.runtime, "spare_counts", None)
-        counts: dict[str, int] = dict(counts_of()) if counts_of is not None else {}
+        counts: dict[str, int] = (
+            dict(self.runtime.spare_counts()) if isinstance(self.runtime, SpareControl) else {}
+        )
         return {
             "enabled": self._spares_on(),
             "per_checkpoint": self.config.spares.per_checkpoint,
@@ -1725,10 +1728,9 @@ class Supervisor:
             out.append(
                 ("drums_spare_misses", "Claims that fell back to a restore.", labels, p["misses"])
             )
-        ksm = getattr(self.runtime, "ksm_stats", None)
-        if ksm is not None:
+        if isinstance(self.runtime, KsmControl):
             try:
-                saved = float(dict(ksm()).get("saved_bytes", 0))
+                saved = float(dict(self.runtime.ksm_stats()).get("saved_bytes", 0))
             except Exception:  # optional figures must never break /metrics
                 saved = None
             if saved is not None:
@@ -1790,14 +1792,10 @@ class Supervisor:
 
     async def _runtime_ksm(self) -> dict[str, Any]:
         """KSM figures when the runtime offers them (an optional extra of the Linux runtime)."""
-        stats = getattr(self.runtime, "ksm_stats", None)
-        if stats is None:
+        if not isinstance(self.runtime, KsmControl):
             return {}
         try:
-            value = stats()
-            if hasattr(value, "__await__"):
-                value = await value
-            out = dict(value or {})
+            out: dict[str, Any] = dict(self.runtime.ksm_stats() or {})
             if "saved_bytes" in out:
                 out["saved_mib"] = out["saved_bytes"] / (1024 * 1024)
             return out
@@ -1827,10 +1825,11 @@ class Supervisor:
         # Gauges of this instant beside the window's counters (JSON has no gauge section).
         pools = self.pools_state()
         data["counters"]["spares_parked"] = float(pools["parked"])
-        ksm = getattr(self.runtime, "ksm_stats", None)
-        if ksm is not None:
+        if isinstance(self.runtime, KsmControl):
             with contextlib.suppress(Exception):
-                data["counters"]["ksm_saved_bytes"] = float(dict(ksm()).get("saved_bytes", 0))
+                data["counters"]["ksm_saved_bytes"] = float(
+                    dict(self.runtime.ksm_stats()).get("saved_bytes", 0)
+                )
         return data
 
     def reset_metrics(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from drums.models import TaskInfo, VerifyResult
 
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
-from drumsd.runtime.interface import SlotHandle
+from drumsd.core.seams import SlotHandle
 
 
 @runtime_checkable

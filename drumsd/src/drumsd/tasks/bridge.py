@@ -20,7 +20,7 @@ from drums.models import VerifyResult as WireVerifyResult
 from drumsd.core.config import TasksConfig
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
-from drumsd.runtime.interface import RuntimeError_, SlotHandle, SlotRuntime
+from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
 from .audit import EpisodeFacts, verify
 from .checker_venv import CheckerVenv, context_for_checker

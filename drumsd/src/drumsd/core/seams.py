@@ -1,13 +1,15 @@
-"""The seam between the control plane and the Linux runtime.
+"""The seam between the control plane and the Linux runtime: Protocols and the types they pass.
 
 The control plane (API, records, leases, admission, gates) talks to desktops only through
-`SlotRuntime`. The Linux implementation lives in `drumsd.runtime.linux_runtime`; an in-memory one
-serves the unit tests of the control plane only.
+`SlotRuntime`, and to the optional warm-spare pool and KSM through `SpareControl` and `KsmControl`
+(a runtime implements them or not; the supervisor checks with `isinstance`, never `hasattr`). The
+Linux implementation lives in `drumsd.runtime.linux_runtime`; an in-memory one serves the unit tests
+of the control plane only. Pure: no trio, no os.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -179,4 +181,33 @@ class SlotRuntime(Protocol):
     async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
         """Remove mounts, cgroups and state dirs of slots not in `live_slot_ids`; return what
         was cleaned."""
+        ...
+
+
+@runtime_checkable
+class SpareControl(Protocol):
+    """A runtime that keeps frozen restores ("warm spares") of checkpoints ready, so a create,
+    reset or branch child from a pooled checkpoint is a thaw instead of a restore."""
+
+    refill_allowed: Callable[[], bool]  # set by the supervisor: admission's word on new desktops
+
+    def enable_spares(self, checkpoint: CheckpointRef, limits: SlotLimits) -> None: ...
+
+    def set_spare_target(self, checkpoint_id: str, n: int) -> None: ...
+
+    async def drop_spares(self, checkpoint_id: str) -> None: ...
+
+    async def forget_checkpoint(self, checkpoint_id: str) -> None:
+        """A checkpoint deleted or replaced: its spares and cached image copies go."""
+        ...
+
+    def spare_counts(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class KsmControl(Protocol):
+    """A runtime that merges identical pages of idle desktops (Linux KSM)."""
+
+    def ksm_stats(self) -> dict[str, int | bool]:
+        """Whether KSM is on and what it saves right now (for /v1/health and metrics)."""
         ...

@@ -66,10 +66,19 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
 
 
 class open_api:
-    def __init__(self, tmp: Path, sampler=roomy, runtime: MemoryRuntime | None = None, **cfg):
+    def __init__(
+        self,
+        tmp: Path,
+        sampler=roomy,
+        runtime: MemoryRuntime | None = None,
+        clock=time.time,
+        runtime_cls=MemoryRuntime,
+        **cfg,
+    ):
         self.config = make_config(tmp, **cfg)
-        self.runtime = runtime or MemoryRuntime(self.config.state_dir)
+        self.runtime = runtime or runtime_cls(self.config.state_dir)
         self.sampler = sampler
+        self.wall = clock
         self.clock = [0.0]
 
     async def __aenter__(self) -> Api:
@@ -78,7 +87,7 @@ class open_api:
             self.runtime,
             sampler=self.sampler,
             host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
-            clock=lambda: time.time() + self.clock[0],
+            clock=lambda: self.wall() + self.clock[0],
         )
         sup = await self._sup_cm.__aenter__()
         await wait_for(lambda: sup.template_status.get("base") != "building")

@@ -16,7 +16,6 @@ from drumsd.core import gates as G
 from drumsd.core.config import Config
 from drumsd.linux import evidence as ev
 from drumsd.linux.proc_events import ProcEventsError
-from drumsd.runtime import supervisor as supervisor_mod
 from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
 from drumsd.runtime.linux_runtime import tree_sha256
 from drumsd.runtime.memory_runtime import MemoryRuntime
@@ -253,9 +252,8 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
 ) -> None:
     from drums.models import SlotCreate
 
-    monkeypatch.setattr(supervisor_mod, "GATE_REFRESH_S", 0.05)
     watch = FakeWatch()
-    config = _config(tmp_path)
+    config = _config(tmp_path, gate_refresh_s=0.05)
     runtime = MemoryRuntime(config.state_dir)
     async with open_supervisor(
         config,

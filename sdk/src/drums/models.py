@@ -414,6 +414,10 @@ class Health(ResponseModel):
     forgotten_gib: float = 0.0
     pools: Dict[str, Any] = Field(default_factory=dict)
     ksm: Dict[str, Any] = Field(default_factory=dict)
+    services: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="background services by name: last iteration, failures, last error",
+    )
     warnings: List[str] = Field(default_factory=list)
 
 

@@ -73,18 +73,21 @@ class open_api:
         runtime: MemoryRuntime | None = None,
         clock=time.time,
         runtime_cls=MemoryRuntime,
+        journal: Journal | None = None,
         **cfg,
     ):
         self.config = make_config(tmp, **cfg)
         self.runtime = runtime or runtime_cls(self.config.state_dir)
         self.sampler = sampler
         self.wall = clock
+        self.journal = journal
         self.clock = [0.0]
 
     async def __aenter__(self) -> Api:
         self._sup_cm = open_supervisor(
             self.config,
             self.runtime,
+            self.journal,
             sampler=self.sampler,
             host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
             clock=lambda: self.wall() + self.clock[0],

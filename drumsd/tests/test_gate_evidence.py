@@ -271,7 +271,10 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         # A crash of an earlier episode does not count; one in this episode quarantines the
         # slot without any request (the gate loop).
         watch.crashes[rec.id] = [{"pid": 9, "name": "old", "signal": 11, "time": 0.0}]
-        await trio.sleep(0.2)
+        # Not sleep-and-hope: two full gate refresh passes have judged the slot since.
+        refresh = sup.services["gate_refresh"]
+        seen = refresh.iterations
+        await _wait(lambda: refresh.iterations >= seen + 2)
         assert rec.status.value == "ready"
         watch.crashes[rec.id].append(
             {"pid": 10, "name": "soffice", "signal": 11, "time": time.time()}

@@ -19,6 +19,14 @@ from test_api_app import create, open_api
 BASE = 1_700_000_000.0
 
 
+async def virtual_wait(predicate, limit_s: float, step_s: float = 0.5) -> None:
+    """Poll in virtual time. Under autojump the clock also jumps while a worker thread runs (the
+    sampler, the journal), so a fixed sleep can wake before the loop got its turns."""
+    deadline = trio.current_time() + limit_s
+    while not predicate() and trio.current_time() < deadline:  # noqa: ASYNC110
+        await trio.sleep(step_s)
+
+
 def virtual_clock() -> float:
     """Wall time for the records that follows trio's clock, so MockClock moves leases too."""
     return BASE + trio.current_time()
@@ -51,7 +59,7 @@ async def test_a_failing_service_keeps_running_and_health_reports_it(
 
         sampler.broken = True
         calls = sampler.calls
-        await trio.sleep(10)  # virtual: several iterations and backoffs
+        await virtual_wait(lambda: sampler.calls >= calls + 3, limit_s=600)
         assert sampler.calls >= calls + 3, "the loop stopped after its first failure"
         health = (await api.client.get("/v1/health")).json()
         admission = health["services"]["admission"]
@@ -63,7 +71,8 @@ async def test_a_failing_service_keeps_running_and_health_reports_it(
         assert metrics["failures_by_class"]["service_admission"] >= 3
 
         sampler.broken = False
-        await trio.sleep(api.config.service_backoff_max_s + 5)
+        admission_health = api.sup.services["admission"]
+        await virtual_wait(lambda: not admission_health.failing(), limit_s=600)
         health = (await api.client.get("/v1/health")).json()
         admission = health["services"]["admission"]
         assert admission["failing"] is False and admission["iterations"] >= 1
@@ -96,7 +105,8 @@ async def test_gate_refresh_survives_a_slot_whose_refresh_raises(
         assert gate.failures == 0 and gate.iterations >= 2
 
         runtime.broken = True
-        await trio.sleep(10)
+        gate = api.sup.services["gate_refresh"]
+        await virtual_wait(lambda: gate.failures >= 2, limit_s=600)
         assert gate.failing() and gate.failures >= 2
         assert sid in (gate.last_error or "")
         health = (await api.client.get("/v1/health")).json()
@@ -104,7 +114,7 @@ async def test_gate_refresh_survives_a_slot_whose_refresh_raises(
 
         runtime.broken = False
         done = gate.iterations
-        await trio.sleep(api.config.service_backoff_max_s + 10)
+        await virtual_wait(lambda: gate.iterations > done, limit_s=600)
         assert gate.iterations > done and not gate.failing()
         assert api.sup.slots[sid].status.value == "ready"
 
@@ -113,15 +123,19 @@ async def test_the_reaper_destroys_an_idle_slot_on_its_own_interval(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with open_api(tmp_path, clock=virtual_clock, lease={"reap_interval_s": 15}) as api:
-        idle = (await create(api, idle_timeout_s=30))["id"]
-        kept = (await create(api, idle_timeout_s=1000))["id"]
-        await trio.sleep(29)
-        assert api.sup.slots[idle].status.value == "ready"  # not yet idle for 30 s
-        await trio.sleep(30)  # one reaper pass after the lease ended
+        kept = (await create(api, idle_timeout_s=10_000))["id"]
+        idle = (await create(api, idle_timeout_s=300))["id"]
+        # Virtual time moves while a request waits on a worker thread (autojump: up to the next
+        # timer, about a second, per wait), so the lease is measured from the slot's own last
+        # use and is long against what one request can take.
+        used = api.sup.slots[idle].last_used_at - BASE
+        await trio.sleep_until(used + 299)
+        assert api.sup.slots[idle].status.value == "ready"  # not yet idle for 300 s
+        await virtual_wait(lambda: api.sup.slots[idle].status.value == "destroyed", limit_s=120)
         assert api.sup.slots[idle].status.value == "destroyed"
         assert ("destroy", idle) in api.runtime.calls
         assert api.sup.slots[kept].status.value == "ready"
-        assert api.sup.services["reaper"].iterations >= 3
+        assert api.sup.services["reaper"].iterations >= 2
 
 
 @pytest.mark.parametrize("interval", [0.5, 3.0])
@@ -135,6 +149,6 @@ async def test_gate_refresh_quarantines_on_its_interval(
         rec = api.sup.slots[sid]
         assert rec.status.value == "ready"
         api.runtime.inject(sid, oom_kills=1)
-        await trio.sleep(interval + 0.01)
+        await virtual_wait(lambda: rec.status.value == "quarantined", limit_s=interval * 3)
         assert rec.status.value == "quarantined"
         assert "no_oom_kill" in (rec.quarantine_reason or "")

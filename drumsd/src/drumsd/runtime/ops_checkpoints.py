@@ -142,8 +142,9 @@ async def delete_checkpoint(sup: Supervisor, checkpoint_id: str) -> CheckpointRe
 async def delete_checkpoint_record(sup: Supervisor, cp: CheckpointRecord, reason: str) -> None:
     sup.checkpoints.pop(cp.id, None)
     await forget_spares(sup, cp.id)
-    sup.journal.delete("checkpoint", cp.id, f"deleted ({reason})", sup.clock())
+    sup.store.delete("checkpoint", cp.id, f"deleted ({reason})", sup.clock())
     owned = sup.config.state_dir / "checkpoints"
     if Path(cp.dir).parent == owned:  # never remove a directory we only adopted
+        await sup.store.durable()  # the record goes before its files
         await trio.to_thread.run_sync(state_files.remove_tree, Path(cp.dir))
     log.info("checkpoint=%s deleted: %s", cp.id, reason)

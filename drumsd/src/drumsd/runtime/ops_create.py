@@ -60,6 +60,7 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     started = trio.current_time()
     async with sup._lock(rec.id):
         sup._save_slot(rec, "created")  # before any work: a crash now is reconciled
+        await sup.store.durable()
         handle = await restore_new(sup, rec, cp)
         await begin_episode(sup, rec, handle, "ready")
         sup._observe("create", rec.id, trio.current_time() - started)

@@ -29,6 +29,7 @@ from drumsd.core.records import (
 from drumsd.core.seams import (
     SlotHandle,
 )
+from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_ACTIONS
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
@@ -37,19 +38,6 @@ if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
 
 log = logging.getLogger("drumsd.supervisor")
-
-# Which fields an action type needs (beyond `type`); checked before the runtime sees it.
-ACTION_REQUIRES: dict[str, tuple[str, ...]] = {
-    "pyautogui": ("code",),
-    "drag": ("to_x", "to_y"),
-    "scroll": ("clicks",),
-    "type": ("text",),
-    "key": ("key",),
-    "hotkey": ("keys",),
-    "wait": ("seconds",),
-    "execute": ("command",),
-}
-TERMINAL_ACTIONS = ("done", "fail")
 
 
 async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
@@ -113,9 +101,7 @@ def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
     if "timeout_s" in action:
         action["timeout"] = action.pop("timeout_s")
     missing = [f for f in ACTION_REQUIRES.get(action["type"], ()) if f not in action]
-    if action["type"] in ("click", "double_click", "right_click", "move") and (
-        ("x" in action) != ("y" in action)
-    ):
+    if action["type"] in POINTER_ACTIONS and (("x" in action) != ("y" in action)):
         missing.append("x and y together")
     if missing:
         raise DrumsdError(

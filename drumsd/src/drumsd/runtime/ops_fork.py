@@ -117,6 +117,7 @@ async def dump(
         profile=rec.profile,
     )
     sup._save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
+    await sup.store.durable()
     rec.status = SlotStatus.busy
     started = trio.current_time()
     sup._pending_mib += sup.config.admission.capture_mib
@@ -201,6 +202,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
             children.append(child)
         source.last_used_at = now
         sup._save_checkpoint(source, "used")
+        await sup.store.durable()  # the children's records before their restores
         sup._pending_mib += children_cost
         try:
             with runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id):

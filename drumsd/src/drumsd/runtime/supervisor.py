@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 from drums.models import (
@@ -76,9 +76,11 @@ from drumsd.runtime.services import (
     spares,
     templates,
 )
+from drumsd.runtime.store import RecordStore
 from drumsd.runtime.verifier import NoTaskCatalog, NoTaskVerifier, TaskCatalog, Verifier
 
 log = logging.getLogger("drumsd.supervisor")
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -102,6 +104,7 @@ class Supervisor:
         self.config = config
         self.runtime = runtime
         self.journal = journal
+        self.store = RecordStore(journal)  # every journal write goes through it
         self.verifier: Verifier = verifier or NoTaskVerifier()
         self.tasks: TaskCatalog = tasks or NoTaskCatalog()
         self.sampler = sampler
@@ -146,6 +149,7 @@ class Supervisor:
         Slots outlive the daemon (the next start adopts them), so stopping destroys nothing."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.store.run)
             await self.reconcile()
             await self.sample_now()
             await nursery.start(partial(admission.run, self))
@@ -159,6 +163,7 @@ class Supervisor:
                 await trio.sleep_forever()
             finally:
                 self._flush_dirty()  # synchronous: runs even while cancelled
+                self.store.flush_sync()
 
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """A per-slot background task (episode timers, exit watchers, template builds)."""
@@ -176,6 +181,12 @@ class Supervisor:
             about = [a for a in args if isinstance(a, str)][:2]  # slot id, episode id
             log.exception("background task %s %s failed", name, " ".join(about))
 
+    async def _durable(self, result: T) -> T:
+        """An operation that changed records answers once its journal writes are on disk (off
+        the trio thread); step and the observations do not wait."""
+        await self.store.durable()
+        return result
+
     def _lock(self, slot_id: str) -> trio.Lock:
         return self._locks.setdefault(slot_id, trio.Lock())
 
@@ -184,7 +195,7 @@ class Supervisor:
     def _save_slot(self, rec: SlotRecord, event: str, *, file: bool = True) -> None:
         rec.rev += 1
         self.slots[rec.id] = rec
-        self.journal.save("slot", rec.model_dump(mode="json"), event, self.clock(), file=file)
+        self.store.save("slot", rec.model_dump(mode="json"), event, self.clock(), file=file)
         self._dirty.discard(rec.id)
         log.info(
             "slot=%s episode=%s status=%s event=%s", rec.id, rec.episode, rec.status.value, event
@@ -193,7 +204,7 @@ class Supervisor:
     def _save_checkpoint(self, cp: CheckpointRecord, event: str) -> None:
         cp.rev += 1
         self.checkpoints[cp.id] = cp
-        self.journal.save("checkpoint", cp.model_dump(mode="json"), event, self.clock())
+        self.store.save("checkpoint", cp.model_dump(mode="json"), event, self.clock(), file=True)
         log.info("checkpoint=%s kind=%s event=%s", cp.id, cp.kind.value, event)
 
     def _flush_dirty(self) -> None:
@@ -321,14 +332,14 @@ class Supervisor:
     # --- operations: one module each (refresh -> check -> effect -> save) -----------------------
 
     async def create(self, req: SlotCreate) -> SlotRecord:
-        return await ops_create.create(self, req)
+        return await self._durable(await ops_create.create(self, req))
 
     async def reset(self, slot_id: str) -> SlotRecord:
-        return await ops_reset.reset(self, slot_id)
+        return await self._durable(await ops_reset.reset(self, slot_id))
 
     async def destroy(self, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
         """Idempotent: (record, already_destroyed)."""
-        return await ops_reset.destroy(self, slot_id, reason)
+        return await self._durable(await ops_reset.destroy(self, slot_id, reason))
 
     async def step(self, slot_id: str, req: StepRequest) -> dict[str, Any]:
         return await ops_episode.step(self, slot_id, req)
@@ -340,16 +351,16 @@ class Supervisor:
         return await ops_episode.quiescent(self, slot_id, req)
 
     async def load_task(self, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
-        return await ops_episode.load_task(self, slot_id, task)
+        return await self._durable(await ops_episode.load_task(self, slot_id, task))
 
     async def verify(self, slot_id: str, req: VerifyRequest) -> VerifyResult:
         return await ops_episode.verify(self, slot_id, req)
 
     async def quarantine(self, slot_id: str, reason: str) -> SlotRecord:
-        return await ops_episode.quarantine(self, slot_id, reason)
+        return await self._durable(await ops_episode.quarantine(self, slot_id, reason))
 
     async def release(self, slot_id: str) -> SlotRecord:
-        return await ops_episode.release(self, slot_id)
+        return await self._durable(await ops_episode.release(self, slot_id))
 
     async def gate_report(self, slot_id: str) -> SlotRecord:
         return await ops_episode.gate_report(self, slot_id)
@@ -361,19 +372,19 @@ class Supervisor:
         await episodes.refresh_gates(self, rec)
 
     async def capture(self, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
-        return await ops_fork.capture(self, slot_id, req)
+        return await self._durable(await ops_fork.capture(self, slot_id, req))
 
     async def prefork(self, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
-        return await ops_fork.prefork(self, slot_id, req)
+        return await self._durable(await ops_fork.prefork(self, slot_id, req))
 
     async def branch(self, slot_id: str, req: BranchRequest) -> dict[str, Any]:
-        return await ops_fork.branch(self, slot_id, req)
+        return await self._durable(await ops_fork.branch(self, slot_id, req))
 
     async def adopt_checkpoint(self, req: CheckpointAdopt) -> CheckpointRecord:
-        return await ops_checkpoints.adopt_checkpoint(self, req)
+        return await self._durable(await ops_checkpoints.adopt_checkpoint(self, req))
 
     async def delete_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
-        return await ops_checkpoints.delete_checkpoint(self, checkpoint_id)
+        return await self._durable(await ops_checkpoints.delete_checkpoint(self, checkpoint_id))
 
     # --- services and reports -------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ async def archive(sup: Supervisor, rec: SlotRecord) -> None:
     }
     screenshot = sup.last_screenshot.get(rec.id)
     logs = [str(p) for p in (rec.handle or {}).get("extra", {}).get("log_files", [])]
-    events = await trio.to_thread.run_sync(sup.journal.events_of, rec.id)
+    events = await sup.store.events_of(rec.id)
     try:
         await trio.to_thread.run_sync(
             write_forgotten,

@@ -4,11 +4,11 @@ journal compacted and the forgotten_dir archives held to their caps."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import TYPE_CHECKING
 
 import trio
 
-from drumsd.core.journal import JournalState, snapshot_events
 from drumsd.core.leases import (
     expired_checkpoints,
     expired_slots,
@@ -18,6 +18,7 @@ from drumsd.core.retention import files_to_delete
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
 from drumsd.runtime.services import guarded_loop
+from drumsd.runtime.store import snapshot_of
 
 if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
@@ -51,9 +52,9 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
     for rec in stale_tombstones(list(sup.slots.values()), now):
         sup.slots.pop(rec.id, None)
         sup._locks.pop(rec.id, None)
-        sup.journal.delete("slot", rec.id, "forgotten", now)
+        sup.store.delete("slot", rec.id, "forgotten", now)
     sup._flush_dirty()
-    compact_if_large(sup)
+    await compact_if_large(sup)
     files = await trio.to_thread.run_sync(scan_forgotten, sup.config.forgotten_dir)
     doomed = files_to_delete(files, sup.config)
     if doomed:
@@ -63,16 +64,9 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
     return done
 
 
-def compact_if_large(sup: Supervisor) -> None:
-    """Bound events.jsonl between restarts. Synchronous on purpose: no append may
-    interleave with the rewrite."""
-    try:
-        size = sup.journal.events_path.stat().st_size
-    except OSError:
-        return
-    if size > sup.config.journal_compact_mib * 1024 * 1024:
-        snapshot = JournalState(
-            slots=sup.slots, checkpoints=sup.checkpoints, last_seq=sup.journal.last_seq
-        )
-        sup.journal.compact(snapshot_events(snapshot, sup.clock()))
+async def compact_if_large(sup: Supervisor) -> None:
+    """Bound events.jsonl between restarts (the store keeps appends from interleaving)."""
+    size = await sup.store.events_size()
+    if size is not None and size > sup.config.journal_compact_mib * 1024 * 1024:
+        await sup.store.compact(partial(snapshot_of, sup))
         log.info("journal compacted (events.jsonl was %d bytes)", size)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from drumsd.core import gates as G
-from drumsd.core.journal import JournalState, snapshot_events
 from drumsd.core.records import (
     CheckpointKind,
     CheckpointRecord,
@@ -25,6 +25,7 @@ from drumsd.runtime.failures import bounded_cleanup
 from drumsd.runtime.handles import handle_from_json
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
+from drumsd.runtime.store import snapshot_of
 from drumsd.runtime.teardown import archive
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ log = logging.getLogger("drumsd.supervisor")
 async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
     """After a (re)start: adopt live slots, mark dead ones down and clean them, drop unfinished
     checkpoints, sweep what no record owns, compact the journal."""
-    state = await trio.to_thread.run_sync(sup.journal.load)
+    state = await sup.store.load()
     sup.slots, sup.checkpoints = state.slots, state.checkpoints
     report: dict[str, list[str]] = {"adopted": [], "down": [], "swept": [], "dropped": []}
     for cp in list(sup.checkpoints.values()):
@@ -100,11 +101,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
         report["swept"] = list(await sup.runtime.sweep(live))
     except RuntimeError_ as exc:
         log.error("sweep failed: %s", exc.message)
-    now = sup.clock()
-    snapshot = JournalState(
-        slots=sup.slots, checkpoints=sup.checkpoints, last_seq=sup.journal.last_seq
-    )
-    await trio.to_thread.run_sync(sup.journal.compact, snapshot_events(snapshot, now))
+    await sup.store.compact(partial(snapshot_of, sup))
     sup.reconciled = report
     log.info("reconciled: %s", {k: len(v) for k, v in report.items()})
     return report

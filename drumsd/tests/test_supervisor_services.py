@@ -152,3 +152,35 @@ async def test_gate_refresh_quarantines_on_its_interval(
         await virtual_wait(lambda: rec.status.value == "quarantined", limit_s=interval * 3)
         assert rec.status.value == "quarantined"
         assert "no_oom_kill" in (rec.quarantine_reason or "")
+
+
+class HangingDestroy(MemoryRuntime):
+    """A runtime whose destroy shields itself for an hour (a wedged kill, a stuck wait)."""
+
+    hang = False
+
+    async def destroy(self, slot_id: str) -> None:
+        if self.hang:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(3600)  # virtual; it ends so the test's nursery can close
+        await super().destroy(slot_id)
+
+
+async def test_a_destroy_that_hangs_is_abandoned_at_the_cleanup_deadline(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_api(
+        tmp_path, clock=virtual_clock, runtime_cls=HangingDestroy, cleanup_timeout_s=20
+    ) as api:
+        sid = (await create(api))["id"]
+        runtime: Any = api.runtime
+        runtime.hang = True
+        started = trio.current_time()
+        r = await api.client.delete(f"/v1/slots/{sid}")
+        waited = trio.current_time() - started
+        assert r.status_code == 200, r.text
+        # The deadline applied although the runtime shielded itself: the record is written and
+        # the answer came after cleanup_timeout_s, not after the runtime's hour. (Virtual time
+        # also runs on while requests wait on worker threads, so no tighter upper bound.)
+        assert 20 <= waited < 3600
+        assert api.sup.slots[sid].status.value == "destroyed"

@@ -8,7 +8,9 @@ restarts the agent if it dies. Outside a pid namespace it makes itself a child s
 As root it locks every process it starts (seccomp.py: no_new_privs, empty bounding set, the
 filter) and, once the session runs, itself (keeping only seccomp.INIT_KEEPS). It binds the agent's
 socket itself in the root-owned /run/drums and hands the listening fd to the agent, so the desktop
-user can neither replace the socket nor listen in the agent's place.
+user can neither replace the socket nor listen in the agent's place. The agent runs as the slot's
+root (seccomp.AGENT_KEEPS, not dumpable), never as the desktop user: memory, descriptors and
+signals of another uid are out of the desktop user's reach.
 """
 
 from __future__ import annotations
@@ -138,15 +140,24 @@ class DesktopInit:
         self.listener = listener
 
     def spawn(
-        self, name: str, argv: list[str], pass_fds: tuple[int, ...] = (), **env: str
+        self,
+        name: str,
+        argv: list[str],
+        pass_fds: tuple[int, ...] = (),
+        as_agent: bool = False,
+        **env: str,
     ) -> int | None:
-        """Start one session process as the desktop user, locked, its output in the log dir."""
+        """Start one session process as the desktop user (the agent: as the slot's root with
+        seccomp.AGENT_KEEPS), locked, its output in the log dir."""
         logfile = open(self.log_dir / f"{name}.log", "ab")
         creds: dict[str, Any] = {}
         if self.lock is not None:
             # The lock needs root (CAP_SETPCAP) before the uid change, so the child does both.
             lock, uid, gid = self.lock, self.pw.pw_uid, self.pw.pw_gid
-            creds = {"preexec_fn": lambda: lock.lock_child(uid, gid)}
+            if as_agent:
+                creds = {"preexec_fn": lock.lock_agent}
+            else:
+                creds = {"preexec_fn": lambda: lock.lock_child(uid, gid)}
         try:
             proc = subprocess.Popen(
                 argv,
@@ -250,7 +261,11 @@ class DesktopInit:
         assert self.listener is not None
         fd = self.listener.fileno()
         self.agent_pid = self.spawn(
-            "agent", self.guest_argv("agent"), pass_fds=(fd,), DRUMS_AGENT_FD=str(fd)
+            "agent",
+            self.guest_argv("agent"),
+            pass_fds=(fd,),
+            as_agent=True,
+            DRUMS_AGENT_FD=str(fd),
         )
         if self.agent_pid is None:
             self.next_agent_start = time.monotonic() + 1.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,18 +35,7 @@ RENAME = "e0df059f-28a6-4169-924f-b9623e7184cc"  # unsolved it scores 0
 _ATTACKS = r"""
 import ctypes, errno, json, os, signal, socket
 
-def find_agent():
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                cmd = open(f"/proc/{p}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b".agent import main" in cmd:
-                return int(p), cmd.rstrip(b"\0").split(b"\0")
-    raise SystemExit("no agent process found")
-
-agent, argv = find_agent()
+agent = AGENT_PID  # its in-slot pid, from its ping on the host side
 res = {"agent": agent, "me": os.getuid()}
 status = open(f"/proc/{agent}/status").read()
 res["agent_uid"] = [ln.split()[1:] for ln in status.splitlines() if ln.startswith("Uid:")][0]
@@ -98,7 +88,6 @@ def append(path):
             pass
     return run
 
-code_dir = argv[-1].decode()
 attempt("mem_write", write_mem)
 attempt("syscall_read", lambda: open(f"/proc/{agent}/syscall").read())
 attempt("environ_read", lambda: open(f"/proc/{agent}/environ", "rb").read())
@@ -109,7 +98,7 @@ attempt("socket_rename", lambda: os.rename("/run/drums/agent.sock", "/run/drums/
 attempt("socket_unlink", lambda: os.unlink("/run/drums/agent.sock"))
 attempt("socket_bind_beside", listen_beside)
 attempt("log_write", append("/run/drums/log/agent.log"))
-attempt("code_write", append(os.path.join(code_dir, "drums_guest", "agent.py")))
+attempt("code_write", append("/opt/drums/guest/drums_guest/agent.py"))
 print(json.dumps(res))
 """
 
@@ -153,7 +142,10 @@ def _ping_from_host(init_pid: int) -> dict:
 
 @pytest.fixture(scope="module")
 def daemon():
-    return shared_daemon("hardened")
+    # DRUMS_LIVE_IMAGES_DIR: an images dir holding an image assembled from this tree's guest
+    # sources (`drumsd image build --cache`), when the shared cache holds another tree's.
+    images = os.environ.get("DRUMS_LIVE_IMAGES_DIR")
+    return shared_daemon("agent-reach", **({"images_dir": images} if images else {}))
 
 
 def test_desktop_user_cannot_reach_the_agent_and_an_unsolved_task_scores_0(daemon) -> None:
@@ -161,7 +153,7 @@ def test_desktop_user_cannot_reach_the_agent_and_an_unsolved_task_scores_0(daemo
         sid = create(http, task=RENAME)["id"]
         try:
             agent_pid_before = _ping_from_host(host_view(http, sid).init)["pid"]
-            found = python_in_slot(http, sid, _ATTACKS)
+            found = python_in_slot(http, sid, _ATTACKS.replace("AGENT_PID", str(agent_pid_before)))
             print("attempts:", found)
             assert found["me"] == 1000, found
             reached = {k: found[k] for k, ok in REFUSED.items() if found[k] not in ok}

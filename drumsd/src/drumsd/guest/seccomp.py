@@ -286,49 +286,31 @@ class Lock:
 
         For subprocess's preexec_fn (desktop-init is single threaded, so that is safe)."""
         self.drop_bounding()
-        _capset(None, 0)  # nothing inheritable: desktop-init's own set is for the agent only
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
         self.install_filter()
 
     def lock_self(self, keep: Iterable[int] = INIT_KEEPS) -> None:
-        """Empty this root process's bounding set, reduce its permitted, effective and
-        inheritable sets to `keep` and lock it.
+        """Empty this root process's bounding set, reduce its permitted and effective sets to
+        `keep` (nothing inheritable) and lock it.
 
-        Inheritable is what a root process keeps across execve once its bounding set is empty
-        (the agent, started by desktop-init with AGENT_KEEPS); it is raised before the bounding
-        set is emptied, which a capset raising it needs."""
+        Also how the agent is locked (AGENT_KEEPS, in a fork of desktop-init that does not exec:
+        a root execve under an empty bounding set keeps only the inheritable set, and CRIU cannot
+        restore an inheritable set once it has emptied the bounding set)."""
         keep = tuple(keep)
+        self.drop_bounding()
         mask = 0
         for cap in keep:
             mask |= 1 << cap
-        _capset(None, mask)
-        self.drop_bounding()
-        _capset(mask, mask)
+        header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+        data = (_CapData * 2)()
+        data[0].effective = data[0].permitted = mask & 0xFFFFFFFF
+        data[1].effective = data[1].permitted = mask >> 32
+        if _libc.capset(ctypes.byref(header), data) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"capset failed: {os.strerror(err)}")
         self.install_filter()
-
-    def lock_agent(self) -> None:
-        """In a forked child of desktop-init (root): stay the slot's root with AGENT_KEEPS only,
-        kept across the exec of the agent, then lock. For subprocess's preexec_fn."""
-        self.lock_self(AGENT_KEEPS)
-
-
-def _capset(permitted: int | None, inheritable: int) -> None:
-    """capset on this thread: permitted = effective = `permitted` (None: as they are)."""
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)()
-    if _libc.capget(ctypes.byref(header), data) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"capget failed: {os.strerror(err)}")
-    if permitted is not None:
-        data[0].effective = data[0].permitted = permitted & 0xFFFFFFFF
-        data[1].effective = data[1].permitted = permitted >> 32
-    data[0].inheritable = inheritable & 0xFFFFFFFF
-    data[1].inheritable = inheritable >> 32
-    if _libc.capset(ctypes.byref(header), data) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"capset failed: {os.strerror(err)}")
 
 
 def dumpable() -> int:

@@ -44,7 +44,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, idmap, mounts, procfs
+from drumsd.linux import beneath, cgroups, criu, idmap, mounts, procfs
 from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
 from drumsd.linux.launcher import Launcher
 from drumsd.runtime import agent_client
@@ -1010,16 +1010,27 @@ class LinuxRuntime:
         return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
 
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
-        header, data = await self._agent(
-            handle, {"op": "read_file", "path": path, "max_bytes": max_bytes}, 30.0
-        )
-        if header.get("truncated"):
+        # From the host side, beneath the slot's root: no process in the slot (the desktop user
+        # included) can answer in the guest agent's place (issue 14).
+        inst = self._inst(handle)
+        where = path if path.startswith("/") else f"/home/user/{path}"
+        try:
+            return await trio.to_thread.run_sync(
+                beneath.read_regular, f"/proc/{inst.pid}/root", where, max_bytes
+            )
+        except FileNotFoundError as exc:
+            raise RuntimeError_(
+                "not_found", f"{path} does not exist in slot {handle.slot_id}"
+            ) from exc
+        except beneath.TooLarge as exc:
             raise RuntimeError_(
                 "invalid_request",
-                f"{path} in slot {handle.slot_id} is "
-                f"{header.get('file_size')} bytes, over max_bytes={max_bytes}",
-            )
-        return data
+                f"{path} in slot {handle.slot_id} is {exc.size} bytes, over max_bytes={max_bytes}",
+            ) from exc
+        except OSError as exc:
+            raise RuntimeError_(
+                "failed", f"cannot read {path} in slot {handle.slot_id}: {exc.strerror or exc}"
+            ) from exc
 
     async def write_file(
         self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,9 @@ def with_sysctl_block(tmp_path: Path, block: str) -> Path:
     """The current module with its boot.kernel.sysctl block replaced by `block`."""
     text = MODULE.read_text()
     assert len(BLOCK.findall(text)) == 1, "drumsd.nix has not exactly one boot.kernel.sysctl block"
-    path = tmp_path / "drumsd.nix"
+    copy = tmp_path / "nixos-modules"
+    shutil.copytree(MODULE.parent, copy)  # the module imports its generated siblings
+    path = copy / MODULE.name
     path.write_text(BLOCK.sub(lambda _: block, text))
     return path
 

@@ -1,13 +1,11 @@
-"""The verl and SkyRL adapters drive a few steps on the fake drumsd, without GPUs."""
+"""The SkyRL adapter drives a few steps on the fake drumsd (verl: verl_check.py in its venv)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv, parse_tool_call
-from drums_verifiers.adapters.verl import DrumsComputerTool, run_desktop_episode
 from drums_verifiers.verdict import DrumsInvalidEpisode
 
 
@@ -68,58 +66,3 @@ def test_skyrl_turn_limit_ends_with_the_checker(fake_host):
 def test_parse_tool_call_rejects_other_tools():
     with pytest.raises(ValueError, match="only tool"):
         parse_tool_call('<tool_call>{"name": "bash", "arguments": {}}</tool_call>')
-
-
-def scripted(*steps):
-    replies = iter(steps)
-
-    async def generate(messages, tools):
-        assert tools[0]["function"]["name"] == "computer"
-        args = next(replies)
-        if args is None:
-            return {"role": "assistant", "content": "finished"}
-        return {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "computer", "arguments": json.dumps(args)},
-                }
-            ],
-        }
-
-    return generate
-
-
-def test_verl_tool_and_loop_solve_and_release(fake_host):
-    tool = DrumsComputerTool({"daemon_url": fake_host.url, "token_file": str(fake_host.token_file)})
-    result = asyncio.run(
-        run_desktop_episode(
-            tool,
-            scripted(
-                {"action": "click", "x": 10, "y": 10},
-                {"action": "type", "text": "42"},
-                {"action": "done"},
-            ),
-            "solve",
-        )
-    )
-    assert result.reward == 1.0 and result.error is None
-    assert result.info["actions"] == {"click": 1, "type": 1, "done": 1}
-    tool_msgs = [m for m in result.messages if m["role"] == "tool"]
-    assert [m["images"] for m in tool_msgs] == [1, 1, 0]
-    assert fake_host.stats()["live_slots"] == []
-
-
-def test_verl_episode_on_a_dying_desktop_has_no_reward(fake_host):
-    tool = DrumsComputerTool({"daemon_url": fake_host.url, "token_file": str(fake_host.token_file)})
-    result = asyncio.run(
-        run_desktop_episode(
-            tool, scripted({"action": "click", "x": 10, "y": 10}, {"action": "done"}), "dies"
-        )
-    )
-    assert result.reward is None and "DrumsEnvFailure" in result.error
-    assert "env_gone" in result.info["error"]
-    assert fake_host.stats()["live_slots"] == []

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv, parse_tool_call
-from drums_verifiers.verdict import DrumsInvalidEpisode
 
 
 def call(**arguments) -> str:
@@ -40,17 +39,47 @@ def test_skyrl_env_solves_a_task(fake_host):
         "drums_actions": 3.0,
         "drums_reward_trusted": 1.0,
     }
+    assert fake_host.stats()["live_slots"] == []  # closed with the trajectory's last step
+    env.close()
+
+
+def test_skyrl_env_ends_an_invalid_episode_without_reward_or_raise(fake_host):
+    env = skyrl_env(fake_host, "crash")
+    env.init([])
+    env.step(call(action="type", text="42"))
+    out = env.step(call(action="done"))  # raising here would crash skyrl-train's gather
+    assert out["done"] and out["reward"] == 0.0 and out["metadata"]["drums_valid"] is False
+    assert "no_app_crash" in out["metadata"]["drums"]["dropped"]
+    assert env.get_metrics()["drums_valid"] == 0.0
+    assert fake_host.stats()["live_slots"] == []  # closed when the trajectory ended
+    env.close()  # and close() stays safe
+
+
+def test_skyrl_make_registered_env_from_env_vars(fake_host, monkeypatch):
+    import skyrl_gym
+
+    monkeypatch.setenv("DRUMS_URL", fake_host.url)
+    monkeypatch.setenv("DRUMS_TOKEN_FILE", str(fake_host.token_file))
+    monkeypatch.delenv("DRUMS_TOKEN", raising=False)
+    env = skyrl_gym.make("drums", env_config={}, extras={"drums_task": "solve", "max_turns": 3})
+    assert isinstance(env, DrumsSkyRLEnv)
+    assert "url from DRUMS_URL" in env.daemon.describe()
+    env.init([])
+    assert len(fake_host.stats()["live_slots"]) == 1
     env.close()
     assert fake_host.stats()["live_slots"] == []
 
 
-def test_skyrl_env_refuses_to_reward_an_invalid_episode(fake_host):
-    env = skyrl_env(fake_host, "crash")
+def test_skyrl_init_failure_and_step_error_leave_nothing(fake_host):
+    env = skyrl_env(fake_host, "no-such-task")
+    with pytest.raises(Exception, match=r"(?i)task"):
+        env.init([])
+    assert fake_host.stats()["live_slots"] == [] and env.client is None
+    env = skyrl_env(fake_host, "solve")
     env.init([])
-    env.step(call(action="type", text="42"))
-    with pytest.raises(DrumsInvalidEpisode, match="drums_invalid:invalid:no_app_crash"):
-        env.step(call(action="done"))
-    env.close()
+    env.screen = None  # a bug of ours mid-step: the desktop must still go
+    with pytest.raises(AttributeError):
+        env.step(call(action="click", x=1, y=1))
     assert fake_host.stats()["live_slots"] == []
 
 

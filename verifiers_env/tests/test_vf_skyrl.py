@@ -17,6 +17,6 @@ def test_skyrl_env_through_skyrl_train_generator():
 @pytest.mark.live
 def test_skyrl_env_on_a_real_daemon(tmp_path: Path):
     lines = live_run(
-        tmp_path, "skyrl", "skyrl_check.py", "DRUMS_SKYRL_LIVE_TASK", "DRUMS_SKYRL_RESULT"
-    )
+        tmp_path, "skyrl", "skyrl_check.py", "DRUMS_SKYRL_LIVE_TASK", "DRUMS_SKYRL_RESULT", 2
+    )  # the live episode and the registration check
     assert len(lines) == 1

@@ -25,7 +25,9 @@ def test_verl_tool_and_agent_loop_against_verl_0_9_1():
     assert passed(result) == 3
 
 
-def live_run(tmp_path: Path, name: str, check: str, task_var: str, marker: str) -> list[str]:
+def live_run(
+    tmp_path: Path, name: str, check: str, task_var: str, marker: str, tests: int = 1
+) -> list[str]:
     """Run `check` against a real drumsd (office image); the slots before and after are empty."""
     if os.environ.get("DRUMS_LIVE") != "1":
         pytest.skip("needs DRUMS_LIVE=1 (root, CRIU, the office image)")
@@ -45,7 +47,7 @@ def live_run(tmp_path: Path, name: str, check: str, task_var: str, marker: str) 
         t0 = time.monotonic()
         result = run_check(name, check, env)
         print(f"{name} live episode in {time.monotonic() - t0:.1f}s")
-        assert passed(result) == 1
+        assert passed(result) == tests
         lines = result_lines(result, marker)
         print("\n".join(lines))
         with http_client(live) as http:

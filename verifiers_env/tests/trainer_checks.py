@@ -48,4 +48,5 @@ def passed(result: subprocess.CompletedProcess[str]) -> int:
 
 
 def result_lines(result: subprocess.CompletedProcess[str], marker: str) -> list[str]:
-    return [line for line in result.stdout.splitlines() if line.startswith(marker)]
+    """The lines a check printed after `marker` (pytest's progress dots may precede them)."""
+    return [line[line.index(marker) :] for line in result.stdout.splitlines() if marker in line]

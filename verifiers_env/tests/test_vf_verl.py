@@ -22,7 +22,7 @@ TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"
 
 def test_verl_tool_and_agent_loop_against_verl_0_9_1():
     result = run_check("verl", "verl_check.py", {"DRUMS_VERL_LIVE_TASK": ""})
-    assert passed(result) == 3
+    assert passed(result) == 4
 
 
 def live_run(

@@ -283,3 +283,36 @@ def test_agent_loop_on_a_real_desktop():
     assert info["valid"] is True and out.reward_score is not None
     assert len(out.multi_modal_data["images"]) == 3 and len(server.calls) == 3
     assert live_envs() == before
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_worker_postprocess_batches_a_valid_and_a_masked_episode(daemon):
+    """verl's AgentLoopWorker._agent_loop_postprocess and _postprocess on both outputs."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    async def go() -> Any:
+        outputs = []
+        for task in ("solve", "crash"):
+            replies = [reply(action="type", text="42"), reply(action="done")]
+            loop, _, tok = make_loop(replies, shipped_tools())
+            outputs.append(
+                await loop.run(
+                    {},
+                    raw_prompt=[{"role": "system", "content": "acting"}],
+                    tools_kwargs={"computer": {"create_kwargs": {"drums_task": task}}},
+                )
+            )
+        worker = object.__new__(AgentLoopWorker)  # the attributes these two methods read
+        config = trainer_config()
+        worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
+        worker.tokenizer, worker.processor = tok, loop.processor
+        worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
+        worker.mm_processor_kwargs = {}
+        padded = [await worker._agent_loop_postprocess(o, False, raw_prompt=[]) for o in outputs]
+        return worker._postprocess(padded, input_non_tensor_batch=None)
+
+    batch = asyncio.run(go())
+    assert batch.batch["rm_scores"].sum(-1).tolist() == [1.0, 0.0]
+    trained = batch.batch["response_mask"].sum(-1).tolist()
+    assert trained[0] > 0 and trained[1] == 0  # the invalid episode adds no token to the loss
+    assert batch.non_tensor_batch["drums_valid"].tolist() == [1.0, 0.0]

@@ -213,3 +213,24 @@ def test_task_asset_and_cache_stay_beneath_their_roots(tmp_path: Path) -> None:
     # A symlink in the cache pointing out is refused too (real path outside the cache).
     (cache / "t1" / "link.txt").symlink_to(secret)
     assert cached_download(task, "https://x/link.txt", None, ctx) is None
+
+
+# ---- finding 6 of issue 14: task files are regular files of bounded size ----------------------
+
+
+def test_a_fifo_device_or_huge_file_is_refused_as_a_task(tmp_path: Path) -> None:
+    import os
+
+    from drumsd.tasks.model import MAX_TASK_FILE_BYTES, load_task_file
+
+    fifo = tmp_path / "task.json"
+    os.mkfifo(fifo)
+    with pytest.raises(TaskError, match="not a regular file"):
+        load_task_file(fifo)  # opening it without a writer must not block
+    with pytest.raises(TaskError, match="not a regular file"):
+        load_task_file(Path("/dev/zero"))
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(MAX_TASK_FILE_BYTES + 1)
+    with pytest.raises(TaskError, match="over 16 MiB"):
+        load_task_file(huge)

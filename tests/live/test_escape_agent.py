@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -142,10 +141,7 @@ def _ping_from_host(init_pid: int) -> dict:
 
 @pytest.fixture(scope="module")
 def daemon():
-    # DRUMS_LIVE_IMAGES_DIR: an images dir holding an image assembled from this tree's guest
-    # sources (`drumsd image build --cache`), when the shared cache holds another tree's.
-    images = os.environ.get("DRUMS_LIVE_IMAGES_DIR")
-    return shared_daemon("agent-reach", **({"images_dir": images} if images else {}))
+    return shared_daemon("agent-reach")
 
 
 def test_desktop_user_cannot_reach_the_agent_and_an_unsolved_task_scores_0(daemon) -> None:

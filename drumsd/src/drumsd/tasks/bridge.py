@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import trio
 from drums.models import Audit as WireAudit
 from drums.models import TaskInfo
 from drums.models import VerifyResult as WireVerifyResult
@@ -220,7 +221,8 @@ class TaskBridge:
     async def load(
         self, slot_record: SlotRecord, handle: SlotHandle, task: str | dict[str, Any]
     ) -> tuple[TaskInfo, dict[str, Any]]:
-        resolved = lookup_task(task, self.ctx.task_dirs)
+        # Off the event loop: a task named by path is a file read (issue 14, finding 6).
+        resolved = await trio.to_thread.run_sync(lookup_task, task, self.ctx.task_dirs)
         info = task_info(resolved, self.ctx)
         if not info.supported:
             raise DrumsdError(

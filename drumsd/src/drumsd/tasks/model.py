@@ -8,6 +8,8 @@ googledrive/login/proxy task, a metric whose library is missing, a getter drums 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -367,9 +369,26 @@ def parse_task(data: dict[str, Any], source: Path | None = None) -> Task:
     return task
 
 
+MAX_TASK_FILE_BYTES = 16 << 20
+
+
+def read_task_bytes(path: Path) -> bytes:
+    """A task file's bytes: a regular file of at most MAX_TASK_FILE_BYTES. O_NONBLOCK and the
+    fstat check refuse a FIFO or device (a FIFO froze the daemon, /dev/zero never ends)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskError(f"task file {path} is not a regular file")
+        data = f.read(MAX_TASK_FILE_BYTES + 1)
+    if len(data) > MAX_TASK_FILE_BYTES:
+        raise TaskError(f"task file {path} is over {MAX_TASK_FILE_BYTES >> 20} MiB")
+    return data
+
+
 def load_task_file(path: Path) -> Task:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_task_bytes(path))
     except OSError as exc:
         raise TaskError(f"cannot read task file {path}: {exc}") from exc
     except ValueError as exc:

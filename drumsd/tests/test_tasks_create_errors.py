@@ -67,3 +67,26 @@ async def test_a_create_whose_setup_raises_anything_destroys_its_slot(
         assert 400 <= r.status_code < 600 and r.status_code != 500, r.text
         assert r.json()["error"]["code"] == "setup_failed", r.text
         assert await _live_slots(api) == []
+
+
+def test_task_run_dirs_are_private_to_the_daemon_and_reused_per_slot(tmp_path: Path) -> None:
+    """issue 14, finding 10: not /tmp/drums-task-runs shared by every daemon."""
+    import stat
+
+    from drumsd.runtime.memory_runtime import MemoryRuntime
+
+    one = TaskBridge(TaskContext(), MemoryRuntime(tmp_path / "a"))
+    two = TaskBridge(TaskContext(), MemoryRuntime(tmp_path / "b"))
+    try:
+        assert one.run_root != two.run_root
+        assert one.run_root.name != "drums-task-runs"
+        assert stat.S_IMODE(one.run_root.stat().st_mode) == 0o700
+        first = one._run_dir("s-1", fresh=True)
+        (first / "leftover").write_text("last episode")
+        again = one._run_dir("s-1", fresh=True)
+        assert again == first and list(again.iterdir()) == []
+    finally:
+        import shutil
+
+        shutil.rmtree(one.run_root, ignore_errors=True)
+        shutil.rmtree(two.run_root, ignore_errors=True)

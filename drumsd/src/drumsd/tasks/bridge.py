@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -191,11 +192,23 @@ class TaskBridge:
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
-        self.run_root = run_root or Path(tempfile.gettempdir()) / "drums-task-runs"
+        self._run_root = run_root
 
-    def _run_dir(self, slot_id: str) -> Path:
+    @property
+    def run_root(self) -> Path:
+        """Where episodes' task-run dirs live: private to this daemon (issue 14, finding 10: a
+        predictable root-made name in world-writable /tmp, shared by every daemon, was the
+        default), made 0700 under an unpredictable name on first use."""
+        if self._run_root is None:
+            self._run_root = Path(tempfile.mkdtemp(prefix="drumsd-task-runs-"))
+        return self._run_root
+
+    def _run_dir(self, slot_id: str, fresh: bool = False) -> Path:
+        """The slot's run dir; `fresh` (a task loads: a new episode) empties the last episode's."""
         path = self.run_root / slot_id
-        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path
 
     def list_tasks(self) -> list[TaskInfo]:
@@ -232,7 +245,11 @@ class TaskBridge:
         access = RuntimeSlotAccess(self.runtime, handle)
         try:
             await run_setup(
-                resolved, access, self.ctx, run_dir=self._run_dir(slot_record.id), label=label
+                resolved,
+                access,
+                self.ctx,
+                run_dir=self._run_dir(slot_record.id, fresh=True),
+                label=label,
             )
         except SetupError as exc:
             timed_out = "timed out" in str(exc) or "longer than" in str(exc)

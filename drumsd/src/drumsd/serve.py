@@ -99,7 +99,9 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
         from drumsd.runtime.memory_runtime import MemoryRuntime
 
         log.warning("runtime=memory: no real desktops; for control-plane tests only")
-        yield MemoryRuntime(config.state_dir)
+        # Control-plane tests slow the fake restores down to catch a daemon mid-create.
+        delay = float(os.environ.get("DRUMS_MEMORY_RESTORE_DELAY_S", "0") or 0)
+        yield MemoryRuntime(config.state_dir, restore_delay_s=delay)
         return
     try:
         from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime

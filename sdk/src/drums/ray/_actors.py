@@ -8,11 +8,14 @@ survive the trip through Ray exactly, whatever its pickling does with keyword ar
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import httpx
 
 from .. import _routes as routes
 from .. import models as m
@@ -35,6 +38,12 @@ def error_fields(exc: DrumsError) -> Dict[str, Any]:
         "status": exc.status,
         "detail": exc.detail,
     }
+
+
+def host_down_body(label: str, exc: BaseException) -> bytes:
+    message = f"the drumsd of host {label} cannot be reached: {type(exc).__name__}"
+    error = {"code": "host_down", "message": message, "detail": {"host": label}}
+    return json.dumps({"error": error}).encode()
 
 
 def _reply(fn: Callable[[], Any]) -> Reply:
@@ -102,8 +111,8 @@ class EnvActor:
 
         return _reply(run)
 
-    def handed_over(self) -> None:
-        self._lease()
+    def handed_over(self) -> Reply:
+        return _reply(self._lease)
 
     def client_call(self, method: str, args: Tuple[Any, ...]) -> Reply:
         return _reply(lambda: getattr(self.client, method)(*args))
@@ -131,6 +140,7 @@ class Keeper:
         self.label = label
         self.interval_s = interval_s
         self.destroyed: List[str] = []
+        self._http: Optional[httpx.Client] = None
         threading.Thread(target=self._loop, daemon=True, name="drums-keeper").start()
 
     def _loop(self) -> None:
@@ -162,3 +172,22 @@ class Keeper:
 
     def ping(self) -> List[str]:
         return list(self.destroyed)
+
+    def forward(self, method: str, path: str, query: str, body: bytes) -> Tuple[int, str, bytes]:
+        """One HTTP request to this host's drumsd, for the gateway (the token stays here)."""
+        if self._http is None:
+            entry = read_host(self.label)
+            token = open(entry.token_file).read().strip()
+            self._http = httpx.Client(
+                base_url=entry.url, headers={"Authorization": f"Bearer {token}"}, timeout=600
+            )
+        try:
+            r = self._http.request(
+                method,
+                path + (f"?{query}" if query else ""),
+                content=body or None,
+                headers={"Content-Type": "application/json"} if body else None,
+            )
+        except httpx.HTTPError as exc:
+            return 503, "application/json", host_down_body(self.label, exc)
+        return r.status_code, r.headers.get("content-type", "application/json"), r.content

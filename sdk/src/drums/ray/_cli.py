@@ -17,10 +17,11 @@ import os
 import socket
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .._client import Client
 from .._exceptions import DrumsError
+from ._actors import host_down_body
 from ._placement import DESKTOPS, HOST, LABEL
 from ._registry import HostEntry, write_host
 
@@ -70,7 +71,55 @@ def _parser() -> argparse.ArgumentParser:
     )
     join.add_argument("--block", action="store_true", help="stay in the foreground (services)")
     join.add_argument("--dry-run", action="store_true", help="print the ray start command")
+    serve = pool.add_parser("serve", help="the gateway: drumsd's HTTP API over the whole pool")
+    serve.add_argument("--address", default="auto", help="the Ray cluster to join as a driver")
+    serve.add_argument("--listen", default="127.0.0.1:7080")
+    serve.add_argument("--token-file", required=True, help="the gateway's own token, mode 0600")
     return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import ray
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    from ._gateway import Gateway
+    from ._pool import Pool
+
+    path = os.path.abspath(args.token_file)
+    if os.stat(path).st_mode & 0o077:
+        print(f"drums pool serve: {path} is readable by others; chmod 600 it", file=sys.stderr)
+        return 1
+    token = open(path).read().strip()
+    if len(token) < 32:
+        print(f"drums pool serve: {path} holds fewer than 32 characters", file=sys.stderr)
+        return 1
+    ray.init(address=args.address, log_to_driver=False)
+    pool = Pool()
+
+    async def hosts() -> List[Tuple[str, int]]:
+        found = await asyncio.to_thread(pool.hosts)
+        for host in found:
+            pool._keeper(host)
+        return [(h.label, h.free) for h in found]
+
+    async def forward(
+        label: str, method: str, p: str, q: str, body: bytes
+    ) -> Tuple[int, str, bytes]:
+        keeper = pool._keepers[label]
+        try:
+            return await keeper.forward.remote(method, p, q, body)
+        except ray.exceptions.RayError as exc:
+            return 503, "application/json", host_down_body(label, exc)
+
+    config = Config()
+    config.bind = [args.listen]
+    config.accesslog = None
+    print(f"drums pool serve: listening on {args.listen}", file=sys.stderr, flush=True)
+    asyncio.run(hypercorn_serve(Gateway(token, forward, hosts), config))  # type: ignore[arg-type]
+    return 0
 
 
 def join(args: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -107,6 +156,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     if args.group == "pool" and args.cmd == "join":
         return join(args, extra)
+    if args.group == "pool" and args.cmd == "serve":
+        return serve(args)
     return 2
 
 

@@ -218,6 +218,7 @@ class Pool:
                 lifetime="detached",
                 get_if_exists=True,
                 num_cpus=0,
+                max_concurrency=32,  # the gateway forwards many requests at once
                 scheduling_strategy=self._affinity(host),
             ).remote(host.label)
         return self._keepers[host.label]

@@ -110,3 +110,83 @@ def test_join_without_a_daemon_is_a_clear_error(capsys: pytest.CaptureFixture[st
     code = main(["pool", "join", "--address", "127.0.0.1:1", "--drumsd-url", "http://127.0.0.1:9"])
     assert code == 1
     assert "did not answer" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the gateway's pure parts
+
+from drums.ray._gateway import (  # noqa: E402
+    Gateway,
+    merge_health,
+    merge_prometheus,
+    split_path,
+    tag_ids,
+    untag_ids,
+)
+
+
+def test_ids_carry_their_host_both_ways() -> None:
+    answer = {"id": "s-0a1b", "state": "ready", "checkpoint": "tpl-base-abc", "task": "e0df"}
+    tagged = tag_ids(answer, "h1")
+    assert tagged == {
+        "id": "h1~s-0a1b",
+        "state": "ready",
+        "checkpoint": "h1~tpl-base-abc",
+        "task": "e0df",
+    }
+    assert untag_ids({"prefork": "h1~pf-77"}, ["h1", "h2"]) == ({"prefork": "pf-77"}, "h1")
+    assert untag_ids({"note": "h9~s-1"}, ["h1"]) == ({"note": "h9~s-1"}, None)
+    assert split_path("/v1/slots/h2~s-9/step") == ("h2", "/v1/slots/s-9/step")
+    assert split_path("/v1/checkpoints/h1~st-3") == ("h1", "/v1/checkpoints/st-3")
+    assert split_path("/v1/slots") == (None, "/v1/slots")
+
+
+def test_health_and_prometheus_aggregate_and_name_the_dead_host() -> None:
+    up = {
+        "status": "ok",
+        "version": "0.1.0",
+        "profile": "hardened",
+        "slots_by_state": {"ready": 2},
+        "checkpoints": [{"id": "tpl-base-1"}],
+        "admission": {"admitting": True},
+        "warnings": [],
+    }
+    merged = merge_health({"h1": up, "h2": up, "h3": {"error": {"code": "host_down"}}})
+    assert merged["slots_by_state"] == {"ready": 4}
+    assert merged["status"] == "degraded" and "h3: host_down" in merged["warnings"]
+    assert [c["id"] for c in merged["checkpoints"]] == ["h1~tpl-base-1", "h2~tpl-base-1"]
+    text = merge_prometheus(
+        {"h1": '# TYPE x gauge\nx 1\ny{a="b"} 2\n', "h2": "# TYPE x gauge\nx 3\n"}
+    )
+    assert text.splitlines() == [
+        "# TYPE x gauge",
+        'x{host="h1"} 1',
+        'y{host="h1",a="b"} 2',
+        'x{host="h2"} 3',
+    ]
+
+
+async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None:
+    sent: list = []
+
+    async def forward(label, method, path, query, body):
+        sent.append((label, method, path, body))
+        if label == "h2" and method == "POST":
+            return 503, "application/json", b'{"error": {"code": "host_down"}}'
+        return 201, "application/json", b'{"id": "s-1", "state": "ready"}'
+
+    async def hosts():
+        return [("h1", 2), ("h2", 5)]
+
+    gw = Gateway("t" * 40, forward, hosts)
+    assert (await gw.handle("GET", "/v1/slots", "", "Bearer nope", b""))[0] == 401
+    ok = "Bearer " + "t" * 40
+    status, _, body = await gw.handle("POST", "/v1/slots", "", ok, b"{}")
+    # h2 is freest but its drumsd is down: the create goes to h1, and says so in its id.
+    assert status == 201 and b'"h1~s-1"' in body
+    assert [s[0] for s in sent] == ["h2", "h1"]
+    await gw.handle("POST", "/v1/slots/h1~s-1/step", "", ok, b'{"action": {"type": "done"}}')
+    assert sent[-1][:3] == ("h1", "POST", "/v1/slots/s-1/step")
+    status, _, body = await gw.handle("GET", "/v1/slots/h7~s-1", "", ok, b"")
+    assert status == 503 and b"host_down" in body
+    status, _, _ = await gw.handle("POST", "/v1/slots", "", ok, b"{not json")
+    assert status == 400

@@ -141,6 +141,66 @@ def test_sigkilled_client_envs_are_destroyed_within_10s(hosts: dict[str, Any]) -
     print(f"dead client's envs destroyed after {took:.1f}s")
 
 
+def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
+    import drums
+    from drumsd_process import free_port, write_token
+
+    root = hosts["root"]
+    token = write_token(root / "gateway-token", "g" * 40)
+    port = free_port()
+    log = open(root / "gateway.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "drums.ray._cli",
+            "pool",
+            "serve",
+            "--address",
+            hosts["cluster"].address,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token-file",
+            str(root / "gateway-token"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
+    )
+    try:
+        with drums.connect(f"http://127.0.0.1:{port}", token="x" * 40) as bad:
+            wait_for(lambda: proc.poll() is None and _pings(bad), 60, "the gateway up")
+            with pytest.raises(drums.Unauthorized):
+                bad.list_envs()
+        with drums.connect(f"http://127.0.0.1:{port}", token=token) as client:
+            envs = [client.create() for _ in range(3)]
+            by_host = Counter(e.id.split("~")[0] for e in envs)
+            assert len(by_host) >= 2, by_host  # spread, not packed on one host
+            for env in envs:
+                label, own = env.id.split("~")
+                assert own in live_ids(hosts["daemons"][label])
+            step = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
+            assert step.screenshot_png_b64
+            with envs[1].fork(2) as children:
+                assert {c.id.split("~")[0] for c in children} == {envs[1].id.split("~")[0]}
+            health = client.health()
+            assert sum(health.slots_by_state.values()) >= 3
+            assert client.metrics() is not None
+            assert {e.id for e in envs} <= {s.id for s in client.list_envs()}
+        for daemon in hosts["daemons"].values():
+            assert live_ids(daemon) == set()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _pings(client: Any) -> bool:
+    try:
+        return client.ping()
+    except Exception:
+        return False
+
+
 def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, Any]) -> None:
     daemon = hosts["daemons"]["h3"]
     with Pool(down_ttl_s=600) as pool:

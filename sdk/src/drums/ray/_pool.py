@@ -154,6 +154,10 @@ class PoolEnv:
             self._get(self.actor.close.remote())
         except HostDown:
             pass  # its desktops went with the host
+        except errors.CleanupFailed:
+            if self.host not in self.pool._down_now():
+                raise
+            # Its drumsd is down: the keeper destroys the env once the daemon is back.
         finally:
             ray.kill(self.actor)
             self.pool._envs.pop(self.id, None)

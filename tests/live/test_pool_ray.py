@@ -232,3 +232,70 @@ def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, An
         fresh = [pool.create() for _ in range(2)]
         assert {e.host for e in fresh} <= {"h1", "h3"}
         assert all(e.observe() is not None for e in fresh)
+
+
+@pytest.mark.skipif(os.environ.get("DRUMS_POOL_BENCH") != "1", reason="opt-in: DRUMS_POOL_BENCH=1")
+def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
+    """Added latency of the pool path (actor call) against the direct SDK, same run, same host;
+    creates per second over three daemons against one. Table on stdout, JSON beside the log."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import drums
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    h1 = hosts["daemons"]["h1"]
+    rows: dict[str, dict[str, float]] = {}
+    with drums.connect(h1.url, token=h1.token) as direct, Pool() as pool:
+        d_env = direct.create()
+        p_env = pool.create()
+        while p_env.host != "h1":
+            p_env = pool.create()
+        for name, env in (("direct", d_env), ("pool", p_env)):
+            times = []
+            for _ in range(40):
+                t = time.perf_counter()
+                env.step({"type": "wait", "seconds": 0}, screenshot=True)
+                times.append(time.perf_counter() - t)
+            rows[f"step+screenshot {name}"] = {
+                "p50_ms": pct(times, 0.5),
+                "p99_ms": pct(times, 0.99),
+            }
+        for name, make in (("direct", direct.create), ("pool", pool.create)):
+            times = []
+            for _ in range(4):
+                t = time.perf_counter()
+                env = make()
+                times.append(time.perf_counter() - t)
+                env.close()
+            rows[f"create {name}"] = {"p50_ms": pct(times, 0.5), "p99_ms": pct(times, 0.99)}
+        d_env.close()
+        p_env.close()
+
+        def rate(make: Any, n: int) -> float:
+            t = time.perf_counter()
+            with ThreadPoolExecutor(n) as ex:
+                made = list(ex.map(lambda _: make(), range(n)))
+            took = time.perf_counter() - t
+            for env in made:
+                env.close()
+            return n / took
+
+        rows["creates/s"] = {
+            "one daemon": rate(direct.create, 6),
+            "three via pool": rate(pool.create, 6),
+        }
+    added = rows["step+screenshot pool"]["p50_ms"] - rows["step+screenshot direct"]["p50_ms"]
+    rows["added p50 ms"] = {
+        "step+screenshot": added,
+        "create": rows["create pool"]["p50_ms"] - rows["create direct"]["p50_ms"],
+    }
+    for name, row in rows.items():
+        print(f"{name:28s} " + "  ".join(f"{k}={v:8.2f}" for k, v in row.items()))
+    out = Path(os.environ.get("DRUMS_POOL_BENCH_OUT", hosts["root"] / "bench-pool.json"))
+    out.write_text(json.dumps(rows, indent=2))
+    ratio = rows["step+screenshot pool"]["p50_ms"] / rows["step+screenshot direct"]["p50_ms"]
+    print(f"wrote {out}; step p50 pool/direct = {ratio:.2f}")

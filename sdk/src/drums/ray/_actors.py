@@ -95,10 +95,11 @@ class EnvActor:
     def branch(self, n: int, idle_timeout_s: Optional[float]) -> Reply:
         """Fork children on this daemon; their actors adopt them (the parent's actor holds
         them in its lease until then, so nothing is unowned in between)."""
-        assert self.env is not None
+        env = self.env
+        assert env is not None
 
         def run() -> Dict[str, Any]:
-            env, t = self.env, self.env._t
+            t = env._t
             pre = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
             state = self.client._send(routes.prefork(env.id, pre, t))
             request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, prefork=state.id)

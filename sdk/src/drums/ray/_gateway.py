@@ -125,7 +125,7 @@ def merge_metrics(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
 
 def merge_prometheus(per_host: Dict[str, str]) -> str:
     """Each host's /metrics with a `host` label on every sample; HELP/TYPE lines once."""
-    seen: set = set()
+    seen: set[str] = set()
     lines: List[str] = []
     for label, text in per_host.items():
         for line in text.splitlines():

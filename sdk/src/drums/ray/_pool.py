@@ -125,7 +125,7 @@ class PoolEnv:
         return self._call("release")
 
     @contextmanager
-    def fork(self, n: int, *, idle_timeout_s: Optional[float] = None) -> Iterator[Forked[PoolEnv]]:
+    def fork(self, n: int, *, idle_timeout_s: Optional[float] = None) -> Iterator[Forked[Any]]:
         """N copies of this desktop as it is now, each its own actor on this env's node."""
         host = self.pool._host(self.host)
         if host is None or host.free < n:
@@ -144,7 +144,7 @@ class PoolEnv:
                 children.append(PoolEnv(self.pool, actor, env_id, host))
             self._get(self.actor.handed_over.remote())
             state = m.Checkpoint.model_construct(id=made["state"])
-            yield Forked(children, state, made["elapsed_s"])  # type: ignore[arg-type]
+            yield Forked(children, state, made["elapsed_s"])
         finally:
             for child in children:
                 child.close()
@@ -191,8 +191,8 @@ class Pool:
         self._pending: Dict[str, int] = {}
         self._state_hosts: Dict[str, str] = {}
         self._keepers: Dict[str, Any] = {}
-        self._actor_cls = ray.remote(EnvActor)
-        self._keeper_cls = ray.remote(Keeper)
+        self._actor_cls: Any = ray.remote(EnvActor)
+        self._keeper_cls: Any = ray.remote(Keeper)
 
     # --- hosts ------------------------------------------------------------------------------
 

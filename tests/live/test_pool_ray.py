@@ -22,6 +22,7 @@ from live_daemon import http_client, mounts_under, require_live, start_live_daem
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.live
 
+import drums  # noqa: E402
 from drums.ray import HostDown, Pool  # noqa: E402
 from drums.ray._registry import HostEntry, write_host  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -94,6 +95,15 @@ def test_envs_spread_by_free_capacity_and_nothing_is_left(hosts: dict[str, Any])
             assert {e.id for e in envs if e.host == label} == live_ids(daemon)
         shot = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
         assert shot is not None
+        # Every host full: overloaded with a retry hint, after the configured wait, no hang.
+        envs += [pool.create(), pool.create()]
+        pool.queue_timeout_s = 1.0
+        started = time.monotonic()
+        with pytest.raises(drums.Overloaded) as full:
+            pool.create()
+        assert 1.0 <= time.monotonic() - started < 5
+        assert full.value.detail["retry_after_s"] > 0
+        assert full.value.detail["hosts"] == {"h1": 0, "h2": 0, "h3": 0}
     for daemon in hosts["daemons"].values():
         assert live_ids(daemon) == set()
 

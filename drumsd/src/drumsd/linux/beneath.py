@@ -66,13 +66,16 @@ def read_regular(
         )
     finally:
         os.close(root_fd)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(errno.EINVAL, f"{path} is not a regular file", path)
         if st.st_size > max_bytes:
             raise TooLarge(path, st.st_size, max_bytes)
-        data = f.read(max_bytes + 1)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise TooLarge(path, len(data), max_bytes)
     return data

@@ -1,8 +1,7 @@
 """Open a path beneath a root directory fd with openat2, never escaping it (issue 14).
 
-Two users: the checker reads a slot's files from the host side, beneath the slot's root as the
-daemon sees it (/proc/<init>/root), so no process in the slot can answer in the guest's place; and
-task ids, assets and cached downloads are opened beneath their own directories. Symlinks are
+The checker reads a slot's files from the host side, beneath the slot's root as the daemon sees
+it (/proc/<init>/root), so no process in the slot can answer in the guest's place. Symlinks are
 followed as the slot would (RESOLVE_IN_ROOT: an absolute link means the slot's "/"), magic links
 (/proc/<pid>/fd/*, /proc/<pid>/root) never, and only regular files are read.
 """
@@ -79,27 +78,3 @@ def read_regular(
     if len(data) > max_bytes:
         raise TooLarge(path, len(data), max_bytes)
     return data
-
-
-def open_beneath(root: Path | str, relative: str, flags: int = os.O_RDONLY) -> int:
-    """An fd of `relative` opened strictly beneath directory `root` (RESOLVE_BENEATH: no `..`
-    above it, no absolute path, no symlink out, no magic link)."""
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        return openat2(root_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
-    finally:
-        os.close(root_fd)
-
-
-def is_beneath(root: Path | str, relative: str) -> bool:
-    """Whether `relative` resolves strictly beneath `root` (it need not exist: its parent must)."""
-    try:
-        os.close(open_beneath(root, relative, os.O_PATH))
-        return True
-    except FileNotFoundError:
-        parent = os.path.dirname(relative.rstrip("/"))
-        return parent in ("", ".") or is_beneath(root, parent)
-    except OSError as exc:
-        if exc.errno == errno.EXDEV:
-            return False
-        raise

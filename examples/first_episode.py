@@ -71,7 +71,7 @@ def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default=TASK, help="task id (or a unique prefix), or a task JSON file")
+    parser.add_argument("--task", default=TASK, help="task id or id prefix, or a JSON file")
     parser.add_argument("--out", type=Path, default=Path("out/first_episode"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

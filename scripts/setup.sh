@@ -33,4 +33,8 @@ bash nix/ci-nix.sh >/dev/null
 
 step "checker virtualenv (OSWorld's metric functions, run as an unprivileged uid)"
 python -m drumsd.tasks
+
+step "trainer test venvs (verl 0.9.1, skyrl-train 0.3.1; cached by requirement-list hash)"
+bash scripts/trainer-venv.sh verl >/dev/null
+bash scripts/trainer-venv.sh skyrl >/dev/null
 step "done"

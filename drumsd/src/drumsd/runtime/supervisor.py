@@ -108,6 +108,8 @@ TERMINAL_ACTIONS = ("done", "fail")
 # How often live slots' running gates (crash, OOM, mounts, init) are judged without a request, so
 # a failure quarantines the slot mid-episode even when nobody asks for its gates.
 GATE_REFRESH_S = 3.0
+# How long verify waits, past alive_after_s, for the gate judge to read facts under load.
+GATE_JUDGE_S = 5.0
 SPARE_SIZING_S = 2.0  # how often pool targets follow the observed claim rate
 EVENTS_COMPACT_BYTES = 64 * 1024 * 1024
 
@@ -1219,6 +1221,10 @@ class Supervisor:
     async def verify(self, slot_id: str, req: VerifyRequest) -> VerifyResult:
         self._check_open()
         self.get_slot(slot_id)
+        per_run = req.timeout_s or self.config.tasks.eval_timeout_s
+        # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
+        # judged rather than calling the episode invalid; outside the lock, which the judge takes.
+        await self._wait_gates_judged(slot_id, budget_s=per_run)
         async with self._lock(slot_id):
             rec = self.get_slot(slot_id)
             await self.refresh_gates(rec)
@@ -1237,7 +1243,6 @@ class Supervisor:
             handle = self._handle(rec)
             # One checker run is bounded by timeout_s (or eval_timeout_s); verify runs it twice
             # plus the redundant checker, so the whole call gets three runs and a margin.
-            per_run = req.timeout_s or self.config.tasks.eval_timeout_s
             timeout = per_run * 3 + 30
             started = time.monotonic()
             try:
@@ -1253,6 +1258,24 @@ class Supervisor:
                 raise _runtime_error(exc, slot_id) from exc
             self._observe("verify", slot_id, time.monotonic() - started)
             return self._judge_verify(rec, result)
+
+    async def _wait_gates_judged(self, slot_id: str, *, budget_s: float) -> None:
+        """Until no gate of the slot's episode is pending, bounded by what is left of
+        alive_after_s (plus the time its judge takes to read facts) and by `budget_s`."""
+        rec = self.slots.get(slot_id)
+        if rec is None or rec.status is not SlotStatus.ready or rec.episode_started_at is None:
+            return
+        episode_id = rec.episode_id
+        left = self.config.alive_after_s - (self.clock() - rec.episode_started_at)
+        with trio.move_on_after(min(max(left, 0.0) + GATE_JUDGE_S, budget_s)):
+            while True:
+                rec = self.slots.get(slot_id)
+                if rec is None or rec.episode_id != episode_id:
+                    return
+                statuses = self.gate_statuses(rec)
+                if all(statuses.get(n, G.PENDING) != G.PENDING for n in G.GATES):
+                    return
+                await trio.sleep(0.1)
 
     def _judge_verify(self, rec: SlotRecord, result: VerifyResult) -> VerifyResult:
         statuses = self.gate_statuses(rec)

@@ -60,6 +60,7 @@ let
       };
     };
     drums-criu = fakePackage "criu" "4.2.1";
+    drums-sdk = fakePackage "drums-sdk" "0.1.0";
     drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0" // {
       profile = "base";
     };
@@ -119,6 +120,10 @@ let
         type = types.nullOr types.int;
         default = null;
       };
+      networking.hostName = mkOption {
+        type = types.str;
+        default = "desktops-1";
+      };
       networking.firewall.allowedTCPPorts = mkOption {
         type = types.listOf types.port;
         default = [ ];
@@ -175,6 +180,7 @@ in
   settings = cfg.settings;
   checkScript = cfg.configFile.passthru.script;
   service = config.systemd.services.drumsd or null;
+  rayService = config.systemd.services.drumsd-ray or null;
   imageService = config.systemd.services.drumsd-image or null;
   mounts = config.systemd.mounts;
   tmpfiles = config.systemd.tmpfiles.settings;

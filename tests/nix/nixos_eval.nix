@@ -24,6 +24,10 @@ let
       pname = "criu";
       version = "4.2.1";
     };
+    drums-sdk = final.runCommand "drums-sdk-0.1.0" { } "" // {
+      pname = "drums-sdk";
+      version = "0.1.0";
+    };
     drums-desktop-image = final.runCommand "drums-desktop-image-base-0.1.0" { } "" // {
       profile = "base";
     };

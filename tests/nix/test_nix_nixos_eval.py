@@ -98,3 +98,17 @@ def test_nixos_renders_the_units() -> None:
     assert "serve --config /nix/store/" in unit
     mount = value("mountUnitText")
     assert "Where=/run/drums" in mount and "Options=mode=0700,size=50%" in mount
+
+
+def test_nixos_renders_the_ray_unit() -> None:
+    assert value("rayUnitText") is None
+    unit = value("rayUnitText", user={"ray": {"enable": True, "address": "10.0.0.1:6379"}})
+    lines = unit.splitlines()
+    assert "After=drumsd.service network-online.target" in lines, unit
+    assert "Requires=drumsd.service" in lines and "PartOf=drumsd.service" in lines
+    # NixOS's default host name is "nixos".
+    assert any(
+        line.startswith("ExecStart=")
+        and line.endswith("bin/drums pool join --address 10.0.0.1:6379 --node-label nixos --block")
+        for line in lines
+    ), unit

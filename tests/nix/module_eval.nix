@@ -72,7 +72,35 @@ let
     gnutar = fakePackage "gnutar" "1.35";
   };
 
-  anyAttrs = types.attrsOf types.anything;
+  strOpt =
+    default:
+    mkOption {
+      type = types.str;
+      inherit default;
+    };
+  unitList = mkOption {
+    type = types.listOf types.str;
+    default = [ ];
+  };
+  # A unit file setting: one atom, or a list (lists concatenate; atoms must agree).
+  unitAtom = v: builtins.isBool v || builtins.isInt v || builtins.isString v || builtins.isPath v || lib.isDerivation v;
+  unitOption = lib.mkOptionType {
+    name = "systemd option";
+    check = v: unitAtom v || (builtins.isList v && builtins.all unitAtom v);
+    merge =
+      loc: defs:
+      let
+        kept = lib.filterOverrides defs;
+      in
+      if builtins.any (d: builtins.isList d.value) kept then
+        builtins.concatMap (d: lib.toList d.value) kept
+      else
+        lib.mergeEqualOption loc kept;
+  };
+  unitSection = mkOption {
+    type = types.attrsOf unitOption;
+    default = { };
+  };
 
   # The NixOS options drumsd.nix sets, declared loosely: this checks the module's own options,
   # types and logic, not NixOS's.
@@ -128,16 +156,76 @@ let
         type = types.listOf types.port;
         default = [ ];
       };
+      # Typed as NixOS types them (written from NixOS's documented behaviour), so a field NixOS
+      # does not know, a wrong type, or two different values of one unit setting fail here too.
       systemd.mounts = mkOption {
-        type = types.listOf anyAttrs;
+        type = types.listOf (
+          types.submodule {
+            options = {
+              description = strOpt "";
+              what = mkOption { type = types.str; };
+              where = mkOption { type = types.str; };
+              type = strOpt "";
+              options = mkOption {
+                type = types.commas;
+                default = "";
+              };
+            };
+          }
+        );
         default = [ ];
       };
       systemd.tmpfiles.settings = mkOption {
-        type = types.attrsOf anyAttrs;
+        type = types.attrsOf (
+          types.attrsOf (
+            types.attrsOf (
+              types.submodule (
+                { name, ... }:
+                {
+                  options = {
+                    type = strOpt name;
+                    mode = strOpt "-";
+                    user = strOpt "-";
+                    group = strOpt "-";
+                    age = strOpt "-";
+                    argument = strOpt "";
+                  };
+                }
+              )
+            )
+          )
+        );
         default = { };
       };
       systemd.services = mkOption {
-        type = types.attrsOf anyAttrs;
+        type = types.attrsOf (
+          types.submodule {
+            options = {
+              description = strOpt "";
+              wantedBy = unitList;
+              requiredBy = unitList;
+              after = unitList;
+              before = unitList;
+              wants = unitList;
+              requires = unitList;
+              partOf = unitList;
+              path = mkOption {
+                type = types.listOf (types.either types.package types.str);
+                default = [ ];
+              };
+              restartTriggers = mkOption {
+                type = types.listOf types.unspecified;
+                default = [ ];
+              };
+              environment = mkOption {
+                type = types.attrsOf (types.nullOr (types.oneOf [ types.str types.path types.package ]));
+                default = { };
+              };
+              serviceConfig = unitSection;
+              unitConfig = unitSection;
+            };
+          }
+        );
         default = { };
       };
     };

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +287,23 @@ def test_bad_ray_options_fail_naming_the_option(ray: dict[str, Any]) -> None:
     result = evaluate({"enable": True, "ray": ray})
     assert result.returncode != 0
     assert "services.drumsd.ray." in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("line", "broken"),
+    [
+        ('        RestartSec = "2s";\n', "        RestartSec = 2.5;\n"),  # not a unit file value
+        ('        type = "tmpfs";\n', '        fstype = "tmpfs";\n'),  # no such mount field
+    ],
+)
+def test_the_stub_types_units_as_nixos_does(tmp_path: Path, line: str, broken: str) -> None:
+    from test_nix_sysctl import MODULE
+
+    copy = tmp_path / "nixos-modules"
+    shutil.copytree(MODULE.parent, copy)
+    text = MODULE.read_text()
+    assert text.count(line) == 1, line
+    (copy / MODULE.name).write_text(text.replace(line, broken))
+    result = evaluate({"enable": True}, copy / MODULE.name)
+    assert result.returncode != 0
+    assert "systemd." in result.stderr, result.stderr[-2000:]

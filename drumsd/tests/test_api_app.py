@@ -66,19 +66,31 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
 
 
 class open_api:
-    def __init__(self, tmp: Path, sampler=roomy, runtime: MemoryRuntime | None = None, **cfg):
+    def __init__(
+        self,
+        tmp: Path,
+        sampler=roomy,
+        runtime: MemoryRuntime | None = None,
+        clock=time.time,
+        runtime_cls=MemoryRuntime,
+        journal: Journal | None = None,
+        **cfg,
+    ):
         self.config = make_config(tmp, **cfg)
-        self.runtime = runtime or MemoryRuntime(self.config.state_dir)
+        self.runtime = runtime or runtime_cls(self.config.state_dir)
         self.sampler = sampler
+        self.wall = clock
+        self.journal = journal
         self.clock = [0.0]
 
     async def __aenter__(self) -> Api:
         self._sup_cm = open_supervisor(
             self.config,
             self.runtime,
+            self.journal,
             sampler=self.sampler,
             host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
-            clock=lambda: time.time() + self.clock[0],
+            clock=lambda: self.wall() + self.clock[0],
         )
         sup = await self._sup_cm.__aenter__()
         await wait_for(lambda: sup.template_status.get("base") != "building")
@@ -441,7 +453,7 @@ async def test_journal_holds_every_record_before_work_starts(tmp_path: Path) -> 
             nursery.start_soon(partial(api.client.post, "/v1/slots", json={}))
             await wait_for(lambda: bool(api.sup.slots))
             (rec,) = api.sup.slots.values()
-            on_disk = Journal(api.config.journal_dir).load().slots
+            on_disk = Journal(api.config.journal_dir).read().slots
             assert on_disk[rec.id].status.value == "creating"
         assert api.sup.slots[rec.id].status.value == "ready"
 

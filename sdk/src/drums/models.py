@@ -12,6 +12,9 @@ from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from drums.vocabulary import ACTION_TYPES as ACTION_TYPES  # re-exported: drums.models.ACTION_TYPES
+from drums.vocabulary import ActionType
+
 
 class WireModel(BaseModel):
     """Strict on input (unknown fields are an error), stable on output."""
@@ -85,23 +88,6 @@ class ErrorEnvelope(ResponseModel):
 
 # --- actions ----------------------------------------------------------------------------------
 
-ACTION_TYPES = (
-    "pyautogui",
-    "click",
-    "double_click",
-    "right_click",
-    "move",
-    "drag",
-    "scroll",
-    "type",
-    "key",
-    "hotkey",
-    "wait",
-    "execute",
-    "done",
-    "fail",
-)
-
 
 class Action(WireModel):
     """One agent action. `pyautogui` carries code; the rest are structured.
@@ -110,22 +96,7 @@ class Action(WireModel):
     user. `done` and `fail` are the terminal actions (OSWorld's DONE and FAIL).
     """
 
-    type: Literal[
-        "pyautogui",
-        "click",
-        "double_click",
-        "right_click",
-        "move",
-        "drag",
-        "scroll",
-        "type",
-        "key",
-        "hotkey",
-        "wait",
-        "execute",
-        "done",
-        "fail",
-    ]
+    type: ActionType
     code: Optional[str] = Field(default=None, description="pyautogui code (type=pyautogui)")
     x: Optional[int] = Field(default=None, ge=0, le=16384)
     y: Optional[int] = Field(default=None, ge=0, le=16384)
@@ -414,6 +385,10 @@ class Health(ResponseModel):
     forgotten_gib: float = 0.0
     pools: Dict[str, Any] = Field(default_factory=dict)
     ksm: Dict[str, Any] = Field(default_factory=dict)
+    services: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="background services by name: last iteration, failures, last error",
+    )
     warnings: List[str] = Field(default_factory=list)
 
 

@@ -34,6 +34,12 @@ let
     ];
     optional-dependencies = {
       image = [ ps.pillow ];
+      # drums.ray: `drums pool join` and the pool (services.drumsd.ray runs it).
+      ray = [
+        ps.ray
+        ps.hypercorn
+      ]
+      ++ ps.ray.optional-dependencies.default;
       test = [
         ps.pytest
         ps.pytest-trio

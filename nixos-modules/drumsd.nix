@@ -184,11 +184,13 @@ in
 
       package = lib.mkOption {
         type = lib.types.package;
-        default = pkgs.drums-sdk;
-        defaultText = lib.literalExpression "pkgs.drums-sdk";
+        default =
+          pkgs.drums-pool
+            or (throw "services.drumsd.ray.package: pkgs.drums-pool does not exist; add drums' overlay or set services.drumsd.ray.package");
+        defaultText = lib.literalExpression "pkgs.drums-pool";
         description = ''
           The package whose `drums` command runs `drums pool join`: the SDK with its `ray`
-          extra (Ray and the pool CLI; docs/pool.md).
+          extra importable (drums' overlay's `drums-pool`, a Python environment; docs/pool.md).
         '';
       };
 

@@ -14,11 +14,8 @@ in
     drums-sdk
     drums-tasks
     drums-verifiers
+    drums-pool
     ;
-  # The SDK with its ray extra importable: the `drums` of services.drumsd.ray (drums pool join).
-  drums-pool = final.python3.withPackages (
-    _: [ python.drums-sdk ] ++ python.drums-sdk.optional-dependencies.ray
-  );
   drums-criu = final.callPackage ./criu.nix { };
   drums-desktop-image = final.callPackage ./desktop-image.nix {
     guestSrc = ../drumsd/src/drumsd/guest;

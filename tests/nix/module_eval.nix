@@ -60,7 +60,7 @@ let
       };
     };
     drums-criu = fakePackage "criu" "4.2.1";
-    drums-pool = fakePackage "python3-env" "0.1.0";
+    drums-pool = fakePackage "drums-sdk" "0.1.0";
     drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0" // {
       profile = "base";
     };

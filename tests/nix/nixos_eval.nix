@@ -24,8 +24,8 @@ let
       pname = "criu";
       version = "4.2.1";
     };
-    drums-pool = final.runCommand "python3-env-0.1.0" { } "" // {
-      pname = "python3-env";
+    drums-pool = final.runCommand "drums-sdk-0.1.0" { } "" // {
+      pname = "drums-sdk";
       version = "0.1.0";
     };
     drums-desktop-image = final.runCommand "drums-desktop-image-base-0.1.0" { } "" // {

@@ -255,7 +255,7 @@ def test_ray_adds_a_pool_join_unit_after_drumsd() -> None:
     unit = out["rayService"]
     assert "drumsd.service" in unit["after"] and unit["requires"] == ["drumsd.service"]
     assert unit["serviceConfig"]["ExecStart"].endswith(
-        "-python3-env-0.1.0/bin/drums pool join --address 10.0.0.1:6379"
+        "-drums-sdk-0.1.0/bin/drums pool join --address 10.0.0.1:6379"
         " --node-label desktops-1 --block"
     )
     out = evaluated(

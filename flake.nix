@@ -33,6 +33,7 @@
             drums-sdk
             drums-verifiers
             drums-tasks
+            drums-pool
             ;
           criu = pkgs.drums-criu;
           desktop-image = pkgs.drums-desktop-image;

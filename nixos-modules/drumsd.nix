@@ -179,6 +179,42 @@ in
       '';
     };
 
+    ray = {
+      enable = lib.mkEnableOption "joining this host's drumsd to a Ray pool (`drums pool join`, a unit after drumsd)";
+
+      package = lib.mkOption {
+        type = lib.types.package;
+        default =
+          pkgs.drums-pool
+            or (throw "services.drumsd.ray.package: pkgs.drums-pool does not exist; add drums' overlay or set services.drumsd.ray.package");
+        defaultText = lib.literalExpression "pkgs.drums-pool";
+        description = ''
+          The package whose `drums` command runs `drums pool join`: the SDK with its `ray`
+          extra importable (drums' overlay's `drums-pool`, a Python environment; docs/pool.md).
+        '';
+      };
+
+      address = lib.mkOption {
+        type = lib.types.strMatching ".+:[0-9]+";
+        example = "10.0.0.1:6379";
+        description = "The Ray head to join, host:port (`drums pool join --address`).";
+      };
+
+      nodeLabel = lib.mkOption {
+        type = lib.types.strMatching "[A-Za-z0-9._-]+";
+        default = config.networking.hostName;
+        defaultText = lib.literalExpression "config.networking.hostName";
+        description = "This host's name in the pool (`--node-label`); the host name by default.";
+      };
+
+      extraArgs = lib.mkOption {
+        type = lib.types.listOf lib.types.str;
+        default = [ ];
+        example = [ "--log-level" "debug" ];
+        description = "More arguments to `drums pool join`, after the module's own.";
+      };
+    };
+
     settings = lib.mkOption {
       default = { };
       description = ''
@@ -319,6 +355,38 @@ in
         Type = "oneshot";
         RemainAfterExit = true;
         ExecStart = unpackImage;
+      };
+    };
+
+    # Joins the pool once the daemon runs; --block keeps it in the foreground, so systemd sees
+    # the membership end and restarts it. Stopped with drumsd (partOf), started after it.
+    systemd.services.drumsd-ray = lib.mkIf cfg.ray.enable {
+      description = "Join drumsd to the Ray pool at ${cfg.ray.address}";
+      wantedBy = [ "multi-user.target" ];
+      after = [
+        "drumsd.service"
+        "network-online.target"
+      ];
+      wants = [ "network-online.target" ];
+      requires = [ "drumsd.service" ];
+      partOf = [ "drumsd.service" ];
+      serviceConfig = {
+        Type = "exec";
+        ExecStart = lib.escapeShellArgs (
+          [
+            (lib.getExe' cfg.ray.package "drums")
+            "pool"
+            "join"
+            "--address"
+            cfg.ray.address
+            "--node-label"
+            cfg.ray.nodeLabel
+            "--block"
+          ]
+          ++ cfg.ray.extraArgs
+        );
+        Restart = "on-failure";
+        RestartSec = "5s";
       };
     };
 

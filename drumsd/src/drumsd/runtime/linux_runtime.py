@@ -723,9 +723,11 @@ class LinuxRuntime:
         """A shield with its own deadline for cleanup that must survive the caller's cancel."""
         return trio.move_on_after(self.config.cleanup_timeout_s, shield=True)
 
+    @trio.lowlevel.enable_ki_protection
     async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A blocking cleanup step in a thread the caller's deadline can abandon (the thread
-        goes on and finishes the step)."""
+        goes on and finishes the step). KI-protected: a Ctrl-C waits for the step instead of
+        abandoning it to a process about to exit."""
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
 
     async def _dispose(self, inst: _Instance, background: bool) -> None:

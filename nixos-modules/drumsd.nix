@@ -67,6 +67,9 @@ let
 
   stateDir = cfg.settings.state_dir;
 
+  # Above NixOS's mkDefault (1000), below a plain definition (100); see boot.kernel.sysctl.
+  sysctlPriority = 999;
+
   # Nix images are unpacked where drumsd looks for built images: <images_dir>/<profile>-<hash>/
   # with root/ and an image.json carrying the sha256 drumsd's own manifest function computes,
   # so the daemon finds them by profile exactly like images it built itself. One directory per
@@ -249,12 +252,21 @@ in
       "psi=1"
       "cgroup_no_v1=all"
     ];
+    # NixOS types each sysctl as one value merged like mergeOneOption: two definitions at the same
+    # priority fail evaluation even when equal, and NixOS itself sets some of these at mkDefault
+    # (1000): systemd.nix sets kernel.pid_max on 64-bit hosts, xserver.nix (and newer NixOS's
+    # sysctl.nix) the inotify limits to 524288. So the module defines them at sysctlPriority
+    # (999): it wins over NixOS's defaults without a conflict, and a host's plain definition
+    # (100) or mkForce still wins over the module. No value is below what NixOS would set.
     boot.kernel.sysctl = {
-      # Every desktop runs Xvfb, a window manager and apps with inotify watches.
-      "fs.inotify.max_user_instances" = lib.mkDefault 8192;
-      "fs.inotify.max_user_watches" = lib.mkDefault 1048576;
-      # Each restored tree brings its own pid namespace and tens of processes.
-      "kernel.pid_max" = lib.mkDefault 4194304;
+      # Every desktop runs Xvfb, a window manager and apps, each holding inotify instances; the
+      # kernel's default of 128 per user stops desktops from the second or third one.
+      "fs.inotify.max_user_instances" = lib.mkOverride sysctlPriority 524288;
+      # Their watches add up across hundreds of desktops (the kernel default scales with RAM).
+      "fs.inotify.max_user_watches" = lib.mkOverride sysctlPriority 1048576;
+      # Each restored tree brings its own pid namespace and tens of processes; CRIU restores
+      # them with their dumped pids, so the host's pid space must be the kernel's maximum.
+      "kernel.pid_max" = lib.mkOverride sysctlPriority 4194304;
     };
 
     # KSM merges identical pages of restored desktops (about 77% measured); drumsd opts the

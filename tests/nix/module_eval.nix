@@ -5,6 +5,7 @@
 {
   libPath,
   userJson ? "{}",
+  modulePath ? ../../nixos-modules/drumsd.nix,
 }:
 let
   lib = import libPath;
@@ -96,8 +97,18 @@ let
         type = types.listOf types.str;
         default = [ ];
       };
+      # As NixOS types it: one bool/int/string/null per key, merged like mergeOneOption after
+      # filterOverrides, so two definitions at the same priority conflict even when equal.
       boot.kernel.sysctl = mkOption {
-        type = anyAttrs;
+        type = types.submodule {
+          freeformType = types.attrsOf (
+            lib.mkOptionType {
+              name = "sysctl option value";
+              check = v: v == null || builtins.isBool v || builtins.isInt v || builtins.isString v;
+              merge = loc: defs: lib.mergeOneOption loc (lib.filterOverrides defs);
+            }
+          );
+        };
         default = { };
       };
       hardware.ksm.enable = mkOption {
@@ -127,6 +138,16 @@ let
     };
   };
 
+  # What NixOS's own modules define in boot.kernel.sysctl (a 64-bit host), at their priorities.
+  nixosSysctl = {
+    boot.kernel.sysctl = builtins.listToAttrs (
+      map (d: {
+        inherit (d) name;
+        value = lib.mkOverride d.priority d.value;
+      }) (import ./fixtures/nixos-sysctl-definitions.nix)
+    );
+  };
+
   user = builtins.fromJSON userJson;
 
   # `criuPackage = "criu_4_1"` in the JSON picks a stand-in package by name.
@@ -139,7 +160,8 @@ let
   evaluated = lib.evalModules {
     modules = [
       nixosStub
-      (import ../../nixos-modules/drumsd.nix)
+      nixosSysctl
+      modulePath
       userModule
       { _module.args.pkgs = pkgs; }
     ];

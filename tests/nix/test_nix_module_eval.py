@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def evaluate(user: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+def evaluate(user: dict[str, Any], module: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             require_tool("nix-instantiate"),
@@ -41,6 +41,7 @@ def evaluate(user: dict[str, Any]) -> subprocess.CompletedProcess[str]:
             "--argstr",
             "userJson",
             json.dumps(user),
+            *(["--arg", "modulePath", str(module)] if module else []),
         ],
         capture_output=True,
         text=True,
@@ -230,3 +231,18 @@ def test_the_image_unpack_script_makes_an_image_drumsd_finds(tmp_path: Path) -> 
 
     assert meta["sha256"] == write_manifest(root, tmp_path / "manifest")
     assert not list(image_dir.glob("*.partial"))
+
+
+def test_sysctls_merge_with_nixos_definitions_under_nixos_types() -> None:
+    sysctl = evaluated({"enable": True})["kernel"]["sysctl"]
+    assert sysctl["kernel.pid_max"] == 4194304
+    assert sysctl["fs.inotify.max_user_instances"] == 524288
+    assert sysctl["kernel.kptr_restrict"] == 1
+
+
+def test_the_sysctl_lines_before_issue_20_fail_under_nixos_types(tmp_path: Path) -> None:
+    from test_nix_sysctl import OLD_LINES, with_sysctl_block
+
+    result = evaluate({"enable": True}, with_sysctl_block(tmp_path, OLD_LINES.read_text()))
+    assert result.returncode != 0
+    assert "is defined multiple times while it's expected to be unique" in result.stderr

@@ -44,7 +44,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, idmap, mounts, procfs, trees
+from drumsd.linux import cgroups, criu, host_share, idmap, mounts, procfs, trees
 from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.trees import tree_sha256
@@ -267,9 +267,12 @@ class LinuxRuntime:
         self.refill_allowed: Callable[[], bool] = lambda: True
         self._image_cache: dict[str, Path] = {}
         self._image_lock = trio.Lock()
-        self._ksm_saved: dict[str, str] = {}
+        self._ksm_joined = False
         self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
         self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
+        # Host-wide claims, so daemons side by side never share a uid range or fight over KSM.
+        self._uid_claims = host_share.UidRanges(config.state_dir.resolve())
+        self._ksm_share = host_share.KsmShare(KSM_DIR)
         self._userns_fds: dict[int, int] = {}
         self.stats: dict[str, int] = {
             "spare_hits": 0,
@@ -288,6 +291,9 @@ class LinuxRuntime:
             index = _read_owner_record(d).get("uid_index")
             if isinstance(index, int):
                 self._ranges.add(index)  # held by a slot of a previous daemon until swept
+        if self.hardened:
+            for index in self._uid_claims.recover(self._ranges):
+                _log("uid_range_conflict", index=index, claims=self._uid_claims.root)
         self._helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
         try:
             self.driver.set_group_weight(self.config.group_cpu_shares)
@@ -344,18 +350,21 @@ class LinuxRuntime:
             "pages_to_scan": str(self.config.ksm_pages_to_scan),
             "sleep_millisecs": str(self.config.ksm_sleep_millisecs),
         }
-        for name, value in wanted.items():
-            try:
-                self._ksm_saved[name] = (KSM_DIR / name).read_text().strip()
-                (KSM_DIR / name).write_text(value)
-            except OSError as exc:
-                _log("ksm_unavailable", file=KSM_DIR / name, error=exc.strerror)
+        try:
+            failed = self._ksm_share.join(wanted)
+        except OSError as exc:
+            _log("ksm_unavailable", claims=self._ksm_share.root, error=exc.strerror)
+            return
+        for name in failed:
+            _log("ksm_unavailable", file=KSM_DIR / name)
+        self._ksm_joined = True
 
     def _ksm_restore(self) -> None:
-        for name, value in self._ksm_saved.items():
+        # The host's values come back only when the last daemon using KSM leaves.
+        if self._ksm_joined:
             with contextlib.suppress(OSError):
-                (KSM_DIR / name).write_text(value)
-        self._ksm_saved.clear()
+                self._ksm_share.leave()
+            self._ksm_joined = False
 
     # ------------------------------------------------------------------ file systems
 
@@ -373,11 +382,13 @@ class LinuxRuntime:
         """The lowest free uid range (hardened), or None (trusted: identity map)."""
         if not self.hardened:
             return None
-        index = 0
-        while index in self._ranges:
-            index += 1
+        index = self._uid_claims.claim_lowest(self._ranges)
         self._ranges.add(index)
         return index
+
+    def _free_range(self, index: int) -> None:
+        self._ranges.discard(index)
+        self._uid_claims.release(index)
 
     def _userns_of(self, index: int) -> int:
         fd = self._userns_fds.get(index)
@@ -438,7 +449,7 @@ class LinuxRuntime:
         shutil.rmtree(paths.dir, ignore_errors=True)
         self._busy.discard(paths.dir.name)  # last: a concurrent sweep must not see it half-gone
         if isinstance(index, int):
-            self._ranges.discard(index)
+            self._free_range(index)
 
     def _id_map(self, uid_index: int | None) -> tuple[tuple[int, int, int], ...]:
         return idmap.IDENTITY if uid_index is None else idmap.range_map(uid_index)
@@ -547,7 +558,7 @@ class LinuxRuntime:
                         )
                     except BaseException:
                         if index is not None:
-                            self._ranges.discard(index)
+                            self._free_range(index)
                         raise
             inst = _Instance(
                 iid,
@@ -877,7 +888,7 @@ class LinuxRuntime:
                 )
         except OSError as exc:
             if index is not None:
-                self._ranges.discard(index)
+                self._free_range(index)
             _log("warm_upper_failed", slot=slot_id, error=exc)
             return
         if slot_id in self._slots and slot_id not in self._warm:
@@ -1265,7 +1276,7 @@ class LinuxRuntime:
                 )
             except BaseException:
                 if index is not None:
-                    self._ranges.discard(index)
+                    self._free_range(index)
                 raise
         inst = _Instance(iid, paths, {}, owner, (image_root,), uid_index=index)
         ok = False

@@ -44,9 +44,10 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import beneath, cgroups, criu, host_share, idmap, mounts, procfs
+from drumsd.linux import beneath, cgroups, criu, host_share, idmap, mounts, procfs, trees
 from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
 from drumsd.linux.launcher import Launcher
+from drumsd.linux.trees import tree_sha256
 from drumsd.runtime import agent_client
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
@@ -54,6 +55,7 @@ READY_FILE = protocol.READY_PATH.lstrip("/")
 DESKTOP_UID = 1000
 TEMPLATE_LIMITS = SlotLimits(vcpus=2.0, memory_mib=4096, pids_max=4096, tmpfs_mib=1024)
 KSM_DIR = Path("/sys/kernel/mm/ksm")
+REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
 SPARE_PASS_S = 5.0  # the refiller's idle period: recycling and refused refills are retried
 
 
@@ -90,6 +92,10 @@ class LinuxRuntimeConfig:
     quiesce_window_s: float = 1.0
     quiesce_timeout_s: float = 30.0
     quiesce_poll_ms: int = 50
+    # Bound of every shielded teardown (kill, reap, cgroups, mounts): below the supervisor's
+    # 120 s around destroy, so a wedged kill or umount cannot hold a request past its deadline.
+    # The teardown thread is abandoned, not stopped: it still finishes the cleanup behind it.
+    cleanup_timeout_s: float = 60.0
     # "hardened": a per-slot host uid range; "trusted": identity-mapped ids (trusted code only).
     profile: str = "hardened"
 
@@ -234,33 +240,6 @@ def _write_owner(
 def _read_owner(d: Path) -> str | None:
     owner = _read_owner_record(d).get("owner")
     return str(owner) if owner is not None else None
-
-
-def tree_sha256(root: Path) -> str:
-    """A hash of a directory tree (paths, modes, sizes, contents, link targets): the identity of an
-    upper-layer snapshot."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            st = p.lstat()
-            rel = str(p.relative_to(root))
-            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_size}\0".encode())
-            if p.is_symlink():
-                h.update(os.readlink(p).encode())
-            elif p.is_file():
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-    return h.hexdigest()
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    # cp -a keeps whiteouts (0/0 char devices), xattrs (overlay's opaque/origin) and ownership.
-    proc = subprocess.run(["cp", "-a", f"{src}/.", f"{dst}/"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(f"cp -a {src} {dst} failed: {proc.stderr.strip()}")
 
 
 class LinuxRuntime:
@@ -435,7 +414,7 @@ class LinuxRuntime:
         try:
             mounts.apply(mounts.plan_rw(paths, tmpfs_mib))
             if upper_src is not None and upper_src.is_dir():
-                _copy_tree(upper_src, paths.upper)
+                trees.copy_tree(upper_src, paths.upper)
             (paths.rw / "criu").mkdir()
             if uid_index is None:
                 mounts.apply(mounts.plan_overlay(paths, lower))
@@ -595,16 +574,16 @@ class LinuxRuntime:
             try:
                 images = await self._images_for(checkpoint, index)
             except BaseException:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self._teardown, inst)
+                with self._cleanup_scope():
+                    await self._off_loop(self._teardown, inst)
                 raise
             ok = False
             try:
                 ok = await self._restore_once(inst, images, limits, freeze=freeze)
             finally:
                 if not ok:
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self._teardown, inst)
+                    with self._cleanup_scope():
+                        await self._off_loop(self._teardown, inst)
             if ok:
                 self.stats["restores"] += 1
                 return inst
@@ -741,8 +720,8 @@ class LinuxRuntime:
             with contextlib.suppress(ProcessLookupError, OSError):
                 if inst.pidfd >= 0:
                     signal.pidfd_send_signal(inst.pidfd, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(inst.pid, 0)
+            # Bounded: pidfd readiness, then a WNOHANG reap (never an unbounded waitpid).
+            procfs.reap(inst.pid, REAP_TIMEOUT_S)
         if inst.cgroups:
             self.driver.kill(inst.cgroups)
             self.driver.remove(inst.cgroups)
@@ -751,16 +730,34 @@ class LinuxRuntime:
             os.close(inst.pidfd)
             inst.pidfd = -1
 
+    def _cleanup_scope(self) -> trio.CancelScope:
+        """A shield with its own deadline for cleanup that must survive the caller's cancel."""
+        return trio.move_on_after(self.config.cleanup_timeout_s, shield=True)
+
+    @trio.lowlevel.enable_ki_protection
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking cleanup step in a thread the caller's deadline can abandon (the thread
+        goes on and finishes the step). KI-protected: a Ctrl-C waits for the step instead of
+        abandoning it to a process about to exit."""
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
     async def _dispose(self, inst: _Instance, background: bool) -> None:
         async def go() -> None:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope() as scope:
                 self._kill_boot(inst)
-                await trio.to_thread.run_sync(self._teardown, inst)
+                await self._off_loop(self._teardown, inst)
                 if inst.boot_proc is not None:
                     await inst.boot_proc.wait()
                 if inst.watched:
                     with trio.move_on_after(5):
                         await inst.exited.wait()
+            if scope.cancelled_caught:
+                _log(
+                    "teardown_overran",
+                    iid=inst.iid,
+                    pid=inst.pid,
+                    timeout_s=self.config.cleanup_timeout_s,
+                )
 
         if background and self._nursery is not None:
             self._nursery.start_soon(go)
@@ -856,7 +853,7 @@ class LinuxRuntime:
                     f"slot:{handle.slot_id}", checkpoint, limits, prepared=prepared
                 )
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 await self._drop_warm(handle.slot_id)
             raise
         self._slots[handle.slot_id] = inst
@@ -902,18 +899,20 @@ class LinuxRuntime:
     async def _drop_warm(self, slot_id: str) -> None:
         prep = self._warm.pop(slot_id, None)
         if prep is not None:
-            await trio.to_thread.run_sync(self._teardown_fs, prep.paths)
+            await self._off_loop(self._teardown_fs, prep.paths)
 
     async def destroy(self, slot_id: str) -> None:
-        with trio.CancelScope(shield=True):
+        """Tear the slot down within cleanup_timeout_s (shielded from the caller's cancel, but
+        bounded: a step that overruns is left to finish in its thread)."""
+        with self._cleanup_scope() as scope:
             inst = self._slots.pop(slot_id, None)
             if inst is not None:
                 await self._dispose(inst, background=False)
             await self._drop_warm(slot_id)
             # Leftovers of this slot from a previous daemon (not in memory).
-            await trio.to_thread.run_sync(
-                self._sweep_owned_by, {f"slot:{slot_id}", f"warm:{slot_id}"}
-            )
+            await self._off_loop(self._sweep_owned_by, {f"slot:{slot_id}", f"warm:{slot_id}"})
+        if scope.cancelled_caught:
+            _log("destroy_overran", slot=slot_id, timeout_s=self.config.cleanup_timeout_s)
 
     async def _agent_raw(
         self, inst: _Instance, request: dict[str, Any], timeout: float
@@ -1231,7 +1230,7 @@ class LinuxRuntime:
                 for cid in child_ids:
                     nursery.start_soon(one, cid)
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 for done_id in results:
                     await self.destroy(done_id)
             raise
@@ -1269,7 +1268,7 @@ class LinuxRuntime:
             (dest / "meta.json").write_text(json.dumps(meta, indent=1))
             return ref
         finally:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 await self._dispose(inst, background=False)
 
     async def cold_boot(
@@ -1371,9 +1370,9 @@ class LinuxRuntime:
             return inst, boot_s
         finally:
             if not ok:
-                with trio.CancelScope(shield=True):
+                with self._cleanup_scope():
                     self._kill_boot(inst)
-                    await trio.to_thread.run_sync(self._teardown, inst)
+                    await self._off_loop(self._teardown, inst)
 
     async def wait_instance_quiet(self, inst: _Instance, window_s: float, timeout_s: float) -> bool:
         """Quiescence of an instance that serves no slot (a cold boot being measured)."""
@@ -1430,8 +1429,7 @@ class LinuxRuntime:
             self.driver.kill(dirs)
         # A slot init restored by this process (restore-sibling) is our child: reap it.
         for pid in pids:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, 0)
+            procfs.reap(pid, REAP_TIMEOUT_S)
         with contextlib.suppress(cgroups.CgroupError, OSError):
             self.driver.remove(dirs)
         self._teardown_fs(mounts.SlotPaths.of(self.state_dir, iid))

@@ -16,8 +16,8 @@ from drumsd.core import gates as G
 from drumsd.core.config import Config
 from drumsd.linux import evidence as ev
 from drumsd.linux.proc_events import ProcEventsError
+from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
-from drumsd.runtime.linux_runtime import tree_sha256
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import open_supervisor
 

@@ -67,7 +67,7 @@ async def test_a_blocked_fsync_does_not_delay_a_step_on_another_slot(tmp_path: P
         assert quarantined["s"] >= SLOW_S and disk.calls >= 1
         disk.slow = False
         await api.sup.store.durable()
-        on_disk = Journal(config_dir).load().slots
+        on_disk = Journal(config_dir).read().slots
         assert on_disk[other].status.value == "quarantined"  # nothing lost on the way
         # ...while every step on the other slot answered at once.
         assert max(step_s) < 0.1, step_s

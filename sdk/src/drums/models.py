@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -392,6 +392,40 @@ class Health(ResponseModel):
     warnings: List[str] = Field(default_factory=list)
 
 
+class JsonView(ResponseModel):
+    """Also reads as a mapping of its JSON: `metrics()["cost"]`, `.keys()`, `.get("latencies")`.
+
+    Iterating stays pydantic's (field, value) pairs; use `.keys()` / `.items()` for the mapping.
+    """
+
+    def _json(self) -> Dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def __getitem__(self, key: str) -> Any:
+        data = self._json()
+        if key not in data:
+            raise KeyError(f"{key!r}: not a field of {type(self).__name__} ({', '.join(data)})")
+        return data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._json()
+
+    def __len__(self) -> int:
+        return len(self._json())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._json().get(key, default)
+
+    def keys(self) -> List[str]:
+        return list(self._json())
+
+    def values(self) -> List[Any]:
+        return list(self._json().values())
+
+    def items(self) -> List[Tuple[str, Any]]:
+        return list(self._json().items())
+
+
 class LatencySummary(ResponseModel):
     count: int
     p50: Optional[float] = None
@@ -401,7 +435,7 @@ class LatencySummary(ResponseModel):
     max: Optional[float] = None
 
 
-class Metrics(ResponseModel):
+class Metrics(JsonView):
     window_started_at: datetime
     window_s: float
     latencies: Dict[str, LatencySummary]
@@ -411,7 +445,7 @@ class Metrics(ResponseModel):
     cost: Dict[str, Optional[float]] = Field(default_factory=dict)
 
 
-class SlotMetrics(ResponseModel):
+class SlotMetrics(JsonView):
     slot: str
     episode: int
     actions: int

@@ -104,10 +104,15 @@ class Journal:
                     continue  # a torn temp never has this name; a broken file: events win
 
     def load(self) -> JournalState:
-        """Fold record files and events; also remove temp files left by a crash."""
+        """At start-up, before any write: remove temp files left by a crash, then fold."""
         for sub in _DIRS.values():
             for tmp in (self.root / sub).glob(".*.tmp-*"):
                 tmp.unlink(missing_ok=True)
+        return self.read()
+
+    def read(self) -> JournalState:
+        """Fold record files and events without touching anything: safe beside a running
+        writer (load's temp clean-up would pull a write's temp file from under its rename)."""
         lines: list[str] = []
         if self.events_path.exists():
             lines = self.events_path.read_text(errors="replace").splitlines()

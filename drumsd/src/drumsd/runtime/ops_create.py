@@ -95,10 +95,17 @@ async def load_task_locked(
     started = trio.current_time()
     try:
         info, task_json = await sup.tasks.load(rec, handle, task)
-    except DrumsdError:
+    except BaseException as exc:
+        # Whatever the error (a bug in a setup step included), a slot made for this create
+        # must not outlive it: the caller never learns its id (issue 14, finding 3).
         if destroy_on_error:
             with trio.CancelScope(shield=True):
                 await destroy_locked(sup, rec, "task setup failed", rejected=True)
+        if isinstance(exc, Exception) and not isinstance(exc, DrumsdError):
+            log.exception("slot=%s task setup raised %r", rec.id, exc)
+            raise DrumsdError(
+                "setup_failed", f"task setup failed on slot {rec.id}: {exc!r}", slot=rec.id
+            ) from exc
         raise
     rec.task_id = info.id
     rec.task = task_json

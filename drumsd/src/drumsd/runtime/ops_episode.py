@@ -158,9 +158,17 @@ async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -
         return {"slot": slot_id, "task": info, "setup_s": trio.current_time() - started}
 
 
+# How long verify waits, past alive_after_s, for the gate judge to read facts under load.
+GATE_JUDGE_S = 5.0
+
+
 async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyResult:
     sup._check_open()
     sup.get_slot(slot_id)
+    per_run = req.timeout_s or sup.config.tasks.eval_timeout_s
+    # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
+    # judged rather than calling the episode invalid; outside the lock, which the judge takes.
+    await wait_gates_judged(sup, slot_id, budget_s=per_run)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         await sup.refresh_gates(rec)
@@ -179,7 +187,6 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
         handle = sup._handle(rec)
         # One checker run is bounded by timeout_s (or eval_timeout_s); verify runs it twice
         # plus the redundant checker, so the whole call gets three runs and a margin.
-        per_run = req.timeout_s or sup.config.tasks.eval_timeout_s
         timeout = per_run * 3 + 30
         started = trio.current_time()
         with runtime_failures(
@@ -193,6 +200,25 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
                 result = await sup.verifier.verify(rec, handle)
         sup._observe("verify", slot_id, trio.current_time() - started)
         return judge_verify(sup, rec, result)
+
+
+async def wait_gates_judged(sup: Supervisor, slot_id: str, *, budget_s: float) -> None:
+    """Until no gate of the slot's episode is pending, bounded by what is left of
+    alive_after_s (plus the time its judge takes to read facts) and by `budget_s`."""
+    rec = sup.slots.get(slot_id)
+    if rec is None or rec.status is not SlotStatus.ready or rec.episode_started_at is None:
+        return
+    episode_id = rec.episode_id
+    left = sup.config.alive_after_s - (sup.clock() - rec.episode_started_at)
+    with trio.move_on_after(min(max(left, 0.0) + GATE_JUDGE_S, budget_s)):
+        while True:
+            rec = sup.slots.get(slot_id)
+            if rec is None or rec.episode_id != episode_id:
+                return
+            statuses = sup.gate_statuses(rec)
+            if all(statuses.get(n, G.PENDING) != G.PENDING for n in G.GATES):
+                return
+            await trio.sleep(0.1)
 
 
 def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> VerifyResult:

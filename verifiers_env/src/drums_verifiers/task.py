@@ -25,6 +25,9 @@ from drums_verifiers.episode import SEAT, owner_for, release_private
 from drums_verifiers.state import DrumsState
 
 log = logging.getLogger("drums_verifiers.task")
+# vf-eval and prime-rl put only the `verifiers.v1` logger tree on the console: a rollout that
+# fails before it starts says why there, in one line, not only in traces.jsonl.
+console = logging.getLogger("verifiers.v1.drums")
 RECORD_ENV = "DRUMS_RECORD"
 _record_lock = threading.Lock()
 
@@ -102,6 +105,22 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        try:
+            await self._setup(trace)
+        except verdict.DrumsInvalidEpisode:
+            raise
+        except Exception as exc:
+            console.error(
+                "drums: rollout %s (task %s, drumsd %s) failed before it started: %s: %s",
+                trace.id,
+                self.key,
+                self.config.daemon.resolve(announce=False).url,
+                type(exc).__name__,
+                exc,
+            )
+            raise
+
+    async def _setup(self, trace: vf.Trace) -> None:
         cfg = self.config
         state: DrumsState = trace.state
         seat = SEAT.get()

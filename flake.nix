@@ -33,6 +33,7 @@
             drums-sdk
             drums-verifiers
             drums-tasks
+            drums-pool
             ;
           criu = pkgs.drums-criu;
           desktop-image = pkgs.drums-desktop-image;
@@ -77,8 +78,9 @@
         }
       );
 
-      # Nix 2.8 rejects a bare path here ("module must be a function or an attribute set").
-      nixosModules.drumsd = import ./nixos-modules/drumsd.nix;
+      # A path, not its import: the module system then names this file in its errors (an
+      # imported function is anonymous there). Nix 2.8 rejected a path; nixpkgs 25.11 needs >= 2.18.
+      nixosModules.drumsd = ./nixos-modules/drumsd.nix;
       nixosModules.default = self.nixosModules.drumsd;
 
       checks = forAllSystems (

@@ -1,4 +1,4 @@
-"""The drums quickstart: one episode on an OSWorld task, forked into 4 copies.
+"""The drums quickstart: one episode on an OSWorld-format task, forked into 4 copies.
 
     python examples/first_episode.py [--task ID_OR_JSON_PATH] [--out DIR]
 
@@ -15,15 +15,18 @@ from pathlib import Path
 
 import drums
 
-TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"  # OSWorld: rename ~/Desktop/todo_list_Jan_1
+# examples/tasks/files.json, named by a prefix of its id as OSWorld users write them; the main
+# job's daemon reads examples/tasks/. An OSWorld checkout's tasks are named the same way.
+TASK = "0f2c5a61"  # rename ~/Desktop/drafts to ~/Desktop/final
 TERMINAL = {"type": "click", "x": 480, "y": 300}  # the xterm of the desktop
-SOLUTION = "mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2; ls ~/Desktop\n"
+SOLUTION = "mv ~/Desktop/drafts ~/Desktop/final; ls ~/Desktop\n"
 NOT_A_SOLUTION = "ls ~/Desktop; echo not today\n"
 CALC = "setsid libreoffice --calc --norestore >/dev/null 2>&1 &"  # office image: a spreadsheet
 
 
 def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float | None]:
-    """Create, observe, act, fork into 4, verify each copy, save a state. Returns the scores."""
+    """Create, observe, act, fork into 4, verify each copy, save a state, restore and delete it.
+    Returns the scores."""
     out.mkdir(parents=True, exist_ok=True)
     with client.create(task=task) as env:
         env.wait_valid(timeout=60)  # every gate passed: the desktop is sound
@@ -55,17 +58,20 @@ def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float
                     scores[child.id] = None
                 print(f"  {child.id}: score {scores[child.id]}")
         # the children and their prefork state are gone here
+        cost = client.metrics()["cost"]  # a mapping view of GET /v1/metrics as well
+        print(f"cost: {cost}")
 
         state = env.save()  # deleted when the client closes; save(keep=True) outlives it
         with client.create(from_state=state) as copy:
             print(f"saved {state.id} ({state.size_mib:.0f} MiB); restored it as {copy.id}")
+        client.delete_state(state)  # or leave it to the client's close
     print(f"screenshots in {out}")
     return scores
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default=TASK, help="OSWorld task id, or a task JSON file")
+    parser.add_argument("--task", default=TASK, help="task id or id prefix, or a JSON file")
     parser.add_argument("--out", type=Path, default=Path("out/first_episode"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -14,6 +14,7 @@ in
     drums-sdk
     drums-tasks
     drums-verifiers
+    drums-pool
     ;
   drums-criu = final.callPackage ./criu.nix { };
   drums-desktop-image = final.callPackage ./desktop-image.nix {

@@ -34,6 +34,12 @@ let
     ];
     optional-dependencies = {
       image = [ ps.pillow ];
+      # drums.ray: `drums pool join` and the pool (services.drumsd.ray runs it).
+      ray = [
+        ps.ray
+        ps.hypercorn
+      ]
+      ++ ps.ray.optional-dependencies.default;
       test = [
         ps.pytest
         ps.pytest-trio
@@ -115,6 +121,20 @@ let
       description = "drums desktops as environments for verifiers and prime-rl";
     };
   };
+
+  # `drums` (drums pool join) with the SDK's ray extra among its dependencies: the command of
+  # services.drumsd.ray. The same source as drums-sdk, as an application of its own closure.
+  drums-pool = ps.buildPythonApplication {
+    pname = "drums-sdk";
+    inherit (drums-sdk) version src build-system;
+    pyproject = true;
+    dependencies = drums-sdk.dependencies ++ drums-sdk.optional-dependencies.ray;
+    pythonImportsCheck = [ "drums.ray" ];
+    meta = meta // {
+      description = "drums pool CLI (drums pool join) with Ray";
+      mainProgram = "drums";
+    };
+  };
 in
 {
   inherit
@@ -122,5 +142,6 @@ in
     drums-sdk
     drums-tasks
     drums-verifiers
+    drums-pool
     ;
 }

@@ -82,6 +82,7 @@
     per_checkpoint = 2;
     per_host = 16;
     max_age_s = 1800.0;
+    sizing_interval_s = 2.0;
   };
   ksm = {
     enabled = true;
@@ -89,6 +90,12 @@
     sleep_millisecs = 20;
   };
   drain_timeout_s = 10.0;
+  gate_refresh_s = 3.0;
+  step_timeout_s = 120.0;
+  cleanup_timeout_s = 120.0;
+  journal_compact_mib = 64.0;
+  service_backoff_s = 1.0;
+  service_backoff_max_s = 30.0;
   runtime = "linux";
   log_level = "info";
 }

@@ -407,6 +407,11 @@ in
           default = defaults.spares.max_age_s;
           description = "drumsd setting `spares.max_age_s`";
         };
+        sizing_interval_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 600);
+          default = defaults.spares.sizing_interval_s;
+          description = "how often pool targets follow the claim rate";
+        };
       };
     };
   };
@@ -438,6 +443,36 @@ in
     type = types.addCheck types.number (x: x > 0 && x <= 600);
     default = defaults.drain_timeout_s;
     description = "drumsd setting `drain_timeout_s`";
+  };
+  gate_refresh_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 600);
+    default = defaults.gate_refresh_s;
+    description = "how often live slots' running gates are judged";
+  };
+  step_timeout_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 3600);
+    default = defaults.step_timeout_s;
+    description = "an action's deadline when it names none";
+  };
+  cleanup_timeout_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 3600);
+    default = defaults.cleanup_timeout_s;
+    description = "wait this long for a slot's destroy";
+  };
+  journal_compact_mib = mkOption {
+    type = types.addCheck types.number (x: x > 0);
+    default = defaults.journal_compact_mib;
+    description = "rewrite events.jsonl past this size";
+  };
+  service_backoff_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 600);
+    default = defaults.service_backoff_s;
+    description = "first wait after a background service fails";
+  };
+  service_backoff_max_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 3600);
+    default = defaults.service_backoff_max_s;
+    description = "drumsd setting `service_backoff_max_s`";
   };
   runtime = mkOption {
     type = types.enum [ "linux" "memory" ];

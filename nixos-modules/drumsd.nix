@@ -67,6 +67,9 @@ let
 
   stateDir = cfg.settings.state_dir;
 
+  # Above NixOS's mkDefault (1000), below a plain definition (100); see boot.kernel.sysctl.
+  sysctlPriority = 999;
+
   # Nix images are unpacked where drumsd looks for built images: <images_dir>/<profile>-<hash>/
   # with root/ and an image.json carrying the sha256 drumsd's own manifest function computes,
   # so the daemon finds them by profile exactly like images it built itself. One directory per
@@ -176,6 +179,42 @@ in
       '';
     };
 
+    ray = {
+      enable = lib.mkEnableOption "joining this host's drumsd to a Ray pool (`drums pool join`, a unit after drumsd)";
+
+      package = lib.mkOption {
+        type = lib.types.package;
+        default =
+          pkgs.drums-pool
+            or (throw "services.drumsd.ray.package: pkgs.drums-pool does not exist; add drums' overlay or set services.drumsd.ray.package");
+        defaultText = lib.literalExpression "pkgs.drums-pool";
+        description = ''
+          The package whose `drums` command runs `drums pool join`: the SDK with its `ray`
+          extra importable (drums' overlay's `drums-pool`, a Python environment; docs/pool.md).
+        '';
+      };
+
+      address = lib.mkOption {
+        type = lib.types.strMatching ".+:[0-9]+";
+        example = "10.0.0.1:6379";
+        description = "The Ray head to join, host:port (`drums pool join --address`).";
+      };
+
+      nodeLabel = lib.mkOption {
+        type = lib.types.strMatching "[A-Za-z0-9._-]+";
+        default = config.networking.hostName;
+        defaultText = lib.literalExpression "config.networking.hostName";
+        description = "This host's name in the pool (`--node-label`); the host name by default.";
+      };
+
+      extraArgs = lib.mkOption {
+        type = lib.types.listOf lib.types.str;
+        default = [ ];
+        example = [ "--log-level" "debug" ];
+        description = "More arguments to `drums pool join`, after the module's own.";
+      };
+    };
+
     settings = lib.mkOption {
       default = { };
       description = ''
@@ -249,12 +288,21 @@ in
       "psi=1"
       "cgroup_no_v1=all"
     ];
+    # NixOS types each sysctl as one value merged like mergeOneOption: two definitions at the same
+    # priority fail evaluation even when equal, and NixOS itself sets some of these at mkDefault
+    # (1000): systemd.nix sets kernel.pid_max on 64-bit hosts, xserver.nix (and newer NixOS's
+    # sysctl.nix) the inotify limits to 524288. So the module defines them at sysctlPriority
+    # (999): it wins over NixOS's defaults without a conflict, and a host's plain definition
+    # (100) or mkForce still wins over the module. No value is below what NixOS would set.
     boot.kernel.sysctl = {
-      # Every desktop runs Xvfb, a window manager and apps with inotify watches.
-      "fs.inotify.max_user_instances" = lib.mkDefault 8192;
-      "fs.inotify.max_user_watches" = lib.mkDefault 1048576;
-      # Each restored tree brings its own pid namespace and tens of processes.
-      "kernel.pid_max" = lib.mkDefault 4194304;
+      # Every desktop runs Xvfb, a window manager and apps, each holding inotify instances; the
+      # kernel's default of 128 per user stops desktops from the second or third one.
+      "fs.inotify.max_user_instances" = lib.mkOverride sysctlPriority 524288;
+      # Their watches add up across hundreds of desktops (the kernel default scales with RAM).
+      "fs.inotify.max_user_watches" = lib.mkOverride sysctlPriority 1048576;
+      # Each restored tree brings its own pid namespace and tens of processes; CRIU restores
+      # them with their dumped pids, so the host's pid space must be the kernel's maximum.
+      "kernel.pid_max" = lib.mkOverride sysctlPriority 4194304;
     };
 
     # KSM merges identical pages of restored desktops (about 77% measured); drumsd opts the
@@ -307,6 +355,38 @@ in
         Type = "oneshot";
         RemainAfterExit = true;
         ExecStart = unpackImage;
+      };
+    };
+
+    # Joins the pool once the daemon runs; --block keeps it in the foreground, so systemd sees
+    # the membership end and restarts it. Stopped with drumsd (partOf), started after it.
+    systemd.services.drumsd-ray = lib.mkIf cfg.ray.enable {
+      description = "Join drumsd to the Ray pool at ${cfg.ray.address}";
+      wantedBy = [ "multi-user.target" ];
+      after = [
+        "drumsd.service"
+        "network-online.target"
+      ];
+      wants = [ "network-online.target" ];
+      requires = [ "drumsd.service" ];
+      partOf = [ "drumsd.service" ];
+      serviceConfig = {
+        Type = "exec";
+        ExecStart = lib.escapeShellArgs (
+          [
+            (lib.getExe' cfg.ray.package "drums")
+            "pool"
+            "join"
+            "--address"
+            cfg.ray.address
+            "--node-label"
+            cfg.ray.nodeLabel
+            "--block"
+          ]
+          ++ cfg.ray.extraArgs
+        );
+        Restart = "on-failure";
+        RestartSec = "5s";
       };
     };
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job: set up the host (idempotent, cached), start drumsd on the `office` image,
-# and run a real episode through the API with the SDK: create on an OSWorld task, act, fork into 4,
-# verify each copy, save a state. Prints where the screenshots are.
+# and run a real episode through the API with the SDK: create on an example task (examples/tasks/, in
+# OSWorld's format), act, fork into 4, verify each copy, save a state. Prints where the screenshots
+# are. Needs nothing outside the checkout; DRUMS_OSWORLD_DIR=/path/to/OSWorld/evaluation_examples
+# adds OSWorld's own tasks. Run it as root (sudo when not root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$PWD"
@@ -13,16 +15,24 @@ mkdir -p "$run"
 token_file="$run/token"
 [ -s "$token_file" ] || (umask 077 && python -c 'import secrets; print(secrets.token_hex(32))' > "$token_file")
 port="${DRUMS_PORT:-7070}"
-tasks_dir="$repo/../shared/osworld"
+if [ "$(id -u)" != 0 ]; then
+  echo "main-job.sh sets up the host and runs drumsd: run it as root (sudo bash $0)" >&2
+  exit 1
+fi
+task_dirs="\"$repo/examples/tasks\""
+if [ -n "${DRUMS_OSWORLD_DIR:-}" ]; then
+  [ -d "$DRUMS_OSWORLD_DIR" ] || { echo "DRUMS_OSWORLD_DIR=$DRUMS_OSWORLD_DIR is not a directory" >&2; exit 1; }
+  task_dirs="$task_dirs, \"$DRUMS_OSWORLD_DIR\""
+fi
 cat > "$run/drumsd.json" <<JSON
 {
   "listen": "127.0.0.1:$port",
   "token_file": "$token_file",
-  "state_dir": "/run/drums-main",
+  "state_dir": "${DRUMS_MAIN_STATE_DIR:-/run/drums-main}",
   "journal_dir": "$run/journal",
   "forgotten_dir": "$run/forgotten",
   "default_image": "office",
-  "tasks": {"dirs": ["$tasks_dir"]}
+  "tasks": {"dirs": [$task_dirs]}
 }
 JSON
 drumsd check-config "$run/drumsd.json" >/dev/null
@@ -53,5 +63,5 @@ with drums.connect() as client:
         time.sleep(0.5)
 PY
 out="$repo/out/main-job/$(date +%Y%m%d-%H%M%S)"
-python examples/first_episode.py --out "$out"
+python examples/first_episode.py --out "$out" ${DRUMS_MAIN_TASK:+--task "$DRUMS_MAIN_TASK"}
 echo "==> screenshots: $out"

@@ -28,11 +28,13 @@ for profile in "${profiles[@]}"; do
     bash scripts/prepare-host.sh "$profile"
 done
 
-step "tools the tests use (nix-instantiate for the Nix checks)"
-command -v nix-instantiate >/dev/null || {
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nix-bin
-}
+step "tools the tests use (Nix >= 2.18 for the Nix checks, unpacked from Debian 13's .debs)"
+bash nix/ci-nix.sh >/dev/null
 
 step "checker virtualenv (OSWorld's metric functions, run as an unprivileged uid)"
 python -m drumsd.tasks
+
+step "trainer test venvs (verl 0.9.1, skyrl-train 0.3.1; cached by requirement-list hash)"
+bash scripts/trainer-venv.sh verl >/dev/null
+bash scripts/trainer-venv.sh skyrl >/dev/null
 step "done"

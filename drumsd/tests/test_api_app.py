@@ -66,19 +66,31 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
 
 
 class open_api:
-    def __init__(self, tmp: Path, sampler=roomy, runtime: MemoryRuntime | None = None, **cfg):
+    def __init__(
+        self,
+        tmp: Path,
+        sampler=roomy,
+        runtime: MemoryRuntime | None = None,
+        clock=time.time,
+        runtime_cls=MemoryRuntime,
+        journal: Journal | None = None,
+        **cfg,
+    ):
         self.config = make_config(tmp, **cfg)
-        self.runtime = runtime or MemoryRuntime(self.config.state_dir)
+        self.runtime = runtime or runtime_cls(self.config.state_dir)
         self.sampler = sampler
+        self.wall = clock
+        self.journal = journal
         self.clock = [0.0]
 
     async def __aenter__(self) -> Api:
         self._sup_cm = open_supervisor(
             self.config,
             self.runtime,
+            self.journal,
             sampler=self.sampler,
             host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
-            clock=lambda: time.time() + self.clock[0],
+            clock=lambda: self.wall() + self.clock[0],
         )
         sup = await self._sup_cm.__aenter__()
         await wait_for(lambda: sup.template_status.get("base") != "building")
@@ -441,7 +453,7 @@ async def test_journal_holds_every_record_before_work_starts(tmp_path: Path) -> 
             nursery.start_soon(partial(api.client.post, "/v1/slots", json={}))
             await wait_for(lambda: bool(api.sup.slots))
             (rec,) = api.sup.slots.values()
-            on_disk = Journal(api.config.journal_dir).load().slots
+            on_disk = Journal(api.config.journal_dir).read().slots
             assert on_disk[rec.id].status.value == "creating"
         assert api.sup.slots[rec.id].status.value == "ready"
 
@@ -481,3 +493,18 @@ async def test_the_sampler_lifts_a_refusal_when_memory_returns(tmp_path: Path) -
         available[0] = 20_000.0
         await wait_for(lambda: api.sup.sample.mem_available_mib == 20_000.0)
         await create(api)
+
+
+async def test_an_early_verify_waits_for_the_pending_gates(tmp_path: Path) -> None:
+    # The documented first episode: children of a fork verified at once, before alive_after_s
+    # has passed. verify waits for alive_after_resume instead of calling the episode invalid.
+    async with open_api(tmp_path, alive_after_s=0.8) as api:
+        sid = (await create(api))["id"]
+        br = await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 2})
+        assert br.status_code == 201, br.text
+        for child in br.json()["children"]:
+            started = time.monotonic()
+            v = (await api.client.post(f"/v1/slots/{child['id']}/verify")).json()
+            assert v["valid"] is True and v["verdict"] == "valid", v
+            assert not any("pending" in r for r in v["invalid_reasons"]), v
+        assert time.monotonic() - started < 0.8 + 5.0  # bounded by alive_after_s and a margin

@@ -16,9 +16,8 @@ from drumsd.core import gates as G
 from drumsd.core.config import Config
 from drumsd.linux import evidence as ev
 from drumsd.linux.proc_events import ProcEventsError
-from drumsd.runtime import supervisor as supervisor_mod
+from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
-from drumsd.runtime.linux_runtime import tree_sha256
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import open_supervisor
 
@@ -253,9 +252,8 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
 ) -> None:
     from drums.models import SlotCreate
 
-    monkeypatch.setattr(supervisor_mod, "GATE_REFRESH_S", 0.05)
     watch = FakeWatch()
-    config = _config(tmp_path)
+    config = _config(tmp_path, gate_refresh_s=0.05)
     runtime = MemoryRuntime(config.state_dir)
     async with open_supervisor(
         config,
@@ -273,7 +271,10 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         # A crash of an earlier episode does not count; one in this episode quarantines the
         # slot without any request (the gate loop).
         watch.crashes[rec.id] = [{"pid": 9, "name": "old", "signal": 11, "time": 0.0}]
-        await trio.sleep(0.2)
+        # Not sleep-and-hope: two full gate refresh passes have judged the slot since.
+        refresh = sup.services["gate_refresh"]
+        seen = refresh.iterations
+        await _wait(lambda: refresh.iterations >= seen + 2)
         assert rec.status.value == "ready"
         watch.crashes[rec.id].append(
             {"pid": 10, "name": "soffice", "signal": 11, "time": time.time()}

@@ -131,3 +131,31 @@ def test_the_guest_speaks_every_action_the_api_accepts() -> None:
 
     assert protocol.ACTION_TYPES == ACTION_TYPES
     assert set(get_args(Action.model_fields["type"].annotation)) == set(ACTION_TYPES)
+
+
+def test_a_timed_out_execute_kills_its_whole_process_group(tmp_path) -> None:
+    """issue 14, finding 7: past its timeout the shell and what it started are killed."""
+    import os
+    import time
+
+    from drumsd.guest.worker import ActionFailed, run_command
+
+    pidfile = tmp_path / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(ActionFailed, match="process group was killed"):
+        run_command(f"sleep 600 & echo $! > {pidfile}; wait", 0.5)
+    assert time.monotonic() - started < 10
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break  # killed, waiting for its reaper
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError(f"sleep 600 (pid {child}) outlived its execute's timeout")
+    assert run_command(["echo", "ok"], 5)["stdout"] == "ok\n"

@@ -3,6 +3,7 @@ slot is a host directory (the live runtime is proven elsewhere)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import CommandResult, RuntimeError_, SlotHandle
 from drumsd.runtime.verifier import TaskCatalog, Verifier
-from drumsd.tasks.bridge import TaskBridge, context_from_config, parse_wmctrl
+from drumsd.tasks.bridge import TaskBridge, context_from_config, lookup_task, parse_wmctrl
 from drumsd.tasks.model import TaskContext
 from drumsd.tasks.testing import DirSlot, checker_context
 
@@ -142,3 +143,41 @@ def test_agent_windows_take_the_shape_the_setup_steps_match() -> None:
         "0x03a00007  0 libreoffice.libreoffice-calc  drums Untitled 1 - LibreOffice Calc"
     )
     assert [agent_window(agent)] == wmctrl
+
+
+def write_task(directory: Path, task_id: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    evaluator = {"func": "infeasible"}
+    body = {"id": task_id, "instruction": f"task {task_id}", "config": [], "evaluator": evaluator}
+    (directory / f"{task_id}.json").write_text(json.dumps(body))
+
+
+def test_a_task_is_named_by_a_unique_prefix_of_its_id(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    write_task(dirs[0], "e0df059f-28a6-4169-924f-b9623e7184cc")
+    write_task(dirs[0], "e0aa0000-0000-4000-8000-000000000000")
+    write_task(dirs[1], "e0aa1111-0000-4000-8000-000000000000")
+    assert lookup_task("e0df059f", dirs).id == "e0df059f-28a6-4169-924f-b9623e7184cc"
+    assert lookup_task("e0aa1", dirs).id == "e0aa1111-0000-4000-8000-000000000000"
+    full = "e0aa0000-0000-4000-8000-000000000000"
+    assert lookup_task(full, dirs).id == full  # a whole id is never ambiguous
+    with pytest.raises(DrumsdError) as ambiguous:
+        lookup_task("e0aa", dirs)
+    assert ambiguous.value.code == "invalid_request"  # a 4xx, listing the matches
+    assert ambiguous.value.detail["matches"] == [full, "e0aa1111-0000-4000-8000-000000000000"]
+    assert full in ambiguous.value.message and "give more of the id" in ambiguous.value.message
+    with pytest.raises(DrumsdError) as unknown:
+        lookup_task("ffff", dirs)
+    assert unknown.value.code == "not_found" and "GET /v1/tasks" in unknown.value.message
+
+
+def test_get_task_by_prefix_and_an_ambiguous_one(tmp_path: Path) -> None:
+    write_task(tmp_path, "aa11")
+    write_task(tmp_path, "aa22")
+    ctx = TaskContext(task_dirs=[tmp_path], cache_dir=tmp_path / "c", assets_dir=tmp_path / "x")
+    bridge = TaskBridge(ctx, runtime=None)  # type: ignore[arg-type]  # no slot is touched
+    info = bridge.get_task("aa1")
+    assert info is not None and info.id == "aa11"
+    assert bridge.get_task("zz") is None
+    with pytest.raises(DrumsdError, match="matches 2 tasks: aa11, aa22"):
+        bridge.get_task("aa")

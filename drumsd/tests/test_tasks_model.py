@@ -176,3 +176,61 @@ def test_conj_must_be_and_or() -> None:
 def test_task_model_keeps_osworld_fields() -> None:
     task = Task.model_validate(base_task(snapshot="os", possibility_of_env_change="low"))
     assert task.snapshot == "os" and task.model_extra == {"possibility_of_env_change": "low"}
+
+
+# ---- finding 2 of issue 14: a task names no path outside its own directories -----------------
+
+
+@pytest.mark.parametrize("bad_id", ["../../..", "..", ".", "a/b", "/etc", "x\0y", ""])
+def test_a_task_id_that_is_a_path_is_refused_at_load(bad_id: str) -> None:
+    with pytest.raises(TaskError, match="task id is one file name"):
+        resolve_task(base_task(id=bad_id), [])
+
+
+def test_task_asset_and_cache_stay_beneath_their_roots(tmp_path: Path) -> None:
+    from drumsd.tasks.model import cached_download, task_asset
+
+    secret = tmp_path / "secret.txt"  # stands for a root-only host file
+    secret.write_text("host secret")
+    assets, cache = tmp_path / "assets", tmp_path / "cache"
+    (assets / "t1").mkdir(parents=True)
+    (assets / "t1" / "ok.txt").write_text("asset")
+    (cache / "t1").mkdir(parents=True)
+    (cache / "t1" / "f.xlsx").write_text("cached")
+    ctx = TaskContext(assets_dir=assets, cache_dir=cache)
+    task = resolve_task(base_task(), [])
+    assert task_asset(task, "ok.txt", ctx) == (assets / "t1" / "ok.txt").resolve()
+    assert task_asset(task, "../../secret.txt", ctx) is None
+    # A task whose id got past the model (constructed directly) still cannot climb out.
+    evil = task.model_copy(update={"id": "../.."})
+    assert task_asset(evil, "secret.txt", ctx) is None
+    assert task_asset(evil, str(secret.relative_to(tmp_path)), ctx) is None
+    assert cached_download(task, "https://x/f.xlsx", None, ctx) == (cache / "t1" / "f.xlsx")
+    assert cached_download(evil, "https://x/secret.txt", None, ctx) is None
+    # The URL-decoded basename: %2e%2e is "..", %2F a slash inside one name.
+    assert cached_download(task, "https://x/%2e%2e", None, ctx) is None
+    assert cached_download(task, "https://x/..%2F..%2Fsecret.txt", None, ctx) is None
+    # A symlink in the cache pointing out is refused too (real path outside the cache).
+    (cache / "t1" / "link.txt").symlink_to(secret)
+    assert cached_download(task, "https://x/link.txt", None, ctx) is None
+
+
+# ---- finding 6 of issue 14: task files are regular files of bounded size ----------------------
+
+
+def test_a_fifo_device_or_huge_file_is_refused_as_a_task(tmp_path: Path) -> None:
+    import os
+
+    from drumsd.tasks.model import MAX_TASK_FILE_BYTES, load_task_file
+
+    fifo = tmp_path / "task.json"
+    os.mkfifo(fifo)
+    with pytest.raises(TaskError, match="not a regular file"):
+        load_task_file(fifo)  # opening it without a writer must not block
+    with pytest.raises(TaskError, match="not a regular file"):
+        load_task_file(Path("/dev/zero"))
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(MAX_TASK_FILE_BYTES + 1)
+    with pytest.raises(TaskError, match="over 16 MiB"):
+        load_task_file(huge)

@@ -129,7 +129,9 @@ async def test_download_upload_and_drums_files_come_from_local_dirs(tmp_path: Pa
     )
     with pytest.raises(SetupError, match="not in the cache"):
         plan_steps(missing.config, missing, ctx)
-    escape = make_task([{"type": "drums_files", "parameters": {"files": [{"src": "../../x"}]}}])
+    escape = make_task(
+        [{"type": "drums_files", "parameters": {"files": [{"src": "../../x", "path": "~/x"}]}}]
+    )
     with pytest.raises(SetupError, match="outside"):
         plan_steps(escape.config, escape, ctx)
 

@@ -24,6 +24,12 @@ def test_daemon_level_calls(client: drums.Client) -> None:
     assert client.task(tasks[0].id).id == tasks[0].id
     metrics = client.metrics()
     assert metrics.window_s >= 0
+    # a mapping view of the JSON as well: metrics()["cost"], ["latencies"], ...
+    assert metrics["cost"] == metrics.model_dump(mode="json")["cost"]
+    assert metrics["window_s"] == metrics.window_s and "latencies" in metrics.keys()
+    assert metrics.get("nope", 7) == 7 and dict(metrics.items())["counters"] == metrics.counters
+    with pytest.raises(KeyError, match="not a field of Metrics"):
+        metrics["nope"]
     ended = client.reset_metrics()
     assert ended.window_started_at <= client.metrics().window_started_at
     assert isinstance(client.list_states(), list)

@@ -64,7 +64,9 @@ def live_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, 
     assert OSWORLD.is_dir(), f"no shared OSWorld tasks at {OSWORLD}: check out the brief there"
     tmp = Path(tmp_path_factory.mktemp("sdk-live-drumsd"))
     started = time.monotonic()
-    daemon = start_live_daemon(tmp, image="base", tasks={"dirs": [str(OSWORLD)]})
+    # examples/tasks holds first_episode.py's default task (0f2c5a61); OSWorld's, the rl loop's
+    task_dirs = [str(REPO / "examples" / "tasks"), str(OSWORLD)]
+    daemon = start_live_daemon(tmp, image="base", tasks={"dirs": task_dirs})
     print(f"sdk live daemon {daemon.url}: base template ready in {time.monotonic() - started:.1f}s")
     try:
         yield {"DRUMS_URL": daemon.url, "DRUMS_TOKEN_FILE": str(daemon.dir / "token")}
@@ -140,7 +142,7 @@ def run_example(name: str, args: List[str], env: Dict[str, str]) -> "subprocess.
 
 def task_args(tmp_path: Path) -> List[str]:
     if LIVE:
-        return []  # the example's default: the OSWorld task e0df059f on the daemon
+        return []  # the example's default: examples/tasks' 0f2c5a61 (and e0df059f) on the daemon
     path = tmp_path / "task.json"
     path.write_text(json.dumps(TASK))
     return ["--task", str(path)]

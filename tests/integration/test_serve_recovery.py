@@ -109,7 +109,8 @@ def test_second_signal_stops_at_once(tmp_path: Path) -> None:
     ).start()
     wait_until(lambda: journal_slots(tmp_path), what="the create to start")
     d.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # Not "sleep, then it is still running": wait until it says it drains, then check it is.
+    wait_until(lambda: "SIGTERM: draining requests" in d.log(), what="the drain to begin")
     assert d.proc.poll() is None, "the first signal drains (the create is still running)"
     started = time.monotonic()
     d.proc.send_signal(signal.SIGINT)

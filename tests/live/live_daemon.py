@@ -55,7 +55,9 @@ def live_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
         "state_dir": str(tmp / "state"),
         "journal_dir": str(tmp / "journal"),
         "forgotten_dir": str(tmp / "forgotten"),
-        "images_dir": str(CACHE_ROOT / "images"),
+        # DRUMS_LIVE_IMAGES_DIR: images assembled from this tree's guest sources
+        # (`drumsd image build --cache DIR`) when the shared cache holds another tree's.
+        "images_dir": os.environ.get("DRUMS_LIVE_IMAGES_DIR") or str(CACHE_ROOT / "images"),
         "criu": str(CRIU),
         "alive_after_s": 1.0,
         "drain_timeout_s": 10,

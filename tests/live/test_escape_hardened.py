@@ -981,54 +981,45 @@ def test_agent_socket_symlink_cannot_point_the_daemon_at_a_host_socket(
 
 
 _FAKE_AGENT = """
-import json, os, socket
-os.rename("/run/drums/agent.sock", "/run/drums/escape-real.sock")
-s = socket.socket(socket.AF_UNIX)
-s.bind("/run/drums/agent.sock")
-s.listen(8)
-s.settimeout(60)
-payload = b"\\x89PNG\\r\\n\\x1a\\nFORGED-BY-THE-AGENT"
+import errno, json, os, socket
+out = {}
 try:
-    while True:
-        c, _ = s.accept()
-        c.recv(65536)
-        c.sendall(json.dumps({"ok": True, "size": len(payload), "rc": 0,
-                              "stdout": "FORGED-BY-THE-AGENT", "stderr": ""}).encode()
-                  + b"\\n" + payload)
-        c.close()
-except OSError:
-    pass
+    os.rename("/run/drums/agent.sock", "/run/drums/escape-real.sock")
+    out["rename"] = "ok"
+except OSError as exc:
+    out["rename"] = errno.errorcode[exc.errno]
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.bind("/run/drums/agent.sock")
+    out["bind"] = "ok"
+except OSError as exc:
+    out["bind"] = errno.errorcode[exc.errno]
+finally:
+    s.close()
+print(json.dumps(out))
 """
 
 
 def test_guest_agent_cannot_be_impersonated_by_the_desktop_user(
     http: httpx.Client, slot: str
 ) -> None:
-    """The daemon's screenshots and the checkers' file reads and commands go through the guest
-    agent's socket. The desktop user (the agent's actions) must not be able to answer in its
-    place: forged screenshots and checker inputs are free reward."""
+    """The daemon's screenshots and the checkers' commands go through the guest agent's socket.
+    The desktop user (the agent's actions) must not be able to answer in its place: forged
+    screenshots and checker inputs are free reward. Every assertion holds unconditionally: the
+    swap fails, the bind in its place fails, and the daemon still reaches the real agent."""
     view = host_view(http, slot)
-    fake = base64.b64encode(_FAKE_AGENT.encode()).decode()
-    execute(
-        http,
-        slot,
-        f"setsid nohup python3 -c \"import base64; exec(base64.b64decode('{fake}'))\" "
-        ">/dev/null 2>&1 & echo started",
-    )
     real = Path(f"/proc/{view.init}/root/run/drums/escape-real.sock")
-    deadline = time.monotonic() + 20
-    while not real.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
     try:
-        if real.exists():  # the swap happened: does the daemon believe the impostor?
-            time.sleep(0.5)  # the impostor binds right after the rename
-            r = http.get(f"/v1/slots/{slot}/screenshot")
-            assert b"FORGED-BY-THE-AGENT" not in r.content, "the daemon took a forged screenshot"
-            r = http.post(
-                f"/v1/slots/{slot}/step",
-                json={"action": {"type": "execute", "command": "echo real"}},
-            )
-            assert "FORGED-BY-THE-AGENT" not in r.text, f"a forged step result: {r.text}"
+        found = python_in_slot(http, slot, _FAKE_AGENT)
+        assert found == {"rename": "EACCES", "bind": "EADDRINUSE"} or found == {
+            "rename": "EACCES",
+            "bind": "EACCES",
+        }, f"the desktop user could swap or shadow the agent's socket: {found}"
+        assert not real.exists(), "the agent's socket was moved"
+        r = http.get(f"/v1/slots/{slot}/screenshot")
+        assert r.status_code == 200 and r.content.startswith(PNG_MAGIC), r.status_code
+        out = execute(http, slot, "echo real")
+        assert out.stdout == "real\n", out
     finally:
         if real.exists():
             _restore_agent_socket(view)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from drums.vocabulary import GATES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from gate_daemons import (
@@ -26,20 +27,7 @@ from gate_daemons import (
 )
 from live_daemon import http_client
 
-ALL_GATES = {
-    "lock_applied",
-    "cgroup",
-    "init_identity",
-    "mount_table",
-    "netns",
-    "guest_ready",
-    "state_hash",
-    "isolation",
-    "alive_after_resume",
-    "no_oom_kill",
-    "no_app_crash",
-    "not_quarantined",
-}
+ALL_GATES = set(GATES)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """drums_tasks.validate against a real drumsd (Linux runtime, `office` image), over a sample of
-two tasks of every family of the task factory.
+tasks of every family of the task factory: one per family in CI (about 7 minutes here), more with
+DRUMS_VALIDATOR_PER_FAMILY=N (the opt-in tier; N=2 is the sample of the last full runs, 110 tasks).
 
 Each sampled task goes through the whole validator: create on the task, gates, fork into no-op,
 oracle, every near miss and the scope probe, act in each child (the branches at once), verify
@@ -33,7 +34,8 @@ from validator_fixture import (
     stop_validator_daemon,
 )
 
-PER_FAMILY = 2
+# CI samples one task per family to keep .ci/run within its time budget; the opt-in tier sets more.
+PER_FAMILY = int(os.environ.get("DRUMS_VALIDATOR_PER_FAMILY", "1"))
 JOBS = 2
 # Below this, a change broke tasks (or the daemon) rather than one script meeting a slow app.
 MIN_ACCEPTANCE = 0.9
@@ -54,7 +56,7 @@ def validator_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[D
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_validator_over_two_tasks_of_every_family(validator_host: tuple[Daemon, Path]) -> None:
+def test_validator_over_a_sample_of_every_family(validator_host: tuple[Daemon, Path]) -> None:
     from drums_tasks.families import FAMILIES, load_all
 
     load_all()

@@ -5,6 +5,7 @@
 {
   libPath,
   userJson ? "{}",
+  modulePath ? ../../nixos-modules/drumsd.nix,
 }:
 let
   lib = import libPath;
@@ -59,6 +60,7 @@ let
       };
     };
     drums-criu = fakePackage "criu" "4.2.1";
+    drums-pool = fakePackage "drums-sdk" "0.1.0";
     drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0" // {
       profile = "base";
     };
@@ -70,7 +72,35 @@ let
     gnutar = fakePackage "gnutar" "1.35";
   };
 
-  anyAttrs = types.attrsOf types.anything;
+  strOpt =
+    default:
+    mkOption {
+      type = types.str;
+      inherit default;
+    };
+  unitList = mkOption {
+    type = types.listOf types.str;
+    default = [ ];
+  };
+  # A unit file setting: one atom, or a list (lists concatenate; atoms must agree).
+  unitAtom = v: builtins.isBool v || builtins.isInt v || builtins.isString v || builtins.isPath v || lib.isDerivation v;
+  unitOption = lib.mkOptionType {
+    name = "systemd option";
+    check = v: unitAtom v || (builtins.isList v && builtins.all unitAtom v);
+    merge =
+      loc: defs:
+      let
+        kept = lib.filterOverrides defs;
+      in
+      if builtins.any (d: builtins.isList d.value) kept then
+        builtins.concatMap (d: lib.toList d.value) kept
+      else
+        lib.mergeEqualOption loc kept;
+  };
+  unitSection = mkOption {
+    type = types.attrsOf unitOption;
+    default = { };
+  };
 
   # The NixOS options drumsd.nix sets, declared loosely: this checks the module's own options,
   # types and logic, not NixOS's.
@@ -96,8 +126,18 @@ let
         type = types.listOf types.str;
         default = [ ];
       };
+      # As NixOS types it: one bool/int/string/null per key, merged like mergeOneOption after
+      # filterOverrides, so two definitions at the same priority conflict even when equal.
       boot.kernel.sysctl = mkOption {
-        type = anyAttrs;
+        type = types.submodule {
+          freeformType = types.attrsOf (
+            lib.mkOptionType {
+              name = "sysctl option value";
+              check = v: v == null || builtins.isBool v || builtins.isInt v || builtins.isString v;
+              merge = loc: defs: lib.mergeOneOption loc (lib.filterOverrides defs);
+            }
+          );
+        };
         default = { };
       };
       hardware.ksm.enable = mkOption {
@@ -108,23 +148,97 @@ let
         type = types.nullOr types.int;
         default = null;
       };
+      networking.hostName = mkOption {
+        type = types.str;
+        default = "desktops-1";
+      };
       networking.firewall.allowedTCPPorts = mkOption {
         type = types.listOf types.port;
         default = [ ];
       };
+      # Typed as NixOS types them (written from NixOS's documented behaviour), so a field NixOS
+      # does not know, a wrong type, or two different values of one unit setting fail here too.
       systemd.mounts = mkOption {
-        type = types.listOf anyAttrs;
+        type = types.listOf (
+          types.submodule {
+            options = {
+              description = strOpt "";
+              what = mkOption { type = types.str; };
+              where = mkOption { type = types.str; };
+              type = strOpt "";
+              options = mkOption {
+                type = types.commas;
+                default = "";
+              };
+            };
+          }
+        );
         default = [ ];
       };
       systemd.tmpfiles.settings = mkOption {
-        type = types.attrsOf anyAttrs;
+        type = types.attrsOf (
+          types.attrsOf (
+            types.attrsOf (
+              types.submodule (
+                { name, ... }:
+                {
+                  options = {
+                    type = strOpt name;
+                    mode = strOpt "-";
+                    user = strOpt "-";
+                    group = strOpt "-";
+                    age = strOpt "-";
+                    argument = strOpt "";
+                  };
+                }
+              )
+            )
+          )
+        );
         default = { };
       };
       systemd.services = mkOption {
-        type = types.attrsOf anyAttrs;
+        type = types.attrsOf (
+          types.submodule {
+            options = {
+              description = strOpt "";
+              wantedBy = unitList;
+              requiredBy = unitList;
+              after = unitList;
+              before = unitList;
+              wants = unitList;
+              requires = unitList;
+              partOf = unitList;
+              path = mkOption {
+                type = types.listOf (types.either types.package types.str);
+                default = [ ];
+              };
+              restartTriggers = mkOption {
+                type = types.listOf types.unspecified;
+                default = [ ];
+              };
+              environment = mkOption {
+                type = types.attrsOf (types.nullOr (types.oneOf [ types.str types.path types.package ]));
+                default = { };
+              };
+              serviceConfig = unitSection;
+              unitConfig = unitSection;
+            };
+          }
+        );
         default = { };
       };
     };
+  };
+
+  # What NixOS's own modules define in boot.kernel.sysctl (a 64-bit host), at their priorities.
+  nixosSysctl = {
+    boot.kernel.sysctl = builtins.listToAttrs (
+      map (d: {
+        inherit (d) name;
+        value = lib.mkOverride d.priority d.value;
+      }) (import ./fixtures/nixos-sysctl-definitions.nix)
+    );
   };
 
   user = builtins.fromJSON userJson;
@@ -139,7 +253,8 @@ let
   evaluated = lib.evalModules {
     modules = [
       nixosStub
-      (import ../../nixos-modules/drumsd.nix)
+      nixosSysctl
+      modulePath
       userModule
       { _module.args.pkgs = pkgs; }
     ];
@@ -153,6 +268,7 @@ in
   settings = cfg.settings;
   checkScript = cfg.configFile.passthru.script;
   service = config.systemd.services.drumsd or null;
+  rayService = config.systemd.services.drumsd-ray or null;
   imageService = config.systemd.services.drumsd-image or null;
   mounts = config.systemd.mounts;
   tmpfiles = config.systemd.tmpfiles.settings;

@@ -5,6 +5,7 @@ under CI, and a real `drumsd serve` managed by the local stand-in for a NixOS te
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -39,15 +40,45 @@ CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))
 CRIU = Path(os.environ.get("DRUMS_CRIU", "/usr/local/sbin/criu"))
 
 
-def require_tool(name: str) -> str:
-    """Path of `name`; under DRUMS_CI=1 a missing tool fails the test instead of skipping it."""
-    found = shutil.which(name)
-    if found:
-        return found
-    message = f"{name} not found on PATH (install it: apt-get install -y nix-bin)"
+# The Nix scripts/setup.sh unpacks (nix/ci-nix.sh); DRUMS_NIX_BIN names another bin directory.
+CI_NIX_BIN = Path(os.environ.get("DRUMS_NIX_BIN", CACHE_ROOT / "ci-nix" / "bin"))
+NIX_TOOLS = ("nix", "nix-instantiate", "nix-store")
+# nixpkgs 25.11's lib/minfeatures.nix; lib.fileset needs builtins.readFileType.
+NIX_MINIMUM = (2, 18)
+
+
+def _missing(message: str) -> None:
     if os.environ.get("DRUMS_CI") == "1":
         pytest.fail(f"DRUMS_CI=1 but {message}")
     pytest.skip(message)
+
+
+@functools.cache
+def nix_version(nix: str) -> tuple[int, ...]:
+    import subprocess
+
+    out = subprocess.run([nix, "--version"], capture_output=True, text=True, check=True).stdout
+    return tuple(int(part) for part in out.split()[-1].split(".")[:2])
+
+
+def require_tool(name: str) -> str:
+    """Path of `name`; under DRUMS_CI=1 a missing tool fails the test instead of skipping it. Nix's
+    tools come from CI_NIX_BIN when it exists, else PATH, and must be Nix >= 2.18."""
+    if name in NIX_TOOLS:
+        found = str(CI_NIX_BIN / name) if (CI_NIX_BIN / name).exists() else shutil.which(name)
+        if not found:
+            _missing(f"{name} not found in {CI_NIX_BIN} or on PATH (run: bash nix/ci-nix.sh)")
+        version = nix_version(found)
+        if version < NIX_MINIMUM:
+            _missing(
+                f"{found} is Nix {'.'.join(map(str, version))}; nixpkgs 25.11 needs >= 2.18 "
+                "(run: bash nix/ci-nix.sh)"
+            )
+        return found
+    found = shutil.which(name)
+    if not found:
+        _missing(f"{name} not found on PATH")
+    return found
 
 
 def nix_env() -> dict[str, str]:

@@ -6,7 +6,9 @@ let
   names = builtins.fromJSON namesJson;
   stubPackage = name: {
     pname = name;
+    # An extra's packages, named like the extra (hypercorn[trio], ray[default]).
     optional-dependencies.trio = [ { pname = "trio"; } ];
+    optional-dependencies.default = [ { pname = "default"; } ];
   };
   lib = {
     fileset = {

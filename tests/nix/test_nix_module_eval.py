@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def evaluate(user: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+def evaluate(user: dict[str, Any], module: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             require_tool("nix-instantiate"),
@@ -41,6 +42,7 @@ def evaluate(user: dict[str, Any]) -> subprocess.CompletedProcess[str]:
             "--argstr",
             "userJson",
             json.dumps(user),
+            *(["--arg", "modulePath", str(module)] if module else []),
         ],
         capture_output=True,
         text=True,
@@ -230,3 +232,78 @@ def test_the_image_unpack_script_makes_an_image_drumsd_finds(tmp_path: Path) -> 
 
     assert meta["sha256"] == write_manifest(root, tmp_path / "manifest")
     assert not list(image_dir.glob("*.partial"))
+
+
+def test_sysctls_merge_with_nixos_definitions_under_nixos_types() -> None:
+    sysctl = evaluated({"enable": True})["kernel"]["sysctl"]
+    assert sysctl["kernel.pid_max"] == 4194304
+    assert sysctl["fs.inotify.max_user_instances"] == 524288
+    assert sysctl["kernel.kptr_restrict"] == 1
+
+
+def test_the_sysctl_lines_before_issue_20_fail_under_nixos_types(tmp_path: Path) -> None:
+    from test_nix_sysctl import OLD_LINES, with_sysctl_block
+
+    result = evaluate({"enable": True}, with_sysctl_block(tmp_path, OLD_LINES.read_text()))
+    assert result.returncode != 0
+    assert "is defined multiple times while it's expected to be unique" in result.stderr
+
+
+def test_ray_adds_a_pool_join_unit_after_drumsd() -> None:
+    out = evaluated({"enable": True, "ray": {"enable": True, "address": "10.0.0.1:6379"}})
+    assert out["failedAssertions"] == []
+    unit = out["rayService"]
+    assert "drumsd.service" in unit["after"] and unit["requires"] == ["drumsd.service"]
+    assert unit["serviceConfig"]["ExecStart"].endswith(
+        "-drums-sdk-0.1.0/bin/drums pool join --address 10.0.0.1:6379"
+        " --node-label desktops-1 --block"
+    )
+    out = evaluated(
+        {
+            "enable": True,
+            "ray": {
+                "enable": True,
+                "address": "head:6379",
+                "nodeLabel": "rack-2",
+                "extraArgs": ["--log-level", "debug"],
+            },
+        }
+    )
+    assert out["rayService"]["serviceConfig"]["ExecStart"].endswith(
+        " --address head:6379 --node-label rack-2 --block --log-level debug"
+    )
+    assert evaluated({"enable": True})["rayService"] is None
+
+
+@pytest.mark.parametrize(
+    "ray",
+    [
+        {"enable": True},
+        {"enable": True, "address": "no-port"},
+        {"enable": True, "address": "h:1", "nodeLabel": "a b"},
+    ],
+)
+def test_bad_ray_options_fail_naming_the_option(ray: dict[str, Any]) -> None:
+    result = evaluate({"enable": True, "ray": ray})
+    assert result.returncode != 0
+    assert "services.drumsd.ray." in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("line", "broken"),
+    [
+        ('        RestartSec = "2s";\n', "        RestartSec = 2.5;\n"),  # not a unit file value
+        ('        type = "tmpfs";\n', '        fstype = "tmpfs";\n'),  # no such mount field
+    ],
+)
+def test_the_stub_types_units_as_nixos_does(tmp_path: Path, line: str, broken: str) -> None:
+    from test_nix_sysctl import MODULE
+
+    copy = tmp_path / "nixos-modules"
+    shutil.copytree(MODULE.parent, copy)
+    text = MODULE.read_text()
+    assert text.count(line) == 1, line
+    (copy / MODULE.name).write_text(text.replace(line, broken))
+    result = evaluate({"enable": True}, copy / MODULE.name)
+    assert result.returncode != 0
+    assert "systemd." in result.stderr, result.stderr[-2000:]

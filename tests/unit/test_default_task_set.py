@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow  # builds the whole default set twice (~40 s)
 def test_default_build_is_reproducible_and_large_enough(tmp_path: Path) -> None:
     out = tmp_path / "default"
     proc = subprocess.run(

@@ -21,6 +21,7 @@ import trio
 
 from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
 from drumsd.core.seams import RuntimeError_, SlotRuntime
+from drumsd.linux.host_share import ClaimError, bind_listener, hold_dir
 
 log = logging.getLogger("drumsd.serve")
 
@@ -92,6 +93,22 @@ def preflight(config: Config) -> str:
     return token
 
 
+def claim_host_share(config: Config) -> tuple[list[int], int]:
+    """Before anything reads or changes a slot: hold the state and journal dirs (a second daemon
+    on the same config stops here, touching nothing) and bind the port. Returns the lock fds
+    (held for the process's life) and the bound socket's fd for hypercorn."""
+    held: list[int] = []
+    try:
+        for key in ("state_dir", "journal_dir"):
+            held.append(hold_dir(getattr(config, key), key))
+        host, port = listen_host_port(config.listen)
+        return held, bind_listener(host, port).detach()
+    except ClaimError as exc:
+        for fd in held:
+            os.close(fd)
+        raise Refusal(str(exc)) from None
+
+
 @asynccontextmanager
 async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
     """The runtime named by config `runtime`: linux (the real one) or memory (tests only)."""
@@ -99,7 +116,9 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
         from drumsd.runtime.memory_runtime import MemoryRuntime
 
         log.warning("runtime=memory: no real desktops; for control-plane tests only")
-        yield MemoryRuntime(config.state_dir)
+        # Control-plane tests slow the fake restores down to catch a daemon mid-create.
+        delay = float(os.environ.get("DRUMS_MEMORY_RESTORE_DELAY_S", "0") or 0)
+        yield MemoryRuntime(config.state_dir, restore_delay_s=delay)
         return
     try:
         from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime
@@ -189,7 +208,7 @@ async def _watch_signals(
                 return
 
 
-async def serve_async(config: Config, token: str) -> None:
+async def serve_async(config: Config, token: str, listen_fd: int | None = None) -> None:
     from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve
 
@@ -213,7 +232,7 @@ async def serve_async(config: Config, token: str) -> None:
 
         app = create_app(supervisor, config, token)
         hc = HyperConfig()
-        hc.bind = [config.listen]
+        hc.bind = [config.listen if listen_fd is None else f"fd://{listen_fd}"]
         hc.graceful_timeout = config.drain_timeout_s
         hc.accesslog = None
         hc.errorlog = logging.getLogger("hypercorn.error")
@@ -267,7 +286,8 @@ def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
     )
     try:
         token = preflight(config)
-        trio.run(serve_async, config, token)
+        _held, listen_fd = claim_host_share(config)
+        trio.run(serve_async, config, token, listen_fd)
     except (Refusal, RuntimeError_) as exc:
         print(f"drumsd: refusing to start: {_reason(exc)}", file=sys.stderr)
         return 1

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import Enum
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from drums.vocabulary import ACTION_TYPES as ACTION_TYPES  # re-exported: drums.models.ACTION_TYPES
+from drums.vocabulary import ActionType
 
 
 class WireModel(BaseModel):
@@ -85,23 +88,6 @@ class ErrorEnvelope(ResponseModel):
 
 # --- actions ----------------------------------------------------------------------------------
 
-ACTION_TYPES = (
-    "pyautogui",
-    "click",
-    "double_click",
-    "right_click",
-    "move",
-    "drag",
-    "scroll",
-    "type",
-    "key",
-    "hotkey",
-    "wait",
-    "execute",
-    "done",
-    "fail",
-)
-
 
 class Action(WireModel):
     """One agent action. `pyautogui` carries code; the rest are structured.
@@ -110,22 +96,7 @@ class Action(WireModel):
     user. `done` and `fail` are the terminal actions (OSWorld's DONE and FAIL).
     """
 
-    type: Literal[
-        "pyautogui",
-        "click",
-        "double_click",
-        "right_click",
-        "move",
-        "drag",
-        "scroll",
-        "type",
-        "key",
-        "hotkey",
-        "wait",
-        "execute",
-        "done",
-        "fail",
-    ]
+    type: ActionType
     code: Optional[str] = Field(default=None, description="pyautogui code (type=pyautogui)")
     x: Optional[int] = Field(default=None, ge=0, le=16384)
     y: Optional[int] = Field(default=None, ge=0, le=16384)
@@ -414,7 +385,45 @@ class Health(ResponseModel):
     forgotten_gib: float = 0.0
     pools: Dict[str, Any] = Field(default_factory=dict)
     ksm: Dict[str, Any] = Field(default_factory=dict)
+    services: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="background services by name: last iteration, failures, last error",
+    )
     warnings: List[str] = Field(default_factory=list)
+
+
+class JsonView(ResponseModel):
+    """Also reads as a mapping of its JSON: `metrics()["cost"]`, `.keys()`, `.get("latencies")`.
+
+    Iterating stays pydantic's (field, value) pairs; use `.keys()` / `.items()` for the mapping.
+    """
+
+    def _json(self) -> Dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def __getitem__(self, key: str) -> Any:
+        data = self._json()
+        if key not in data:
+            raise KeyError(f"{key!r}: not a field of {type(self).__name__} ({', '.join(data)})")
+        return data[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._json()
+
+    def __len__(self) -> int:
+        return len(self._json())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._json().get(key, default)
+
+    def keys(self) -> List[str]:
+        return list(self._json())
+
+    def values(self) -> List[Any]:
+        return list(self._json().values())
+
+    def items(self) -> List[Tuple[str, Any]]:
+        return list(self._json().items())
 
 
 class LatencySummary(ResponseModel):
@@ -426,7 +435,7 @@ class LatencySummary(ResponseModel):
     max: Optional[float] = None
 
 
-class Metrics(ResponseModel):
+class Metrics(JsonView):
     window_started_at: datetime
     window_s: float
     latencies: Dict[str, LatencySummary]
@@ -436,7 +445,7 @@ class Metrics(ResponseModel):
     cost: Dict[str, Optional[float]] = Field(default_factory=dict)
 
 
-class SlotMetrics(ResponseModel):
+class SlotMetrics(JsonView):
     slot: str
     episode: int
     actions: int

@@ -64,6 +64,9 @@ let
       python3Packages =
         lib.genAttrs pythonNames stub
         // {
+          ray = stub "ray" // {
+            optional-dependencies.default = [ ];
+          };
           hypercorn = stub "hypercorn" // {
             optional-dependencies.trio = [ python3Packages.trio ];
           };

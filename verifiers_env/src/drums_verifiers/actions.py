@@ -11,6 +11,8 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from drums.vocabulary import POINTER_ACTIONS
+
 SCROLL_LIMIT = 100
 WAIT_LIMIT_S = 60.0
 KEY_ALIASES = {
@@ -290,7 +292,7 @@ def scale_png(png: bytes, scale: float) -> bytes:
 def describe(action: dict[str, Any]) -> str:
     """One line for the tool result, so the model's transcript says what happened."""
     kind = action["type"]
-    if kind in ("click", "double_click", "right_click", "move"):
+    if kind in POINTER_ACTIONS:
         return f"{kind} at ({action['x']}, {action['y']})"
     if kind == "drag":
         return f"drag ({action['x']}, {action['y']}) -> ({action['to_x']}, {action['to_y']})"

@@ -98,6 +98,7 @@ def health(data: dict[str, Any]) -> wire.Health:
         forgotten_gib=data["forgotten_gib"],
         pools=data["pools"],
         ksm=data.get("ksm", {}),
+        services=data.get("services", {}),
         warnings=data["warnings"],
     )
 

@@ -95,6 +95,9 @@ class SparesConfig(Block):
     per_checkpoint: int = Field(default=2, ge=0, le=64)
     per_host: int = Field(default=16, ge=0, le=1024)
     max_age_s: float = Field(default=1800.0, gt=0)
+    sizing_interval_s: float = Field(
+        default=2.0, gt=0, le=600, description="how often pool targets follow the claim rate"
+    )
 
 
 class KsmConfig(Block):
@@ -154,6 +157,22 @@ class Config(Block):
     spares: SparesConfig = Field(default_factory=SparesConfig)
     ksm: KsmConfig = Field(default_factory=KsmConfig)
     drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    gate_refresh_s: float = Field(
+        default=3.0, gt=0, le=600, description="how often live slots' running gates are judged"
+    )
+    step_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="an action's deadline when it names none"
+    )
+    cleanup_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="wait this long for a slot's destroy"
+    )
+    journal_compact_mib: float = Field(
+        default=64.0, gt=0, description="rewrite events.jsonl past this size"
+    )
+    service_backoff_s: float = Field(
+        default=1.0, gt=0, le=600, description="first wait after a background service fails"
+    )
+    service_backoff_max_s: float = Field(default=30.0, gt=0, le=3600)
     runtime: Literal["linux", "memory"] = Field(
         default="linux",
         description="memory = an in-process fake of the desktops, for control-plane tests only",

@@ -31,32 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-GATES = (
-    "lock_applied",
-    "cgroup",
-    "init_identity",
-    "mount_table",
-    "netns",
-    "guest_ready",
-    "state_hash",
-    "isolation",
-    "alive_after_resume",
-    "no_oom_kill",
-    "no_app_crash",
-    "not_quarantined",
-)
+from drumsd.core.vocabulary import GATES
+from drumsd.core.vocabulary import START_GATES as START_GATES  # re-exported: G.START_GATES
 
-# Judged once at episode start (the rest again whenever facts are read).
-START_GATES = (
-    "lock_applied",
-    "cgroup",
-    "init_identity",
-    "mount_table",
-    "netns",
-    "guest_ready",
-    "state_hash",
-    "isolation",
-)
 ISOLATED_NAMESPACES = ("pid", "mnt", "net", "ipc", "uts")
 
 PASS, FAIL, PENDING = "pass", "fail", "pending"

@@ -13,6 +13,7 @@ import errno
 import io
 import json
 import os
+import pwd
 import selectors
 import signal
 import socket
@@ -23,10 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import protocol
+from . import protocol, seccomp
 from .worker import _LEN
 
 MAX_CONNECTIONS = 64
+# A worker message (a step's result) larger than this is the worker misbehaving: it runs as the
+# desktop user, who can write anything to its end of the pair.
+MAX_WORKER_MESSAGE = 16 << 20
 EXEC_OUTPUT_LIMIT = 8 << 20
 WORKER_START_TIMEOUT_S = 20.0
 
@@ -157,6 +161,17 @@ def list_windows(display: str) -> list[dict[str, Any]]:
         d.close()
 
 
+def desktop_creds() -> dict[str, Any]:
+    """Popen arguments that run a child as the desktop user when the agent is the slot's root.
+
+    The agent itself is not the desktop user (see init.py); what it runs for a step or a
+    command is, as before."""
+    if os.getuid() != 0:
+        return {}
+    pw = pwd.getpwnam(os.environ.get("USER", "user"))
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+
 # ---------------------------------------------------------------- connections and jobs
 
 
@@ -203,6 +218,10 @@ class Agent:
         self.worker_retry_at = 0.0
         self.started_at = time.time()
         self.stop = False
+        self.child_creds = desktop_creds()
+        # How often the agent found itself dumpable again (after exec it is; a CRIU restore
+        # restores the flag): each time it is set back to 0 before a request is read.
+        self.dumpable_reasserted = 0
 
     # ------------------------------------------------ setup
 
@@ -238,6 +257,7 @@ class Agent:
                 [*self.worker_argv, str(child.fileno())],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
+                **self.child_creds,
             )
         except OSError as exc:  # e.g. EAGAIN under a fork bomb: try again at the next step
             log("worker start failed", error=str(exc))
@@ -272,7 +292,15 @@ class Agent:
 
     # ------------------------------------------------ loop
 
+    def stay_undumpable(self) -> None:
+        try:
+            if seccomp.set_not_dumpable():
+                self.dumpable_reasserted += 1
+        except OSError as exc:
+            log("cannot clear dumpable", error=str(exc))
+
     def run(self) -> int:
+        self.stay_undumpable()
         self.listen()
         self.start_worker()
         log("listening", socket=self.sock_path, display=self.display)
@@ -345,6 +373,7 @@ class Agent:
     # ------------------------------------------------ connections
 
     def accept(self) -> None:
+        self.stay_undumpable()
         while True:
             try:
                 sock, _ = self.listener.accept()
@@ -405,6 +434,9 @@ class Agent:
                     "uptime_s": round(time.time() - self.started_at, 3),
                     "worker_ready": self.worker_ready,
                     "worker_restarts": self.worker_restarts,
+                    "uid": os.getuid(),
+                    "dumpable": seccomp.dumpable(),
+                    "dumpable_reasserted": self.dumpable_reasserted,
                 },
             )
         elif op == "screenshot":
@@ -549,6 +581,13 @@ class Agent:
         self.worker_buf += chunk
         while len(self.worker_buf) >= _LEN.size:
             (n,) = _LEN.unpack(self.worker_buf[: _LEN.size])
+            if n > MAX_WORKER_MESSAGE:
+                step, self.current_step = self.current_step, None
+                self.kill_worker(f"worker message of {n} bytes")
+                if step is not None:
+                    self.reply_error(step, "failed", "the action worker sent an oversized reply")
+                self.start_worker()
+                return
             if len(self.worker_buf) < _LEN.size + n:
                 return
             message = json.loads(self.worker_buf[_LEN.size : _LEN.size + n])
@@ -627,6 +666,7 @@ class Agent:
                 env={**os.environ, **env_extra},
                 cwd=cwd,
                 start_new_session=True,
+                **self.child_creds,
             )
         except OSError as exc:
             code = "failed"

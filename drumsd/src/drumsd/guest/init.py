@@ -8,7 +8,9 @@ restarts the agent if it dies. Outside a pid namespace it makes itself a child s
 As root it locks every process it starts (seccomp.py: no_new_privs, empty bounding set, the
 filter) and, once the session runs, itself (keeping only seccomp.INIT_KEEPS). It binds the agent's
 socket itself in the root-owned /run/drums and hands the listening fd to the agent, so the desktop
-user can neither replace the socket nor listen in the agent's place.
+user can neither replace the socket nor listen in the agent's place. The agent runs as the slot's
+root (seccomp.AGENT_KEEPS, not dumpable), never as the desktop user: memory, descriptors and
+signals of another uid are out of the desktop user's reach.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def wait_for_socket(path: str, deadline: float, ping: bool = False) -> bool:
     return False
 
 
+class _Forked:
+    """What reap() and shutdown() need of a child started with fork alone (the agent)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+
 class DesktopInit:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -77,7 +87,7 @@ class DesktopInit:
         self.as_root = os.geteuid() == 0
         self.run_dir = Path(args.run_dir)
         self.log_dir = self.run_dir / "log"
-        self.children: dict[int, tuple[str, subprocess.Popen]] = {}
+        self.children: dict[int, tuple[str, subprocess.Popen | _Forked]] = {}
         self.agent_pid: int | None = None
         self.agent_restarts = 0
         self.next_agent_start = 0.0
@@ -168,16 +178,6 @@ class DesktopInit:
         log("started", name=name, pid=proc.pid)
         return proc.pid
 
-    def guest_argv(self, module: str) -> list[str]:
-        """argv that runs drums' guest `module` in the image (drums_guest) or a source tree."""
-        package = __package__ or "drums_guest"
-        root = Path(__file__).resolve().parents[len(package.split("."))]
-        code = (
-            "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-            f"from {package}.{module} import main; sys.exit(main())"
-        )
-        return [sys.executable, "-I", "-c", code, str(root)]
-
     def start(self) -> None:
         started = time.monotonic()
         self.prepare_dirs()
@@ -248,12 +248,63 @@ class DesktopInit:
         if self.listener is None:
             self.bind_agent_socket()
         assert self.listener is not None
-        fd = self.listener.fileno()
-        self.agent_pid = self.spawn(
-            "agent", self.guest_argv("agent"), pass_fds=(fd,), DRUMS_AGENT_FD=str(fd)
-        )
+        self.agent_pid = self.fork_agent(self.listener.fileno())
         if self.agent_pid is None:
             self.next_agent_start = time.monotonic() + 1.0
+
+    def fork_agent(self, listen_fd: int) -> int | None:
+        """Start the agent as a fork of this process that stays the slot's root.
+
+        Not the desktop user: /proc/<pid>/mem, pidfd_getfd and signals are granted by uid, so
+        an agent of uid 1000 is the desktop user's to rewrite (issue 14). It keeps only
+        seccomp.AGENT_KEEPS (to run steps and commands as the desktop user, and kill them), is
+        not dumpable, and does not exec: a root exec under an empty bounding set would drop
+        those capabilities (see seccomp.Lock.lock_self)."""
+        logfd = os.open(
+            self.log_dir / "agent.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644
+        )
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(logfd)
+            log("cannot start", name="agent", error=str(exc))
+            return None
+        if pid == 0:  # the agent; never returns
+            code = 1
+            try:
+                os.setsid()
+                nullfd = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(nullfd, 0)
+                os.dup2(logfd, 1)
+                os.dup2(logfd, 2)
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) > 2 and int(name) != listen_fd:
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
+                signal.set_wakeup_fd(-1)
+                for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                if self.lock is not None:
+                    self.lock.lock_self(seccomp.AGENT_KEEPS)
+                seccomp.set_not_dumpable()
+                os.environ.clear()
+                os.environ.update(self.env, DRUMS_AGENT_FD=str(listen_fd))
+                os.chdir(self.pw.pw_dir)
+                from . import agent
+
+                code = agent.main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0
+            except BaseException as exc:  # nothing of desktop-init's may run on in the child
+                log("agent failed", error=repr(exc))
+            finally:
+                os._exit(code or 0)
+        os.close(logfd)
+        self.children[pid] = ("agent", _Forked(pid))
+        log("started", name="agent", pid=pid)
+        return pid
 
     # ------------------------------------------------ reaping
 

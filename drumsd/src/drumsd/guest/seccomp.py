@@ -211,6 +211,12 @@ CAP_SETPCAP = 8
 # processes of another uid). Its bounding set is empty like everyone's: it never execs, so the
 # bounding set only limits what its children could gain.
 INIT_KEEPS = (CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_SETPCAP)
+# What the guest agent keeps: it runs as the slot's root (not the desktop user, who must not
+# reach it: /proc/<pid>/mem, pidfd_getfd and signals are checked by uid) and starts its action
+# worker and commands as the desktop user (setuid/setgid) and kills them on timeout (kill).
+AGENT_KEEPS = (CAP_KILL, CAP_SETGID, CAP_SETUID)
+PR_SET_DUMPABLE = 4
+PR_GET_DUMPABLE = 3
 
 
 class _SockFprog(ctypes.Structure):
@@ -287,7 +293,11 @@ class Lock:
 
     def lock_self(self, keep: Iterable[int] = INIT_KEEPS) -> None:
         """Empty this root process's bounding set, reduce its permitted and effective sets to
-        `keep` and lock it."""
+        `keep` (nothing inheritable) and lock it.
+
+        Also how the agent is locked (AGENT_KEEPS, in a fork of desktop-init that does not exec:
+        a root execve under an empty bounding set keeps only the inheritable set, and CRIU cannot
+        restore an inheritable set once it has emptied the bounding set)."""
         keep = tuple(keep)
         self.drop_bounding()
         mask = 0
@@ -301,3 +311,16 @@ class Lock:
             err = ctypes.get_errno()
             raise OSError(err, f"capset failed: {os.strerror(err)}")
         self.install_filter()
+
+
+def dumpable() -> int:
+    return _prctl(PR_GET_DUMPABLE)
+
+
+def set_not_dumpable() -> bool:
+    """PR_SET_DUMPABLE 0 unless already so; True if it had to be set (exec and a CRIU restore
+    of the flag may leave it 1). Not dumpable: no /proc/<pid>/mem, environ or fd access by uid."""
+    if _prctl(PR_GET_DUMPABLE) == 0:
+        return False
+    _prctl(PR_SET_DUMPABLE, 0)
+    return True

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -47,6 +48,44 @@ def recv_message(sock: socket.socket) -> dict[str, Any] | None:
         return None
     body = recv_exactly(sock, _LEN.unpack(head)[0])
     return None if body is None else json.loads(body)
+
+
+def run_command(
+    command: str | list[str] | tuple[str, ...], timeout: float | None
+) -> dict[str, Any]:
+    """An `execute` action: run it in a session of its own and, past its timeout, kill that
+    whole process group (issue 14: killing the shell alone left `sleep 600` running)."""
+    shell = isinstance(command, str)
+    try:
+        proc = subprocess.Popen(
+            command if shell else list(command),
+            shell=shell,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise ActionFailed("failed", f"execute: cannot start {command!r}: {exc}") from exc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise ActionFailed(
+            "timeout", f"execute: still running after {timeout} s; its process group was killed"
+        ) from exc
+    return {
+        "rc": proc.returncode,
+        "stdout": out[-OUTPUT_LIMIT:].decode(errors="replace"),
+        "stderr": err[-OUTPUT_LIMIT:].decode(errors="replace"),
+    }
 
 
 class ActionFailed(Exception):
@@ -223,25 +262,7 @@ class Executor:
         time.sleep(a.seconds)
 
     def _do_execute(self, a: protocol.Action) -> dict[str, Any]:
-        shell = isinstance(a.command, str)
-        try:
-            proc = subprocess.run(
-                a.command if shell else list(a.command),
-                shell=shell,
-                capture_output=True,
-                timeout=a.timeout,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ActionFailed("timeout", f"execute: still running after {a.timeout} s") from exc
-        except OSError as exc:
-            raise ActionFailed("failed", f"execute: cannot start {a.command!r}: {exc}") from exc
-        return {
-            "rc": proc.returncode,
-            "stdout": proc.stdout[-OUTPUT_LIMIT:].decode(errors="replace"),
-            "stderr": proc.stderr[-OUTPUT_LIMIT:].decode(errors="replace"),
-        }
+        return run_command(a.command, a.timeout)
 
     def _do_done(self, a: protocol.Action) -> dict[str, Any]:
         return {"terminal": "done"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +19,37 @@ from drumsd.core.journal import Event, JournalState, RecordKind, fold, parse_eve
 _DIRS: dict[str, str] = {"slot": "slots", "checkpoint": "checkpoints"}
 
 
-def fsync_dir(path: Path) -> None:
+Fsync = Callable[[int], None]
+
+
+def fsync_dir(path: Path, fsync: Fsync = os.fsync) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, fsync: Fsync = os.fsync) -> None:
     """Readers see the old content or the new one, never a torn file, even after a crash."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_dir(path.parent, fsync)
 
 
 class Journal:
-    """Blocking file I/O; the supervisor calls it from a worker thread or inline (small files)."""
+    """Blocking file I/O; the supervisor's RecordStore calls it from a worker thread. `fsync` is
+    injectable so tests can make the disk slow."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, fsync: Fsync = os.fsync) -> None:
         self.root = root
+        self.fsync = fsync
         self.events_path = root / "events.jsonl"
         self._seq = 0
         for sub in _DIRS.values():
@@ -67,6 +72,7 @@ class Journal:
             write_atomic(
                 self.record_path(kind, record["id"]),
                 json.dumps(record, separators=(",", ":")).encode(),
+                self.fsync,
             )
         self.append(Event(seq=0, ts=now, kind=kind, id=record["id"], event=event, record=record))
 
@@ -77,7 +83,7 @@ class Journal:
             path.unlink()
         except FileNotFoundError:
             pass
-        fsync_dir(path.parent)
+        fsync_dir(path.parent, self.fsync)
 
     def append(self, event: Event) -> None:
         self._seq += 1
@@ -85,7 +91,7 @@ class Journal:
         fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             os.write(fd, line.encode())
-            os.fsync(fd)
+            self.fsync(fd)
         finally:
             os.close(fd)
 
@@ -98,10 +104,15 @@ class Journal:
                     continue  # a torn temp never has this name; a broken file: events win
 
     def load(self) -> JournalState:
-        """Fold record files and events; also remove temp files left by a crash."""
+        """At start-up, before any write: remove temp files left by a crash, then fold."""
         for sub in _DIRS.values():
             for tmp in (self.root / sub).glob(".*.tmp-*"):
                 tmp.unlink(missing_ok=True)
+        return self.read()
+
+    def read(self) -> JournalState:
+        """Fold record files and events without touching anything: safe beside a running
+        writer (load's temp clean-up would pull a write's temp file from under its rename)."""
         lines: list[str] = []
         if self.events_path.exists():
             lines = self.events_path.read_text(errors="replace").splitlines()
@@ -114,7 +125,7 @@ class Journal:
     def compact(self, events: list[Event]) -> None:
         """Replace events.jsonl by a snapshot, and make the record files match it."""
         data = "".join(e.model_dump_json() + "\n" for e in events).encode()
-        write_atomic(self.events_path, data)
+        write_atomic(self.events_path, data, self.fsync)
         self._seq = max([self._seq, *(e.seq for e in events)])
         keep = {(e.kind, e.id) for e in events}
         for kind, sub in _DIRS.items():
@@ -126,7 +137,14 @@ class Journal:
                 path = self.record_path(e.kind, e.id)
                 want = json.dumps(e.record, separators=(",", ":")).encode()
                 if not path.exists() or path.read_bytes() != want:
-                    write_atomic(path, want)
+                    write_atomic(path, want, self.fsync)
+
+    def events_size(self) -> int | None:
+        """Bytes in events.jsonl (None when it cannot be read): the reaper compacts past a cap."""
+        try:
+            return self.events_path.stat().st_size
+        except OSError:
+            return None
 
     def events_of(self, record_id: str) -> list[str]:
         """The raw event lines of one record (for the forgotten archive)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,25 @@ def starttime(pid: int) -> int | None:
 def is_same_process(pid: int, start: int) -> bool:
     st = read_stat(pid)
     return st is not None and st.starttime == start and st.state not in ("Z", "X")
+
+
+def reap(pid: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `pid` to exit (pidfd readiness, never an unbounded waitpid) and
+    reap it if it is our child. True when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        exited = bool(poller.poll(max(0, int(timeout_s * 1000))))
+    finally:
+        os.close(fd)
+    if exited:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+    return exited
 
 
 def activity(pids: Iterable[int]) -> tuple[tuple[int, str, int], ...]:

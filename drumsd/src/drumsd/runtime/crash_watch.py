@@ -16,7 +16,6 @@ A multi-threaded crash reports one exit per thread; it is counted once per threa
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +27,7 @@ import trio
 
 from drumsd.linux import proc_events as pe
 from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
+from drumsd.linux.proc_reader import ProcReader
 
 log = logging.getLogger("drumsd.crash_watch")
 
@@ -65,38 +65,6 @@ def slot_cgroup(dirs: Mapping[str, str], mountinfo: str) -> SlotCgroup:
 def _relative(directory: str, mount: Path) -> str:
     rel = Path(directory).relative_to(mount)
     return "/" + str(rel).strip(".").strip("/") if str(rel) != "." else "/"
-
-
-class ProcReader:
-    """The /proc and cgroupfs reads the watch makes (a seam: tests of the folding logic give a
-    fake). Every read tolerates a process that is gone: None or empty."""
-
-    def cgroup(self, pid: int) -> str | None:
-        return _read(f"/proc/{pid}/cgroup")
-
-    def comm(self, pid: int) -> str | None:
-        text = _read(f"/proc/{pid}/comm")
-        return text.rstrip("\n") if text is not None else None
-
-    def procs(self, path: str) -> list[int]:
-        text = _read(path)
-        return [int(x) for x in text.split()] if text else []
-
-    def exists(self, pid: int) -> bool:
-        return os.path.exists(f"/proc/{pid}")
-
-    def mountinfo(self) -> str:
-        return Path("/proc/self/mountinfo").read_text()
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    except OSError:
-        return None  # ESRCH and friends from a task that is exiting
 
 
 class CrashLedger:

@@ -24,6 +24,7 @@ from typing import Any
 
 from drumsd.core.seams import SlotHandle
 from drumsd.linux import evidence as ev
+from drumsd.linux import trees
 
 HARDENED_RANGE = 65536
 ALLOWED_CAPBND = 0
@@ -31,9 +32,7 @@ ALLOWED_CAPBND = 0
 
 def _tree_sha256(root: Path) -> str:
     # The runtime's own hash function recorded the snapshot's upper_sha256: use the same one.
-    from drumsd.runtime.linux_runtime import tree_sha256
-
-    return tree_sha256(root)
+    return trees.tree_sha256(root)
 
 
 def state_hash_evidence(

@@ -44,9 +44,10 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, idmap, mounts, procfs
+from drumsd.linux import beneath, cgroups, criu, host_share, idmap, mounts, procfs, trees
 from drumsd.linux.exec_helper import ensure_exec_helper, helper_argv, overlay_as_argv
 from drumsd.linux.launcher import Launcher
+from drumsd.linux.trees import tree_sha256
 from drumsd.runtime import agent_client
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
@@ -54,6 +55,7 @@ READY_FILE = protocol.READY_PATH.lstrip("/")
 DESKTOP_UID = 1000
 TEMPLATE_LIMITS = SlotLimits(vcpus=2.0, memory_mib=4096, pids_max=4096, tmpfs_mib=1024)
 KSM_DIR = Path("/sys/kernel/mm/ksm")
+REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
 SPARE_PASS_S = 5.0  # the refiller's idle period: recycling and refused refills are retried
 
 
@@ -90,6 +92,10 @@ class LinuxRuntimeConfig:
     quiesce_window_s: float = 1.0
     quiesce_timeout_s: float = 30.0
     quiesce_poll_ms: int = 50
+    # Bound of every shielded teardown (kill, reap, cgroups, mounts): below the supervisor's
+    # 120 s around destroy, so a wedged kill or umount cannot hold a request past its deadline.
+    # The teardown thread is abandoned, not stopped: it still finishes the cleanup behind it.
+    cleanup_timeout_s: float = 60.0
     # "hardened": a per-slot host uid range; "trusted": identity-mapped ids (trusted code only).
     profile: str = "hardened"
 
@@ -236,33 +242,6 @@ def _read_owner(d: Path) -> str | None:
     return str(owner) if owner is not None else None
 
 
-def tree_sha256(root: Path) -> str:
-    """A hash of a directory tree (paths, modes, sizes, contents, link targets): the identity of an
-    upper-layer snapshot."""
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            st = p.lstat()
-            rel = str(p.relative_to(root))
-            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_size}\0".encode())
-            if p.is_symlink():
-                h.update(os.readlink(p).encode())
-            elif p.is_file():
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-    return h.hexdigest()
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    # cp -a keeps whiteouts (0/0 char devices), xattrs (overlay's opaque/origin) and ownership.
-    proc = subprocess.run(["cp", "-a", f"{src}/.", f"{dst}/"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise OSError(f"cp -a {src} {dst} failed: {proc.stderr.strip()}")
-
-
 class LinuxRuntime:
     """The `SlotRuntime` on Linux. Construct with a `LinuxRuntimeConfig`, then run it inside
     `open_linux_runtime` (or start `run()` in a nursery you own)."""
@@ -288,9 +267,12 @@ class LinuxRuntime:
         self.refill_allowed: Callable[[], bool] = lambda: True
         self._image_cache: dict[str, Path] = {}
         self._image_lock = trio.Lock()
-        self._ksm_saved: dict[str, str] = {}
+        self._ksm_joined = False
         self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
         self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
+        # Host-wide claims, so daemons side by side never share a uid range or fight over KSM.
+        self._uid_claims = host_share.UidRanges(config.state_dir.resolve())
+        self._ksm_share = host_share.KsmShare(KSM_DIR)
         self._userns_fds: dict[int, int] = {}
         self.stats: dict[str, int] = {
             "spare_hits": 0,
@@ -309,6 +291,9 @@ class LinuxRuntime:
             index = _read_owner_record(d).get("uid_index")
             if isinstance(index, int):
                 self._ranges.add(index)  # held by a slot of a previous daemon until swept
+        if self.hardened:
+            for index in self._uid_claims.recover(self._ranges):
+                _log("uid_range_conflict", index=index, claims=self._uid_claims.root)
         self._helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
         try:
             self.driver.set_group_weight(self.config.group_cpu_shares)
@@ -365,18 +350,21 @@ class LinuxRuntime:
             "pages_to_scan": str(self.config.ksm_pages_to_scan),
             "sleep_millisecs": str(self.config.ksm_sleep_millisecs),
         }
-        for name, value in wanted.items():
-            try:
-                self._ksm_saved[name] = (KSM_DIR / name).read_text().strip()
-                (KSM_DIR / name).write_text(value)
-            except OSError as exc:
-                _log("ksm_unavailable", file=KSM_DIR / name, error=exc.strerror)
+        try:
+            failed = self._ksm_share.join(wanted)
+        except OSError as exc:
+            _log("ksm_unavailable", claims=self._ksm_share.root, error=exc.strerror)
+            return
+        for name in failed:
+            _log("ksm_unavailable", file=KSM_DIR / name)
+        self._ksm_joined = True
 
     def _ksm_restore(self) -> None:
-        for name, value in self._ksm_saved.items():
+        # The host's values come back only when the last daemon using KSM leaves.
+        if self._ksm_joined:
             with contextlib.suppress(OSError):
-                (KSM_DIR / name).write_text(value)
-        self._ksm_saved.clear()
+                self._ksm_share.leave()
+            self._ksm_joined = False
 
     # ------------------------------------------------------------------ file systems
 
@@ -394,11 +382,13 @@ class LinuxRuntime:
         """The lowest free uid range (hardened), or None (trusted: identity map)."""
         if not self.hardened:
             return None
-        index = 0
-        while index in self._ranges:
-            index += 1
+        index = self._uid_claims.claim_lowest(self._ranges)
         self._ranges.add(index)
         return index
+
+    def _free_range(self, index: int) -> None:
+        self._ranges.discard(index)
+        self._uid_claims.release(index)
 
     def _userns_of(self, index: int) -> int:
         fd = self._userns_fds.get(index)
@@ -424,7 +414,7 @@ class LinuxRuntime:
         try:
             mounts.apply(mounts.plan_rw(paths, tmpfs_mib))
             if upper_src is not None and upper_src.is_dir():
-                _copy_tree(upper_src, paths.upper)
+                trees.copy_tree(upper_src, paths.upper)
             (paths.rw / "criu").mkdir()
             if uid_index is None:
                 mounts.apply(mounts.plan_overlay(paths, lower))
@@ -459,7 +449,7 @@ class LinuxRuntime:
         shutil.rmtree(paths.dir, ignore_errors=True)
         self._busy.discard(paths.dir.name)  # last: a concurrent sweep must not see it half-gone
         if isinstance(index, int):
-            self._ranges.discard(index)
+            self._free_range(index)
 
     def _id_map(self, uid_index: int | None) -> tuple[tuple[int, int, int], ...]:
         return idmap.IDENTITY if uid_index is None else idmap.range_map(uid_index)
@@ -568,7 +558,7 @@ class LinuxRuntime:
                         )
                     except BaseException:
                         if index is not None:
-                            self._ranges.discard(index)
+                            self._free_range(index)
                         raise
             inst = _Instance(
                 iid,
@@ -584,16 +574,16 @@ class LinuxRuntime:
             try:
                 images = await self._images_for(checkpoint, index)
             except BaseException:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self._teardown, inst)
+                with self._cleanup_scope():
+                    await self._off_loop(self._teardown, inst)
                 raise
             ok = False
             try:
                 ok = await self._restore_once(inst, images, limits, freeze=freeze)
             finally:
                 if not ok:
-                    with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(self._teardown, inst)
+                    with self._cleanup_scope():
+                        await self._off_loop(self._teardown, inst)
             if ok:
                 self.stats["restores"] += 1
                 return inst
@@ -730,8 +720,8 @@ class LinuxRuntime:
             with contextlib.suppress(ProcessLookupError, OSError):
                 if inst.pidfd >= 0:
                     signal.pidfd_send_signal(inst.pidfd, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(inst.pid, 0)
+            # Bounded: pidfd readiness, then a WNOHANG reap (never an unbounded waitpid).
+            procfs.reap(inst.pid, REAP_TIMEOUT_S)
         if inst.cgroups:
             self.driver.kill(inst.cgroups)
             self.driver.remove(inst.cgroups)
@@ -740,16 +730,34 @@ class LinuxRuntime:
             os.close(inst.pidfd)
             inst.pidfd = -1
 
+    def _cleanup_scope(self) -> trio.CancelScope:
+        """A shield with its own deadline for cleanup that must survive the caller's cancel."""
+        return trio.move_on_after(self.config.cleanup_timeout_s, shield=True)
+
+    @trio.lowlevel.enable_ki_protection
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A blocking cleanup step in a thread the caller's deadline can abandon (the thread
+        goes on and finishes the step). KI-protected: a Ctrl-C waits for the step instead of
+        abandoning it to a process about to exit."""
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
     async def _dispose(self, inst: _Instance, background: bool) -> None:
         async def go() -> None:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope() as scope:
                 self._kill_boot(inst)
-                await trio.to_thread.run_sync(self._teardown, inst)
+                await self._off_loop(self._teardown, inst)
                 if inst.boot_proc is not None:
                     await inst.boot_proc.wait()
                 if inst.watched:
                     with trio.move_on_after(5):
                         await inst.exited.wait()
+            if scope.cancelled_caught:
+                _log(
+                    "teardown_overran",
+                    iid=inst.iid,
+                    pid=inst.pid,
+                    timeout_s=self.config.cleanup_timeout_s,
+                )
 
         if background and self._nursery is not None:
             self._nursery.start_soon(go)
@@ -845,7 +853,7 @@ class LinuxRuntime:
                     f"slot:{handle.slot_id}", checkpoint, limits, prepared=prepared
                 )
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 await self._drop_warm(handle.slot_id)
             raise
         self._slots[handle.slot_id] = inst
@@ -880,7 +888,7 @@ class LinuxRuntime:
                 )
         except OSError as exc:
             if index is not None:
-                self._ranges.discard(index)
+                self._free_range(index)
             _log("warm_upper_failed", slot=slot_id, error=exc)
             return
         if slot_id in self._slots and slot_id not in self._warm:
@@ -891,18 +899,20 @@ class LinuxRuntime:
     async def _drop_warm(self, slot_id: str) -> None:
         prep = self._warm.pop(slot_id, None)
         if prep is not None:
-            await trio.to_thread.run_sync(self._teardown_fs, prep.paths)
+            await self._off_loop(self._teardown_fs, prep.paths)
 
     async def destroy(self, slot_id: str) -> None:
-        with trio.CancelScope(shield=True):
+        """Tear the slot down within cleanup_timeout_s (shielded from the caller's cancel, but
+        bounded: a step that overruns is left to finish in its thread)."""
+        with self._cleanup_scope() as scope:
             inst = self._slots.pop(slot_id, None)
             if inst is not None:
                 await self._dispose(inst, background=False)
             await self._drop_warm(slot_id)
             # Leftovers of this slot from a previous daemon (not in memory).
-            await trio.to_thread.run_sync(
-                self._sweep_owned_by, {f"slot:{slot_id}", f"warm:{slot_id}"}
-            )
+            await self._off_loop(self._sweep_owned_by, {f"slot:{slot_id}", f"warm:{slot_id}"})
+        if scope.cancelled_caught:
+            _log("destroy_overran", slot=slot_id, timeout_s=self.config.cleanup_timeout_s)
 
     async def _agent_raw(
         self, inst: _Instance, request: dict[str, Any], timeout: float
@@ -1010,16 +1020,27 @@ class LinuxRuntime:
         return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
 
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
-        header, data = await self._agent(
-            handle, {"op": "read_file", "path": path, "max_bytes": max_bytes}, 30.0
-        )
-        if header.get("truncated"):
+        # From the host side, beneath the slot's root: no process in the slot (the desktop user
+        # included) can answer in the guest agent's place (issue 14).
+        inst = self._inst(handle)
+        where = path if path.startswith("/") else f"/home/user/{path}"
+        try:
+            return await trio.to_thread.run_sync(
+                beneath.read_regular, f"/proc/{inst.pid}/root", where, max_bytes
+            )
+        except FileNotFoundError as exc:
+            raise RuntimeError_(
+                "not_found", f"{path} does not exist in slot {handle.slot_id}"
+            ) from exc
+        except beneath.TooLarge as exc:
             raise RuntimeError_(
                 "invalid_request",
-                f"{path} in slot {handle.slot_id} is "
-                f"{header.get('file_size')} bytes, over max_bytes={max_bytes}",
-            )
-        return data
+                f"{path} in slot {handle.slot_id} is {exc.size} bytes, over max_bytes={max_bytes}",
+            ) from exc
+        except OSError as exc:
+            raise RuntimeError_(
+                "failed", f"cannot read {path} in slot {handle.slot_id}: {exc.strerror or exc}"
+            ) from exc
 
     async def write_file(
         self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True
@@ -1209,7 +1230,7 @@ class LinuxRuntime:
                 for cid in child_ids:
                     nursery.start_soon(one, cid)
         except BaseException:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 for done_id in results:
                     await self.destroy(done_id)
             raise
@@ -1247,7 +1268,7 @@ class LinuxRuntime:
             (dest / "meta.json").write_text(json.dumps(meta, indent=1))
             return ref
         finally:
-            with trio.CancelScope(shield=True):
+            with self._cleanup_scope():
                 await self._dispose(inst, background=False)
 
     async def cold_boot(
@@ -1266,7 +1287,7 @@ class LinuxRuntime:
                 )
             except BaseException:
                 if index is not None:
-                    self._ranges.discard(index)
+                    self._free_range(index)
                 raise
         inst = _Instance(iid, paths, {}, owner, (image_root,), uid_index=index)
         ok = False
@@ -1349,9 +1370,9 @@ class LinuxRuntime:
             return inst, boot_s
         finally:
             if not ok:
-                with trio.CancelScope(shield=True):
+                with self._cleanup_scope():
                     self._kill_boot(inst)
-                    await trio.to_thread.run_sync(self._teardown, inst)
+                    await self._off_loop(self._teardown, inst)
 
     async def wait_instance_quiet(self, inst: _Instance, window_s: float, timeout_s: float) -> bool:
         """Quiescence of an instance that serves no slot (a cold boot being measured)."""
@@ -1408,8 +1429,7 @@ class LinuxRuntime:
             self.driver.kill(dirs)
         # A slot init restored by this process (restore-sibling) is our child: reap it.
         for pid in pids:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, 0)
+            procfs.reap(pid, REAP_TIMEOUT_S)
         with contextlib.suppress(cgroups.CgroupError, OSError):
             self.driver.remove(dirs)
         self._teardown_fs(mounts.SlotPaths.of(self.state_dir, iid))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
@@ -70,9 +69,7 @@ class MemoryRuntime:
         self.state_dir = state_dir
         self.markers = state_dir / "memory-runtime"
         self.markers.mkdir(parents=True, exist_ok=True)
-        if restore_delay_s is None:
-            restore_delay_s = float(os.environ.get("DRUMS_MEMORY_RESTORE_DELAY_S", "0") or 0)
-        self.restore_delay_s = restore_delay_s
+        self.restore_delay_s = restore_delay_s or 0.0
         self.screen = screen
         self.slots: dict[str, dict[str, Any]] = {}
         self.faults: dict[str, dict[str, Any]] = {}  # slot id -> facts overrides

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import trio
 from drums.models import Audit as WireAudit
 from drums.models import TaskInfo
 from drums.models import VerifyResult as WireVerifyResult
@@ -24,7 +26,16 @@ from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
 from .audit import EpisodeFacts, verify
 from .checker_venv import CheckerVenv, context_for_checker
-from .model import Task, TaskContext, TaskError, resolve_task, support, task_support_table
+from .model import (
+    Task,
+    TaskContext,
+    TaskError,
+    iter_task_files,
+    load_task_file,
+    resolve_task,
+    support,
+    task_support_table,
+)
 from .setup import SetupError, WindowInfo, run_setup
 
 log = logging.getLogger("drumsd.tasks.bridge")
@@ -118,6 +129,48 @@ class RuntimeSlotAccess:
         return await self.runtime.screenshot(self.handle)
 
 
+def is_task_id(ref: str | dict[str, Any]) -> bool:
+    """A reference that names a task by id (not inline, not a JSON path)."""
+    return isinstance(ref, str) and not ref.endswith(".json") and "/" not in ref
+
+
+def lookup_task(ref: str | dict[str, Any], task_dirs: list[Path]) -> Task:
+    """`resolve_task`, and a task id may also be a unique prefix of one (`e0df059f`), as OSWorld
+    users write ids. Unknown: `not_found`; a prefix of several: `invalid_request` (422) with
+    the matches."""
+    try:
+        return resolve_task(ref, task_dirs)
+    except TaskError as exc:
+        if not (is_task_id(ref) and "no task with id" in str(exc)):
+            raise DrumsdError("invalid_request", str(exc)) from exc
+        assert isinstance(ref, str)
+        matches = prefix_matches(ref, task_dirs)
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise DrumsdError("not_found", f"{exc}; list tasks with GET /v1/tasks") from exc
+        ids = sorted(t.id for t in matches)
+        raise DrumsdError(
+            "invalid_request",
+            f"task id prefix {ref!r} matches {len(ids)} tasks: {', '.join(ids)}; "
+            "give more of the id",
+            matches=ids,
+        ) from exc
+
+
+def prefix_matches(prefix: str, task_dirs: list[Path]) -> list[Task]:
+    """Tasks whose id starts with the prefix (each id once: the first file that has it)."""
+    found: dict[str, Task] = {}
+    for path in iter_task_files(task_dirs):
+        try:
+            task = load_task_file(path)
+        except TaskError:
+            continue
+        if task.id.startswith(prefix) and task.id not in found:
+            found[task.id] = task
+    return list(found.values())
+
+
 def task_info(task: Task, ctx: TaskContext) -> TaskInfo:
     ok, reason = support(task, ctx)
     extra = task.model_extra or {}
@@ -139,11 +192,23 @@ class TaskBridge:
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
-        self.run_root = run_root or Path(tempfile.gettempdir()) / "drums-task-runs"
+        self._run_root = run_root
 
-    def _run_dir(self, slot_id: str) -> Path:
+    @property
+    def run_root(self) -> Path:
+        """Where episodes' task-run dirs live: private to this daemon (issue 14, finding 10: a
+        predictable root-made name in world-writable /tmp, shared by every daemon, was the
+        default), made 0700 under an unpredictable name on first use."""
+        if self._run_root is None:
+            self._run_root = Path(tempfile.mkdtemp(prefix="drumsd-task-runs-"))
+        return self._run_root
+
+    def _run_dir(self, slot_id: str, fresh: bool = False) -> Path:
+        """The slot's run dir; `fresh` (a task loads: a new episode) empties the last episode's."""
         path = self.run_root / slot_id
-        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path
 
     def list_tasks(self) -> list[TaskInfo]:
@@ -158,19 +223,19 @@ class TaskBridge:
         ]
 
     def get_task(self, task_id: str) -> TaskInfo | None:
+        """None when unknown; an ambiguous prefix raises (a 4xx listing the matches)."""
         try:
-            return task_info(resolve_task(task_id, self.ctx.task_dirs), self.ctx)
-        except TaskError:
-            return None
+            return task_info(lookup_task(task_id, self.ctx.task_dirs), self.ctx)
+        except DrumsdError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
 
     async def load(
         self, slot_record: SlotRecord, handle: SlotHandle, task: str | dict[str, Any]
     ) -> tuple[TaskInfo, dict[str, Any]]:
-        try:
-            resolved = resolve_task(task, self.ctx.task_dirs)
-        except TaskError as exc:
-            code = "not_found" if "no task with id" in str(exc) else "invalid_request"
-            raise DrumsdError(code, str(exc)) from exc
+        # Off the event loop: a task named by path is a file read (issue 14, finding 6).
+        resolved = await trio.to_thread.run_sync(lookup_task, task, self.ctx.task_dirs)
         info = task_info(resolved, self.ctx)
         if not info.supported:
             raise DrumsdError(
@@ -180,7 +245,11 @@ class TaskBridge:
         access = RuntimeSlotAccess(self.runtime, handle)
         try:
             await run_setup(
-                resolved, access, self.ctx, run_dir=self._run_dir(slot_record.id), label=label
+                resolved,
+                access,
+                self.ctx,
+                run_dir=self._run_dir(slot_record.id, fresh=True),
+                label=label,
             )
         except SetupError as exc:
             timed_out = "timed out" in str(exc) or "longer than" in str(exc)
@@ -243,5 +312,6 @@ __all__ = [
     "RuntimeSlotAccess",
     "TaskBridge",
     "context_from_config",
+    "lookup_task",
     "parse_wmctrl",
 ]

@@ -8,13 +8,23 @@ googledrive/login/proxy task, a metric whose library is missing, a getter drums 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,116 @@ class Step(BaseModel):
 
     type: str
     parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---- the shapes of setup steps' parameters, checked when a task is loaded (issue 14) ----------
+# A task with a step whose parameters would only fail half-way through setup (a KeyError, a
+# TypeError, a sleep of 1e9 s) is refused at create with the step and field named.
+
+MAX_SLEEP_S = 300.0
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _CommandParams(_Params):
+    command: StrictStr | list[StrictStr]
+    shell: bool = False
+    stdout: StrictStr | None = None
+    stderr: StrictStr | None = None
+
+
+class _OpenParams(_Params):
+    path: StrictStr
+
+
+class _SleepParams(_Params):
+    seconds: float = Field(ge=0, le=MAX_SLEEP_S)
+
+
+class _WindowParams(_Params):
+    window_name: StrictStr
+    strict: bool = False
+    by_class: bool = False
+
+
+class _OpenTabsParams(_Params):
+    urls_to_open: list[StrictStr]
+
+
+class _CloseTabsParams(_Params):
+    urls_to_close: list[StrictStr]
+
+
+class _HistoryItem(_Params):
+    url: StrictStr
+    title: StrictStr = ""
+    visit_time_from_now_in_seconds: float = 0
+
+
+class _HistoryParams(_Params):
+    history: list[_HistoryItem] = Field(default_factory=list)
+
+
+class _DownloadItem(_Params):
+    url: StrictStr
+    path: StrictStr
+
+
+class _DownloadParams(_Params):
+    files: list[_DownloadItem]
+
+
+class _UploadItem(_Params):
+    local_path: StrictStr
+    path: StrictStr
+
+
+class _UploadParams(_Params):
+    files: list[_UploadItem]
+
+
+class _DrumsFileItem(_Params):
+    src: StrictStr
+    path: StrictStr
+    owner_user: bool = True
+
+
+class _DrumsFilesParams(_Params):
+    files: list[_DrumsFileItem]
+
+
+STEP_PARAMETERS: dict[str, type[_Params]] = {
+    "execute": _CommandParams,
+    "command": _CommandParams,
+    "launch": _CommandParams,
+    "open": _OpenParams,
+    "sleep": _SleepParams,
+    "activate_window": _WindowParams,
+    "close_window": _WindowParams,
+    "chrome_open_tabs": _OpenTabsParams,
+    "chrome_close_tabs": _CloseTabsParams,
+    "update_browse_history": _HistoryParams,
+    "download": _DownloadParams,
+    "upload_file": _UploadParams,
+    "drums_files": _DrumsFilesParams,
+}
+
+
+def step_problem(step: Step) -> str | None:
+    """What is wrong with this step's parameters (None: fine, or a type drums does not know,
+    which support() reports)."""
+    model = STEP_PARAMETERS.get(step.type)
+    if model is None:
+        return None
+    try:
+        model.model_validate(step.parameters)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "parameters"
+        return f"parameter {where}: {first['msg']}"
+    return None
 
 
 class ScopeManifest(BaseModel):
@@ -119,6 +239,23 @@ class Task(BaseModel):
     proxy: bool = False
     related_apps: list[str] = Field(default_factory=list)
     source_path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_file_name(cls, value: str) -> str:
+        # The id names the task's asset and cache directories: one plain name, never a path.
+        if not is_path_component(value):
+            raise ValueError(f"a task id is one file name (no '/', not '.' or '..'), not {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _steps_are_well_formed(self) -> Task:
+        for name, steps in (("config", self.config), ("postconfig", self.evaluator.postconfig)):
+            for index, step in enumerate(steps):
+                problem = step_problem(step)
+                if problem is not None:
+                    raise ValueError(f"{name} step {index + 1} ({step.type}): {problem}")
+        return self
 
     @property
     def scope(self) -> ScopeManifest | None:
@@ -232,9 +369,26 @@ def parse_task(data: dict[str, Any], source: Path | None = None) -> Task:
     return task
 
 
+MAX_TASK_FILE_BYTES = 16 << 20
+
+
+def read_task_bytes(path: Path) -> bytes:
+    """A task file's bytes: a regular file of at most MAX_TASK_FILE_BYTES. O_NONBLOCK and the
+    fstat check refuse a FIFO or device (a FIFO froze the daemon, /dev/zero never ends)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskError(f"task file {path} is not a regular file")
+        data = f.read(MAX_TASK_FILE_BYTES + 1)
+    if len(data) > MAX_TASK_FILE_BYTES:
+        raise TaskError(f"task file {path} is over {MAX_TASK_FILE_BYTES >> 20} MiB")
+    return data
+
+
 def load_task_file(path: Path) -> Task:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_task_bytes(path))
     except OSError as exc:
         raise TaskError(f"cannot read task file {path}: {exc}") from exc
     except ValueError as exc:
@@ -296,20 +450,40 @@ def url_file_name(url: str) -> str:
     return unquote(PurePosixPath(urlparse(url).path).name)
 
 
+def is_path_component(name: str) -> bool:
+    """One plain file name: no separator, no NUL, not `.` or `..` (issue 14: a task id of
+    `../../..` must not pick the directory its files are read from)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
+def beneath(base: Path, *parts: str) -> Path | None:
+    """`base/part/...` with every part one plain component and the real path (symlinks
+    resolved) still inside base's real path; None otherwise."""
+    if not all(is_path_component(p) for p in parts):
+        return None
+    root = base.resolve()
+    candidate = root.joinpath(*parts).resolve()
+    if candidate == root or root not in candidate.parents:
+        return None
+    return candidate
+
+
 def cached_download(task: Task, url: str, dest_path: str | None, ctx: TaskContext) -> Path | None:
     """Where a download/cloud_file lives in the local cache, or None when it is not there."""
     names = [url_file_name(url)]
     if dest_path:
         names.append(PurePosixPath(dest_path).name)
     for name in names:
-        candidate = ctx.cache_dir / task.id / name
-        if name and candidate.is_file():
+        candidate = beneath(ctx.cache_dir, task.id, name)
+        if candidate is not None and candidate.is_file():
             return candidate
     return None
 
 
-def cache_slot_for(task: Task, url: str, ctx: TaskContext) -> Path:
-    return ctx.cache_dir / task.id / url_file_name(url)
+def cache_slot_for(task: Task, url: str, ctx: TaskContext) -> str:
+    """Where the cached copy of `url` belongs, for messages that say what to put there."""
+    slot = beneath(ctx.cache_dir, task.id, url_file_name(url))
+    return str(slot) if slot is not None else f"(none: {url!r} names no plain file name)"
 
 
 def asset_path(local_path: str, ctx: TaskContext) -> Path | None:
@@ -324,7 +498,9 @@ def asset_path(local_path: str, ctx: TaskContext) -> Path | None:
 
 def task_asset(task: Task, src: str, ctx: TaskContext) -> Path | None:
     """A file of drums_files: `<assets_dir>/<task id>/<src>`, never outside that directory."""
-    root = (ctx.assets_dir / task.id).resolve()
+    root = beneath(ctx.assets_dir, task.id)
+    if root is None:
+        return None
     candidate = (root / src).resolve()
     if root not in candidate.parents:
         return None

@@ -1,6 +1,7 @@
-"""Adapters for other RL frameworks: verl (a tool and an agent loop) and SkyRL (an environment).
+"""Adapters for other RL frameworks: verl 0.9.1 (a tool and an agent loop) and SkyRL (an env).
 
-Both give one desktop per trajectory and apply the same verifier contract as the verifiers
-taskset: a valid episode's score is the reward; an invalid one raises DrumsInvalidEpisode
-(the framework must skip it, never train on a made-up reward); checker or daemon failures raise.
+Both give one desktop per trajectory and apply the verifier contract in the trainer's own terms:
+a valid episode's checker score is the reward; one that may not be trained on (invalid, checker
+or desktop failure) is masked or dropped (verl) or ends with `invalid_reward` and
+`drums_valid = 0` (SkyRL, whose generator has no way to drop a trajectory). See docs/verifiers.md.
 """

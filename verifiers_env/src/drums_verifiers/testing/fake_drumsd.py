@@ -38,22 +38,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from drums.vocabulary import GATES
+
 SCREEN = (1920, 1080)
 PNG_SIZE = (192, 108)  # small on purpose: tests move many of them through JSON
-GATES = (
-    "lock_applied",
-    "cgroup",
-    "init_identity",
-    "mount_table",
-    "netns",
-    "guest_ready",
-    "state_hash",
-    "isolation",
-    "alive_after_resume",
-    "no_oom_kill",
-    "no_app_crash",
-    "not_quarantined",
-)
 
 
 def canned_png(shade: int, size: tuple[int, int] = PNG_SIZE) -> bytes:

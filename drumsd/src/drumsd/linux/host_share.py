@@ -1,0 +1,221 @@
+"""What several drumsd on one host share, and how each claims its own part of it.
+
+A daemon holds its state and journal dirs with an flock for its whole life and binds its port
+before it reconciles anything, so a second `drumsd serve` on the same config fails before it
+touches a slot. Host uid ranges are claimed one file per range in a host-wide dir (O_EXCL, so
+two daemons never get the same range), and the KSM knobs are saved by the first daemon that
+turns KSM on and restored by the last one out, not by whichever stops first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+HOST_DIR = Path("/run/drums-host")  # tmpfs: claims die with the slots at reboot
+LOCK_NAME = ".drumsd.lock"
+
+
+class ClaimError(Exception):
+    """A shared resource another daemon holds, said with what to do."""
+
+
+# ---------------------------------------------------------------- dirs and the port
+
+
+def hold_dir(path: Path, what: str) -> int:
+    """An exclusive flock on `path/.drumsd.lock`, held until the returned fd is closed (the
+    process exiting releases it, so a kill -9 leaves nothing stale)."""
+    lock = path / LOCK_NAME
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise ClaimError(
+                f"{what} {path} is in use by another drumsd (pid {holder}); stop it, or give "
+                f"this daemon its own {what}"
+            ) from None
+        raise ClaimError(f"{what} {path}: cannot lock {lock}: {exc.strerror}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The API socket, bound now (before reconcile) and handed to hypercorn as fd://."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ClaimError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; is another drumsd running? "
+            "change listen or stop it"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+# ---------------------------------------------------------------- host uid ranges
+
+
+class UidRanges:
+    """Claims on host uid ranges: `<root>/<index>` holds the claiming daemon's state dir.
+
+    A claim outlives its daemon while its slot does (a restarted daemon adopts the slot and
+    keeps the claim); claims of a state dir that no longer exists are stale and pruned."""
+
+    def __init__(self, owner: Path, root: Path = HOST_DIR / "uid-ranges") -> None:
+        self.owner = str(owner)
+        self.root = root
+
+    def _path(self, index: int) -> Path:
+        return self.root / str(index)
+
+    def _owner_of(self, index: int) -> str | None:
+        try:
+            return self._path(index).read_text().strip()
+        except FileNotFoundError:
+            return None
+
+    def _create(self, index: int) -> bool:
+        try:
+            fd = os.open(self._path(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, f"{self.owner}\n".encode())
+        finally:
+            os.close(fd)
+        return True
+
+    def claims(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                if path.name.isdigit():
+                    with contextlib.suppress(FileNotFoundError):
+                        out[int(path.name)] = path.read_text().strip()
+        return out
+
+    def recover(self, held: set[int]) -> list[int]:
+        """At start: keep (or re-make) claims for the ranges our slots hold, drop our other
+        claims and those of vanished state dirs. Returns ranges of `held` another daemon owns."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        conflicts = []
+        for index, owner in self.claims().items():
+            mine = owner == self.owner
+            if (mine and index not in held) or (not mine and not Path(owner).is_dir()):
+                with contextlib.suppress(FileNotFoundError):
+                    self._path(index).unlink()
+        for index in held:
+            if not self._create(index) and self._owner_of(index) != self.owner:
+                conflicts.append(index)
+        return conflicts
+
+    def claim_lowest(self, taken: set[int]) -> int:
+        """The lowest range neither in `taken` (ours) nor claimed by any daemon on the host."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        index = 0
+        while index in taken or not self._create(index):
+            index += 1
+        return index
+
+    def release(self, index: int) -> None:
+        if self._owner_of(index) == self.owner:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(index).unlink()
+
+
+# ---------------------------------------------------------------- KSM knobs
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class KsmShare:
+    """The KSM knobs under a host-wide refcount of daemons (`holders/<pid>`): the first joiner
+    saves the host's values, the last leaver (or the next joiner after a crash) restores them."""
+
+    def __init__(self, ksm_dir: Path, root: Path = HOST_DIR / "ksm") -> None:
+        self.ksm_dir = ksm_dir
+        self.root = root
+        self.pid = os.getpid()
+
+    def _holders(self) -> list[int]:
+        holders = self.root / "holders"
+        holders.mkdir(parents=True, exist_ok=True)
+        alive = []
+        for path in holders.iterdir():
+            if path.name.isdigit() and _alive(int(path.name)):
+                alive.append(int(path.name))
+            else:
+                path.unlink(missing_ok=True)
+        return alive
+
+    def join(self, wanted: Mapping[str, str]) -> list[str]:
+        """Set the knobs; returns the names that could not be written (no KSM here)."""
+        failed = []
+        with _locked(self.root / "lock"):
+            saved_path = self.root / "saved.json"
+            if not self._holders() and not saved_path.exists():
+                saved = {}
+                for name in wanted:
+                    with contextlib.suppress(OSError):
+                        saved[name] = (self.ksm_dir / name).read_text().strip()
+                saved_path.write_text(json.dumps(saved))
+            for name, value in wanted.items():
+                try:
+                    (self.ksm_dir / name).write_text(value)
+                except OSError:
+                    failed.append(name)
+            (self.root / "holders" / str(self.pid)).write_text("")
+        return failed
+
+    def leave(self) -> bool:
+        """Drop our hold; restore the saved values if no other daemon holds KSM. Returns
+        whether this call restored them."""
+        with _locked(self.root / "lock"):
+            (self.root / "holders" / str(self.pid)).unlink(missing_ok=True)
+            if self._holders():
+                return False
+            saved_path = self.root / "saved.json"
+            try:
+                saved = json.loads(saved_path.read_text())
+            except (FileNotFoundError, ValueError):
+                return False
+            for name, value in saved.items():
+                with contextlib.suppress(OSError):
+                    (self.ksm_dir / name).write_text(value)
+            saved_path.unlink(missing_ok=True)
+            return True

@@ -1,0 +1,76 @@
+"""The supervisor's file work on state_dir, images_dir and adopted checkpoints, synchronous (the
+runtime calls these through trio.to_thread): sizes, free space, removal, metadata reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from drumsd.linux.host_sampler import read_space
+
+MIB = 1024 * 1024
+
+
+def dir_size_mib(path: Path) -> float:
+    """Bytes of the regular files under `path`, in MiB (unreadable entries are skipped)."""
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            continue
+    return total / MIB
+
+
+def space(path: Path) -> dict[str, Any] | None:
+    """Free and total MiB of the filesystem holding `path`, or None when it cannot be read."""
+    free, total = read_space(path)
+    if free is None or total is None:
+        return None
+    return {
+        "path": str(path),
+        "free_mib": free,
+        "total_mib": total,
+        "free_pct": 100.0 * free / total if total else 0.0,
+    }
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a checkpoint directory; what cannot be removed is left for the next sweep."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def file_size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def read_checkpoint_meta(path: Path) -> dict[str, Any]:
+    """`<path>/meta.json` of a checkpoint dir to adopt. Raises OSError or ValueError (bad JSON)."""
+    return json.loads((path / "meta.json").read_text())
+
+
+def find_image(images_dir: Path, name: str) -> tuple[Path, str] | None:
+    """(root, sha256) of image `name`: the builder points `<images_dir>/<name>` at the current
+    build; else the newest `<name>-*` build."""
+    current = images_dir / name / "image.json"
+    paths = [current] if current.exists() else []
+    paths = paths or list(images_dir.glob(f"{name}-*/image.json"))
+    candidates = []
+    for meta_path in paths:
+        try:
+            meta = json.loads(meta_path.read_text())
+            sha = str(meta.get("sha256") or meta.get("image_sha256"))
+            root = Path(meta.get("root") or meta_path.parent / "root")
+            candidates.append((meta_path.stat().st_mtime, root, sha))
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+    if not candidates:
+        return None
+    _, root, sha = max(candidates, key=lambda c: c[0])
+    return root, sha

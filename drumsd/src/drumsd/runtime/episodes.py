@@ -1,0 +1,320 @@
+"""Episodes and gates: a new episode's gate report, the facts gates are judged from, quarantine on
+a failed gate, the per-episode timers (alive_after_resume, the init's exit)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from drumsd.core import gates as G
+from drumsd.core.records import (
+    GateEntry,
+    SlotRecord,
+    SlotStatus,
+    is_live,
+)
+from drumsd.core.seams import (
+    RuntimeError_,
+    SlotHandle,
+)
+from drumsd.runtime.handles import handle_to_json
+from drumsd.runtime.services.spares import note_claim
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+def set_gate(
+    sup: Supervisor, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
+) -> None:
+    now = sup.clock()
+    for gate in rec.gates:
+        if gate.name == name:
+            # A failure is final for the episode: later reads must not turn it back to pass.
+            if gate.status == G.FAIL and status != G.FAIL:
+                return
+            gate.status, gate.evidence, gate.checked_at = status, evidence, now
+            return
+    rec.gates.append(GateEntry(name=name, status=status, evidence=evidence, checked_at=now))
+
+
+def other_namespaces(sup: Supervisor, slot_id: str) -> dict[str, dict[str, int]]:
+    out = {}
+    for other in sup.slots.values():
+        if other.id != slot_id and is_live(other) and other.handle:
+            out[other.id] = dict(other.handle.get("namespaces", {}))
+    return out
+
+
+async def read_facts(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, *, at_start: bool = False
+) -> dict[str, Any] | None:
+    """The runtime's facts plus the crash watch's and the evidence module's; `at_start` adds
+    the restored upper layer's hash (state_hash is judged once, at episode start)."""
+    try:
+        facts = await sup.runtime.facts(handle)
+    except RuntimeError_ as exc:
+        log.warning("slot=%s facts failed: %s", rec.id, exc.message)
+        return None
+    except OSError as exc:
+        log.warning("slot=%s facts failed: %s", rec.id, exc)
+        return None
+    out: dict[str, Any] = {
+        "alive": facts.alive,
+        "init_identity_ok": facts.init_identity_ok,
+        "limits_in_force": dict(facts.limits_in_force),
+        "mounts": list(facts.mounts),
+        "net_links": list(facts.net_links),
+        "namespaces": dict(facts.namespaces),
+        "oom_kills": facts.oom_kills,
+        "pids": list(facts.pids),
+        "extra": dict(facts.extra),
+    }
+    charged = facts.extra.get("memory_mib")
+    if isinstance(charged, (int, float)):
+        sup._charged_mib[rec.id] = float(charged)
+    if sup.crash_watch is not None:
+        since = rec.episode_started_at or 0.0
+        out["extra"].update(sup.crash_watch.facts(rec.id, since=since))
+        if rec.id in sup._unwatched:
+            # Not followed: no crash could be seen, so no_app_crash must stay pending.
+            out["extra"]["crash_watch"] = False
+            out["extra"]["crash_watch_error"] = sup._unwatched[rec.id]
+    if sup.evidence is not None:
+        snapshot = written_since = None
+        cp = sup.checkpoints.get(rec.checkpoint)
+        if at_start and cp is not None and cp.upper_sha256:
+            snapshot = Path(cp.dir) / "upper"
+            # Files the restored tree writes itself are not a mismatch: anything touched
+            # after its restore began. The runtime's wall clock of that start, not "now
+            # minus restore_s": a branch restores all its children before their episodes
+            # begin, so under load a child's tree has run for seconds by then.
+            restored_at = handle.extra.get("restore_started_at")
+            written_since = (
+                float(restored_at)
+                if isinstance(restored_at, (int, float))
+                else (rec.episode_started_at or sup.clock()) - handle.restore_s - 1.0
+            )
+        read = partial(
+            sup.evidence.read,
+            handle,
+            out,
+            profile=rec.profile,
+            snapshot=snapshot,
+            written_since=written_since,
+        )
+        try:
+            extra = await trio.to_thread.run_sync(read)
+        except OSError as exc:
+            log.warning("slot=%s gate evidence failed: %s", rec.id, exc)
+            extra = {"evidence_error": str(exc)}
+        out["extra"].update(extra)
+        if "mounts_normalized" in extra:
+            out["mounts"] = extra["mounts_normalized"]
+    return out
+
+
+def expected_limits(sup: Supervisor) -> dict[str, Any]:
+    c = sup.config
+    return {"memory_mib": c.memory_mib, "pids_max": c.pids_max, "vcpus": c.vcpus}
+
+
+async def begin_episode(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, event: str, *, file: bool = True
+) -> None:
+    """A new episode: fresh gate report, start gates judged now, alive_after later."""
+    rec.episode += 1
+    rec.episode_id = uuid.uuid4().hex
+    rec.episode_started_at = sup.clock()
+    rec.actions = 0
+    rec.last_action = None
+    rec.terminal = None
+    rec.gates = [GateEntry(name=name) for name in G.GATES]
+    rec.quarantined_gates = []
+    rec.handle = handle_to_json(handle)
+    rec.status = SlotStatus.ready
+    note_claim(sup, rec.checkpoint, handle)
+    track(sup, rec.id, handle)
+    facts = await read_facts(sup, rec, handle, at_start=True)
+    if facts is None:
+        for name in G.START_GATES:
+            set_gate(sup, rec, name, G.FAIL, {"reason": "runtime could not read facts"})
+    else:
+        rec.baseline = {
+            "pids": facts["pids"],
+            "proc_names": facts["extra"].get("proc_names", {}),
+            "oom_kills": facts["oom_kills"],
+        }
+        cp = sup.checkpoints.get(rec.checkpoint)
+        judge_start(sup, rec, facts, cp.upper_sha256 if cp else None, handle)
+        judge_running(sup, rec, facts)
+    set_gate(sup, rec, "not_quarantined", *G.judge_not_quarantined(None))
+    if sup.config.alive_after_s == 0 and facts is not None:
+        set_gate(
+            sup,
+            rec,
+            "alive_after_resume",
+            *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
+        )
+    sup._save_slot(rec, event, file=file)
+    quarantine_on_failure(sup, rec)
+    sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)
+    sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
+
+
+def judge_start(
+    sup: Supervisor,
+    rec: SlotRecord,
+    facts: dict[str, Any],
+    upper_sha256: str | None,
+    handle: SlotHandle,
+) -> None:
+    expected_mounts = handle.extra.get("expected_mounts")
+    host_ns = facts["extra"].get("host_namespaces") or sup.host_namespaces
+    judged = {
+        "lock_applied": G.judge_lock_applied(facts, rec.profile),
+        "cgroup": G.judge_cgroup(facts, expected_limits(sup)),
+        "init_identity": G.judge_init_identity(facts),
+        "mount_table": G.judge_mount_table(facts, expected_mounts),
+        "netns": G.judge_netns(facts, host_ns),
+        "guest_ready": G.judge_guest_ready(facts),
+        "state_hash": G.judge_state_hash(facts, upper_sha256),
+        "isolation": G.judge_isolation(facts, host_ns, other_namespaces(sup, rec.id)),
+    }
+    for name, (status, evidence) in judged.items():
+        set_gate(sup, rec, name, status, evidence)
+
+
+def judge_running(sup: Supervisor, rec: SlotRecord, facts: dict[str, Any]) -> None:
+    """Gates that can turn to fail mid-episode, judged whenever facts are read."""
+    set_gate(sup, rec, "no_oom_kill", *G.judge_no_oom_kill(facts, rec.baseline))
+    set_gate(sup, rec, "no_app_crash", *G.judge_no_app_crash(facts, sup.config.crash_watch))
+    if not facts["alive"] or not facts["init_identity_ok"]:
+        set_gate(sup, rec, "init_identity", *G.judge_init_identity(facts))
+    if facts["alive"] and facts["extra"].get("expected_mounts") is not None:
+        # A mount added mid-episode (e.g. by a root process in the slot) is a failure too.
+        set_gate(sup, rec, "mount_table", *G.judge_mount_table(facts, None))
+    # alive_after_resume is judged once, alive_after_s after ready (an agent may close apps
+    # later on purpose); only the init's death turns it to fail afterwards.
+    if not facts["alive"]:
+        set_gate(
+            sup,
+            rec,
+            "alive_after_resume",
+            *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
+        )
+
+
+def quarantine_on_failure(sup: Supervisor, rec: SlotRecord) -> None:
+    statuses = sup.gate_statuses(rec)
+    # Each failure quarantines once: after a release, the same failure does not re-trigger.
+    fresh = {
+        name: status
+        for name, status in statuses.items()
+        if not (status == G.FAIL and name in rec.quarantined_gates)
+    }
+    evidence = {g.name: g.evidence for g in rec.gates}
+    reason = G.quarantine_reason(fresh, evidence)
+    if reason and rec.status is SlotStatus.ready:
+        rec.quarantined_gates = G.failed_gates(statuses)
+        quarantine_slot(sup, rec, reason)
+
+
+def quarantine_slot(sup: Supervisor, rec: SlotRecord, reason: str) -> None:
+    rec.status = SlotStatus.quarantined
+    rec.quarantine_reason = reason
+    set_gate(sup, rec, "not_quarantined", G.FAIL, {"reason": reason})
+    sup.metrics.failure("quarantined")
+    sup._save_slot(rec, "quarantined")
+    log.warning("slot=%s episode=%s quarantined: %s", rec.id, rec.episode, reason)
+
+
+async def refresh_gates(sup: Supervisor, rec: SlotRecord) -> None:
+    if rec.status not in (SlotStatus.ready, SlotStatus.quarantined) or rec.handle is None:
+        return
+    facts = await read_facts(sup, rec, sup._handle(rec))
+    if facts is None:
+        return
+    before = [(g.name, g.status) for g in rec.gates]
+    judge_running(sup, rec, facts)
+    if [(g.name, g.status) for g in rec.gates] != before:
+        sup._save_slot(rec, "gates", file=False)
+    quarantine_on_failure(sup, rec)
+
+
+def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
+    """Point the crash watch at the slot's (new) cgroups; records of earlier episodes stay
+    but facts() reads only those since the episode's start."""
+    if sup.crash_watch is None:
+        return
+    try:
+        if not handle.cgroups:
+            raise ValueError("the runtime reported no cgroups for the slot")
+        sup.crash_watch.track(slot_id, dict(handle.cgroups))
+        sup._unwatched.pop(slot_id, None)
+    except (OSError, ValueError) as exc:
+        # Untracked, its crash_exits would stay empty and no_app_crash would pass unwatched:
+        # _facts marks it unwatched instead, so the gate stays pending.
+        sup._unwatched[slot_id] = f"cannot track cgroups {dict(handle.cgroups)}: {exc}"
+        log.error("slot=%s crash watch %s", slot_id, sup._unwatched[slot_id])
+
+
+def untrack(sup: Supervisor, slot_id: str) -> None:
+    sup._unwatched.pop(slot_id, None)
+    if sup.crash_watch is not None:
+        sup.crash_watch.untrack(slot_id)
+
+
+async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> None:
+    await trio.sleep(sup.config.alive_after_s)
+    async with sup._lock(slot_id):
+        rec = sup.slots.get(slot_id)
+        if rec is None or rec.episode_id != episode_id or rec.handle is None:
+            return
+        if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
+            return
+        facts = await read_facts(sup, rec, sup._handle(rec))
+        if facts is None:
+            status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
+        else:
+            judge_running(sup, rec, facts)
+            status, evidence = G.judge_alive_after_resume(
+                facts, rec.baseline, sup.config.natural_exits
+            )
+        set_gate(sup, rec, "alive_after_resume", status, evidence)
+        sup._save_slot(rec, "gates", file=False)
+        quarantine_on_failure(sup, rec)
+
+
+async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: SlotHandle) -> None:
+    try:
+        await sup.runtime.wait_exit(handle)
+    except RuntimeError_:
+        return
+    async with sup._lock(slot_id):
+        rec = sup.slots.get(slot_id)
+        if rec is None or rec.episode_id != episode_id:
+            return  # reset, branch or destroy replaced this tree on purpose
+        if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
+            return
+        set_gate(sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited"})
+        sup.metrics.failure("init_exited")
+        if rec.status is SlotStatus.ready:
+            quarantine_slot(sup, rec, "the slot's init exited mid-episode")
+        else:
+            sup._save_slot(rec, "gates")
+
+
+def finish_episode(sup: Supervisor, rec: SlotRecord) -> None:
+    if rec.episode <= 0 or not rec.episode_id:
+        return
+    verdict = G.verdict(sup.gate_statuses(rec), rec.status is SlotStatus.quarantined)
+    rec.verdicts.append(verdict)
+    sup.metrics.episode_finished(verdict)

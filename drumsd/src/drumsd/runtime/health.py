@@ -1,0 +1,137 @@
+"""/v1/health and the metrics the API reports: slots by state, admission, space, services."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from drumsd.core.admission import (
+    Decision,
+    decide,
+    state_space_warnings,
+)
+from drumsd.core.metrics import MetricsWindow
+from drumsd.core.records import (
+    SlotStatus,
+)
+from drumsd.core.retention import forgotten_warnings
+from drumsd.core.seams import (
+    KsmControl,
+)
+from drumsd.linux import state_files
+from drumsd.runtime.forgotten import scan_forgotten
+from drumsd.runtime.services import health_json as services_health
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def health(sup: Supervisor) -> dict[str, Any]:
+    by_state: dict[str, int] = {s.value: 0 for s in SlotStatus}
+    for rec in sup.slots.values():
+        by_state[rec.status.value] += 1
+    files = await trio.to_thread.run_sync(scan_forgotten, sup.config.forgotten_dir)
+    sup._forgotten_bytes = sum(f.size for f in files)
+    warnings = []
+    decision = decide(
+        sup.sample,
+        sup.config.admission,
+        sup.slot_cost_mib(),
+        pending_mib=sup._pending_mib,
+    )
+    if not decision.admit:
+        warnings.append(f"admission refusing: {decision.reason}")
+    warnings += state_space_warnings(
+        sup.sample, sup.config.state_min_free_mib, sup.config.state_warn_free_pct
+    )
+    warnings += forgotten_warnings(files, sup.config)
+    for image, status in sup.template_status.items():
+        if status not in ("ready", "building"):
+            warnings.append(f"image {image}: {status}")
+    if by_state["quarantined"]:
+        warnings.append(f"{by_state['quarantined']} slot(s) quarantined")
+    if sup.crash_watch is not None and not sup.crash_watch.available:
+        warnings.append(f"crash watch not running: {sup.crash_watch.error}")
+    services, service_warnings = services_health(sup)
+    warnings += service_warnings
+    journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
+    state_space = await trio.to_thread.run_sync(state_files.space, sup.config.state_dir)
+    return {
+        "status": "ok" if not warnings else "degraded",
+        "version": sup.version,
+        "profile": sup.config.profile,
+        "slots_by_state": by_state,
+        "checkpoints": sup.list_checkpoints(),
+        "admission": sup.admission_state(decision),
+        "crash_watch": {
+            "enabled": sup.config.crash_watch,
+            **(sup.crash_watch.health() if sup.crash_watch is not None else {}),
+        },
+        "state_dir": state_space,
+        "journal_dir": journal_space,
+        "forgotten_gib": sup._forgotten_bytes / 1024**3,
+        "ksm": await runtime_ksm(sup),
+        "pools": {
+            "templates": dict(sup.template_status),
+            "reconciled": {k: len(v) for k, v in sup.reconciled.items()},
+            "spares": sup.pools_state(),
+        },
+        "services": services,
+        "warnings": warnings,
+    }
+
+
+async def runtime_ksm(sup: Supervisor) -> dict[str, Any]:
+    """KSM figures when the runtime offers them (an optional extra of the Linux runtime)."""
+    if not isinstance(sup.runtime, KsmControl):
+        return {}
+    try:
+        out: dict[str, Any] = dict(sup.runtime.ksm_stats() or {})
+        if "saved_bytes" in out:
+            out["saved_mib"] = out["saved_bytes"] / (1024 * 1024)
+        return out
+    except Exception as exc:  # optional figures must never break /v1/health
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def admission_state(sup: Supervisor, decision: Decision | None = None) -> dict[str, Any]:
+    s = sup.sample
+    cost = sup.slot_cost_mib()
+    decision = decision or decide(s, sup.config.admission, cost)
+    return {
+        "enabled": sup.config.admission.enabled,
+        "admitting": decision.admit,
+        "reason": decision.reason,
+        "slot_cost_mib": cost,
+        "mem_available_mib": s.mem_available_mib if s else None,
+        "mem_total_mib": s.mem_total_mib if s else None,
+        "psi_memory_some_avg10": s.psi_memory_some_avg10 if s else None,
+        "state_free_mib": s.state_free_mib if s else None,
+        "sampled_at": s.taken_at if s else None,
+    }
+
+
+def metrics_json(sup: Supervisor) -> dict[str, Any]:
+    now = sup.clock()
+    data = sup.metrics.as_json(now, sup.config.host_usd_per_hour)
+    data["window_started_at"] = sup.metrics.started_at
+    # Gauges of this instant beside the window's counters (JSON has no gauge section).
+    pools = sup.pools_state()
+    data["counters"]["spares_parked"] = float(pools["parked"])
+    if isinstance(sup.runtime, KsmControl):
+        with contextlib.suppress(Exception):
+            data["counters"]["ksm_saved_bytes"] = float(
+                dict(sup.runtime.ksm_stats()).get("saved_bytes", 0)
+            )
+    return data
+
+
+def reset_metrics(sup: Supervisor) -> dict[str, Any]:
+    old = sup.metrics_json()
+    sup.metrics = MetricsWindow(started_at=sup.clock())
+    return old

@@ -1,0 +1,150 @@
+"""Checkpoints: which one a create restores, adopting one from disk, deleting one."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+from drums.models import (
+    CheckpointAdopt,
+    SlotCreate,
+)
+
+from drumsd.core.errors import DrumsdError
+from drumsd.core.leases import (
+    state_lease,
+)
+from drumsd.core.records import (
+    CheckpointKind,
+    CheckpointRecord,
+    SlotStatus,
+    is_live,
+)
+from drumsd.linux import state_files
+from drumsd.runtime.handles import new_id
+from drumsd.runtime.services.spares import forget_spares
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+def resolve_source(sup: Supervisor, req: SlotCreate) -> CheckpointRecord:
+    if req.image and req.from_state:
+        raise DrumsdError(
+            "invalid_request", "give either image or from_state, not both", field="image"
+        )
+    cp: CheckpointRecord | None
+    if req.from_state:
+        cp = sup.get_checkpoint(req.from_state)
+    else:
+        name = req.image or sup.config.default_image
+        cp = sup.checkpoints.get(name) or template_for(sup, name)
+        if cp is None:
+            status = sup.template_status.get(name)
+            if status == "building":
+                raise DrumsdError(
+                    "runtime_error",
+                    f"the template checkpoint of image {name!r} is being built; retry soon",
+                    retry_after_s=10.0,
+                )
+            raise DrumsdError(
+                "not_found",
+                f"no template checkpoint for image {name!r}"
+                + (f" ({status})" if status else "")
+                + f"; build it with `drumsd image build --profile {name}` and restart, "
+                "or name a saved state with from_state",
+                image=name,
+            )
+    if not cp.ready:
+        raise DrumsdError("conflict", f"checkpoint {cp.id} is still being written; retry shortly")
+    return cp
+
+
+def template_for(sup: Supervisor, image: str) -> CheckpointRecord | None:
+    found = [
+        cp
+        for cp in sup.checkpoints.values()
+        if cp.kind is CheckpointKind.template and cp.image == image and cp.ready
+    ]
+    return max(found, key=lambda c: c.created_at) if found else None
+
+
+def referenced_checkpoints(sup: Supervisor) -> set[str]:
+    return {s.checkpoint for s in sup.slots.values() if is_live(s) or s.status is SlotStatus.failed}
+
+
+async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointRecord:
+    path = Path(req.path)
+    if not path.is_absolute():
+        raise DrumsdError("invalid_request", f"path {req.path!r} must be absolute", field="path")
+    is_dir = await trio.to_thread.run_sync(path.is_dir)
+    if not is_dir:
+        raise DrumsdError(
+            "invalid_request",
+            f"{req.path} is not a directory; give a checkpoint dir with images/, upper/ and "
+            "meta.json",
+            field="path",
+        )
+    meta: dict[str, Any] = {}
+    try:
+        meta = await trio.to_thread.run_sync(state_files.read_checkpoint_meta, path)
+    except (OSError, ValueError) as exc:
+        raise DrumsdError(
+            "invalid_request", f"{path}/meta.json is missing or not JSON ({exc})", field="path"
+        ) from None
+    if not isinstance(meta, dict):
+        raise DrumsdError("invalid_request", f"{path}/meta.json must be an object")
+    kind = CheckpointKind(req.kind)
+    now = sup.clock()
+    lease = state_lease(sup.config, kind, None, None)
+    cp = CheckpointRecord(
+        id=new_id("tpl" if kind is CheckpointKind.template else "st"),
+        kind=kind,
+        created_at=now,
+        last_used_at=now,
+        idle_timeout_s=lease.idle_timeout_s,
+        ttl_s=lease.ttl_s,
+        dir=str(path),
+        lower=str(meta.get("lower", "")),
+        image=req.image or meta.get("image"),
+        image_sha256=str(meta.get("image_sha256", "")),
+        upper_sha256=meta.get("upper_sha256"),
+        profile=sup.config.profile,
+        ready=True,
+    )
+    sup._save_checkpoint(cp, "adopted")
+    return cp
+
+
+async def delete_checkpoint(sup: Supervisor, checkpoint_id: str) -> CheckpointRecord:
+    cp = sup.get_checkpoint(checkpoint_id)
+    if cp.kind is CheckpointKind.template:
+        raise DrumsdError(
+            "conflict",
+            f"{cp.id} is the template checkpoint of image {cp.image}; it is rebuilt from the "
+            "image and cannot be deleted by API",
+        )
+    users = sorted(s.id for s in sup.slots.values() if is_live(s) and s.checkpoint == cp.id)
+    if users:
+        raise DrumsdError(
+            "conflict",
+            f"checkpoint {cp.id} is restored by live slots {', '.join(users)}; destroy them first",
+            slots=users,
+        )
+    await delete_checkpoint_record(sup, cp, "api")
+    return cp
+
+
+async def delete_checkpoint_record(sup: Supervisor, cp: CheckpointRecord, reason: str) -> None:
+    sup.checkpoints.pop(cp.id, None)
+    await forget_spares(sup, cp.id)
+    sup.store.delete("checkpoint", cp.id, f"deleted ({reason})", sup.clock())
+    owned = sup.config.state_dir / "checkpoints"
+    if Path(cp.dir).parent == owned:  # never remove a directory we only adopted
+        await sup.store.durable()  # the record goes before its files
+        await trio.to_thread.run_sync(state_files.remove_tree, Path(cp.dir))
+    log.info("checkpoint=%s deleted: %s", cp.id, reason)

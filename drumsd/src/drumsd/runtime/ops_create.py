@@ -1,0 +1,114 @@
+"""create: resolve the source checkpoint, admit, save the record, restore, begin the episode."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+from drums.models import (
+    SlotCreate,
+    TaskInfo,
+)
+
+from drumsd.core.errors import DrumsdError
+from drumsd.core.leases import (
+    slot_lease,
+)
+from drumsd.core.records import (
+    CheckpointKind,
+    CheckpointRecord,
+    SlotRecord,
+)
+from drumsd.core.seams import (
+    SlotHandle,
+)
+from drumsd.runtime.episodes import begin_episode
+from drumsd.runtime.failures import failure_text, runtime_failures
+from drumsd.runtime.handles import new_id
+from drumsd.runtime.ops_checkpoints import resolve_source
+from drumsd.runtime.teardown import destroy_locked, discard
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
+    sup._check_open()
+    cp = resolve_source(sup, req)
+    sup._admit("create", sup.slot_cost_mib())
+    now = sup.clock()
+    lease = slot_lease(sup.config, req.idle_timeout_s, req.ttl_s)
+    rec = SlotRecord(
+        id=new_id("s"),
+        created_at=now,
+        last_used_at=now,
+        idle_timeout_s=lease.idle_timeout_s,
+        ttl_s=lease.ttl_s,
+        checkpoint=cp.id,
+        image=cp.image,
+        profile=sup.config.profile,
+        labels=dict(req.labels),
+        task_id=cp.task_id,
+        task=cp.task,
+    )
+    if cp.kind is not CheckpointKind.template:
+        cp.last_used_at = now
+        sup._save_checkpoint(cp, "used")
+    started = trio.current_time()
+    async with sup._lock(rec.id):
+        sup._save_slot(rec, "created")  # before any work: a crash now is reconciled
+        await sup.store.durable()
+        handle = await restore_new(sup, rec, cp)
+        await begin_episode(sup, rec, handle, "ready")
+        sup._observe("create", rec.id, trio.current_time() - started)
+        if req.task is not None:
+            await load_task_locked(sup, rec, handle, req.task, destroy_on_error=True)
+    return rec
+
+
+async def restore_new(sup: Supervisor, rec: SlotRecord, cp: CheckpointRecord) -> SlotHandle:
+    cost = sup.slot_cost_mib()
+    sup._pending_mib += cost
+    try:
+        with runtime_failures(sup.metrics, what=f"restore of slot {rec.id}", slot_id=rec.id):
+            try:
+                return await sup.runtime.restore(rec.id, sup._ref(cp), sup._limits())
+            except BaseException as exc:
+                with trio.CancelScope(shield=True):
+                    await discard(sup, rec, failure_text(exc, "create was cancelled"))
+                raise
+    finally:
+        sup._pending_mib -= cost
+
+
+async def load_task_locked(
+    sup: Supervisor,
+    rec: SlotRecord,
+    handle: SlotHandle,
+    task: str | dict[str, Any],
+    *,
+    destroy_on_error: bool = False,
+) -> TaskInfo:
+    started = trio.current_time()
+    try:
+        info, task_json = await sup.tasks.load(rec, handle, task)
+    except BaseException as exc:
+        # Whatever the error (a bug in a setup step included), a slot made for this create
+        # must not outlive it: the caller never learns its id (issue 14, finding 3).
+        if destroy_on_error:
+            with trio.CancelScope(shield=True):
+                await destroy_locked(sup, rec, "task setup failed", rejected=True)
+        if isinstance(exc, Exception) and not isinstance(exc, DrumsdError):
+            log.exception("slot=%s task setup raised %r", rec.id, exc)
+            raise DrumsdError(
+                "setup_failed", f"task setup failed on slot {rec.id}: {exc!r}", slot=rec.id
+            ) from exc
+        raise
+    rec.task_id = info.id
+    rec.task = task_json
+    sup._save_slot(rec, "task_loaded")
+    sup._observe("task_setup", rec.id, trio.current_time() - started)
+    return info

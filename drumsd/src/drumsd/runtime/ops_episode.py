@@ -1,0 +1,310 @@
+"""Inside an episode: step, screenshot, quiescent, task loading, verify, quarantine/release, the
+gate report and per-slot metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+from drums.models import (
+    QuiescentRequest,
+    StepRequest,
+    VerifyRequest,
+    VerifyResult,
+)
+
+from drumsd.core import gates as G
+from drumsd.core.errors import DrumsdError
+from drumsd.core.records import (
+    SlotRecord,
+    SlotStatus,
+    check_can_observe,
+    check_can_quarantine,
+    check_can_release,
+    check_can_step,
+    check_can_verify,
+)
+from drumsd.core.seams import (
+    SlotHandle,
+)
+from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_ACTIONS
+from drumsd.runtime.episodes import quarantine_slot, read_facts
+from drumsd.runtime.failures import runtime_failures
+from drumsd.runtime.ops_create import load_task_locked
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
+    sup._check_open()
+    sup.get_slot(slot_id)
+    action = action_dict(sup, req)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_step(rec)
+        handle = sup._handle(rec)
+        started = trio.current_time()
+        kind = action["type"]
+        output = None
+        if kind in TERMINAL_ACTIONS:
+            rec.terminal = kind
+        elif kind == "wait":
+            await trio.sleep(float(action["seconds"]))
+        else:
+            timeout = float(action.get("timeout") or sup.config.step_timeout_s)
+            with runtime_failures(
+                sup.metrics,
+                what=f"step on slot {slot_id}",
+                slot_id=slot_id,
+                timeout_s=timeout,
+                timeout_metric="step_timeout",
+            ):
+                with trio.fail_after(timeout + 5):  # the guest enforces `timeout`; 5 s margin
+                    outcome = await sup.runtime.step(handle, action)
+            if outcome.output is not None:
+                output = dataclasses.asdict(outcome.output)
+        rec.actions += 1
+        rec.last_action = kind
+        if kind in TERMINAL_ACTIONS:
+            sup._save_slot(rec, f"terminal_{kind}", file=False)
+        else:
+            sup._dirty.add(rec.id)
+        elapsed = trio.current_time() - started
+        sup._observe("step", slot_id, elapsed)
+        png = None
+        if req.screenshot:
+            png = await screenshot_locked(sup, rec, handle)
+        return {
+            "slot": slot_id,
+            "episode": rec.episode,
+            "action_type": kind,
+            "elapsed_s": elapsed,
+            "actions": rec.actions,
+            "terminal": rec.terminal if kind in TERMINAL_ACTIONS else None,
+            "output": output,
+            "screenshot_png": png,
+        }
+
+
+def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
+    if isinstance(req.action, str):
+        if not req.action.strip():
+            raise DrumsdError("invalid_request", "action: empty pyautogui code", field="action")
+        return {"type": "pyautogui", "code": req.action}
+    action = req.action.model_dump(exclude_none=True)
+    # The wire says timeout_s, like every API duration; the guest protocol says timeout.
+    if "timeout_s" in action:
+        action["timeout"] = action.pop("timeout_s")
+    missing = [f for f in ACTION_REQUIRES.get(action["type"], ()) if f not in action]
+    if action["type"] in POINTER_ACTIONS and (("x" in action) != ("y" in action)):
+        missing.append("x and y together")
+    if missing:
+        raise DrumsdError(
+            "invalid_request",
+            f"action {action['type']!r} needs {', '.join(missing)}",
+            field="action",
+            missing=missing,
+        )
+    return action
+
+
+async def screenshot(sup: Supervisor, slot_id: str) -> bytes:
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_observe(rec)
+        return await screenshot_locked(sup, rec, sup._handle(rec))
+
+
+async def screenshot_locked(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) -> bytes:
+    started = trio.current_time()
+    with runtime_failures(sup.metrics, what=f"screenshot of slot {rec.id}", slot_id=rec.id):
+        png = await sup.runtime.screenshot(handle)
+    sup._observe("screenshot", rec.id, trio.current_time() - started)
+    sup.last_screenshot[rec.id] = png
+    return png
+
+
+async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
+    sup.get_slot(slot_id)
+    q = sup.config.quiesce
+    window = req.window_s or q.window_s
+    timeout = req.timeout_s or q.timeout_s
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_step(rec)
+        started = trio.current_time()
+        with runtime_failures(sup.metrics, what=f"quiescent on slot {slot_id}", slot_id=slot_id):
+            # Not quiet within the window is an answer (false), not an error.
+            quiet = False
+            with trio.move_on_after(timeout + 10):
+                quiet = await sup.runtime.quiescent(sup._handle(rec), window, timeout, q.poll_ms)
+        return {"slot": slot_id, "quiescent": quiet, "waited_s": trio.current_time() - started}
+
+
+async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
+    sup._check_open()
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_step(rec)
+        started = trio.current_time()
+        info = await load_task_locked(sup, rec, sup._handle(rec), task)
+        return {"slot": slot_id, "task": info, "setup_s": trio.current_time() - started}
+
+
+# How long verify waits, past alive_after_s, for the gate judge to read facts under load.
+GATE_JUDGE_S = 5.0
+
+
+async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyResult:
+    sup._check_open()
+    sup.get_slot(slot_id)
+    per_run = req.timeout_s or sup.config.tasks.eval_timeout_s
+    # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
+    # judged rather than calling the episode invalid; outside the lock, which the judge takes.
+    await wait_gates_judged(sup, slot_id, budget_s=per_run)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        await sup.refresh_gates(rec)
+        if rec.status is SlotStatus.quarantined:
+            statuses = sup.gate_statuses(rec)
+            raise DrumsdError(
+                "quarantined",
+                f"slot {slot_id} is quarantined ({rec.quarantine_reason}): no reward for "
+                "this episode; release and reset it, or destroy it",
+                slot=slot_id,
+                reason=rec.quarantine_reason,
+                failed_gates=G.failed_gates(statuses),
+                verdict="quarantined",
+            )
+        check_can_verify(rec)
+        handle = sup._handle(rec)
+        # One checker run is bounded by timeout_s (or eval_timeout_s); verify runs it twice
+        # plus the redundant checker, so the whole call gets three runs and a margin.
+        timeout = per_run * 3 + 30
+        started = trio.current_time()
+        with runtime_failures(
+            sup.metrics,
+            what=f"verify of slot {slot_id}",
+            slot_id=slot_id,
+            timeout_s=timeout,
+            timeout_metric="verify_timeout",
+        ):
+            with trio.fail_after(timeout):
+                result = await sup.verifier.verify(rec, handle)
+        sup._observe("verify", slot_id, trio.current_time() - started)
+        return judge_verify(sup, rec, result)
+
+
+async def wait_gates_judged(sup: Supervisor, slot_id: str, *, budget_s: float) -> None:
+    """Until no gate of the slot's episode is pending, bounded by what is left of
+    alive_after_s (plus the time its judge takes to read facts) and by `budget_s`."""
+    rec = sup.slots.get(slot_id)
+    if rec is None or rec.status is not SlotStatus.ready or rec.episode_started_at is None:
+        return
+    episode_id = rec.episode_id
+    left = sup.config.alive_after_s - (sup.clock() - rec.episode_started_at)
+    with trio.move_on_after(min(max(left, 0.0) + GATE_JUDGE_S, budget_s)):
+        while True:
+            rec = sup.slots.get(slot_id)
+            if rec is None or rec.episode_id != episode_id:
+                return
+            statuses = sup.gate_statuses(rec)
+            if all(statuses.get(n, G.PENDING) != G.PENDING for n in G.GATES):
+                return
+            await trio.sleep(0.1)
+
+
+def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> VerifyResult:
+    statuses = sup.gate_statuses(rec)
+    valid_state = G.episode_valid(statuses)
+    verdict = G.verdict(statuses, rec.status is SlotStatus.quarantined)
+    failed = G.failed_gates(statuses)
+    reasons = [f"gate {name} failed" for name in failed]
+    if valid_state is None:
+        pending = [n for n in G.GATES if statuses.get(n, G.PENDING) == G.PENDING]
+        reasons.append(f"gates pending: {', '.join(pending)}")
+    # scope_unchecked means "not looked at", not "wrong": it leaves trust unknown (null), as
+    # does a pending gate; any other flag, an error or no score makes it false.
+    bad_flags = [f for f in result.audit.flags if f != "scope_unchecked"]
+    trusted: bool | None
+    if valid_state is False or bad_flags:
+        trusted = False
+    elif result.score is None or result.checker_error is not None:
+        trusted = False
+    elif valid_state is None or "scope_unchecked" in result.audit.flags:
+        trusted = None
+    else:
+        trusted = True
+    if result.checker_error:
+        sup.metrics.failure("checker_error")
+    if valid_state and result.score is not None and result.checker_error is None:
+        sup.metrics.reward_verified()
+    return result.model_copy(
+        update={
+            "slot": rec.id,
+            "episode": rec.episode,
+            "valid": bool(valid_state),
+            "verdict": verdict,
+            "failed_gates": failed,
+            "invalid_reasons": reasons + list(result.invalid_reasons),
+            "trusted": trusted,
+            "last_action": rec.last_action,
+            "actions": rec.actions,
+        }
+    )
+
+
+async def quarantine(sup: Supervisor, slot_id: str, reason: str) -> SlotRecord:
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_quarantine(rec)
+        if rec.status is SlotStatus.quarantined:
+            return rec
+        quarantine_slot(sup, rec, f"by request: {reason}")
+        return rec
+
+
+async def release(sup: Supervisor, slot_id: str) -> SlotRecord:
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_release(rec)
+        # The episode stays invalid (its not_quarantined gate failed); a reset starts a
+        # clean one.
+        rec.status = SlotStatus.ready
+        rec.quarantine_reason = None
+        sup._save_slot(rec, "released")
+        return rec
+
+
+async def gate_report(sup: Supervisor, slot_id: str) -> SlotRecord:
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        await sup.refresh_gates(rec)
+        return rec
+
+
+async def slot_metrics(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+    rec = sup.get_slot(slot_id)
+    out: dict[str, Any] = {
+        "slot": slot_id,
+        "episode": rec.episode,
+        "actions": rec.actions,
+        "latencies": {op: h.summary() for op, h in sup.slot_latency.get(slot_id, {}).items()},
+    }
+    if rec.handle is not None and rec.status in (SlotStatus.ready, SlotStatus.quarantined):
+        facts = await read_facts(sup, rec, sup._handle(rec))
+        if facts is not None:
+            out["pids"] = len(facts["pids"])
+            out["memory_mib"] = facts["extra"].get("memory_mib")
+            out["cpu_s"] = facts["extra"].get("cpu_s")
+    return out

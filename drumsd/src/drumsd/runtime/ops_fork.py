@@ -1,0 +1,239 @@
+"""capture (a saved state), prefork (a state to branch from) and branch (N children at once)."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+from drums.models import (
+    BranchRequest,
+    CaptureRequest,
+    PreforkRequest,
+)
+
+from drumsd.core.errors import DrumsdError
+from drumsd.core.leases import (
+    prefork_reusable,
+    slot_lease,
+    state_lease,
+)
+from drumsd.core.records import (
+    CheckpointKind,
+    CheckpointRecord,
+    SlotRecord,
+    SlotStatus,
+    check_can_capture,
+    check_can_fork,
+)
+from drumsd.core.seams import (
+    SlotHandle,
+)
+from drumsd.linux import state_files
+from drumsd.runtime.episodes import begin_episode
+from drumsd.runtime.failures import failure_text, runtime_failures
+from drumsd.runtime.handles import new_id
+from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
+from drumsd.runtime.services.spares import enable_spares
+from drumsd.runtime.teardown import discard
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
+    sup._check_open()
+    sup.get_slot(slot_id)
+    sup._check_state_space("capture")
+    sup._admit("capture", sup.config.admission.capture_mib)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_capture(rec)
+        lease = state_lease(sup.config, CheckpointKind.saved, req.idle_timeout_s, req.ttl_s)
+        cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
+        return cp
+
+
+async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
+    sup._check_open()
+    rec = sup.get_slot(slot_id)
+    reusable = reusable_prefork(sup, rec)
+    if reusable is not None:
+        return reusable
+    sup._check_state_space("prefork")
+    sup._admit("prefork", sup.config.admission.capture_mib)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_capture(rec)
+        reusable = reusable_prefork(sup, rec)
+        if reusable is not None:
+            return reusable
+        lease = state_lease(sup.config, CheckpointKind.prefork, req.idle_timeout_s, None)
+        return await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
+
+
+def reusable_prefork(sup: Supervisor, rec: SlotRecord) -> CheckpointRecord | None:
+    now = sup.clock()
+    found = [
+        cp
+        for cp in sup.checkpoints.values()
+        if prefork_reusable(cp, rec, now, sup.config.prefork_max_age_s)
+    ]
+    return max(found, key=lambda c: c.created_at) if found else None
+
+
+async def dump(
+    sup: Supervisor,
+    rec: SlotRecord,
+    kind: CheckpointKind,
+    idle_timeout_s: float | None,
+    ttl_s: float | None,
+) -> CheckpointRecord:
+    handle = sup._handle(rec)
+    now = sup.clock()
+    prefix = {"saved": "st", "prefork": "pf", "template": "tpl"}[kind.value]
+    cp_id = new_id(prefix)
+    dest = sup.config.state_dir / "checkpoints" / cp_id
+    source = sup.checkpoints.get(rec.checkpoint)
+    cp = CheckpointRecord(
+        id=cp_id,
+        kind=kind,
+        created_at=now,
+        last_used_at=now,
+        idle_timeout_s=idle_timeout_s,
+        ttl_s=ttl_s,
+        dir=str(dest),
+        lower=source.lower if source else "",
+        image=rec.image,
+        image_sha256=source.image_sha256 if source else "",
+        source_slot=rec.id,
+        source_episode=rec.episode,
+        source_actions=rec.actions,
+        task_id=rec.task_id,
+        task=rec.task,
+        profile=rec.profile,
+    )
+    sup._save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
+    await sup.store.durable()
+    rec.status = SlotStatus.busy
+    started = trio.current_time()
+    sup._pending_mib += sup.config.admission.capture_mib
+    try:
+        with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
+            try:
+                ref = await sup.runtime.capture(handle, cp_id, dest)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    rec.status = SlotStatus.ready
+                    await delete_checkpoint_record(sup, cp, "dump failed")
+                raise
+    finally:
+        sup._pending_mib -= sup.config.admission.capture_mib
+        if rec.status is SlotStatus.busy:
+            rec.status = SlotStatus.ready
+    cp.upper_sha256 = ref.upper_sha256
+    cp.image_sha256 = ref.image_sha256 or cp.image_sha256
+    cp.lower = str(ref.lower)
+    cp.size_mib = await trio.to_thread.run_sync(state_files.dir_size_mib, dest)
+    cp.ready = True
+    sup._save_checkpoint(cp, "ready")
+    if kind is CheckpointKind.prefork:
+        enable_spares(sup, cp)  # a prefork is captured to be branched: make that a thaw
+    sup._observe(
+        "capture" if kind is CheckpointKind.saved else "prefork",
+        rec.id,
+        trio.current_time() - started,
+    )
+    return cp
+
+
+async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str, Any]:
+    sup._check_open()
+    rec = sup.get_slot(slot_id)
+    started = trio.current_time()
+    source = None
+    if req.prefork is not None:
+        source = sup.get_checkpoint(req.prefork)
+        if source.kind is CheckpointKind.template or not source.ready:
+            raise DrumsdError(
+                "invalid_request",
+                f"checkpoint {source.id} is a {source.kind.value}, not a ready prefork or "
+                "saved state of this slot",
+                field="prefork",
+            )
+    else:
+        source = reusable_prefork(sup, rec)
+    children_cost = sup.slot_cost_mib() * req.n
+    cost = children_cost
+    if source is None:
+        cost += sup.config.admission.capture_mib
+        sup._check_state_space("branch")
+    sup._admit("branch", cost)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_fork(rec)
+        if source is None:
+            source = reusable_prefork(sup, rec)
+        if source is None:
+            lease = state_lease(sup.config, CheckpointKind.prefork, None, None)
+            source = await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
+        now = sup.clock()
+        lease = slot_lease(sup.config, req.idle_timeout_s, req.ttl_s)
+        children = []
+        for _ in range(req.n):
+            child = SlotRecord(
+                id=new_id("s"),
+                created_at=now,
+                last_used_at=now,
+                idle_timeout_s=lease.idle_timeout_s,
+                ttl_s=lease.ttl_s,
+                checkpoint=source.id,
+                image=rec.image,
+                parent=rec.id,
+                profile=rec.profile,
+                labels=dict(rec.labels),
+                task_id=rec.task_id,
+                task=rec.task,
+            )
+            sup._save_slot(child, "created")
+            children.append(child)
+        source.last_used_at = now
+        sup._save_checkpoint(source, "used")
+        await sup.store.durable()  # the children's records before their restores
+        sup._pending_mib += children_cost
+        try:
+            with runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id):
+                try:
+                    handles = await sup.runtime.branch(
+                        sup._handle(rec), sup._ref(source), [c.id for c in children], sup._limits()
+                    )
+                except BaseException as exc:
+                    with trio.CancelScope(shield=True):
+                        why = failure_text(exc, "branch was cancelled")
+                        for child in children:
+                            await discard(sup, child, why)
+                    raise
+        finally:
+            sup._pending_mib -= children_cost
+    # The children start their episodes at once: each start reads its gate evidence (a hash
+    # of its whole upper), and one after another the last child's episode began seconds
+    # after its desktop was restored and running.
+    async with trio.open_nursery() as nursery:
+        for child, handle in zip(children, handles, strict=True):
+            nursery.start_soon(partial(begin_child_episode, sup), child, handle)
+    elapsed = trio.current_time() - started
+    sup._observe("fork", slot_id, elapsed)
+    return {
+        "parent": slot_id,
+        "children": children,
+        "checkpoint": source.id,
+        "elapsed_s": elapsed,
+    }
+
+
+async def begin_child_episode(sup: Supervisor, child: SlotRecord, handle: SlotHandle) -> None:
+    async with sup._lock(child.id):
+        await begin_episode(sup, child, handle, "ready")

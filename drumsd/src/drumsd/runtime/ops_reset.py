@@ -1,0 +1,65 @@
+"""reset (the same slot, a fresh restore of its checkpoint) and destroy (idempotent, archived)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from drumsd.core.records import (
+    SlotRecord,
+    SlotStatus,
+    check_can_reset,
+    check_is_known,
+)
+from drumsd.runtime.episodes import begin_episode, finish_episode
+from drumsd.runtime.failures import failure_text, runtime_failures
+from drumsd.runtime.ops_create import load_task_locked
+from drumsd.runtime.teardown import destroy_locked
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
+    sup._check_open()
+    rec = sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_reset(rec)
+        cp = sup.get_checkpoint(rec.checkpoint)
+        old = sup._handle(rec)
+        finish_episode(sup, rec)
+        # Busy in memory only: after a crash mid-reset the journal still names the old tree,
+        # which adopt() finds gone, so the slot is marked down and cleaned.
+        rec.status = SlotStatus.busy
+        started = trio.current_time()
+        with runtime_failures(sup.metrics, what=f"reset of slot {slot_id}", slot_id=slot_id):
+            try:
+                handle = await sup.runtime.reset(old, sup._ref(cp), sup._limits())
+            except BaseException as exc:
+                rec.status = SlotStatus.failed
+                rec.failure = f"reset: {failure_text(exc, 'cancelled midway')}"
+                sup._save_slot(rec, "failed")
+                raise
+        await begin_episode(sup, rec, handle, "reset", file=False)
+        sup._observe("reset", slot_id, trio.current_time() - started)
+        if rec.task is not None and rec.status is SlotStatus.ready:
+            await load_task_locked(sup, rec, handle, rec.task)
+    return rec
+
+
+async def destroy(sup: Supervisor, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
+    """Idempotent: (record, already_destroyed)."""
+    rec = check_is_known(sup.slots.get(slot_id), slot_id)
+    if rec.status is SlotStatus.destroyed:
+        return rec, True
+    with trio.CancelScope(shield=True):  # a half-done destroy would leak a desktop
+        async with sup._lock(slot_id):
+            if rec.status is SlotStatus.destroyed:
+                return rec, True
+            await destroy_locked(sup, rec, reason)
+    return rec, False

@@ -1,0 +1,172 @@
+"""Warm spares: which checkpoints keep frozen restores, how many (sized from the claim rate), and
+what claims looked like. Only for a runtime that implements SpareControl."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from drumsd.core.admission import (
+    decide,
+)
+from drumsd.core.records import (
+    CheckpointRecord,
+)
+from drumsd.core.seams import (
+    KsmControl,
+    RuntimeError_,
+    SlotHandle,
+    SpareControl,
+)
+from drumsd.core.spare_pool import PoolStats, share_host, spare_target
+from drumsd.runtime.services import guarded_loop
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+def spares_on(sup: Supervisor) -> bool:
+    return sup.config.spares.enabled and isinstance(sup.runtime, SpareControl)
+
+
+def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
+    """Keep frozen restores of `cp` ready so create/reset/branch from it are a thaw."""
+    if not spares_on(sup) or not cp.ready:
+        return
+    assert isinstance(sup.runtime, SpareControl)
+    sup.runtime.enable_spares(sup._ref(cp), sup._limits())
+    sup._pool_since.setdefault(cp.id, trio.current_time())
+    sup.pool_stats.setdefault(cp.id, PoolStats())
+    log.info("checkpoint=%s warm spares enabled", cp.id)
+
+
+async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
+    """A deleted or replaced checkpoint: its spares and cached image copies go."""
+    sup._pool_since.pop(checkpoint_id, None)
+    sup._pool_targets.pop(checkpoint_id, None)
+    sup.pool_stats.pop(checkpoint_id, None)
+    if not isinstance(sup.runtime, SpareControl):
+        return
+    with trio.CancelScope(shield=True):
+        try:
+            await sup.runtime.forget_checkpoint(checkpoint_id)
+        except RuntimeError_ as exc:
+            log.error("checkpoint=%s dropping spares failed: %s", checkpoint_id, exc.message)
+
+
+def note_claim(sup: Supervisor, checkpoint_id: str, handle: SlotHandle) -> None:
+    """A create/reset/branch child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
+    stats = sup.pool_stats.get(checkpoint_id)
+    if stats is None:
+        return
+    spare = bool(handle.extra.get("spare"))
+    stats.record(trio.current_time(), spare, handle.restore_s)
+    sup.metrics.observe("spare_claim" if spare else "spare_miss_restore", handle.restore_s)
+    sup.metrics.count("spare_hits" if spare else "spare_misses")
+
+
+def refill_allowed(sup: Supervisor) -> bool:
+    """A refill is a new desktop: only when admission would admit a create right now."""
+    if sup.draining:
+        return False
+    return decide(
+        sup.sample,
+        sup.config.admission,
+        sup.slot_cost_mib(),
+        pending_mib=sup._pending_mib,
+    ).admit
+
+
+def size_pools(sup: Supervisor) -> dict[str, int]:
+    """Targets from each pool's claim rate and restore time, fitted into spares.per_host."""
+    now = trio.current_time()
+    wanted = {
+        cid: spare_target(
+            sup.pool_stats[cid].claims_per_s(now, since),
+            sup.pool_stats[cid].typical_restore_s(),
+            sup.config.spares.per_checkpoint,
+        )
+        for cid, since in sup._pool_since.items()
+        if cid in sup.pool_stats
+    }
+    targets = share_host(wanted, sup.config.spares.per_host)
+    if isinstance(sup.runtime, SpareControl):
+        for cid, n in targets.items():
+            sup.runtime.set_spare_target(cid, n)
+    sup._pool_targets = targets
+    return targets
+
+
+async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+    """Pool targets follow the observed claim rate (only when the runtime keeps spares)."""
+    assert isinstance(sup.runtime, SpareControl)
+    sup.runtime.refill_allowed = partial(refill_allowed, sup)
+
+    async def iteration() -> None:
+        sup.size_pools()
+
+    await guarded_loop(
+        sup,
+        "spares",
+        iteration,
+        sup.config.spares.sizing_interval_s,
+        sleep_first=False,
+        task_status=task_status,
+    )
+
+
+def pools_state(sup: Supervisor) -> dict[str, Any]:
+    """Per pooled checkpoint: spares parked now, target, hits, misses, claim latency."""
+    counts: dict[str, int] = (
+        dict(sup.runtime.spare_counts()) if isinstance(sup.runtime, SpareControl) else {}
+    )
+    return {
+        "enabled": spares_on(sup),
+        "per_checkpoint": sup.config.spares.per_checkpoint,
+        "per_host": sup.config.spares.per_host,
+        "max_age_s": sup.config.spares.max_age_s,
+        "refill_allowed": refill_allowed(sup) if spares_on(sup) else False,
+        "parked": sum(counts.values()),
+        "checkpoints": {
+            cid: {
+                "size": counts.get(cid, 0),
+                "target": sup._pool_targets.get(cid),
+                **stats.summary(),
+            }
+            for cid, stats in sup.pool_stats.items()
+        },
+    }
+
+
+def pool_gauges(sup: Supervisor) -> list[tuple[str, str, dict[str, str], float]]:
+    """Prometheus gauges of the pools and KSM (for the /metrics route's `gauges`)."""
+    out: list[tuple[str, str, dict[str, str], float]] = []
+    for cid, p in sup.pools_state()["checkpoints"].items():
+        labels = {"checkpoint": cid}
+        out.append(("drums_spares", "Warm spares parked per checkpoint.", labels, p["size"]))
+        if p["target"] is not None:
+            out.append(
+                (
+                    "drums_spares_target",
+                    "Warm spare target per checkpoint.",
+                    labels,
+                    p["target"],
+                )
+            )
+        out.append(("drums_spare_hits", "Claims served by a warm spare.", labels, p["hits"]))
+        out.append(
+            ("drums_spare_misses", "Claims that fell back to a restore.", labels, p["misses"])
+        )
+    if isinstance(sup.runtime, KsmControl):
+        try:
+            saved = float(dict(sup.runtime.ksm_stats()).get("saved_bytes", 0))
+        except Exception:  # optional figures must never break /metrics
+            saved = None
+        if saved is not None:
+            out.append(("drums_ksm_saved_bytes", "Memory KSM saves now.", {}, saved))
+    return out

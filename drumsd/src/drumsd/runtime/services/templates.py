@@ -1,0 +1,174 @@
+"""Reconcile after a (re)start, and the template checkpoints built from the desktop images."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from drumsd.core import gates as G
+from drumsd.core.records import (
+    CheckpointKind,
+    CheckpointRecord,
+    SlotStatus,
+    is_live,
+)
+from drumsd.core.seams import (
+    RuntimeError_,
+)
+from drumsd.linux import state_files
+from drumsd.runtime.episodes import finish_episode, judge_alive_after, track, watch_exit
+from drumsd.runtime.failures import bounded_cleanup
+from drumsd.runtime.handles import handle_from_json
+from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
+from drumsd.runtime.services.spares import enable_spares
+from drumsd.runtime.store import snapshot_of
+from drumsd.runtime.teardown import archive
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
+    """After a (re)start: adopt live slots, mark dead ones down and clean them, drop unfinished
+    checkpoints, sweep what no record owns, compact the journal."""
+    state = await sup.store.load()
+    sup.slots, sup.checkpoints = state.slots, state.checkpoints
+    report: dict[str, list[str]] = {"adopted": [], "down": [], "swept": [], "dropped": []}
+    for cp in list(sup.checkpoints.values()):
+        exists = await trio.to_thread.run_sync(Path(cp.dir).exists)
+        if not cp.ready or not exists:
+            await delete_checkpoint_record(sup, cp, "unfinished or missing after restart")
+            report["dropped"].append(cp.id)
+    for rec in list(sup.slots.values()):
+        if rec.status is SlotStatus.destroyed:
+            continue
+        if rec.status is SlotStatus.failed:
+            # Already down: make sure nothing of it remains (destroy is idempotent).
+            await bounded_cleanup(
+                sup._nursery,
+                "cleanup",
+                rec.id,
+                sup.config.cleanup_timeout_s,
+                sup.runtime.destroy,
+                rec.id,
+            )
+            continue
+        alive = False
+        if rec.handle is not None:
+            try:
+                alive = await sup.runtime.adopt(handle_from_json(rec.handle))
+            except RuntimeError_ as exc:
+                log.warning("slot=%s adopt failed: %s", rec.id, exc.message)
+        if alive:
+            if rec.status in (SlotStatus.busy, SlotStatus.creating):
+                rec.status = SlotStatus.ready
+            sup._save_slot(rec, "adopted")
+            report["adopted"].append(rec.id)
+            handle = handle_from_json(rec.handle or {})
+            track(sup, rec.id, handle)
+            sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
+            if sup.gate_statuses(rec).get("alive_after_resume") == G.PENDING:
+                sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)
+            continue
+        await bounded_cleanup(
+            sup._nursery,
+            "cleanup",
+            rec.id,
+            sup.config.cleanup_timeout_s,
+            sup.runtime.destroy,
+            rec.id,
+        )
+        was = rec.status.value
+        rec.failure = rec.failure or f"down after daemon restart (was {was})"
+        if rec.status is SlotStatus.creating:
+            rec.status = SlotStatus.destroyed
+            rec.destroyed_at = sup.clock()
+            sup._save_slot(rec, "rejected (daemon stopped during create)")
+            await archive(sup, rec)
+        else:
+            finish_episode(sup, rec)
+            rec.status = SlotStatus.failed
+            sup._save_slot(rec, "down")
+        report["down"].append(rec.id)
+    live = [r.id for r in sup.slots.values() if is_live(r)]
+    try:
+        report["swept"] = list(await sup.runtime.sweep(live))
+    except RuntimeError_ as exc:
+        log.error("sweep failed: %s", exc.message)
+    await sup.store.compact(partial(snapshot_of, sup))
+    sup.reconciled = report
+    log.info("reconciled: %s", {k: len(v) for k, v in report.items()})
+    return report
+
+
+async def start_template_builds(sup: Supervisor) -> None:
+    image = await default_image(sup)
+    if image is None:
+        name = sup.config.default_image
+        sup.template_status[name] = (
+            f"no image: set lower and image_sha256, or build one with `drumsd image build "
+            f"--profile {name}` into {sup.config.images_dir}"
+        )
+        return
+    name, root, sha = image
+    if sup.config.image_sha256 and sha != sup.config.image_sha256:
+        sup.template_status[name] = (
+            f"refused: image {root} has sha256 {sha}, config image_sha256 is "
+            f"{sup.config.image_sha256}; rebuild the image or update the config"
+        )
+        log.error("image=%s %s", name, sup.template_status[name])
+        return
+    cp_id = f"tpl-{name}-{sha[:12]}"
+    existing = sup.checkpoints.get(cp_id)
+    if existing is not None and existing.ready:
+        sup.template_status[name] = "ready"
+        enable_spares(sup, existing)
+        return
+    sup.template_status[name] = "building"
+    sup._spawn(build_template, sup, name, root, sha, cp_id)
+
+
+async def default_image(sup: Supervisor) -> tuple[str, Path, str] | None:
+    name = sup.config.default_image
+    if sup.config.lower is not None:
+        return name, sup.config.lower, sup.config.image_sha256 or ""
+    found = await trio.to_thread.run_sync(state_files.find_image, sup.config.images_dir, name)
+    if found is None:
+        return None
+    root, sha = found
+    return name, root, sha
+
+
+async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id: str) -> None:
+    dest = sup.config.state_dir / "templates" / cp_id
+    now = sup.clock()
+    log.info("image=%s building template checkpoint %s from %s", name, cp_id, root)
+    try:
+        ref = await sup.runtime.make_template(root, sha, cp_id, dest)
+    except RuntimeError_ as exc:
+        sup.template_status[name] = f"error: {exc.code}: {exc.message}"
+        sup.metrics.failure("template")
+        log.error("image=%s template build failed: %s", name, exc.message)
+        return
+    cp = CheckpointRecord(
+        id=cp_id,
+        kind=CheckpointKind.template,
+        created_at=now,
+        last_used_at=now,
+        dir=str(ref.dir),
+        lower=str(ref.lower),
+        image=name,
+        image_sha256=ref.image_sha256 or sha,
+        upper_sha256=ref.upper_sha256,
+        profile=ref.profile,
+        ready=True,
+    )
+    sup._save_checkpoint(cp, "template_ready")
+    sup.template_status[name] = "ready"
+    enable_spares(sup, cp)

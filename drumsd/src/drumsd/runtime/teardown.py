@@ -1,0 +1,97 @@
+"""Teardown shared by the operations: destroy a slot's tree with a deadline, archive its record."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from drumsd.core.records import (
+    CheckpointKind,
+    SlotRecord,
+    SlotStatus,
+)
+from drumsd.core.retention import keep_kind
+from drumsd.runtime.episodes import finish_episode, untrack
+from drumsd.runtime.failures import bounded_cleanup
+from drumsd.runtime.forgotten import write_forgotten
+from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
+
+if TYPE_CHECKING:
+    from drumsd.runtime.supervisor import Supervisor
+
+log = logging.getLogger("drumsd.supervisor")
+
+
+async def discard(sup: Supervisor, rec: SlotRecord, failure: str) -> None:
+    """A slot that never became ready: clean the runtime side, keep a full archive."""
+    rec.failure = failure
+    await bounded_cleanup(
+        sup._nursery,
+        "cleanup after failure",
+        rec.id,
+        sup.config.cleanup_timeout_s,
+        sup.runtime.destroy,
+        rec.id,
+    )
+    untrack(sup, rec.id)
+    rec.status = SlotStatus.destroyed
+    rec.destroyed_at = sup.clock()
+    sup._save_slot(rec, "rejected")
+    await archive(sup, rec)
+
+
+async def destroy_locked(
+    sup: Supervisor, rec: SlotRecord, reason: str, rejected: bool = False
+) -> None:
+    if rec.status is not SlotStatus.failed:
+        finish_episode(sup, rec)
+    if rejected:
+        rec.failure = rec.failure or reason
+    await bounded_cleanup(
+        sup._nursery, "destroy", rec.id, sup.config.cleanup_timeout_s, sup.runtime.destroy, rec.id
+    )
+    untrack(sup, rec.id)
+    rec.status = SlotStatus.destroyed
+    rec.destroyed_at = sup.clock()
+    sup._save_slot(rec, f"destroyed ({reason})")
+    await archive(sup, rec)
+    sup.last_screenshot.pop(rec.id, None)
+    sup.slot_latency.pop(rec.id, None)
+    sup._charged_mib.pop(rec.id, None)
+    sup._dirty.discard(rec.id)
+    # Preforks of this slot are no use to anyone once no child restores from them.
+    referenced = referenced_checkpoints(sup)
+    for cp in list(sup.checkpoints.values()):
+        if (
+            cp.kind is CheckpointKind.prefork
+            and cp.source_slot == rec.id
+            and cp.id not in referenced
+        ):
+            await delete_checkpoint_record(sup, cp, "source slot destroyed")
+
+
+async def archive(sup: Supervisor, rec: SlotRecord) -> None:
+    kind = keep_kind(rec, sup.config.retention.mode)
+    record = rec.model_dump(mode="json")
+    gate_report = {
+        "episode": rec.episode,
+        "gates": [g.model_dump(mode="json") for g in rec.gates],
+    }
+    screenshot = sup.last_screenshot.get(rec.id)
+    logs = [str(p) for p in (rec.handle or {}).get("extra", {}).get("log_files", [])]
+    events = await sup.store.events_of(rec.id)
+    try:
+        await trio.to_thread.run_sync(
+            write_forgotten,
+            sup.config.forgotten_dir,
+            kind,
+            record,
+            events,
+            gate_report,
+            screenshot,
+            logs,
+        )
+    except (OSError, RuntimeError) as exc:
+        log.error("slot=%s could not write its archive to forgotten_dir: %s", rec.id, exc)

@@ -1,0 +1,121 @@
+"""Host-wide claims of daemons side by side (issue 14 findings 4, 5 and 12's KSM part): uid
+ranges never overlap, KSM knobs come back only when the last daemon leaves, dirs lock once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from drumsd.linux.host_share import ClaimError, KsmShare, UidRanges, bind_listener, hold_dir
+
+
+def test_two_daemons_never_share_a_uid_range(tmp_path: Path) -> None:
+    root = tmp_path / "claims"
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    a, b = UidRanges(a_dir, root), UidRanges(b_dir, root)
+    a_held: set[int] = set()
+    b_held: set[int] = set()
+    for _ in range(3):
+        a_held.add(a.claim_lowest(a_held))
+        b_held.add(b.claim_lowest(b_held))
+    assert a_held.isdisjoint(b_held)
+    assert a_held | b_held == set(range(6))
+    # A release frees the range for anyone; b cannot release a's claim.
+    b.release(0)
+    assert root.joinpath("0").exists()
+    a.release(0)
+    assert b.claim_lowest(b_held) == 0
+
+
+def test_recover_keeps_live_claims_and_prunes_stale_ones(tmp_path: Path) -> None:
+    root = tmp_path / "claims"
+    a_dir, gone_dir = tmp_path / "a", tmp_path / "gone"
+    a_dir.mkdir(), gone_dir.mkdir()
+    a, gone = UidRanges(a_dir, root), UidRanges(gone_dir, root)
+    held = {a.claim_lowest(set()), a.claim_lowest({0})}  # 0, 1
+    assert gone.claim_lowest(set()) == 2
+    gone_dir.rmdir()  # that daemon's state dir was removed: its claims are stale
+    # Restarted with only range 1 still held by a live slot (range 0's slot died with it).
+    assert a.recover({1}) == []
+    assert a.claims() == {1: str(a_dir)}
+    assert held == {0, 1}
+
+
+def test_recover_reports_a_range_another_daemon_owns(tmp_path: Path) -> None:
+    root = tmp_path / "claims"
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir(), b_dir.mkdir()
+    UidRanges(b_dir, root).claim_lowest(set())
+    assert UidRanges(a_dir, root).recover({0}) == [0]
+
+
+def knobs(d: Path) -> dict[str, str]:
+    return {p.name: p.read_text().strip() for p in d.iterdir()}
+
+
+def test_ksm_knobs_come_back_when_the_last_daemon_leaves(tmp_path: Path) -> None:
+    ksm = tmp_path / "ksm"
+    ksm.mkdir()
+    host = {"run": "0", "pages_to_scan": "100", "sleep_millisecs": "200"}
+    for name, value in host.items():
+        (ksm / name).write_text(value + "\n")
+    wanted = {"run": "1", "pages_to_scan": "1000", "sleep_millisecs": "20"}
+    first = KsmShare(ksm, tmp_path / "share")
+    # A second daemon: another live process's pid, as its holder file.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        second = KsmShare(ksm, tmp_path / "share")
+        second.pid = other.pid
+        assert first.join(wanted) == []
+        assert second.join(wanted) == []
+        assert first.leave() is False  # the other still uses KSM: nothing restored
+        assert knobs(ksm) == wanted
+    finally:
+        other.kill()
+        other.wait()
+    # The other daemon died without leaving (kill -9): the next leave or join restores.
+    rejoin = KsmShare(ksm, tmp_path / "share")
+    assert rejoin.join(wanted) == []
+    assert rejoin.leave() is True
+    assert knobs(ksm) == host
+
+
+def test_ksm_without_the_sysfs_files_says_which_failed(tmp_path: Path) -> None:
+    share = KsmShare(tmp_path / "no-ksm", tmp_path / "share")
+    assert share.join({"run": "1"}) == ["run"]
+    assert share.leave() is True
+
+
+def test_a_dir_is_held_once(tmp_path: Path) -> None:
+    fd = hold_dir(tmp_path, "state_dir")
+    try:
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path; from drumsd.linux.host_share import "
+                "hold_dir; hold_dir(Path(sys.argv[1]), 'state_dir')",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert probe.returncode != 0
+        assert f"in use by another drumsd (pid {os.getpid()})" in probe.stderr
+    finally:
+        os.close(fd)
+    os.close(hold_dir(tmp_path, "state_dir"))  # released with the fd
+
+
+def test_a_bound_port_refuses_a_second_bind() -> None:
+    sock = bind_listener("127.0.0.1", 0)
+    try:
+        sock.listen()
+        with pytest.raises(ClaimError, match="another drumsd"):
+            bind_listener("127.0.0.1", sock.getsockname()[1])
+    finally:
+        sock.close()

@@ -1,0 +1,154 @@
+"""The supervisor's background services under trio's MockClock: a service whose iteration raises
+keeps running, /v1/health says so while it fails and stops saying so once it recovers, and a
+lease expires on the reaper's own interval without any real waiting."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from drumsd.core.admission import HostSample
+from drumsd.core.seams import SlotFacts, SlotHandle
+from drumsd.runtime.memory_runtime import MemoryRuntime
+from test_api_app import create, open_api
+
+BASE = 1_700_000_000.0
+
+
+async def virtual_wait(predicate, limit_s: float, step_s: float = 0.5) -> None:
+    """Poll in virtual time. Under autojump the clock also jumps while a worker thread runs (the
+    sampler, the journal), so a fixed sleep can wake before the loop got its turns."""
+    deadline = trio.current_time() + limit_s
+    while not predicate() and trio.current_time() < deadline:  # noqa: ASYNC110
+        await trio.sleep(step_s)
+
+
+def virtual_clock() -> float:
+    """Wall time for the records that follows trio's clock, so MockClock moves leases too."""
+    return BASE + trio.current_time()
+
+
+class FlakySampler:
+    """The admission sampler: raises (an unexpected error, not OSError) while `broken`."""
+
+    def __init__(self) -> None:
+        self.broken = False
+        self.calls = 0
+
+    def __call__(self, _: Path) -> HostSample:
+        self.calls += 1
+        if self.broken:
+            raise ValueError("meminfo parse went wrong")
+        return HostSample(time.time(), 20_000, 24_000, 0.0, 50_000, 100_000)
+
+
+async def test_a_failing_service_keeps_running_and_health_reports_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    sampler = FlakySampler()
+    async with open_api(
+        tmp_path, sampler=sampler, clock=virtual_clock, admission={"sample_interval_s": 1.0}
+    ) as api:
+        health = (await api.client.get("/v1/health")).json()
+        assert health["services"]["admission"]["failures"] == 0
+        assert set(health["services"]) >= {"admission", "reaper", "gate_refresh"}
+
+        sampler.broken = True
+        calls = sampler.calls
+        await virtual_wait(lambda: sampler.calls >= calls + 3, limit_s=600)
+        assert sampler.calls >= calls + 3, "the loop stopped after its first failure"
+        health = (await api.client.get("/v1/health")).json()
+        admission = health["services"]["admission"]
+        assert admission["failing"] is True and admission["failures"] >= 3
+        assert "ValueError: meminfo parse went wrong" in admission["last_error"]
+        assert health["status"] == "degraded"
+        assert any(w.startswith("service admission failing") for w in health["warnings"])
+        metrics = (await api.client.get("/v1/metrics")).json()
+        assert metrics["failures_by_class"]["service_admission"] >= 3
+
+        sampler.broken = False
+        admission_health = api.sup.services["admission"]
+        await virtual_wait(lambda: not admission_health.failing(), limit_s=600)
+        health = (await api.client.get("/v1/health")).json()
+        admission = health["services"]["admission"]
+        assert admission["failing"] is False and admission["iterations"] >= 1
+        assert not any("service admission" in w for w in health["warnings"])
+        # The other services were never disturbed.
+        assert health["services"]["gate_refresh"]["failures"] == 0
+
+
+class FactsBreak(MemoryRuntime):
+    """The memory runtime whose facts() raises an unexpected error while `broken`."""
+
+    broken = False
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        if self.broken:
+            raise KeyError("cgroup vanished")
+        return await super().facts(handle)
+
+
+async def test_gate_refresh_survives_a_slot_whose_refresh_raises(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_api(
+        tmp_path, clock=virtual_clock, runtime_cls=FactsBreak, gate_refresh_s=3.0
+    ) as api:
+        sid = (await create(api))["id"]
+        runtime: Any = api.runtime
+        await trio.sleep(10)
+        gate = api.sup.services["gate_refresh"]
+        assert gate.failures == 0 and gate.iterations >= 2
+
+        runtime.broken = True
+        gate = api.sup.services["gate_refresh"]
+        await virtual_wait(lambda: gate.failures >= 2, limit_s=600)
+        assert gate.failing() and gate.failures >= 2
+        assert sid in (gate.last_error or "")
+        health = (await api.client.get("/v1/health")).json()
+        assert any(w.startswith("service gate_refresh failing") for w in health["warnings"])
+
+        runtime.broken = False
+        done = gate.iterations
+        await virtual_wait(lambda: gate.iterations > done, limit_s=600)
+        assert gate.iterations > done and not gate.failing()
+        assert api.sup.slots[sid].status.value == "ready"
+
+
+async def test_the_reaper_destroys_an_idle_slot_on_its_own_interval(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with open_api(tmp_path, clock=virtual_clock, lease={"reap_interval_s": 15}) as api:
+        kept = (await create(api, idle_timeout_s=10_000))["id"]
+        idle = (await create(api, idle_timeout_s=300))["id"]
+        # Virtual time moves while a request waits on a worker thread (autojump: up to the next
+        # timer, about a second, per wait), so the lease is measured from the slot's own last
+        # use and is long against what one request can take.
+        used = api.sup.slots[idle].last_used_at - BASE
+        await trio.sleep_until(used + 299)
+        assert api.sup.slots[idle].status.value == "ready"  # not yet idle for 300 s
+        await virtual_wait(lambda: api.sup.slots[idle].status.value == "destroyed", limit_s=120)
+        assert api.sup.slots[idle].status.value == "destroyed"
+        assert ("destroy", idle) in api.runtime.calls
+        assert api.sup.slots[kept].status.value == "ready"
+        assert api.sup.services["reaper"].iterations >= 2
+
+
+@pytest.mark.parametrize("interval", [0.5, 3.0])
+async def test_gate_refresh_quarantines_on_its_interval(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, interval: float
+) -> None:
+    """A crash seen by the facts quarantines the slot within one refresh interval, no request."""
+    async with open_api(tmp_path, clock=virtual_clock, gate_refresh_s=interval) as api:
+        sid = (await create(api))["id"]
+        await trio.sleep(interval * 2)
+        rec = api.sup.slots[sid]
+        assert rec.status.value == "ready"
+        api.runtime.inject(sid, oom_kills=1)
+        await virtual_wait(lambda: rec.status.value == "quarantined", limit_s=interval * 3)
+        assert rec.status.value == "quarantined"
+        assert "no_oom_kill" in (rec.quarantine_reason or "")

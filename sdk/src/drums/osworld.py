@@ -1,0 +1,187 @@
+"""OSWorld's gym-style `DesktopEnv` over drums: an OSWorld agent loop runs unchanged, and its reset
+is a CRIU restore instead of a VM revert.
+
+    env = DesktopEnv(action_space="pyautogui")
+    obs = env.reset(task_config=json.load(open("task.json")))
+    obs, reward, done, info = env.step("pyautogui.click(10, 20)", pause=2)
+    score = env.evaluate()
+    env.close()
+
+VM-only arguments (provider_name, path_to_vm, snapshot_name, region, headless, os_type,
+enable_proxy) are accepted and ignored: there is no VM. Every env this makes is destroyed on
+close(), when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from . import _client
+from ._exceptions import InvalidEpisode
+from .models import VerifyResult
+
+SPECIAL = ("WAIT", "DONE", "FAIL")
+
+
+def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:
+    """One computer_13 action dict as pyautogui code (or a drums action for WAIT/DONE/FAIL)."""
+    kind = str(action.get("action_type", "")).upper()
+    p = dict(action.get("parameters") or {})
+    xy = f"{int(p['x'])}, {int(p['y'])}" if "x" in p and "y" in p else ""
+    if kind in SPECIAL:
+        return {"type": kind.lower()}
+    calls = {
+        "MOVE_TO": f"pyautogui.moveTo({xy})",
+        "CLICK": f"pyautogui.click({xy}{', ' if xy else ''}button={p.get('button', 'left')!r}, "
+        f"clicks={int(p.get('num_clicks', 1))})",
+        "MOUSE_DOWN": f"pyautogui.mouseDown(button={p.get('button', 'left')!r})",
+        "MOUSE_UP": f"pyautogui.mouseUp(button={p.get('button', 'left')!r})",
+        "RIGHT_CLICK": f"pyautogui.rightClick({xy})",
+        "DOUBLE_CLICK": f"pyautogui.doubleClick({xy})",
+        "DRAG_TO": f"pyautogui.dragTo({xy}, button='left')",
+        "SCROLL": f"pyautogui.scroll({int(p.get('dy', 0))})"
+        + (f"; pyautogui.hscroll({int(p['dx'])})" if p.get("dx") else ""),
+        "TYPING": f"pyautogui.typewrite({str(p.get('text', ''))!r})",
+        "PRESS": f"pyautogui.press({str(p.get('key', ''))!r})",
+        "KEY_DOWN": f"pyautogui.keyDown({str(p.get('key', ''))!r})",
+        "KEY_UP": f"pyautogui.keyUp({str(p.get('key', ''))!r})",
+        "HOTKEY": "pyautogui.hotkey(" + ", ".join(repr(str(k)) for k in p.get("keys", [])) + ")",
+    }
+    if kind not in calls:
+        raise ValueError(f"not a computer_13 action type: {kind!r} (one of {sorted(calls)})")
+    return calls[kind]
+
+
+class DesktopEnv:
+    """OSWorld's DesktopEnv interface on a drums daemon (DRUMS_URL / DRUMS_TOKEN(_FILE))."""
+
+    def __init__(
+        self,
+        provider_name: str = "drums",
+        region: Optional[str] = None,
+        path_to_vm: Optional[str] = None,
+        snapshot_name: str = "init_state",
+        action_space: str = "computer_13",
+        cache_dir: str = "cache",
+        screen_size: Tuple[int, int] = (1920, 1080),
+        headless: bool = True,
+        require_a11y_tree: bool = True,
+        require_terminal: bool = False,
+        os_type: str = "Ubuntu",
+        enable_proxy: bool = False,
+        client_password: str = "",
+        *,
+        client: Optional[_client.Client] = None,
+        image: Optional[str] = None,
+        raise_on_invalid: bool = False,
+    ) -> None:
+        if action_space not in ("computer_13", "pyautogui"):
+            raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
+        self.action_space = action_space
+        self.screen_size = screen_size
+        self.require_a11y_tree = require_a11y_tree
+        self.require_terminal = require_terminal
+        self.raise_on_invalid = raise_on_invalid
+        self.image = image
+        self._own_client = client is None
+        self.client = client or _client.connect()
+        self.env: Optional[_client.Env] = None
+        self.instruction = ""
+        self.action_history: List[Any] = []
+        self.last_verify: Optional[VerifyResult] = None
+        atexit.register(self.close)
+
+    def __enter__(self) -> DesktopEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(
+        self,
+        task_config: Optional[Dict[str, Any]] = None,
+        seed: Optional[int] = None,
+        options: Optional[Dict[str, Any]] = None,
+    ) -> Dict[str, Any]:
+        """A fresh desktop on the task (a restore, then the task's setup steps)."""
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+        self.action_history = []
+        self.last_verify = None
+        if task_config is None:
+            self.env = self.client.create(image=self.image)
+        else:
+            self.env = self.client.create(task=dict(task_config), image=self.image)
+        self.instruction = str((task_config or {}).get("instruction", ""))
+        self.env.wait_valid(timeout=120)
+        return self._get_obs()
+
+    def _get_obs(self) -> Dict[str, Any]:
+        env = self._live()
+        obs = env.observe()
+        return {
+            "screenshot": obs.png,
+            # drums has no accessibility tree getter yet: None, as OSWorld gives when not asked
+            "accessibility_tree": None,
+            "terminal": None,
+            "instruction": self.instruction or obs.instruction,
+        }
+
+    def step(
+        self, action: Union[str, Dict[str, Any]], pause: float = 2
+    ) -> Tuple[Dict[str, Any], float, bool, Dict[str, Any]]:
+        """One action, then `pause` seconds; reward is 0 until evaluate(), as in OSWorld."""
+        env = self._live()
+        self.action_history.append(action)
+        done = False
+        info: Dict[str, Any] = {}
+        if isinstance(action, str) and action.strip().upper() in SPECIAL:
+            word = action.strip().upper()
+            if word == "WAIT":
+                time.sleep(pause)
+            else:
+                env.step({"type": word.lower()})
+                done = True
+                info["done" if word == "DONE" else "fail"] = True
+            return self._get_obs(), 0.0, done, info
+        if isinstance(action, dict):
+            if self.action_space != "computer_13":
+                raise ValueError("a dict action needs action_space='computer_13'")
+            converted = computer_13_code(action)
+        else:
+            converted = action
+        env.step(converted)
+        if isinstance(converted, dict) and converted["type"] in ("done", "fail"):
+            done = True
+        time.sleep(pause)
+        return self._get_obs(), 0.0, done, info
+
+    def evaluate(self) -> float:
+        """The task's checker score; drums' validity is in `self.last_verify` (and raises
+        InvalidEpisode with raise_on_invalid=True)."""
+        result = self._live().verify(strict=False)
+        self.last_verify = result
+        if not result.valid and self.raise_on_invalid:
+            raise InvalidEpisode(
+                f"invalid episode: {', '.join(result.invalid_reasons) or result.verdict}",
+                env_id=result.slot,
+            )
+        return float(result.score or 0.0)
+
+    def close(self) -> None:
+        """Destroy the env (and the client this made)."""
+        if self.env is not None:
+            try:
+                self.env.close()
+            finally:
+                self.env = None
+        if self._own_client:
+            self.client.close()
+
+    def _live(self) -> _client.Env:
+        if self.env is None:
+            raise RuntimeError("no desktop yet: call reset(task_config=...) first")
+        return self.env

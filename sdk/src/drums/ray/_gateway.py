@@ -1,0 +1,302 @@
+"""`drums pool serve`: one HTTP endpoint with drumsd's API over every host of the pool, for
+clients that are not Ray programs (prime-rl's env workers, curl, the plain SDK via DRUMS_URL).
+
+It is a Ray driver under hypercorn (asyncio), not a Ray Serve deployment: every request is
+forwarded by its host's keeper actor to that host's loopback drumsd, so the gateway needs no
+replicas, no Serve controller and no HTTP proxy actor of its own, and one process can be
+restarted in a second. Env and state ids carry their host (`h1~s-0123abcd`), so it holds no
+routing table a restart could lose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+
+Forward = Callable[[str, str, str, str, bytes], Awaitable[Tuple[int, str, bytes]]]
+SEP = "~"
+_ID = re.compile(r"^(s|st|pf|tpl)-[A-Za-z0-9._-]+$")
+_ROUTED = ("/v1/slots/", "/v1/checkpoints/")
+
+
+# ---------------------------------------------------------------- ids (pure)
+
+
+def tag_ids(value: Any, label: str) -> Any:
+    """Every env or state id in a drumsd answer, prefixed with its host."""
+    if isinstance(value, dict):
+        return {k: tag_ids(v, label) for k, v in value.items()}
+    if isinstance(value, list):
+        return [tag_ids(v, label) for v in value]
+    if isinstance(value, str) and _ID.match(value):
+        return f"{label}{SEP}{value}"
+    return value
+
+
+def untag_ids(value: Any, hosts: List[str]) -> Tuple[Any, Optional[str]]:
+    """Ids in a request body back to the host's own, and the host they name (if any)."""
+    found: List[str] = []
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, str) and SEP in v:
+            label, _, rest = v.partition(SEP)
+            if label in hosts and _ID.match(rest):
+                found.append(label)
+                return rest
+        return v
+
+    return walk(value), (found[0] if found else None)
+
+
+def split_path(path: str) -> Tuple[Optional[str], str]:
+    """`/v1/slots/h1~s-1/step` -> ("h1", "/v1/slots/s-1/step"); other paths: (None, path)."""
+    for prefix in _ROUTED:
+        if path.startswith(prefix):
+            head, _, tail = path[len(prefix) :].partition("/")
+            label, sep, own = head.partition(SEP)
+            if sep:
+                return label, prefix + own + (f"/{tail}" if tail else "")
+    return None, path
+
+
+# ---------------------------------------------------------------- aggregation (pure)
+
+
+def merge_health(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """One /v1/health in drumsd's schema: slots summed, admitting if any host admits,
+    degraded if any host is degraded or down; each host's own answer under `pools.hosts`."""
+    up = {label: h for label, h in per_host.items() if "error" not in h}
+    first = next(iter(up.values()), None)
+    slots: Dict[str, int] = {}
+    checkpoints: List[Any] = []
+    warnings: List[str] = []
+    for label, health in up.items():
+        for state, n in health.get("slots_by_state", {}).items():
+            slots[state] = slots.get(state, 0) + n
+        checkpoints += tag_ids(health.get("checkpoints", []), label)
+        warnings += [f"{label}: {w}" for w in health.get("warnings", [])]
+    warnings += [f"{label}: host_down" for label in per_host if label not in up]
+    admitting = any(h.get("admission", {}).get("admitting") for h in up.values())
+    return {
+        "status": "ok" if up and len(up) == len(per_host) and not warnings else "degraded",
+        "version": first["version"] if first else "?",
+        "profile": first["profile"] if first else "?",
+        "slots_by_state": slots,
+        "checkpoints": checkpoints,
+        "admission": {
+            "enabled": True,
+            "admitting": admitting,
+            "reason": None if admitting else "no host of the pool admits more envs",
+        },
+        "pools": {"hosts": per_host},
+        "warnings": warnings,
+    }
+
+
+def merge_metrics(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """Counts summed; latency summaries are the worst host's (percentiles do not add)."""
+    up = [m for m in per_host.values() if "error" not in m]
+    out: Dict[str, Any] = {
+        "window_started_at": min((m["window_started_at"] for m in up), default=None),
+        "window_s": max((m["window_s"] for m in up), default=0.0),
+        "latencies": {},
+        "episodes_by_verdict": {},
+        "failures_by_class": {},
+        "counters": {},
+        "cost": {},
+    }
+    for m in up:
+        for key in ("episodes_by_verdict", "failures_by_class", "counters"):
+            for k, v in m.get(key, {}).items():
+                out[key][k] = out[key].get(k, 0) + v
+        for k, summary in m.get("latencies", {}).items():
+            best = out["latencies"].get(k)
+            if best is None or (summary.get("p50") or 0) > (best.get("p50") or 0):
+                out["latencies"][k] = summary
+    return out
+
+
+def merge_prometheus(per_host: Dict[str, str]) -> str:
+    """Each host's /metrics with a `host` label on every sample; HELP/TYPE lines once."""
+    seen: set[str] = set()
+    lines: List[str] = []
+    for label, text in per_host.items():
+        for line in text.splitlines():
+            if line.startswith("#"):
+                if line not in seen:
+                    seen.add(line)
+                    lines.append(line)
+                continue
+            if not line.strip():
+                continue
+            name, _, rest = line.partition(" ")
+            if "{" in name:
+                base, _, labels = name.partition("{")
+                name = f'{base}{{host="{label}",{labels}'
+            else:
+                name = f'{name}{{host="{label}"}}'
+            lines.append(f"{name} {rest}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the ASGI app
+
+
+def _error(status: int, code: str, message: str, **detail: Any) -> Tuple[int, str, bytes]:
+    body = {"error": {"code": code, "message": message, "detail": detail}}
+    return status, "application/json", json.dumps(body).encode()
+
+
+class Gateway:
+    """The ASGI app. `forward(label, method, path, query, body)` sends to a host's drumsd,
+    `hosts()` lists labels with free desktops (freest first), `token` is the gateway's own."""
+
+    def __init__(
+        self,
+        token: str,
+        forward: Forward,
+        hosts: Callable[[], Awaitable[List[Tuple[str, int]]]],
+        retry_after_s: float = 5.0,
+    ) -> None:
+        self.token = token
+        self.forward = forward
+        self.hosts = hosts
+        self.retry_after_s = retry_after_s
+        # Envs this gateway made, per host: they hold no Ray resource, so placement subtracts
+        # them from Ray's free counts. A restart forgets them (placement only, never routing).
+        self.placed: Dict[str, int] = {}
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        headers = dict(scope["headers"])
+        status, ctype, out = await self.handle(
+            scope["method"],
+            scope["path"],
+            scope.get("query_string", b"").decode(),
+            headers.get(b"authorization", b"").decode(),
+            body,
+        )
+        extra = [(b"retry-after", str(int(self.retry_after_s)).encode())] if status == 429 else []
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", ctype.encode()), *extra],
+            }
+        )
+        await send({"type": "http.response.body", "body": out})
+
+    async def handle(
+        self, method: str, path: str, query: str, auth: str, body: bytes
+    ) -> Tuple[int, str, bytes]:
+        if path == "/healthz":
+            return 200, "application/json", b'{"ok": true}'
+        if not secrets.compare_digest(auth, f"Bearer {self.token}"):
+            return _error(401, "unauthorized", "missing or wrong gateway token")
+        hosts = await self.hosts()
+        labels = [label for label, _ in hosts]
+        if not labels:
+            return _error(503, "host_down", "no drums host is in the pool")
+        parsed: Any = None
+        if body:
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                return _error(400, "invalid_request", "the body is not JSON")
+        label, own_path = split_path(path)
+        if label is not None:
+            if label not in labels:
+                return _error(503, "host_down", f"host {label} is not in the pool", host=label)
+            answer = await self._to(label, method, own_path, query, parsed)
+            if method == "DELETE" and path.startswith("/v1/slots/") and answer[0] < 300:
+                self.placed[label] = max(0, self.placed.get(label, 0) - 1)
+            return answer
+        if method == "POST" and path == "/v1/slots":
+            return await self._create(hosts, query, parsed)
+        if (method == "POST" and path == "/v1/metrics/reset") or path == "/v1/metrics":
+            return await self._merged(labels, method, path, merge_metrics)
+        if path == "/v1/health":
+            return await self._merged(labels, "GET", path, merge_health)
+        if path == "/metrics":
+            texts = await self._each(labels, "GET", path, query)
+            good = {lb: r[2].decode() for lb, r in texts.items() if r[0] == 200}
+            return 200, "text/plain; version=0.0.4", merge_prometheus(good).encode()
+        if method == "GET" and path in ("/v1/slots", "/v1/checkpoints"):
+            key = path.rsplit("/", 1)[1]
+            answers = await self._each(labels, method, path, query)
+            items: List[Any] = []
+            for lb, (status, _, raw) in answers.items():
+                if status == 200:
+                    items += tag_ids(json.loads(raw).get(key, []), lb)
+            return 200, "application/json", json.dumps({key: items}).encode()
+        # tasks, openapi: every host serves the same; the first answers.
+        return await self._to(labels[0], method, path, query, parsed)
+
+    async def _to(
+        self, label: str, method: str, path: str, query: str, parsed: Any
+    ) -> Tuple[int, str, bytes]:
+        body = b""
+        if parsed is not None:
+            parsed, _ = untag_ids(parsed, [label])
+            body = json.dumps(parsed).encode()
+        status, ctype, raw = await self.forward(label, method, path, query, body)
+        if ctype.startswith("application/json") and raw and not path.startswith("/v1/tasks"):
+            raw = json.dumps(tag_ids(json.loads(raw), label)).encode()
+        return status, ctype, raw
+
+    async def _create(
+        self, hosts: List[Tuple[str, int]], query: str, parsed: Any
+    ) -> Tuple[int, str, bytes]:
+        _, on = untag_ids(parsed or {}, [lb for lb, _ in hosts])
+        free = {lb: n - self.placed.get(lb, 0) for lb, n in hosts}
+        order = [on] if on else sorted((lb for lb in free if free[lb] > 0), key=lambda x: -free[x])
+        last: Optional[Tuple[int, str, bytes]] = None
+        for label in order:
+            last = await self._to(label, "POST", "/v1/slots", query, parsed)
+            if last[0] != 503:  # a host down: the next one
+                if last[0] < 300:
+                    self.placed[label] = self.placed.get(label, 0) + 1
+                return last
+        if last is None:
+            return _error(
+                429,
+                "overloaded",
+                f"every drums host is full; retry in {self.retry_after_s:.0f}s",
+                retry_after_s=self.retry_after_s,
+            )
+        return last
+
+    async def _each(
+        self, labels: List[str], method: str, path: str, query: str
+    ) -> Dict[str, Tuple[int, str, bytes]]:
+        answers = await asyncio.gather(
+            *(self.forward(lb, method, path, query, b"") for lb in labels)
+        )
+        return dict(zip(labels, answers))
+
+    async def _merged(
+        self, labels: List[str], method: str, path: str, merge: Callable[[Any], Any]
+    ) -> Tuple[int, str, bytes]:
+        answers = await self._each(labels, method, path, "")
+        per_host = {
+            lb: json.loads(raw) if status == 200 else {"error": json.loads(raw or b"{}")}
+            for lb, (status, _, raw) in answers.items()
+        }
+        return 200, "application/json", json.dumps(merge(per_host)).encode()

@@ -1,0 +1,192 @@
+"""drums.ray's pure parts: placement by free capacity, the node registry and lease files, and
+the `drums pool join` command line (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from drums.ray._cli import desktops_admitted, main, ray_start_argv
+from drums.ray._placement import HostSlot, choose_host, hosts_from_nodes
+from drums.ray._registry import (
+    HostEntry,
+    orphaned_leases,
+    read_host,
+    write_host,
+    write_lease,
+)
+
+
+def node(node_id: str, label: str, desktops: float, alive: bool = True) -> dict:
+    return {
+        "NodeID": node_id,
+        "Alive": alive,
+        "Resources": {"CPU": 1.0, "drums_desktops": desktops, "drums_host": 1.0},
+        "Labels": {"drums-host": label},
+    }
+
+
+def test_hosts_from_ray_nodes_skip_dead_and_non_drums_nodes() -> None:
+    nodes = [
+        node("n1", "h1", 6),
+        node("n2", "h2", 4, alive=False),
+        {"NodeID": "n3", "Alive": True, "Resources": {"CPU": 2.0}, "Labels": {}},
+    ]
+    hosts = hosts_from_nodes(nodes, {"n1": {"drums_desktops": 2.0}})
+    assert hosts == [HostSlot("n1", "h1", 6, 2)]
+
+
+def test_placement_fills_the_freest_host_not_the_first() -> None:
+    hosts = [HostSlot("a", "h1", 6, 6), HostSlot("b", "h2", 4, 4), HostSlot("c", "h3", 4, 4)]
+    placed: dict[str, int] = {}
+    for _ in range(12):
+        host = choose_host(hosts, pending=placed)
+        assert host is not None
+        placed[host.node_id] = placed.get(host.node_id, 0) + 1
+    assert placed == {"a": 6, "b": 3, "c": 3}
+    assert choose_host(hosts, pending={"a": 6, "b": 4, "c": 4}) is None
+
+
+def test_placement_skips_down_hosts_and_needs_room_for_a_fork() -> None:
+    hosts = [HostSlot("a", "h1", 6, 6), HostSlot("b", "h2", 4, 3)]
+    assert choose_host(hosts, down=["h1"]).label == "h2"  # type: ignore[union-attr]
+    assert choose_host(hosts, down=["h1"], need=4) is None
+
+
+def test_registry_round_trip_and_a_missing_host_says_how_to_join(tmp_path: Path) -> None:
+    write_host(HostEntry("h1", "http://127.0.0.1:7071", "/etc/drums/token"), tmp_path)
+    assert read_host("h1", tmp_path) == HostEntry("h1", "http://127.0.0.1:7071", "/etc/drums/token")
+    with pytest.raises(LookupError, match="drums pool join --node-label h9"):
+        read_host("h9", tmp_path)
+
+
+def test_leases_of_dead_processes_are_orphaned_and_live_ones_are_not(tmp_path: Path) -> None:
+    write_lease("h1", ["slot-mine"], tmp_path)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from drums.ray._registry import write_lease;"
+            " write_lease('h1', ['slot-a', 'slot-b'], Path(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        check=True,
+    )
+    assert child.returncode == 0
+    orphans = orphaned_leases("h1", tmp_path)
+    assert list(orphans.values()) == [["slot-a", "slot-b"]]
+    assert all(not p.name.startswith(f"{os.getpid()}-") for p in orphans)
+    write_lease("h1", [], tmp_path)  # nothing held: the lease goes
+    assert not any(p.name.startswith(f"{os.getpid()}-") for p in (tmp_path / "h1.leases").iterdir())
+
+
+def test_join_capacity_is_what_stays_above_the_floor_per_slot() -> None:
+    assert desktops_admitted(20_000, 500, 4096) == 31
+    assert desktops_admitted(20_000, None, 4096) == 15  # no slot measured: env_mib fallback
+    assert desktops_admitted(3_000, 500, 4096) == 0
+    assert desktops_admitted(None, 500, 4096) == 0
+
+
+def test_join_runs_ray_start_with_the_resources_and_the_label() -> None:
+    argv = ray_start_argv("10.0.0.1:6379", "gpu-box-3", 12, True, ["--num-cpus=0"])
+    assert argv == [
+        "ray",
+        "start",
+        "--address=10.0.0.1:6379",
+        '--resources={"drums_host": 1, "drums_desktops": 12}',
+        "--labels=drums-host=gpu-box-3",
+        "--block",
+        "--num-cpus=0",
+    ]
+
+
+def test_join_without_a_daemon_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["pool", "join", "--address", "127.0.0.1:1", "--drumsd-url", "http://127.0.0.1:9"])
+    assert code == 1
+    assert "did not answer" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the gateway's pure parts
+
+from drums.ray._gateway import (  # noqa: E402
+    Gateway,
+    merge_health,
+    merge_prometheus,
+    split_path,
+    tag_ids,
+    untag_ids,
+)
+
+
+def test_ids_carry_their_host_both_ways() -> None:
+    answer = {"id": "s-0a1b", "state": "ready", "checkpoint": "tpl-base-abc", "task": "e0df"}
+    tagged = tag_ids(answer, "h1")
+    assert tagged == {
+        "id": "h1~s-0a1b",
+        "state": "ready",
+        "checkpoint": "h1~tpl-base-abc",
+        "task": "e0df",
+    }
+    assert untag_ids({"prefork": "h1~pf-77"}, ["h1", "h2"]) == ({"prefork": "pf-77"}, "h1")
+    assert untag_ids({"note": "h9~s-1"}, ["h1"]) == ({"note": "h9~s-1"}, None)
+    assert split_path("/v1/slots/h2~s-9/step") == ("h2", "/v1/slots/s-9/step")
+    assert split_path("/v1/checkpoints/h1~st-3") == ("h1", "/v1/checkpoints/st-3")
+    assert split_path("/v1/slots") == (None, "/v1/slots")
+
+
+def test_health_and_prometheus_aggregate_and_name_the_dead_host() -> None:
+    up = {
+        "status": "ok",
+        "version": "0.1.0",
+        "profile": "hardened",
+        "slots_by_state": {"ready": 2},
+        "checkpoints": [{"id": "tpl-base-1"}],
+        "admission": {"admitting": True},
+        "warnings": [],
+    }
+    merged = merge_health({"h1": up, "h2": up, "h3": {"error": {"code": "host_down"}}})
+    assert merged["slots_by_state"] == {"ready": 4}
+    assert merged["status"] == "degraded" and "h3: host_down" in merged["warnings"]
+    assert [c["id"] for c in merged["checkpoints"]] == ["h1~tpl-base-1", "h2~tpl-base-1"]
+    text = merge_prometheus(
+        {"h1": '# TYPE x gauge\nx 1\ny{a="b"} 2\n', "h2": "# TYPE x gauge\nx 3\n"}
+    )
+    assert text.splitlines() == [
+        "# TYPE x gauge",
+        'x{host="h1"} 1',
+        'y{host="h1",a="b"} 2',
+        'x{host="h2"} 3',
+    ]
+
+
+async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None:
+    sent: list = []
+
+    async def forward(label, method, path, query, body):
+        sent.append((label, method, path, body))
+        if label == "h2" and method == "POST":
+            return 503, "application/json", b'{"error": {"code": "host_down"}}'
+        return 201, "application/json", b'{"id": "s-1", "state": "ready"}'
+
+    async def hosts():
+        return [("h1", 2), ("h2", 5)]
+
+    gw = Gateway("t" * 40, forward, hosts)
+    assert (await gw.handle("GET", "/v1/slots", "", "Bearer nope", b""))[0] == 401
+    ok = "Bearer " + "t" * 40
+    status, _, body = await gw.handle("POST", "/v1/slots", "", ok, b"{}")
+    # h2 is freest but its drumsd is down: the create goes to h1, and says so in its id.
+    assert status == 201 and b'"h1~s-1"' in body
+    assert [s[0] for s in sent] == ["h2", "h1"]
+    await gw.handle("POST", "/v1/slots/h1~s-1/step", "", ok, b'{"action": {"type": "done"}}')
+    assert sent[-1][:3] == ("h1", "POST", "/v1/slots/s-1/step")
+    status, _, body = await gw.handle("GET", "/v1/slots/h7~s-1", "", ok, b"")
+    assert status == 503 and b"host_down" in body
+    status, _, _ = await gw.handle("POST", "/v1/slots", "", ok, b"{not json")
+    assert status == 400

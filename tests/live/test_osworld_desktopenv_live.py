@@ -1,0 +1,80 @@
+"""drums.osworld.DesktopEnv driven by a loop shaped like OSWorld's run_single_example (reset,
+agent predictions, step per action with its pause, evaluate, screenshots recorded), written here,
+over three shared OSWorld tasks: one solved by a script (1), one left alone (0), one infeasible
+answered FAIL (1). No env is left afterwards. DRUMS_LIVE=1; the tasks come from
+/work/shared/osworld (skipped, clearly, when absent).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import drums
+import pytest
+from drums.osworld import DesktopEnv
+from live_daemon import start_live_daemon, stop_and_clean
+
+OSWORLD = Path("/work/shared/osworld")
+RENAME = OSWORLD / "os" / "e0df059f-28a6-4169-924f-b9623e7184cc.json"
+INFEASIBLE = OSWORLD / "os" / "c288e301-e626-4b98-a1ab-159dcb162af5.json"
+
+
+def run_single_example(
+    env: DesktopEnv, predict: Callable[[str, dict], list[Any]], task: dict, out: Path
+) -> float:
+    """reset, predict, step each action with its pause, record screenshots, evaluate."""
+    obs = env.reset(task_config=task)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step_0.png").write_bytes(obs["screenshot"])
+    done, step = False, 0
+    while not done and step < 5:
+        for action in predict(task["instruction"], obs):
+            step += 1
+            obs, _reward, done, _info = env.step(action, pause=0.5)
+            (out / f"step_{step}.png").write_bytes(obs["screenshot"])
+            if done:
+                break
+    return env.evaluate()
+
+
+def solver(instruction: str, obs: dict) -> list[Any]:
+    return [
+        "import subprocess; subprocess.run(['mv', '/home/user/Desktop/todo_list_Jan_1', "
+        "'/home/user/Desktop/todo_list_Jan_2'])",
+        "DONE",
+    ]
+
+
+def idler(instruction: str, obs: dict) -> list[Any]:
+    return [{"action_type": "MOVE_TO", "parameters": {"x": 100, "y": 100}}, {"action_type": "DONE"}]
+
+
+def refuser(instruction: str, obs: dict) -> list[Any]:
+    return ["FAIL"]
+
+
+def test_desktopenv_runs_the_osworld_loop(tmp_path: Path) -> None:
+    if not (RENAME.is_file() and INFEASIBLE.is_file()):
+        pytest.skip(f"no shared OSWorld tasks at {OSWORLD} (fixtures for this test only)")
+    root = Path(tempfile.mkdtemp(prefix="drums-dtenv-"))
+    daemon = start_live_daemon(root)
+    try:
+        with drums.connect(daemon.url, token=daemon.token) as client:
+            cases = [
+                ("solve", json.loads(RENAME.read_text()), solver, "pyautogui", 1.0),
+                ("idle", json.loads(RENAME.read_text()), idler, "computer_13", 0.0),
+                ("infeasible", json.loads(INFEASIBLE.read_text()), refuser, "pyautogui", 1.0),
+            ]
+            for name, task, predict, space, expected in cases:
+                with DesktopEnv(action_space=space, client=client) as env:
+                    score = run_single_example(env, predict, task, tmp_path / name)
+                    assert score == expected, (name, score, env.last_verify)
+                    assert env.last_verify is not None and env.last_verify.valid, env.last_verify
+                assert client.list_envs() == [], name
+                assert (tmp_path / name / "step_1.png").stat().st_size > 1000
+    finally:
+        stop_and_clean(daemon, root / "state", root)

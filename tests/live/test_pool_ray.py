@@ -1,0 +1,312 @@
+"""drums on Ray, live (issue 17): three drumsd, each its own node of a local Ray cluster
+(ray.cluster_utils.Cluster), one pool over them. Envs spread by free capacity, a fork stays on
+its parent's node, a SIGKILLed client's envs are destroyed within 10 s, a dead drumsd or node
+turns its envs into host_down while new envs go elsewhere, and nothing is left on any host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from live_daemon import http_client, mounts_under, require_live, start_live_daemon, stop_and_clean
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.live
+
+import drums  # noqa: E402
+from drums.ray import HostDown, Pool  # noqa: E402
+from drums.ray._registry import HostEntry, write_host  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+CAPACITY = {"h1": 6, "h2": 4, "h3": 4}
+
+
+def live_ids(daemon: Any) -> set[str]:
+    with http_client(daemon, timeout=30) as http:
+        return {s["id"] for s in http.get("/v1/slots").json()["slots"]}
+
+
+def wait_for(predicate: Any, limit_s: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        if predicate():
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"not within {limit_s}s: {what}")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    require_live("base")
+    root = Path(tmp_path_factory.mktemp("pool"))
+    pool_dir = root / "pool-dir"
+    os.environ["DRUMS_POOL_DIR"] = str(pool_dir)  # Ray's nodes (and so the actors) inherit it
+    daemons: dict[str, Any] = {}
+    cluster = None
+    try:
+        for label in CAPACITY:
+            daemons[label] = start_live_daemon(root / label, spares={"enabled": False})
+            write_host(HostEntry(label, daemons[label].url, str(root / label / "token")), pool_dir)
+        nodes = {}
+        for i, (label, n) in enumerate(CAPACITY.items()):
+            args = {
+                "num_cpus": 1,
+                **({"include_dashboard": False} if i == 0 else {}),
+                "resources": {"drums_host": 1, "drums_desktops": n},
+                "labels": {"drums-host": label},
+            }
+            if i == 0:
+                cluster = Cluster(initialize_head=True, head_node_args=args)
+                nodes[label] = cluster.head_node
+            else:
+                nodes[label] = cluster.add_node(**args)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield {"daemons": daemons, "cluster": cluster, "nodes": nodes, "root": root}
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        for label, daemon in daemons.items():
+            stop_and_clean(daemon, root / label / "state", root / label / "journal")
+        for label in daemons:
+            assert mounts_under(root / label) == [], f"{label} left mounts"
+
+
+def test_envs_spread_by_free_capacity_and_nothing_is_left(hosts: dict[str, Any]) -> None:
+    with Pool() as pool:
+        envs = [pool.create() for _ in range(12)]
+        placed = Counter(env.host for env in envs)
+        free = {h.label: h.free for h in pool.hosts()}
+        # Ray alone packs (6/4/2 or 6/6/0 for this capacity); the pool fills the freest host.
+        assert placed == {"h1": 6, "h2": 3, "h3": 3}, placed
+        assert free == {"h1": 0, "h2": 1, "h3": 1}, free
+        for label, daemon in hosts["daemons"].items():
+            assert {e.id for e in envs if e.host == label} == live_ids(daemon)
+        shot = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
+        assert shot is not None
+        # Every host full: overloaded with a retry hint, after the configured wait, no hang.
+        envs += [pool.create(), pool.create()]
+        pool.queue_timeout_s = 1.0
+        started = time.monotonic()
+        with pytest.raises(drums.Overloaded) as full:
+            pool.create()
+        assert 1.0 <= time.monotonic() - started < 5
+        assert full.value.detail["retry_after_s"] > 0
+        assert full.value.detail["hosts"] == {"h1": 0, "h2": 0, "h3": 0}
+    for daemon in hosts["daemons"].values():
+        assert live_ids(daemon) == set()
+
+
+def test_fork_children_stay_on_the_parents_node(hosts: dict[str, Any]) -> None:
+    with Pool() as pool, pool.create() as parent:
+        parent.wait_valid()
+        with parent.fork(4) as children:
+            assert {c.host for c in children} == {parent.host}
+            assert {c.node_id for c in children} == {parent.node_id}
+            assert {c.id for c in children} <= live_ids(hosts["daemons"][parent.host])
+            for child in children:
+                assert child.observe() is not None
+        assert live_ids(hosts["daemons"][parent.host]) == {parent.id}
+
+
+def test_sigkilled_client_envs_are_destroyed_within_10s(hosts: dict[str, Any]) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time, ray
+        from drums.ray import Pool
+        ray.init(address={hosts["cluster"].address!r}, log_to_driver=False)
+        pool = Pool()
+        envs = [pool.create() for _ in range(3)]
+        print(" ".join(f"{{e.host}}={{e.id}}" for e in envs), flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        line = proc.stdout.readline().split()
+        assert len(line) == 3, line
+        made = [item.split("=", 1) for item in line]
+        for label, env_id in made:
+            assert env_id in live_ids(hosts["daemons"][label])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    took = wait_for(
+        lambda: all(env_id not in live_ids(hosts["daemons"][lb]) for lb, env_id in made),
+        10,
+        "the dead client's 3 envs destroyed",
+    )
+    print(f"dead client's envs destroyed after {took:.1f}s")
+
+
+def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
+    import drums
+    from drumsd_process import free_port, write_token
+
+    root = hosts["root"]
+    token = write_token(root / "gateway-token", "g" * 40)
+    port = free_port()
+    log = open(root / "gateway.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "drums.ray._cli",
+            "pool",
+            "serve",
+            "--address",
+            hosts["cluster"].address,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token-file",
+            str(root / "gateway-token"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=os.environ.copy(),
+    )
+    try:
+        with drums.connect(f"http://127.0.0.1:{port}", token="x" * 40) as bad:
+            wait_for(lambda: proc.poll() is None and _pings(bad), 60, "the gateway up")
+            with pytest.raises(drums.Unauthorized):
+                bad.list_envs()
+        with drums.connect(f"http://127.0.0.1:{port}", token=token) as client:
+            envs = [client.create() for _ in range(5)]
+            by_host = Counter(e.id.split("~")[0] for e in envs)
+            # The freest host first (6/4/4 free): h1 until it ties, then one each.
+            assert by_host == {"h1": 3, "h2": 1, "h3": 1}, by_host
+            for env in envs:
+                label, own = env.id.split("~")
+                assert own in live_ids(hosts["daemons"][label])
+            step = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
+            assert step.screenshot_png_b64
+            with envs[1].fork(2) as children:
+                assert {c.id.split("~")[0] for c in children} == {envs[1].id.split("~")[0]}
+            health = client.health()
+            assert sum(health.slots_by_state.values()) >= 3
+            assert client.metrics() is not None
+            assert {e.id for e in envs} <= {s.id for s in client.list_envs()}
+        for daemon in hosts["daemons"].values():
+            assert live_ids(daemon) == set()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _pings(client: Any) -> bool:
+    try:
+        return client.ping()
+    except Exception:
+        return False
+
+
+def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, Any]) -> None:
+    daemon = hosts["daemons"]["h3"]
+    with Pool(down_ttl_s=600) as pool:
+        envs: dict[str, Any] = {}
+        while len(envs) < 3:  # until every host has one (h1, the freest, takes the first two)
+            env = pool.create()
+            envs.setdefault(env.host, env)
+        daemon.kill9()
+        with pytest.raises(HostDown) as caught:
+            envs["h3"].step({"type": "wait", "seconds": 0}, screenshot=True)
+        assert caught.value.code == "host_down" and caught.value.env_id == envs["h3"].id
+        assert envs["h1"].step({"type": "wait", "seconds": 0}).slot == envs["h1"].id
+        fresh = [pool.create() for _ in range(3)]
+        assert {e.host for e in fresh} <= {"h1", "h2"}
+    daemon.start(limit_s=120)  # its orphaned slot is adopted, then cleaned at teardown
+    assert live_ids(hosts["daemons"]["h1"]) == live_ids(hosts["daemons"]["h2"]) == set()
+
+
+def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, Any]) -> None:
+    with Pool() as pool:
+        on_h2 = pool.create()
+        while on_h2.host != "h2":  # the others stay open, so h2 becomes the freest
+            on_h2 = pool.create()
+        hosts["cluster"].remove_node(hosts["nodes"]["h2"])
+        with pytest.raises(HostDown):
+            on_h2.observe()
+        wait_for(lambda: "h2" not in {h.label for h in pool.hosts()}, 60, "h2 gone from Ray")
+        fresh = [pool.create() for _ in range(2)]
+        assert {e.host for e in fresh} <= {"h1", "h3"}
+        assert all(e.observe() is not None for e in fresh)
+
+
+@pytest.mark.skipif(os.environ.get("DRUMS_POOL_BENCH") != "1", reason="opt-in: DRUMS_POOL_BENCH=1")
+def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
+    """Added latency of the pool path (actor call) against the direct SDK, same run, same host;
+    creates per second over three daemons against one. Table on stdout, JSON beside the log."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import drums
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000
+
+    h1 = hosts["daemons"]["h1"]
+    rows: dict[str, dict[str, float]] = {}
+    with drums.connect(h1.url, token=h1.token) as direct, Pool() as pool:
+        d_env = direct.create()
+        p_env = pool.create()
+        while p_env.host != "h1":
+            p_env = pool.create()
+        for name, env in (("direct", d_env), ("pool", p_env)):
+            times = []
+            for _ in range(40):
+                t = time.perf_counter()
+                env.step({"type": "wait", "seconds": 0}, screenshot=True)
+                times.append(time.perf_counter() - t)
+            rows[f"step+screenshot {name}"] = {
+                "p50_ms": pct(times, 0.5),
+                "p99_ms": pct(times, 0.99),
+            }
+        for name, make in (("direct", direct.create), ("pool", pool.create)):
+            times = []
+            for _ in range(4):
+                t = time.perf_counter()
+                env = make()
+                times.append(time.perf_counter() - t)
+                env.close()
+            rows[f"create {name}"] = {"p50_ms": pct(times, 0.5), "p99_ms": pct(times, 0.99)}
+        d_env.close()
+        p_env.close()
+
+        def rate(make: Any, n: int) -> float:
+            t = time.perf_counter()
+            with ThreadPoolExecutor(n) as ex:
+                made = list(ex.map(lambda _: make(), range(n)))
+            took = time.perf_counter() - t
+            for env in made:
+                env.close()
+            return n / took
+
+        rows["creates/s"] = {
+            "one daemon": rate(direct.create, 6),
+            "three via pool": rate(pool.create, 6),
+        }
+    added = rows["step+screenshot pool"]["p50_ms"] - rows["step+screenshot direct"]["p50_ms"]
+    rows["added p50 ms"] = {
+        "step+screenshot": added,
+        "create": rows["create pool"]["p50_ms"] - rows["create direct"]["p50_ms"],
+    }
+    for name, row in rows.items():
+        print(f"{name:28s} " + "  ".join(f"{k}={v:8.2f}" for k, v in row.items()))
+    out = Path(os.environ.get("DRUMS_POOL_BENCH_OUT", hosts["root"] / "bench-pool.json"))
+    out.write_text(json.dumps(rows, indent=2))
+    ratio = rows["step+screenshot pool"]["p50_ms"] / rows["step+screenshot direct"]["p50_ms"]
+    print(f"wrote {out}; step p50 pool/direct = {ratio:.2f}")

@@ -1,0 +1,67 @@
+"""The verl adapter inside verl 0.9.1 itself (verl_check.py, run in the verl venv).
+
+The unit run uses the fake drumsd; the live run starts a real drumsd on the office image and runs
+the agent loop on OSWorld task e0df059f, the daemon given only through DRUMS_URL /
+DRUMS_TOKEN_FILE, and lists the daemon's slots before and after.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from trainer_checks import REPO, passed, result_lines, run_check
+
+OSWORLD = REPO.parent / "shared" / "osworld"
+TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"
+
+
+def test_verl_tool_and_agent_loop_against_verl_0_9_1():
+    result = run_check("verl", "verl_check.py", {"DRUMS_VERL_LIVE_TASK": ""})
+    assert passed(result) == 4
+
+
+def live_run(
+    tmp_path: Path, name: str, check: str, task_var: str, marker: str, tests: int = 1
+) -> list[str]:
+    """Run `check` against a real drumsd (office image); the slots before and after are empty."""
+    if os.environ.get("DRUMS_LIVE") != "1":
+        pytest.skip("needs DRUMS_LIVE=1 (root, CRIU, the office image)")
+    sys.path[:0] = [str(REPO / "tests" / "live"), str(REPO / "tests" / "integration")]
+    from live_daemon import http_client, start_live_daemon, stop_and_clean
+
+    assert OSWORLD.is_dir(), f"no shared OSWorld tasks at {OSWORLD}"
+    started = time.monotonic()
+    live = start_live_daemon(tmp_path / "d", image="office", tasks={"dirs": [str(OSWORLD)]})
+    try:
+        print(
+            f"{name} live daemon {live.url}: office template in {time.monotonic() - started:.1f}s"
+        )
+        with http_client(live) as http:
+            before = http.get("/v1/slots").json()["slots"]
+        env = {task_var: TASK, "DRUMS_URL": live.url, "DRUMS_TOKEN_FILE": str(live.dir / "token")}
+        t0 = time.monotonic()
+        result = run_check(name, check, env)
+        print(f"{name} live episode in {time.monotonic() - t0:.1f}s")
+        assert passed(result) == tests
+        lines = result_lines(result, marker)
+        print("\n".join(lines))
+        with http_client(live) as http:
+            after = http.get("/v1/slots").json()["slots"]
+        assert before == [] and after == [], (before, after)
+        return lines
+    finally:
+        try:
+            stop_and_clean(live, tmp_path / "d" / "state")
+        except httpx.HTTPError:
+            pass
+
+
+@pytest.mark.live
+def test_verl_agent_loop_on_a_real_daemon(tmp_path: Path):
+    lines = live_run(tmp_path, "verl", "verl_check.py", "DRUMS_VERL_LIVE_TASK", "DRUMS_VERL_RESULT")
+    assert len(lines) == 1

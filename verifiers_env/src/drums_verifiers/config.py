@@ -14,27 +14,33 @@ import verifiers.v1 as vf
 from pydantic import Field
 from pydantic_config import BaseConfig
 
+from drums_verifiers.daemon import Daemon, resolve_daemon
+
 ToolStyle = Literal["drums", "scalecua", "hybrid"]
-DEFAULT_URL = "http://127.0.0.1:7070"
-DEFAULT_TOKEN_FILE = Path("/etc/drums/token")
+TOKEN_HINT = "set --env.taskset.task.daemon.token-file (env.taskset.task.daemon.token_file)"
 
 
 class DaemonConfig(BaseConfig):
-    """How to reach drumsd. The token is read from `token_file` at use, never stored here."""
+    """How to reach drumsd. Unset fields fall back to DRUMS_URL / DRUMS_TOKEN_FILE / DRUMS_TOKEN,
+    then to http://127.0.0.1:7070 and /etc/drums/token (`drums_verifiers.daemon`). The token is
+    read from `token_file` at use, never stored here."""
 
-    url: str = DEFAULT_URL
-    token_file: Path = DEFAULT_TOKEN_FILE
+    url: str | None = None
+    token_file: Path | None = None
+
+    def resolve(self, announce: bool = True) -> Daemon:
+        return resolve_daemon(url=self.url, token_file=self.token_file, announce=announce)
 
     def check_token_file(self) -> None:
         """Fail early, naming the setting, instead of deep inside the SDK."""
-        try:
-            with self.token_file.open():
-                pass
-        except OSError as exc:
-            raise RuntimeError(
-                f"cannot read the drumsd token from {self.token_file} ({exc.strerror}); set "
-                "--env.taskset.task.daemon.token-file to a readable file holding the token"
-            ) from exc
+        self.resolve(announce=False).require_token(TOKEN_HINT)
+
+    def pinned(self) -> DaemonConfig:
+        """This config with the resolved URL and token file written in, for the tool servers
+        (which may run where this process's environment does not reach). A token that came from
+        DRUMS_TOKEN stays out of the config: the tool server reads its own environment."""
+        daemon = self.resolve(announce=False)
+        return DaemonConfig(url=daemon.url, token_file=daemon.token_file)
 
 
 class DesktopToolsConfig(vf.ToolsetConfig):
@@ -63,7 +69,9 @@ class DrumsTaskConfig(vf.TaskConfig):
     process died without closing it."""
 
     def tools_config(self) -> DesktopToolsConfig:
-        return DesktopToolsConfig(daemon=self.daemon, screenshot_scale=self.screenshot_scale)
+        return DesktopToolsConfig(
+            daemon=self.daemon.pinned(), screenshot_scale=self.screenshot_scale
+        )
 
 
 class DrumsTasksetConfig(vf.TasksetConfig):

@@ -16,7 +16,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from drums_verifiers.config import DaemonConfig
+from drums_verifiers.config import TOKEN_HINT, DaemonConfig
+from drums_verifiers.daemon import Daemon
 
 log = logging.getLogger("drums_verifiers.desktop")
 T = TypeVar("T")
@@ -76,11 +77,13 @@ class Observation:
     meta: dict[str, Any]
 
 
-async def open_client(daemon: DaemonConfig) -> Any:
-    """An SDK AsyncClient for `daemon`; the caller owns it and must `aclose_client` it."""
-    drums = sdk()
-    daemon.check_token_file()
-    client = await resolve(drums.aconnect(url=daemon.url, token_file=str(daemon.token_file)))
+async def open_client(daemon: DaemonConfig | Daemon, hint: str = TOKEN_HINT) -> Any:
+    """An SDK AsyncClient for `daemon`; the caller owns it and must `aclose_client` it.
+
+    Raises DaemonSettingsError (naming the setting) when there is no token, before any request."""
+    sdk()
+    resolved = daemon if isinstance(daemon, Daemon) else daemon.resolve()
+    client = await resolve(resolved.aconnect(hint))
     enter = getattr(client, "__aenter__", None)
     if enter is not None:
         client = await enter() or client

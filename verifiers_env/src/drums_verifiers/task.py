@@ -17,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
-from pydantic import Field
 
 from drums_verifiers import desktop, verdict
 from drums_verifiers.actions import scale_png
 from drums_verifiers.config import DrumsTaskConfig
 from drums_verifiers.episode import SEAT, owner_for, release_private
+from drums_verifiers.state import DrumsState
 
 log = logging.getLogger("drums_verifiers.task")
+# vf-eval and prime-rl put only the `verifiers.v1` logger tree on the console: a rollout that
+# fails before it starts says why there, in one line, not only in traces.jsonl.
+console = logging.getLogger("verifiers.v1.drums")
 RECORD_ENV = "DRUMS_RECORD"
 _record_lock = threading.Lock()
 
@@ -35,21 +38,6 @@ class DrumsTaskData(vf.TaskData):
     instruction: str = ""
     visual_window: int = 3
     """Read by the drums-verifiers harness: screenshots kept as images in the context."""
-
-
-class DrumsState(vf.State):
-    """Shared with the tool servers (pulled and pushed around every tool call)."""
-
-    env_id: str | None = None
-    fork_parent: str | None = None
-    fork_index: int | None = None
-    screen: list[int] = Field(default_factory=lambda: [1920, 1080])
-    cursor: list[int] | None = None
-    actions: dict[str, int] = Field(default_factory=dict)
-    terminal: str | None = None
-    """'done' or 'fail' once the agent ended the episode."""
-    env_failed: str | None = None
-    """Set by a tool server when the daemon or desktop failed; ends the rollout."""
 
 
 SYSTEM_PROMPTS = {
@@ -117,6 +105,22 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def setup(self, trace: vf.Trace, runtime: vf.Runtime) -> None:
+        try:
+            await self._setup(trace)
+        except verdict.DrumsInvalidEpisode:
+            raise
+        except Exception as exc:
+            console.error(
+                "drums: rollout %s (task %s, drumsd %s) failed before it started: %s: %s",
+                trace.id,
+                self.key,
+                self.config.daemon.resolve(announce=False).url,
+                type(exc).__name__,
+                exc,
+            )
+            raise
+
+    async def _setup(self, trace: vf.Trace) -> None:
         cfg = self.config
         state: DrumsState = trace.state
         seat = SEAT.get()

@@ -8,7 +8,7 @@ from typing import Any
 import verifiers.v1 as vf
 
 from drums_verifiers import sources
-from drums_verifiers.config import DrumsTasksetConfig
+from drums_verifiers.config import TOKEN_HINT, DrumsTasksetConfig
 from drums_verifiers.task import SYSTEM_PROMPTS, DrumsTask, DrumsTaskData
 
 
@@ -16,9 +16,8 @@ def daemon_tasks(config: DrumsTasksetConfig) -> list[dict[str, Any]]:
     """The daemon's task list, through the SDK's sync client (load() is synchronous)."""
     from drums_verifiers.desktop import field, sdk
 
-    daemon = config.task.daemon
-    daemon.check_token_file()
-    with sdk().connect(url=daemon.url, token_file=str(daemon.token_file)) as client:
+    sdk()
+    with config.task.daemon.resolve().connect(TOKEN_HINT) as client:
         tasks = client.tasks()
     return [
         t

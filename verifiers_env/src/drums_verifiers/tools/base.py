@@ -14,7 +14,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from drums_verifiers import actions, desktop
 from drums_verifiers.config import DesktopToolsConfig
-from drums_verifiers.task import DrumsState
+from drums_verifiers.state import DrumsState
 
 log = logging.getLogger("drums_verifiers.tools")
 RECOVERABLE_CODES = ("invalid_request", "action_failed")

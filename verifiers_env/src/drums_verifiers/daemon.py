@@ -1,0 +1,141 @@
+"""Which drumsd every entry point of this package talks to, and with which token.
+
+One rule for the taskset, the tool servers and the trainer adapters: explicit configuration
+first, else DRUMS_URL / DRUMS_TOKEN_FILE / DRUMS_TOKEN, else the defaults (http://127.0.0.1:7070,
+/etc/drums/token). The values come from the SDK's own resolution (`drums._config`); this module
+adds where each one came from, the first log line that says so, and a clear error naming the
+setting to change when there is no token. It imports neither verifiers nor a trainer, so every
+adapter can call `resolve_daemon`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drums import Secret
+from drums._config import DEFAULT_TOKEN_FILE, DEFAULT_URL, resolve_settings
+
+log = logging.getLogger("drums_verifiers.daemon")
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
+
+
+class DaemonSettingsError(RuntimeError):
+    """No usable token (or another setting is wrong); the message names what to set."""
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A resolved daemon address and token, with where each came from (never the token)."""
+
+    url: str
+    url_source: str
+    """'config', 'DRUMS_URL' or 'default'."""
+    token: Secret | None
+    token_source: str
+    """'config token', 'DRUMS_TOKEN', or '<path> (config|DRUMS_TOKEN_FILE|default)'."""
+    token_file: Path | None
+    """The file the token was read from (or looked for), None when it came as a value."""
+    missing: str | None = None
+    """Why there is no token, when there is none."""
+
+    def describe(self) -> str:
+        token = self.token_source if self.token is not None else f"none ({self.missing})"
+        return f"drumsd {self.url} (from {self.url_source}), token from {token}"
+
+    def require_token(self, hint: str = "") -> Secret:
+        """The token, or an error that says where it was looked for and what to set."""
+        if self.token is not None:
+            return self.token
+        where = hint or "pass the token file in the entry point's config"
+        raise DaemonSettingsError(
+            f"no drumsd token: {self.missing}; {where}, or export DRUMS_TOKEN_FILE=<file> "
+            "or DRUMS_TOKEN=<token> (the daemon's token_file)"
+        )
+
+    def aconnect(self, hint: str = "", **kwargs: Any) -> Any:
+        """An SDK AsyncClient on this daemon (the caller owns and closes it)."""
+        import drums
+
+        return drums.aconnect(url=self.url, token=self.require_token(hint), **kwargs)
+
+    def connect(self, hint: str = "", **kwargs: Any) -> Any:
+        """An SDK sync Client on this daemon (the caller owns and closes it)."""
+        import drums
+
+        return drums.connect(url=self.url, token=self.require_token(hint), **kwargs)
+
+    def announce(self) -> None:
+        """Log which daemon and token source is used, once per process and setting."""
+        line = self.describe()
+        with _announce_lock:
+            if line in _announced:
+                return
+            _announced.add(line)
+        log.info("%s", line)
+
+
+def _unreadable(path: Path) -> str:
+    try:
+        path.read_text()
+    except OSError as exc:
+        return f"{path} is not readable ({exc.strerror or type(exc).__name__})"
+    return f"{path} is empty"
+
+
+def resolve_daemon(
+    url: str | None = None,
+    token: str | Secret | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    announce: bool = True,
+) -> Daemon:
+    """The daemon to use: explicit arguments first (a token over a token file), else DRUMS_URL,
+    DRUMS_TOKEN, DRUMS_TOKEN_FILE, else the defaults. Empty strings count as unset. A missing
+    token is not an error here (`require_token` raises); `announce` logs the first line."""
+    env = os.environ if environ is None else environ
+    url = url or None
+    token = token or None
+    token_file = token_file or None
+    if token is None and token_file is not None:
+        # An explicit file beats DRUMS_TOKEN from the environment.
+        env = {k: v for k, v in env.items() if k != "DRUMS_TOKEN"}
+    settings = resolve_settings(url, token, token_file, environ=env)
+    url_source = "config" if url else "DRUMS_URL" if env.get("DRUMS_URL") else "default"
+    path: Path | None = None
+    missing: str | None = None
+    if token is not None:
+        source = "config token"
+    elif env.get("DRUMS_TOKEN"):
+        source = "DRUMS_TOKEN"
+    else:
+        if token_file is not None:
+            path, origin = Path(token_file), "config"
+        elif env.get("DRUMS_TOKEN_FILE"):
+            path, origin = Path(env["DRUMS_TOKEN_FILE"]), "DRUMS_TOKEN_FILE"
+        else:
+            path, origin = Path(DEFAULT_TOKEN_FILE), "default"
+        source = f"{path} ({origin})"
+        if settings.token is None:
+            missing = f"DRUMS_TOKEN is unset and {_unreadable(path)} ({origin})"
+    daemon = Daemon(
+        url=settings.url,
+        url_source=url_source,
+        token=settings.token,
+        token_source=source,
+        token_file=path,
+        missing=missing,
+    )
+    if announce:
+        daemon.announce()
+    return daemon
+
+
+__all__ = ["DEFAULT_TOKEN_FILE", "DEFAULT_URL", "Daemon", "DaemonSettingsError", "resolve_daemon"]

@@ -1,0 +1,59 @@
+"""A rollout that fails before it starts says why on vf-eval's console, in one line.
+
+Runs the real `vf-eval` CLI as a process (fake drumsd, scripted policy) with a missing token and
+with an unreachable daemon, and reads its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from vf_support import write_tasks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_vf_eval(policy, tmp_path: Path, url: str, env_extra: dict[str, str]) -> str:
+    write_tasks(tmp_path / "tasks", ["solve"])
+    exe = Path(sys.executable).with_name("vf-eval")
+    cmd = [
+        str(exe), "drums-verifiers", "-m", "mock-policy", "-r", "1",
+        "--client.base-url", policy.base_url, "--client.api-key-var", "MOCK_POLICY_KEY",
+        "--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess",
+        "--no-push", "--no-rich", "-o", str(tmp_path / "out"),
+        "--env.taskset.task-dir", str(tmp_path / "tasks"),
+        "--env.taskset.task.daemon.url", url,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRUMS_")}
+    env.update({"MOCK_POLICY_KEY": "not-a-secret", **env_extra})
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
+
+
+@pytest.mark.parametrize("case", ["missing-token", "unreachable"])
+def test_failure_before_start_is_one_console_line(case, fake_host, policy, tmp_path):
+    if case == "missing-token":
+        url = fake_host.url
+        extra = {"DRUMS_TOKEN_FILE": str(tmp_path / "no-such-token")}
+        expect = ["no drumsd token", str(tmp_path / "no-such-token"), "token-file"]
+    else:
+        url = f"http://127.0.0.1:{free_port()}"
+        extra = {"DRUMS_TOKEN_FILE": str(fake_host.token_file)}
+        expect = [f"drumsd {url})", "cannot reach drumsd"]
+    stderr = run_vf_eval(policy, tmp_path, url, extra)
+    lines = [line for line in stderr.splitlines() if "failed before it started" in line]
+    assert len(lines) == 1, stderr[-4000:]
+    assert "ERROR" in lines[0] and "(task solve, drumsd " in lines[0]
+    for part in expect:
+        assert part in lines[0], lines[0]
+    assert fake_host.stats()["live_slots"] == []

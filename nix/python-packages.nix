@@ -103,6 +103,11 @@ let
   # nor are the `verl` and `skyrl` extras (verl, skyrl-gym). This package is a plugin for those
   # libraries: it is built without them and meant for a Python environment that already has
   # them (a trainer's own env, or an overlay that adds them).
+  verifiersTree = [
+    "verifiers"
+    "mcp-types"
+    "prime-pydantic-config"
+  ];
   drums-verifiers = ps.buildPythonPackage {
     pname = "drums-verifiers";
     version = "0.1.0";
@@ -112,9 +117,10 @@ let
     dependencies = [
       drums-sdk
       ps.pillow
+      ps.pydantic
     ]
-    ++ lib.optional (ps ? verifiers) ps.verifiers;
-    pythonRemoveDeps = lib.optional (!(ps ? verifiers)) "verifiers";
+    ++ map (name: ps.${name}) (builtins.filter (name: ps ? ${name}) verifiersTree);
+    pythonRemoveDeps = builtins.filter (name: !(ps ? ${name})) verifiersTree;
     # Importing drums_verifiers needs verifiers; check the SDK side only.
     pythonImportsCheck = [ "drums" ];
     meta = meta // {

@@ -22,7 +22,7 @@ DIRS = {
 # The workspace's own distributions are Nix packages of the same name, not python3Packages.
 OWN = set(DIRS)
 # Not in nixpkgs: built without, see the comment in nix/python-packages.nix.
-NOT_IN_NIXPKGS = {"verifiers", "verl", "skyrl-gym"}
+NOT_IN_NIXPKGS = {"verifiers", "mcp-types", "prime-pydantic-config", "verl", "skyrl-gym"}
 
 
 def nixpkgs_name(requirement: str) -> tuple[str, list[str]]:
@@ -101,4 +101,8 @@ def test_dependencies_match_pyproject(package: str, evaluated: dict) -> None:
 
 
 def test_verifiers_is_removed_not_silently_dropped(evaluated: dict) -> None:
-    assert evaluated["drums-verifiers"]["removed"] == ["verifiers"]
+    assert evaluated["drums-verifiers"]["removed"] == [
+        "verifiers",
+        "mcp-types",
+        "prime-pydantic-config",
+    ]

@@ -19,6 +19,14 @@ from test_api_app import create, open_api
 BASE = 1_700_000_000.0
 
 
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    """MockClock that jumps only after 50 ms of real idleness: with a threshold of 0 it also ran
+    while a worker thread (the sampler, the journal writer) worked, so on a loaded host virtual
+    time ran through every limit between two of a service's iterations."""
+    return trio.testing.MockClock(autojump_threshold=0.05)
+
+
 async def virtual_wait(predicate, limit_s: float, step_s: float = 0.5) -> None:
     """Poll in virtual time. Under autojump the clock also jumps while a worker thread runs (the
     sampler, the journal), so a fixed sleep can wake before the loop got its turns."""

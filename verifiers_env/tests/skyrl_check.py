@@ -96,18 +96,9 @@ def daemon(tmp_path, monkeypatch):
     if LIVE_TASK:
         yield None
         return
-    from drums_verifiers.testing.fake_drumsd import FakeDaemon, FakeDrumsd
-    from vf_support import TASKS, TOKEN
+    from vf_support import fake_daemon_env
 
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
-    fake = FakeDaemon({k: {"id": k, "snapshot": "fake", **v} for k, v in TASKS.items()}, TOKEN)
-    server = FakeDrumsd(fake)
-    monkeypatch.setenv("DRUMS_URL", server.serve())
-    monkeypatch.setenv("DRUMS_TOKEN_FILE", str(token_file))
-    monkeypatch.delenv("DRUMS_TOKEN", raising=False)
-    yield fake
-    server.close()
+    yield from fake_daemon_env(tmp_path, monkeypatch)
 
 
 def run(task: str, replies: list[str], max_turns: int = 6) -> tuple[Any, ScriptedEngine]:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,24 @@ class Fake:
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/fake/stats", timeout=10) as r:
             return json.loads(r.read())
+
+
+def fake_daemon_env(tmp_path: Path, monkeypatch: Any) -> Iterator[FakeDaemon]:
+    """A fake drumsd serving TASKS, reached only through DRUMS_URL / DRUMS_TOKEN_FILE (as a
+    trainer's worker is configured); for the trainer checks' `daemon` fixtures."""
+    from drums_verifiers.testing.fake_drumsd import FakeDrumsd
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    fake = FakeDaemon({k: {"id": k, "snapshot": "fake", **v} for k, v in TASKS.items()}, TOKEN)
+    server = FakeDrumsd(fake)
+    monkeypatch.setenv("DRUMS_URL", server.serve())
+    monkeypatch.setenv("DRUMS_TOKEN_FILE", str(token_file))
+    monkeypatch.delenv("DRUMS_TOKEN", raising=False)
+    try:
+        yield fake
+    finally:
+        server.close()
 
 
 def write_tasks(directory: Path, names: list[str]) -> None:

@@ -174,3 +174,31 @@ async def test_a_destroy_that_hangs_is_abandoned_at_the_cleanup_deadline(
         # also runs on while requests wait on worker threads, so no tighter upper bound.)
         assert 20 <= waited < 3600
         assert api.sup.slots[sid].status.value == "destroyed"
+
+
+async def test_a_failed_template_build_is_tried_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    runtime = MemoryRuntime(tmp_path / "state")
+    runtime.fail_template_builds = 1
+    async with open_api(tmp_path, runtime=runtime, clock=virtual_clock) as api:
+        status = api.sup.template_status
+        assert status["base"].startswith("building (attempt 2 of 3"), status
+        assert "timeout" in status["base"]
+        await virtual_wait(lambda: status["base"] == "ready", limit_s=120)
+        assert status["base"] == "ready"
+        assert runtime.template_builds == 2
+        assert (await create(api))["id"]
+
+
+async def test_a_template_that_never_builds_says_why_after_the_last_attempt(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    runtime = MemoryRuntime(tmp_path / "state")
+    runtime.fail_template_builds = 10
+    async with open_api(tmp_path, runtime=runtime, clock=virtual_clock) as api:
+        status = api.sup.template_status
+        await virtual_wait(lambda: status["base"].startswith("error"), limit_s=300)
+        assert runtime.template_builds == 3
+        assert status["base"].startswith("error: timeout:"), status
+        assert "after 3 attempts" in status["base"]

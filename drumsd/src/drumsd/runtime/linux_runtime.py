@@ -1350,12 +1350,29 @@ class LinuxRuntime:
             # Drawn = the agent sees a window. The tree can sit idle before that (an app waiting
             # on a timeout), so quiescence alone would dump a half-started desktop.
             windows: list[Any] = []
+            unanswered: agent_client.AgentError | None = None
             while trio.current_time() < deadline:
-                header, _ = await self._agent_raw(inst, {"op": "windows"}, 5.0)
+                # A loaded host can leave one query unanswered while the apps start: keep
+                # asking until the boot deadline, not the first timeout.
+                remaining = max(0.5, min(5.0, deadline - trio.current_time()))
+                try:
+                    header, _ = await self._agent_raw(inst, {"op": "windows"}, remaining)
+                except agent_client.AgentError as exc:
+                    unanswered = exc
+                    await trio.sleep(0.2)
+                    continue
                 windows = list(header.get("windows") or [])
                 if len(windows) > len(apps):  # the xterm and one window per app
                     break
                 await trio.sleep(0.05)
+            if not windows and unanswered is not None:
+                raise RuntimeError_(
+                    "timeout",
+                    f"the agent of instance {iid} listed no windows within "
+                    f"{self.config.boot_timeout_s} s ({unanswered.message}); the desktop may "
+                    "have failed to start or the host is overloaded",
+                    image=str(image_root),
+                )
             boot_s = time.monotonic() - t0
             _log(
                 "cold_boot",

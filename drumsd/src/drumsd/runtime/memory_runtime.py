@@ -75,6 +75,8 @@ class MemoryRuntime:
         self.faults: dict[str, dict[str, Any]] = {}  # slot id -> facts overrides
         self.faults_for_new: dict[str, Any] = {}  # overrides for every slot (start-gate tests)
         self.fail_next_restore: str | None = None
+        self.fail_template_builds = 0  # this many make_template calls raise before one succeeds
+        self.template_builds = 0
         self._next_pid = 10_000
         self._ns = FAKE_NAMESPACE_BASE
         self._exits: dict[str, trio.Event] = {}
@@ -280,6 +282,9 @@ class MemoryRuntime:
     async def make_template(
         self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path
     ) -> CheckpointRef:
+        self.template_builds += 1
+        if self.template_builds <= self.fail_template_builds:
+            raise RuntimeError_("timeout", "the agent listed no windows (injected)")
         await trio.to_thread.run_sync(_write_meta, dest, json.dumps({"id": checkpoint_id}))
         return CheckpointRef(
             id=checkpoint_id,

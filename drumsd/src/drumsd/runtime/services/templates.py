@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("drumsd.supervisor")
 
+# A template build that fails (a cold boot timing out on a loaded host, mostly) is tried again
+# after TEMPLATE_RETRY_S x the attempt number, up to TEMPLATE_ATTEMPTS in all.
+TEMPLATE_ATTEMPTS = 3
+TEMPLATE_RETRY_S = 5.0
+
 
 async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
     """After a (re)start: adopt live slots, mark dead ones down and clean them, drop unfinished
@@ -148,14 +153,34 @@ async def default_image(sup: Supervisor) -> tuple[str, Path, str] | None:
 async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id: str) -> None:
     dest = sup.config.state_dir / "templates" / cp_id
     now = sup.clock()
-    log.info("image=%s building template checkpoint %s from %s", name, cp_id, root)
-    try:
-        ref = await sup.runtime.make_template(root, sha, cp_id, dest)
-    except RuntimeError_ as exc:
-        sup.template_status[name] = f"error: {exc.code}: {exc.message}"
-        sup.metrics.failure("template")
-        log.error("image=%s template build failed: %s", name, exc.message)
-        return
+    ref = None
+    for attempt in range(1, TEMPLATE_ATTEMPTS + 1):
+        log.info(
+            "image=%s building template checkpoint %s from %s (attempt %d of %d)",
+            name, cp_id, root, attempt, TEMPLATE_ATTEMPTS,
+        )
+        try:
+            ref = await sup.runtime.make_template(root, sha, cp_id, dest)
+            break
+        except RuntimeError_ as exc:
+            sup.metrics.failure("template")
+            log.error(
+                "image=%s template build attempt %d of %d failed: %s: %s",
+                name, attempt, TEMPLATE_ATTEMPTS, exc.code, exc.message,
+            )
+            if attempt == TEMPLATE_ATTEMPTS:
+                sup.template_status[name] = (
+                    f"error: {exc.code}: {exc.message} (after {attempt} attempts; see the "
+                    "daemon log, fix the image or the host and restart drumsd)"
+                )
+                return
+            sup.template_status[name] = (
+                f"building (attempt {attempt + 1} of {TEMPLATE_ATTEMPTS}; the last failed: "
+                f"{exc.code}: {exc.message})"
+            )
+            # A cold boot that timed out on a loaded host often passes once the load passes.
+            await trio.sleep(TEMPLATE_RETRY_S * attempt)
+    assert ref is not None
     cp = CheckpointRecord(
         id=cp_id,
         kind=CheckpointKind.template,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from drumsd.linux import agent_socket
 from drumsd.runtime import agent_client as ac
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the checks assume host root (uid 0)")
@@ -99,4 +100,4 @@ async def test_a_payload_beyond_the_cap_is_refused(
 
 
 def test_slot_root_uid_reads_the_uid_map() -> None:
-    assert ac.slot_root_uid(os.getpid()) == 0
+    assert agent_socket.slot_root_uid(os.getpid()) == 0

@@ -21,5 +21,7 @@ export PATH="$PWD/.venv/bin:$PATH" DRUMS_LIVE=1 DRUMS_CI=1
 echo "==> ruff"
 ruff check .
 ruff format --check .
+echo "==> import contracts (lint-imports: core <- linux <- runtime <- api)"
+lint-imports
 echo "==> pytest"
 exec pytest -q -rs -p no:cacheprovider "$@"

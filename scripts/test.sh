@@ -24,4 +24,4 @@ ruff format --check .
 echo "==> import contracts (lint-imports: core <- linux <- runtime <- api)"
 lint-imports
 echo "==> pytest"
-exec pytest -q -rs -p no:cacheprovider "$@"
+exec pytest -q -rs -p no:cacheprovider --durations=30 "$@"

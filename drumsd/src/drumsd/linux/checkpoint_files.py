@@ -29,7 +29,7 @@ def dump_written(dest: Path) -> bool:
     return (dest / "upper").is_dir()
 
 
-def discard_failed_dump(dest: Path) -> str:
+def discard_failed_dump(dest: Path) -> list[str]:
     """The errors of dump.log; the half-written checkpoint dir is removed."""
     log = dest / "images" / "dump.log"
     errors = criu.log_errors(log.read_text(errors="replace") if log.exists() else "")

@@ -12,7 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -93,8 +93,8 @@ class RestoreOutcome:
     """What a criu restore left in its work dir: the restored init's pid, or the errors."""
 
     pid: int | None
-    log_errors: str = ""
-    out_tail: list[str] | None = None
+    log_errors: Sequence[str] = ()
+    out_tail: Sequence[str] = ()
 
 
 def restore_outcome(work: Path, succeeded: bool) -> RestoreOutcome:

@@ -1,0 +1,83 @@
+"""The Linux runtime's file work, on temp dirs: owner.json records, the uid ranges a previous
+daemon's instance dirs hold, a restore's outcome read from CRIU's work dir, a dump's files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from drumsd.linux import checkpoint_files, mounts, process_trees, slot_fs
+
+
+def test_owner_record_keeps_earlier_fields_across_writes(tmp_path: Path) -> None:
+    paths = slot_fs.make_instance_dir(tmp_path, "slot-a-1", "spare:ck", 3)
+    slot_fs.write_owner(paths, None, init=(42, 4242))
+    slot_fs.write_owner(paths, "slot:a")  # a claim: owner changes, uid range and init stay
+    record = json.loads((paths.dir / "owner.json").read_text())
+    assert record == {"owner": "slot:a", "uid_index": 3, "init": [42, 4242]}
+    assert slot_fs.read_owner(paths.dir) == "slot:a"
+    assert not (paths.dir / "owner.json.tmp").exists()
+
+
+def test_a_missing_or_broken_owner_record_reads_as_empty(tmp_path: Path) -> None:
+    assert slot_fs.read_owner_record(tmp_path) == {}
+    (tmp_path / "owner.json").write_text("[1, 2")
+    assert slot_fs.read_owner_record(tmp_path) == {}
+    assert slot_fs.read_owner(tmp_path) is None
+
+
+def test_held_uid_ranges_are_those_named_by_instance_dirs(tmp_path: Path) -> None:
+    slots = tmp_path / "slots"
+    assert slot_fs.held_uid_ranges(slots) == set() and slots.is_dir()
+    slot_fs.make_instance_dir(tmp_path, "a", "slot:a", 5)
+    slot_fs.make_instance_dir(tmp_path, "b", "slot:b", None)  # trusted: no range
+    (slots / "c").mkdir()  # no owner.json at all
+    assert slot_fs.held_uid_ranges(slots) == {5}
+    assert sorted(slot_fs.instance_names(slots)) == ["a", "b", "c"]
+    assert slot_fs.instance_names(tmp_path / "absent") == []
+
+
+def test_teardown_fs_removes_the_dir_and_names_its_range(tmp_path: Path) -> None:
+    paths = slot_fs.make_instance_dir(tmp_path, "a", "slot:a", 7)
+    (paths.dir / "rw").mkdir()
+    assert slot_fs.teardown_fs(paths) == 7
+    assert not paths.dir.exists()
+    assert slot_fs.teardown_fs(mounts.SlotPaths.of(tmp_path, "gone")) is None
+
+
+def test_restore_outcome_reads_the_pid_or_the_errors(tmp_path: Path) -> None:
+    (tmp_path / "pid").write_text("1234\n")
+    assert process_trees.restore_outcome(tmp_path, True).pid == 1234
+    # criu failed: the pidfile (left from a run that failed later) is not trusted.
+    (tmp_path / "restore.log").write_text("ok line\n(00.1) Error (criu/cr-restore.c): boom\n")
+    (tmp_path / "criu.out").write_text("a\nb\nc\nd\n")
+    failed = process_trees.restore_outcome(tmp_path, False)
+    assert failed.pid is None
+    assert failed.log_errors == ["(00.1) Error (criu/cr-restore.c): boom"]
+    assert list(failed.out_tail) == ["b", "c", "d"]
+
+
+def test_a_dead_process_counts_as_kill_pending_and_a_live_one_does_not() -> None:
+    assert process_trees.kill_pending(2**22 + 1)  # no such pid
+    assert not process_trees.kill_pending(os.getpid())
+
+
+def test_a_failed_dump_is_removed_with_its_log_errors(tmp_path: Path) -> None:
+    dest = tmp_path / "ck"
+    script = checkpoint_files.prepare_dump(dest, tmp_path / "upper")
+    assert checkpoint_files.holds_checkpoint(dest) and script.stat().st_mode & 0o777 == 0o700
+    assert not checkpoint_files.dump_written(dest)
+    (dest / "images" / "dump.log").write_text("Error (criu/cr-dump.c): unix socket\n")
+    assert checkpoint_files.discard_failed_dump(dest) == ["Error (criu/cr-dump.c): unix socket"]
+    assert not dest.exists()
+
+
+def test_meta_update_keeps_the_dump_fields(tmp_path: Path) -> None:
+    checkpoint_files.write_meta(tmp_path, {"id": "ck", "dump_s": 1.5})
+    checkpoint_files.update_meta(tmp_path, boot_s=9.25)
+    assert json.loads((tmp_path / "meta.json").read_text()) == {
+        "id": "ck",
+        "dump_s": 1.5,
+        "boot_s": 9.25,
+    }

@@ -202,3 +202,21 @@ async def test_a_template_that_never_builds_says_why_after_the_last_attempt(
         assert runtime.template_builds == 3
         assert status["base"].startswith("error: timeout:"), status
         assert "after 3 attempts" in status["base"]
+
+
+async def test_the_reaper_ends_an_idle_lease_on_its_own_in_virtual_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The reaper loop, not a direct reap_once: a 60 s idle lease ends within one reap interval
+    of running out, never before; a slot whose lease is still good is left alone."""
+    async with open_api(tmp_path, clock=virtual_clock, lease={"reap_interval_s": 5.0}) as api:
+        t0 = trio.current_time()
+        idle = (await create(api, idle_timeout_s=60))["id"]
+        kept = (await create(api, idle_timeout_s=3600))["id"]
+        await virtual_wait(lambda: ("destroy", idle) in api.runtime.calls, 50, 2.5)
+        assert ("destroy", idle) not in api.runtime.calls, "reaped before its lease ran out"
+        await virtual_wait(lambda: api.sup.slots[idle].status.value == "destroyed", 60, 2.5)
+        assert api.sup.slots[idle].status.value == "destroyed"
+        assert 60 <= trio.current_time() - t0 <= 60 + 5.0 + 10.0  # + one interval + margin
+        assert api.sup.slots[kept].status.value == "ready"
+        assert ("destroy", kept) not in api.runtime.calls

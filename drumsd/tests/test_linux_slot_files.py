@@ -47,8 +47,12 @@ def test_teardown_fs_removes_the_dir_and_names_its_range(tmp_path: Path) -> None
 
 
 def test_restore_outcome_reads_the_pid_or_the_errors(tmp_path: Path) -> None:
-    (tmp_path / "pid").write_text("1234\n")
-    assert process_trees.restore_outcome(tmp_path, True).pid == 1234
+    paths = slot_fs.make_instance_dir(tmp_path, "a", "slot:a", None)
+    (tmp_path / "pid").write_text(f"{os.getpid()}\n")
+    ok = process_trees.restore_outcome(tmp_path, True, paths)
+    os.close(ok.pidfd)
+    assert ok.pid == os.getpid() and ok.starttime > 0
+    assert slot_fs.read_owner_record(paths.dir)["init"] == [ok.pid, ok.starttime]
     # criu failed: the pidfile (left from a run that failed later) is not trusted.
     (tmp_path / "restore.log").write_text("ok line\n(00.1) Error (criu/cr-restore.c): boom\n")
     (tmp_path / "criu.out").write_text("a\nb\nc\nd\n")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from drumsd.linux import cgroups, criu, procfs
+from drumsd.linux import cgroups, criu, mounts, procfs, slot_fs
 
 REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
 DEVNULL = subprocess.DEVNULL
@@ -90,20 +90,32 @@ def kill_pending(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class RestoreOutcome:
-    """What a criu restore left in its work dir: the restored init's pid, or the errors."""
+    """What a criu restore left in its work dir: the restored init (pid, a pidfd, starttime),
+    or the errors."""
 
     pid: int | None
+    pidfd: int = -1
+    starttime: int = 0
     log_errors: Sequence[str] = ()
     out_tail: Sequence[str] = ()
 
 
-def restore_outcome(work: Path, succeeded: bool) -> RestoreOutcome:
+def restore_outcome(
+    work: Path, succeeded: bool, paths: mounts.SlotPaths | None = None
+) -> RestoreOutcome:
+    """After criu restore: the init's pid from the pidfile, pinned by a pidfd, and (with
+    `paths`) recorded in the instance's owner.json; else the errors of its logs."""
     pidfile = work / "pid"
     if succeeded and pidfile.exists():
-        return RestoreOutcome(int(pidfile.read_text().strip()))
+        pid = int(pidfile.read_text().strip())
+        pidfd = os.pidfd_open(pid)
+        start = procfs.starttime(pid) or 0
+        if paths is not None:
+            slot_fs.write_owner(paths, None, init=(pid, start))
+        return RestoreOutcome(pid, pidfd, start)
     log = work / "restore.log"
     errors = criu.log_errors(log.read_text(errors="replace") if log.exists() else "")
-    return RestoreOutcome(None, errors, criu.tail(work / "criu.out", 3))
+    return RestoreOutcome(None, log_errors=errors, out_tail=criu.tail(work / "criu.out", 3))
 
 
 def cpu_seconds(ticks: int) -> float:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,18 +134,28 @@ def teardown_fs(paths: mounts.SlotPaths) -> int | None:
 # ------------------------------------------------------------------ CRIU images on tmpfs
 
 
-def has_images(images: Path) -> bool:
-    return (images / "inventory.img").exists()
+@dataclass(frozen=True)
+class ImageProbe:
+    """What a restore needs to know of a checkpoint's images before using them (one look, so a
+    restore pays one worker-thread round trip for it)."""
+
+    present: bool
+    on_tmpfs: bool = False
+    cache_key: str = ""  # names this version of the images (a rewritten checkpoint: a new key)
+    uid_map: tuple[tuple[int, int, int], ...] | None = None  # None: no user namespace image
 
 
-def images_on_tmpfs(images: Path) -> bool:
-    return mounts.fs_type_of(images) == "tmpfs"
-
-
-def image_cache_key(checkpoint_id: str, images: Path) -> str:
-    """Names one version of a checkpoint's images (a rewritten checkpoint gets a new key)."""
-    st = (images / "inventory.img").stat()
-    return f"{checkpoint_id}-{st.st_ino}-{st.st_mtime_ns}"
+def probe_images(checkpoint_id: str, images: Path) -> ImageProbe:
+    try:
+        st = (images / "inventory.img").stat()
+    except FileNotFoundError:
+        return ImageProbe(False)
+    return ImageProbe(
+        True,
+        mounts.fs_type_of(images) == "tmpfs",
+        f"{checkpoint_id}-{st.st_ino}-{st.st_mtime_ns}",
+        userns_uid_map(images),
+    )
 
 
 def cache_images(images: Path, cache: Path, key: str, tmpfs_mib: int) -> Path:
@@ -177,6 +188,11 @@ def userns_uid_map(images: Path) -> tuple[tuple[int, int, int], ...] | None:
     if not userns_imgs:
         return None
     return tuple(idmap.decode_userns_image(userns_imgs[0].read_bytes()).uid_map)
+
+
+def exists(path: Path) -> bool:
+    """A stat on the runtime's own tmpfs (microseconds: called inline)."""
+    return path.exists()
 
 
 def ensure_map_variant(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from functools import partial
 from pathlib import Path
 
 import trio
@@ -14,7 +13,7 @@ import trio
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 from drumsd.linux import cgroups, criu, procfs, slot_fs
 from drumsd.linux.exec_helper import helper_argv
-from drumsd.linux.process_trees import cpu_seconds, pidfd_open, restore_outcome
+from drumsd.linux.process_trees import cpu_seconds, restore_outcome
 from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log, _Prepared
 
 
@@ -24,34 +23,34 @@ class RestoreMixin(RuntimeBase):
     async def _images_for(self, checkpoint: CheckpointRef, uid_index: int | None) -> Path:
         """The checkpoint's images with the userns map of the target range (a dir of hard links
         and a rewritten userns image, made once per range next to the images)."""
-        images = await self._images_of(checkpoint)
+        images, probe = await self._images_of(checkpoint)
         extents = self._id_map(uid_index)
-        current = await trio.to_thread.run_sync(slot_fs.userns_uid_map, images)
-        if current is None or current == tuple(extents):
+        if probe.uid_map is None or probe.uid_map == tuple(extents):
             return images
         tag = "identity" if uid_index is None else str(uid_index)
         variant = images.parent / f".{images.name}-map-{tag}"
-        if not await trio.to_thread.run_sync(variant.exists):
+        if not slot_fs.exists(variant):
             async with self._image_lock:
                 await trio.to_thread.run_sync(slot_fs.ensure_map_variant, images, variant, extents)
         return variant
 
-    async def _images_of(self, checkpoint: CheckpointRef) -> Path:
+    async def _images_of(self, checkpoint: CheckpointRef) -> tuple[Path, slot_fs.ImageProbe]:
         """CRIU images on tmpfs: used in place when already there, else copied once into the
         runtime's own tmpfs (a restore that reads disk is 3x slower)."""
         images = checkpoint.dir / "images"
-        if not await trio.to_thread.run_sync(slot_fs.has_images, images):
+        probe = await trio.to_thread.run_sync(slot_fs.probe_images, checkpoint.id, images)
+        if not probe.present:
             raise RuntimeError_(
                 "restore_failed",
                 f"checkpoint {checkpoint.id}: no CRIU images at {images}; re-create the "
                 "checkpoint (make_template or capture)",
             )
-        if await trio.to_thread.run_sync(slot_fs.images_on_tmpfs, images):
-            return images
-        key = await trio.to_thread.run_sync(slot_fs.image_cache_key, checkpoint.id, images)
+        if probe.on_tmpfs:
+            return images, probe
+        key = probe.cache_key
         async with self._image_lock:
             if key in self._image_cache:
-                return self._image_cache[key]
+                return self._image_cache[key], probe
             dest = await trio.to_thread.run_sync(
                 slot_fs.cache_images,
                 images,
@@ -60,7 +59,7 @@ class RestoreMixin(RuntimeBase):
                 self.config.images_tmpfs_mib,
             )
             self._image_cache[key] = dest
-            return dest
+            return dest, probe
 
     # ------------------------------------------------------------------ restore
 
@@ -171,7 +170,9 @@ class RestoreMixin(RuntimeBase):
         inst.phases["queue"] = round(t_criu - t0, 4)
         inst.phases["criu"] = round(time.monotonic() - t_criu, 4)
         inst.phases["criu_cpu"] = round(done.cpu_s, 4)
-        outcome = await trio.to_thread.run_sync(restore_outcome, work, done.returncode == 0)
+        outcome = await trio.to_thread.run_sync(
+            restore_outcome, work, done.returncode == 0, inst.paths
+        )
         if outcome.pid is None:
             inst.error = (
                 f"criu restore timed out after {self.config.restore_timeout_s} s"
@@ -179,12 +180,7 @@ class RestoreMixin(RuntimeBase):
                 else f"criu exit {done.returncode}: {outcome.log_errors or outcome.out_tail}"
             )
             return False
-        inst.pid = outcome.pid
-        inst.pidfd = pidfd_open(inst.pid)
-        inst.starttime = procfs.starttime(inst.pid) or 0
-        await trio.to_thread.run_sync(
-            partial(slot_fs.write_owner, inst.paths, None, init=(inst.pid, inst.starttime))
-        )
+        inst.pid, inst.pidfd, inst.starttime = outcome.pid, outcome.pidfd, outcome.starttime
         if freeze:
             await trio.to_thread.run_sync(self.driver.freeze, inst.cgroups)
             inst.frozen = True

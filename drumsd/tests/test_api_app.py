@@ -508,3 +508,34 @@ async def test_an_early_verify_waits_for_the_pending_gates(tmp_path: Path) -> No
             assert v["valid"] is True and v["verdict"] == "valid", v
             assert not any("pending" in r for r in v["invalid_reasons"]), v
         assert time.monotonic() - started < 0.8 + 5.0  # bounded by alive_after_s and a margin
+
+
+async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) -> None:
+    """issue 14, finding 8: a client's 60 s idle timeout, not the config's 1,800 s, for what
+    its slot makes (the SDK's fork() and save() pass no lease of their own)."""
+    maker = (await create(api, idle_timeout_s=60, ttl_s=900))["id"]
+    await wait_valid(api, maker)
+    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 2})
+    assert r.status_code in (200, 201), r.text
+    children = [c["id"] for c in r.json()["children"]]
+    r = await api.client.post(f"/v1/slots/{maker}/capture", json={})
+    assert r.status_code in (200, 201), r.text
+    state = r.json()["id"]
+    for child in children:
+        rec = api.sup.get_slot(child)
+        assert (rec.idle_timeout_s, rec.ttl_s) == (60, 900)
+    cp = api.sup.get_checkpoint(state)
+    assert cp.idle_timeout_s == 60
+    assert cp.idle_timeout_s < api.config.lease.state_idle_timeout_s
+
+    # Asked for explicitly, the request's lease wins.
+    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 1, "idle_timeout_s": 500})
+    kept = r.json()["children"][0]["id"]
+    assert api.sup.get_slot(kept).idle_timeout_s == 500
+
+    # The client stops calling: after 60 s the maker, its children and its state all go.
+    api.clock[0] += 61
+    done = await api.sup.reap_once()
+    assert set(children) | {maker} <= set(done["slots"])
+    assert kept not in done["slots"]
+    error_of(await api.client.get(f"/v1/checkpoints/{state}"), 404, "not_found")

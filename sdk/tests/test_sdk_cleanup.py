@@ -191,3 +191,23 @@ def test_a_closed_client_says_so(daemon: Daemon, run_async: Run) -> None:
             await aclient.health()
 
     run_async(body)
+
+
+def test_a_sigint_handler_not_set_from_python_is_no_typeerror(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """issue 14, finding 8: signal.signal() returns None when the previous handler was not set
+    from Python (at shutdown after Ctrl-C, or embedded); putting that back was a TypeError."""
+    real = signal.signal
+    calls = []
+
+    def from_c_first(signum: int, handler: Any) -> Any:
+        previous = real(signum, handler)
+        calls.append(handler)
+        return None if len(calls) == 1 else previous
+
+    monkeypatch.setattr(signal, "signal", from_c_first)
+    with sigint_held():
+        pass
+    assert calls[-1] is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -343,6 +343,23 @@ async def test_mid_episode_failures_quarantine(api: Api) -> None:
     assert "init exited" in api.sup.slots[died].quarantine_reason
 
 
+async def test_a_tree_stuck_at_pids_max_quarantines(api: Api) -> None:
+    """issue 14, finding 11: a fork bomb left the episode valid; forks refused at pids.max
+    since the episode began fail no_oom_kill and quarantine the slot."""
+    calm = (await create(api))["id"]
+    bomb = (await create(api))["id"]
+    await wait_valid(api, calm)
+    await wait_valid(api, bomb)
+    api.runtime.inject(bomb, extra={"pids_max_hits": 50})
+    report = (await api.client.get(f"/v1/slots/{bomb}/gates")).json()
+    assert "no_oom_kill" in report["failed"], report
+    (gate,) = [g for g in report["gates"] if g["name"] == "no_oom_kill"]
+    assert gate["evidence"]["pids_max_hits"] == 50, report
+    assert (await api.client.get(f"/v1/slots/{bomb}")).json()["state"] == "quarantined"
+    calm_report = (await api.client.get(f"/v1/slots/{calm}/gates")).json()
+    assert calm_report["valid"] is True, calm_report
+
+
 async def test_crash_exits_fail_no_app_crash(api: Api) -> None:
     sid = (await create(api))["id"]
     await wait_valid(api, sid)

@@ -104,3 +104,17 @@ async def test_sleeps_that_outlast_the_setup_timeout_are_refused_at_create(tmp_p
         assert await _live_slots(api) == []
         # Two of them fit: only the total is refused.
         assert sum_of_sleeps(Task.model_validate(_task([sleep, sleep]))) == 500
+
+
+async def test_a_destroyed_slots_task_run_dir_is_removed(tmp_path: Path) -> None:
+    """issue 14, finding 10: one run dir per episode stayed behind after its slot was gone."""
+    async with open_api(tmp_path) as api:
+        bridge = TaskBridge(TaskContext(), api.runtime, run_root=tmp_path / "runs")
+        api.sup.tasks = bridge
+        kept = (await api.client.post("/v1/slots", json={"task": _task([])})).json()["id"]
+        gone = (await api.client.post("/v1/slots", json={"task": _task([])})).json()["id"]
+        assert (tmp_path / "runs" / gone).is_dir() and (tmp_path / "runs" / kept).is_dir()
+        r = await api.client.delete(f"/v1/slots/{gone}")
+        assert r.status_code == 200, r.text
+        assert not (tmp_path / "runs" / gone).exists()
+        assert (tmp_path / "runs" / kept).is_dir()

@@ -170,4 +170,4 @@ def describe(action: Dict[str, Any]) -> str:
         return f"pressed {'+'.join(action['keys'])}"
     if kind == "wait":
         return f"waited {action['seconds']:g}s"
-    return kind
+    return str(kind)

@@ -107,7 +107,9 @@ def build_server(
         **settings,
     )
 
-    async def act(ctx: Context, env_id: Optional[str], build: Callable[[Any], Dict[str, Any]]):
+    async def act(
+        ctx: Context, env_id: Optional[str], build: Callable[[actions.Screen], Dict[str, Any]]
+    ) -> str:
         try:
             session = await sessions.of(ctx)
             env = session.env(env_id)

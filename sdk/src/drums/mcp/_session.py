@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 from contextlib import AsyncExitStack
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from .. import models as m
 from .._async_client import AsyncClient, AsyncEnv
@@ -22,7 +22,7 @@ from ..actions import BadAction, Screen
 log = logging.getLogger("drums.mcp")
 
 
-def png_size(png: bytes) -> Optional[tuple]:
+def png_size(png: bytes) -> Optional[Tuple[int, int]]:
     """Width and height from a PNG's IHDR chunk (None if it is not a PNG)."""
     if len(png) < 24 or png[:8] != b"\x89PNG\r\n\x1a\n" or png[12:16] != b"IHDR":
         return None

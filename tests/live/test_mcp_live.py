@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +21,7 @@ from pathlib import Path
 import anyio
 import drums
 import pytest
-from live_daemon import start_live_daemon, stop_and_clean
+from drumsd_process import Daemon, free_port
 
 mcp = pytest.importorskip("mcp", reason="drums mcp needs the mcp extra (in the dev group)")
 from mcp import ClientSession  # noqa: E402
@@ -79,18 +78,19 @@ async def http_session(url: str) -> AsyncIterator[ClientSession]:
         yield s
 
 
-def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
+def test_drums_mcp_over_stdio_and_http(tmp_path: Path, live_daemon: Daemon) -> None:
     if not RENAME.is_file():
         pytest.skip(f"no shared OSWorld task at {RENAME} (a fixture for this test only)")
-    root = Path(tempfile.mkdtemp(prefix="drums-mcp-"))
-    daemon = start_live_daemon(root)
+    daemon = live_daemon  # the session's daemon: no start of its own (seconds, in CI)
     env = {"DRUMS_URL": daemon.url, "DRUMS_TOKEN": daemon.token, "PATH": os.environ["PATH"]}
     http = None
     try:
         with drums.connect(daemon.url, token=daemon.token) as watcher:
+            before = {s.id for s in watcher.list_envs()}
 
             def live_envs() -> list[str]:
-                return [s.id for s in watcher.list_envs()]
+                """The envs made since this test began (the daemon is shared)."""
+                return [s.id for s in watcher.list_envs() if s.id not in before]
 
             async def over_stdio() -> None:
                 params = StdioServerParameters(
@@ -150,7 +150,7 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
             anyio.run(over_stdio)
             wait_until(lambda: live_envs() == [], "stdio session's env still alive")
 
-            port = drums_free_port()
+            port = free_port()
             http = subprocess.Popen(
                 server_argv("--transport", "http", "--listen", f"127.0.0.1:{port}"),
                 env=env,
@@ -190,10 +190,3 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
         if http is not None and http.poll() is None:
             http.terminate()
             http.wait(timeout=20)
-        stop_and_clean(daemon, root / "state", root)
-
-
-def drums_free_port() -> int:
-    from drumsd_process import free_port
-
-    return free_port()

@@ -9,13 +9,15 @@ while the server keeps running). DRUMS_LIVE=1.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -186,6 +188,22 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path, live_daemon: Daemon) -> N
             # the client deleted its session; the server is still running
             wait_until(lambda: live_envs() == [], "HTTP session's env still alive")
             assert http.poll() is None, (tmp_path / "http.log").read_text()
+
+            async def sigterm_mid_session() -> None:
+                stack = AsyncExitStack()
+                s = await stack.enter_async_context(http_session(url))
+                await call(s, "desktop_create", image="base")
+                assert len(live_envs()) == 1
+                http.send_signal(signal.SIGTERM)  # the client is still connected
+                await anyio.to_thread.run_sync(lambda: http.wait(timeout=40))
+                # the client's own exit now talks to a server that is gone: not what is tested
+                with anyio.move_on_after(10), contextlib.suppress(Exception):
+                    await stack.aclose()
+
+            anyio.run(sigterm_mid_session)
+            # uvicorn re-raises the SIGTERM once its shutdown (our sessions' cleanup) is done
+            assert http.returncode in (0, -signal.SIGTERM), (tmp_path / "http.log").read_text()
+            assert live_envs() == [], "SIGTERM'd server left its session's env"
     finally:
         if http is not None and http.poll() is None:
             http.terminate()

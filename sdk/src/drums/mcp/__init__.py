@@ -71,8 +71,15 @@ async def _serve(args: argparse.Namespace) -> None:
 async def _serve_http(server: Any, host: str, port: int) -> None:
     import uvicorn
 
-    config = uvicorn.Config(server.streamable_http_app(host=host), host=host, port=port)
-    config.log_level = "warning"
+    # An open client stream must not hold a SIGTERM'd server forever: 5 s, then the app's
+    # shutdown runs and every session's desktops are destroyed.
+    config = uvicorn.Config(
+        server.streamable_http_app(host=host),
+        host=host,
+        port=port,
+        timeout_graceful_shutdown=5,
+        log_level="warning",
+    )
     await uvicorn.Server(config).serve()
 
 

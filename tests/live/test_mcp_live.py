@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -23,7 +24,8 @@ from pathlib import Path
 import anyio
 import drums
 import pytest
-from drumsd_process import Daemon, free_port
+from drumsd_process import free_port
+from live_daemon import start_live_daemon, stop_and_clean
 
 mcp = pytest.importorskip("mcp", reason="drums mcp needs the mcp extra (in the dev group)")
 from mcp import ClientSession  # noqa: E402
@@ -63,6 +65,17 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> N
         time.sleep(0.2)
 
 
+def children_running(marker: str) -> list[int]:
+    """This test process's own children whose command line holds `marker`."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            if marker.encode() in cmdline:
+                found.append(int(pid))
+    return found
+
+
 def server_argv(*extra: str) -> list[str]:
     return [
         sys.executable,
@@ -80,10 +93,13 @@ async def http_session(url: str) -> AsyncIterator[ClientSession]:
         yield s
 
 
-def test_drums_mcp_over_stdio_and_http(tmp_path: Path, live_daemon: Daemon) -> None:
+def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
     if not RENAME.is_file():
         pytest.skip(f"no shared OSWorld task at {RENAME} (a fixture for this test only)")
-    daemon = live_daemon  # the session's daemon: no start of its own (seconds, in CI)
+    # A daemon of its own, stopped and cleaned after (the session fixture's stop leaves a spare's
+    # mounts behind when run alone).
+    root = Path(tempfile.mkdtemp(prefix="drums-mcp-"))
+    daemon = start_live_daemon(root)
     env = {"DRUMS_URL": daemon.url, "DRUMS_TOKEN": daemon.token, "PATH": os.environ["PATH"]}
     http = None
     try:
@@ -152,6 +168,26 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path, live_daemon: Daemon) -> N
             anyio.run(over_stdio)
             wait_until(lambda: live_envs() == [], "stdio session's env still alive")
 
+            async def stdio_sigterm() -> None:
+                params = StdioServerParameters(
+                    command=server_argv()[0], args=server_argv()[1:], env=env
+                )
+                stack = AsyncExitStack()
+                read, write = await stack.enter_async_context(stdio_client(params))
+                s = await stack.enter_async_context(ClientSession(read, write))
+                await s.initialize()
+                await call(s, "desktop_create", image="base")
+                assert len(live_envs()) == 1
+                (child,) = children_running("drums._cli")
+                os.kill(child, signal.SIGTERM)  # the client still holds its stdin open
+                await anyio.to_thread.run_sync(
+                    lambda: wait_until(lambda: live_envs() == [], "SIGTERM'd stdio server's env")
+                )
+                with anyio.move_on_after(10), contextlib.suppress(Exception):
+                    await stack.aclose()
+
+            anyio.run(stdio_sigterm)
+
             port = free_port()
             http = subprocess.Popen(
                 server_argv("--transport", "http", "--listen", f"127.0.0.1:{port}"),
@@ -208,3 +244,4 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path, live_daemon: Daemon) -> N
         if http is not None and http.poll() is None:
             http.terminate()
             http.wait(timeout=20)
+        stop_and_clean(daemon, root / "state", root)

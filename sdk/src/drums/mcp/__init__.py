@@ -10,6 +10,7 @@ Needs the `mcp` extra: pip install 'drums-sdk[mcp]'.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any, Optional, Sequence
@@ -45,27 +46,33 @@ def parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace) -> None:
     import anyio
 
+    from ._server import Sessions
+
     def connect() -> AsyncClient:
         return AsyncClient(args.url, token_file=args.token_file)
 
-    server = build_server(connect, gates_timeout=args.gates_timeout, log_level="WARNING")
+    sessions = Sessions(connect, args.gates_timeout)
+    server = build_server(connect, sessions=sessions, log_level="WARNING")
+    if args.transport == "http":
+        # uvicorn handles SIGTERM/SIGINT itself and runs the app's shutdown (sessions end).
+        host, _, port = args.listen.rpartition(":")
+        await _serve_http(server, host or "127.0.0.1", int(port))
+        return
+
+    async def stop_on_signal() -> None:
+        # stdin is read in a worker thread no cancellation can interrupt, so on SIGTERM/SIGINT
+        # the sessions are closed here (their desktops destroyed) and the process leaves.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                with anyio.CancelScope(shield=True):
+                    await sessions.aclose()
+                sys.stderr.flush()
+                os._exit(128 + signum)
+
     async with anyio.create_task_group() as tg:
-
-        async def stop_on_signal() -> None:
-            # SIGTERM ends the server like stdin EOF does: the sessions' cleanup runs.
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    return
-
-        if args.transport == "stdio":
-            tg.start_soon(stop_on_signal)
-            await server.run_stdio_async()
-            tg.cancel_scope.cancel()
-        else:
-            # uvicorn handles SIGTERM/SIGINT itself and runs the app's shutdown (sessions end).
-            host, _, port = args.listen.rpartition(":")
-            await _serve_http(server, host or "127.0.0.1", int(port))
+        tg.start_soon(stop_on_signal)
+        await server.run_stdio_async()  # until the client closes stdin
+        tg.cancel_scope.cancel()
 
 
 async def _serve_http(server: Any, host: str, port: int) -> None:

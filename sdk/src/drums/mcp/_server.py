@@ -67,11 +67,13 @@ class Sessions:
         return session
 
     async def _end(self, session: Session) -> None:
-        self.live.pop(id(session), None)
+        # Still listed while it closes, so a server-wide aclose() waits for it too.
         try:
             await session.aclose()
         except DrumsError as exc:
             log.error("session %s: cleanup failed: %s", session.name, exc)
+        finally:
+            self.live.pop(id(session), None)
 
     async def aclose(self) -> None:
         for session in list(self.live.values()):
@@ -87,10 +89,15 @@ def _failed(exc: Exception) -> ToolError:
 
 
 def build_server(
-    connect: Callable[[], AsyncClient], *, gates_timeout: float = 120.0, **settings: Any
+    connect: Callable[[], AsyncClient],
+    *,
+    gates_timeout: float = 120.0,
+    sessions: Optional[Sessions] = None,
+    **settings: Any,
 ) -> MCPServer:
-    """The `drums mcp` server; `connect()` makes one drums client per session."""
-    sessions = Sessions(connect, gates_timeout)
+    """The `drums mcp` server; `connect()` makes one drums client per session (`sessions`, if
+    given, is the registry to use: the caller can then close every session itself)."""
+    sessions = sessions or Sessions(connect, gates_timeout)
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncIterator[Sessions]:

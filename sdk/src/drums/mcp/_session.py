@@ -14,6 +14,8 @@ import struct
 from contextlib import AsyncExitStack
 from typing import Callable, Dict, List, Optional, Tuple
 
+import anyio
+
 from .. import models as m
 from .._async_client import AsyncClient, AsyncEnv
 from .._base import Forked
@@ -42,6 +44,7 @@ class Session:
         self.current: Optional[str] = None
         self._forks = AsyncExitStack()
         self.closed = False
+        self._closing: Optional[anyio.Event] = None
 
     @property
     def client(self) -> AsyncClient:
@@ -130,14 +133,20 @@ class Session:
         ]
 
     async def aclose(self) -> None:
-        """Destroy every env this session created and delete its unkept states."""
-        if self.closed:
+        """Destroy every env this session created and delete its unkept states. A second call
+        (a SIGTERM arriving while the connection's own teardown runs) waits for the first."""
+        if self._closing is not None:
+            await self._closing.wait()
             return
+        self._closing = anyio.Event()
         self.closed = True
         try:
             await self._forks.aclose()
         finally:
-            if self._client is not None:
-                log.info("session %s ends: destroying %d env(s)", self.name, len(self.envs))
-                await self._client.aclose()
-            self.envs.clear()
+            try:
+                if self._client is not None:
+                    log.info("session %s ends: destroying %d env(s)", self.name, len(self.envs))
+                    await self._client.aclose()
+            finally:
+                self.envs.clear()
+                self._closing.set()

@@ -1,7 +1,12 @@
 """drums on Ray, live (issue 17): three drumsd, each its own node of a local Ray cluster
-(ray.cluster_utils.Cluster), one pool over them. Envs spread by free capacity, a fork stays on
-its parent's node, a SIGKILLed client's envs are destroyed within 10 s, a dead drumsd or node
-turns its envs into host_down while new envs go elsewhere, and nothing is left on any host."""
+(ray.cluster_utils.Cluster), one pool over them, one cluster for the whole file. Envs spread by
+free capacity, a fork stays on its parent's node, a whole episode (step with screenshot, verify
+of an OSWorld task, destroy) runs through the pool and through the gateway, a SIGKILLed client's
+envs are destroyed within 10 s, a dead drumsd or node turns its envs into host_down while new
+envs go elsewhere, and nothing is left on any host.
+
+DRUMS_POOL_LONG=1 adds the slow scenarios (a drumsd killed and restarted, a Ray node removed);
+DRUMS_POOL_BENCH=1 the benchmark (docs/bench/pool.json)."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,11 @@ from drums.ray._registry import HostEntry, write_host  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 CAPACITY = {"h1": 6, "h2": 4, "h3": 4}
+OSWORLD = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
+INFEASIBLE = "c288e301-e626-4b98-a1ab-159dcb162af5"  # scores 1 only after a final FAIL
+LONG = pytest.mark.skipif(
+    os.environ.get("DRUMS_POOL_LONG") != "1", reason="opt-in (slow): DRUMS_POOL_LONG=1"
+)
 
 
 def live_ids(daemon: Any) -> set[str]:
@@ -53,8 +64,18 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     daemons: dict[str, Any] = {}
     cluster = None
     try:
-        for label in CAPACITY:
-            daemons[label] = start_live_daemon(root / label, spares={"enabled": False})
+        tasks = {"dirs": [str(OSWORLD)], "eval_timeout_s": 20.0}
+
+        def start(label: str) -> Any:
+            return start_live_daemon(root / label, spares={"enabled": False}, tasks=tasks)
+
+        with ThreadPoolExecutor(len(CAPACITY)) as ex:  # three template builds overlap
+            futures = {label: ex.submit(start, label) for label in CAPACITY}
+        for label, future in futures.items():
+            if future.exception() is None:
+                daemons[label] = future.result()  # cleaned below even if another failed
+        for label, future in futures.items():
+            future.result()
             write_host(HostEntry(label, daemons[label].url, str(root / label / "token")), pool_dir)
         nodes = {}
         for i, (label, n) in enumerate(CAPACITY.items()):
@@ -118,6 +139,22 @@ def test_fork_children_stay_on_the_parents_node(hosts: dict[str, Any]) -> None:
             for child in children:
                 assert child.observe() is not None
         assert live_ids(hosts["daemons"][parent.host]) == {parent.id}
+
+
+def test_an_episode_through_the_pool_step_screenshot_verify_destroy(hosts: dict[str, Any]) -> None:
+    """The OSWorld infeasible task: a final FAIL scores 1, a final DONE 0 (so verify really ran
+    the task's evaluator on the env's own host), and each env is gone from its host after."""
+    with Pool() as pool:
+        for last, score in (("fail", 1.0), ("done", 0.0)):
+            with pool.create(task=INFEASIBLE) as env:
+                shot = env.step({"type": "wait", "seconds": 0}, screenshot=True)
+                assert shot.screenshot_png_b64
+                env.step({"type": last})
+                result = env.verify()
+                assert (result.score, result.valid, result.last_action) == (score, True, last)
+                assert result.task_id == INFEASIBLE and result.slot == env.id
+                assert env.id in live_ids(hosts["daemons"][env.host])
+            assert env.id not in live_ids(hosts["daemons"][env.host])
 
 
 def test_sigkilled_client_envs_are_destroyed_within_10s(hosts: dict[str, Any]) -> None:
@@ -195,6 +232,11 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             assert step.screenshot_png_b64
             with envs[1].fork(2) as children:
                 assert {c.id.split("~")[0] for c in children} == {envs[1].id.split("~")[0]}
+            with client.create(task=INFEASIBLE) as episode:
+                episode.step({"type": "fail"})
+                verdict = episode.verify()
+                assert (verdict.score, verdict.valid) == (1.0, True), verdict
+                assert verdict.slot == episode.id  # the host-tagged id
             health = client.health()
             assert sum(health.slots_by_state.values()) >= 3
             assert client.metrics() is not None
@@ -213,6 +255,7 @@ def _pings(client: Any) -> bool:
         return False
 
 
+@LONG
 def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, Any]) -> None:
     daemon = hosts["daemons"]["h3"]
     with Pool(down_ttl_s=600) as pool:
@@ -231,6 +274,7 @@ def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, A
     assert live_ids(hosts["daemons"]["h1"]) == live_ids(hosts["daemons"]["h2"]) == set()
 
 
+@LONG
 def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, Any]) -> None:
     with Pool() as pool:
         on_h2 = pool.create()

@@ -132,7 +132,8 @@ class PoolEnv:
         """N copies of this desktop as it is now, on this env's host (held by the same agent),
         each holding one drums_desktops there."""
         host = self.pool._host(self.host)
-        seats = [] if host is None else self.pool._reserve(host, n)
+        with self.pool._placing:
+            seats = [] if host is None else self.pool._reserve(host, n)
         if host is None or seats is None:
             raise Overloaded(
                 f"host {self.host} has {0 if host is None else host.free} desktops free, "
@@ -209,6 +210,7 @@ class Pool:
         self._state_hosts: Dict[str, str] = {}
         self._owned_states: Dict[str, str] = {}
         self._keepers: Dict[str, Any] = {}
+        self._placing = threading.Lock()
         self._agent_cls: Any = ray.remote(HostAgent)
         self._keeper_cls: Any = ray.remote(Keeper)
         if warm:  # start every host's agent now, in parallel; the first create then waits less
@@ -315,13 +317,16 @@ class Pool:
         `queue_timeout_s` when none has one free."""
         deadline = time.monotonic() + self.queue_timeout_s
         while True:
-            hosts = self.hosts()
-            if on is not None:
-                hosts = [h for h in hosts if h.label == on]
-                if not hosts:
-                    raise HostDown(f"host {on} (which holds the state) is not in the pool")
-            host = choose_host(hosts, down=self._down_now())
-            seats = None if host is None else self._reserve(host, 1)
+            # One placement at a time in this process: Ray's free counts include a seat once it
+            # is placed (milliseconds), so threads choosing at once would all pick the same host.
+            with self._placing:
+                hosts = self.hosts()
+                if on is not None:
+                    hosts = [h for h in hosts if h.label == on]
+                    if not hosts:
+                        raise HostDown(f"host {on} (which holds the state) is not in the pool")
+                host = choose_host(hosts, down=self._down_now())
+                seats = None if host is None else self._reserve(host, 1)
             if host is not None and seats is not None:
                 return host, seats[0]
             if time.monotonic() >= deadline:

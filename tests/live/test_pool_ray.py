@@ -297,9 +297,13 @@ def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
             pool.create().close()  # the agents are warm (once per process and node)
             d_env, p_env = direct.create(), pool.create()
             assert p_env.host == "h1"  # the freest: both paths on the same daemon
-            for name, env in (("direct", d_env), ("pool", p_env)):
-                step = lambda env=env: env.step({"type": "wait", "seconds": 0}, screenshot=True)  # noqa: E731
-                rows[f"step+screenshot {name}"] = summary([timed(step) for _ in range(40)])
+            steps: dict[str, list[float]] = {"direct": [], "pool": []}
+            for _ in range(60):  # interleaved, so a load change on the host hits both alike
+                for name, env in (("direct", d_env), ("pool", p_env)):
+                    action = {"type": "wait", "seconds": 0}
+                    steps[name].append(timed(lambda: env.step(action, screenshot=True)))  # noqa: B023
+            for name, times in steps.items():
+                rows[f"step+screenshot {name}"] = summary(times)
             d_env.close()
             p_env.close()
             for name, make in (("direct", direct.create), ("pool", pool.create)):

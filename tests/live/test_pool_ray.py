@@ -62,6 +62,32 @@ def wait_for(predicate: Any, limit_s: float, what: str) -> float:
     raise AssertionError(f"not within {limit_s}s: {what}")
 
 
+def start_cluster() -> tuple[Any, dict[str, Any]]:
+    """Three Ray nodes, one per drums host. No CPUs: every pool actor and seat asks for none,
+    and a node with CPUs prestarts idle Python workers that slow a loaded host's start."""
+    cluster = None
+    try:
+        nodes = {}
+        for i, (label, n) in enumerate(CAPACITY.items()):
+            args = {
+                "num_cpus": 0,
+                **({"include_dashboard": False} if i == 0 else {}),
+                "resources": {"drums_host": 1, "drums_desktops": n},
+                "labels": {"drums-host": label},
+            }
+            if i == 0:
+                cluster = Cluster(initialize_head=True, head_node_args=args)
+                nodes[label] = cluster.head_node
+            else:
+                nodes[label] = cluster.add_node(**args)
+        cluster.wait_for_nodes()
+        return cluster, nodes
+    except Exception:
+        if cluster is not None:
+            cluster.shutdown()
+        raise
+
+
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_live("base")
@@ -85,21 +111,14 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             future.result()
             write_host(HostEntry(label, daemons[label].url, str(root / label / "token")), pool_dir)
         # The cluster after the templates: raylets started beside three cold boots on a loaded
-        # 2-core host timed out registering with the GCS.
-        nodes = {}
-        for i, (label, n) in enumerate(CAPACITY.items()):
-            args = {
-                "num_cpus": 1,
-                **({"include_dashboard": False} if i == 0 else {}),
-                "resources": {"drums_host": 1, "drums_desktops": n},
-                "labels": {"drums-host": label},
-            }
-            if i == 0:
-                cluster = Cluster(initialize_head=True, head_node_args=args)
-                nodes[label] = cluster.head_node
-            else:
-                nodes[label] = cluster.add_node(**args)
-        cluster.wait_for_nodes()
+        # host timed out registering with the GCS (Ray waits a fixed 30 s), so once more then.
+        for attempt in (1, 2):
+            try:
+                cluster, nodes = start_cluster()
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
         ray.init(address=cluster.address, log_to_driver=False)
         yield {"daemons": daemons, "cluster": cluster, "nodes": nodes, "root": root}
     finally:

@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from gate_daemons import create, destroy, execute, poll, settled_gates, shared_daemon
 from live_daemon import Daemon, http_client
 
+# DRUMS_CONSOLE_SCREENSHOTS=dir: keep PNGs of the grid and the quarantined slot's page (docs/).
+SHOTS = os.environ.get("DRUMS_CONSOLE_SCREENSHOTS")
 CHROMIUM = Path(os.environ.get("DRUMS_CHROMIUM", "/usr/bin/chromium"))
 COLOURS = ("#c0392b", "#27ae60", "#2980b9", "#8e44ad")  # one root window colour per slot
 
@@ -136,6 +138,10 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
         assert own < 4 and own < min(others) / 3, (sid, own, others)
         diffs[sid] = (round(own, 2), round(min(others), 1))
 
+    if SHOTS:
+        page.wait_for_timeout(2500)  # the host panel's first refresh
+        page.screenshot(path=str(Path(SHOTS) / "console-grid.png"))
+
     # The verdict filter: one quarantined card, then the three valid ones.
     page.select_option("#f-verdict", "quarantined")
     shown = page.locator(".card:not([hidden])")
@@ -153,6 +159,8 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
     assert "xterm" in failed.inner_text() and "SIGSEGV" in failed.inner_text()
     page.wait_for_function("() => document.getElementById('frame').dataset.etag")
     assert "quarantined" in page.inner_text("#slot-title")
+    if SHOTS:
+        page.screenshot(path=str(Path(SHOTS) / "console-slot.png"), full_page=True)
 
     # Destroy behind a confirmation: cancel keeps the slot, confirm destroys it.
     victim = kept[0]

@@ -136,6 +136,40 @@ async def test_actions_need_a_write_session_and_the_header(api: Api) -> None:
         assert (await rw.get("/console/api/slots")).status_code == 401
 
 
+async def test_failure_records_list_open_and_download(api: Api) -> None:
+    bad = (await create(api))["id"]
+    good = (await create(api))["id"]
+    await wait_valid(api, bad)
+    await wait_valid(api, good)
+    async with console_client(api) as c:
+        await login(c, actions=True)
+        shown = (await c.get(f"/console/api/slots/{bad}/frame")).content  # its last screen
+        api.runtime.inject(bad, oom_kills=1)
+        assert "no_oom_kill" in (await api.client.get(f"/v1/slots/{bad}/gates")).json()["failed"]
+        for sid in (bad, good):
+            assert (await api.client.delete(f"/v1/slots/{sid}")).status_code == 200
+        rows = (await c.get("/console/api/records")).json()["records"]
+        by_slot = {r["slot"]: r for r in rows}
+        assert by_slot[bad]["kind"] == "full" and by_slot[good]["kind"] == "summary"
+        name = by_slot[bad]["name"]
+        body = (await c.get(f"/console/api/records/{name}")).json()
+        assert body["record"]["quarantine_reason"].startswith("gate no_oom_kill failed")
+        gates = {g["name"]: g["status"] for g in body["gates"]["gates"]}
+        assert gates["no_oom_kill"] == "fail" and body["screenshot"] is True
+        shot = await c.get(f"/console/api/records/{name}/screenshot")
+        assert shot.headers["content-type"] == "image/png" and shot.content == shown
+        dl = await c.get(f"/console/api/records/{name}/download")
+        assert dl.content == (api.config.forgotten_dir / "full" / name).read_bytes()
+        assert "attachment" in dl.headers["content-disposition"]
+        summary = (await c.get(f"/console/api/records/{by_slot[good]['name']}")).json()
+        assert summary["kind"] == "summary" and summary["record"]["id"] == good
+        for wrong in ("nope.json", "..%2F..%2Fetc%2Fpasswd", "20260101T000000-x.tar.zst"):
+            assert (await c.get(f"/console/api/records/{wrong}")).status_code == 404, wrong
+    async with console_client(api) as anonymous:
+        assert (await anonymous.get("/console/api/records")).status_code == 401
+        assert (await anonymous.get(f"/console/api/records/{name}/download")).status_code == 401
+
+
 async def test_static_assets_only_by_name(api: Api) -> None:
     async with console_client(api) as c:
         assert (await c.get("/console/static/console.js")).status_code == 200

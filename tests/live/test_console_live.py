@@ -2,7 +2,8 @@
 real daemon with four live desktops, one of them quarantined by a failed gate (its xterm killed
 with SIGSEGV under the crash watch): log in, four thumbnails that are the slots' own screens,
 the quarantined slot's failed gate and last screen, the verdict filter, a destroy behind a
-confirmation; the token in no request URL, response body or log line; no cookie, no data.
+confirmation, the failure record the quarantined slot leaves once destroyed; the token in no
+request URL, response body or log line; no cookie, no data.
 DRUMS_LIVE=1 (root, CRIU, the base image) and /usr/bin/chromium."""
 
 from __future__ import annotations
@@ -178,6 +179,18 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
             limit_s=30,
         )
     page.wait_for_url(f"{daemon.url}/console#/")
+
+    # Destroyed, the quarantined slot leaves a failure record: its gates and its last screen.
+    with http_client(daemon) as http:
+        assert http.delete(f"/v1/slots/{quarantined}").status_code == 200
+    page.goto(f"{daemon.url}/console#/records")
+    row = page.locator(f'#records tr[data-slot="{quarantined}"][data-kind="full"]')
+    row.wait_for()
+    row.locator("a").click()
+    page.locator('#record-gates tr[data-gate="no_app_crash"].gate-fail').wait_for()
+    page.wait_for_function("() => document.getElementById('record-shot').naturalWidth > 0")
+    if SHOTS:
+        page.screenshot(path=str(Path(SHOTS) / "console-record.png"))
     elapsed = time.monotonic() - started
 
     # The token went out once, in the login POST's body: never in a URL, never back.

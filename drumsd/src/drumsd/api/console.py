@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import tarfile
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import trio
+import zstandard
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from drumsd.api import console_view, convert
+from drumsd.api import console_records, console_view, convert
 from drumsd.api.console_frames import Frames, Picture
 from drumsd.api.console_sessions import COOKIE, SESSION_TTL_S, Session, Sessions
 from drumsd.core.config import Config
@@ -231,6 +234,51 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
     @api("/slots/<slot_id>/frame", "frame")
     async def frame(slot_id: str) -> Response:
         return _picture(await frames.frame(slot_id), slot_id)
+
+    # --- failure records: what destroyed slots left in forgotten_dir ----------------------------
+
+    forgotten = config.forgotten_dir
+
+    async def record_path(name: str):
+        path = await trio.to_thread.run_sync(console_records.find_record, forgotten, name)
+        if path is None:
+            raise DrumsdError(
+                "not_found", f"no failure record {name!r} in {forgotten}; list them first"
+            )
+        return path
+
+    @api("/records", "records")
+    async def records() -> Response:
+        rows = await trio.to_thread.run_sync(console_records.list_records, forgotten)
+        return _json({"records": rows, "dir": str(forgotten)})
+
+    @api("/records/<name>", "record")
+    async def record(name: str) -> Response:
+        path = await record_path(name)
+        try:
+            body = await trio.to_thread.run_sync(console_records.read_record, path)
+        except (OSError, ValueError, EOFError, zstandard.ZstdError, tarfile.TarError) as exc:
+            raise DrumsdError(
+                "runtime_error", f"failure record {path} cannot be read: {exc}", path=str(path)
+            ) from None
+        return _json({"name": name, **body})
+
+    @api("/records/<name>/screenshot", "record_screenshot")
+    async def record_screenshot(name: str) -> Response:
+        path = await record_path(name)
+        png = await trio.to_thread.run_sync(console_records.read_screenshot, path)
+        if png is None:
+            raise DrumsdError("not_found", f"failure record {name} kept no screenshot")
+        return _secure(Response(png, content_type="image/png"))
+
+    @api("/records/<name>/download", "record_download")
+    async def record_download(name: str) -> Response:
+        path = await record_path(name)
+        data = await trio.to_thread.run_sync(path.read_bytes)
+        kind = "application/zstd" if name.endswith(".zst") else "application/json"
+        response = _secure(Response(data, content_type=kind))
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
 
     @api("/slots/<slot_id>/destroy", "destroy", write=True)
     async def destroy(slot_id: str) -> Response:

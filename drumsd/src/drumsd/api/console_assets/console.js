@@ -196,7 +196,7 @@ async function refreshThumbs() {
 }
 
 async function gridTick() {
-  if (document.hidden || state.slotId) return;
+  if (document.hidden || state.slotId || state.elsewhere) return;
   const body = await getJson("/slots");
   state.rows = body.slots;
   fillFacets(body.facets);
@@ -231,7 +231,7 @@ function bars(title, counts) {
 const mib = (v) => (v === null || v === undefined ? "-" : `${Math.round(v)} MiB`);
 
 async function hostTick() {
-  if (document.hidden || state.slotId) return;
+  if (document.hidden || state.slotId || state.elsewhere) return;
   const { health, metrics } = await getJson("/host");
   const a = health.admission;
   const cps = health.checkpoints;
@@ -355,21 +355,71 @@ async function act(action) {
   else slotTick();
 }
 
+// --- failure records --------------------------------------------------------------------
+
+function size(n) {
+  return n < 1024 * 1024 ? `${(n / 1024).toFixed(1)} KiB` : `${(n / 1048576).toFixed(1)} MiB`;
+}
+
+function stamp(s) {
+  return `${s.slice(0, 4)}-${s.slice(4, 6)}-${s.slice(6, 8)} ${s.slice(9, 11)}:${s.slice(11, 13)}:${s.slice(13, 15)}`;
+}
+
+async function showRecords() {
+  const body = await getJson("/records");
+  const tbody = $("records").querySelector("tbody");
+  tbody.replaceChildren(...body.records.map((r) => {
+    const open = el("a", { href: `#/record/${encodeURIComponent(r.name)}`, text: "open" });
+    return el("tr", { "data-record": r.name, "data-slot": r.slot, "data-kind": r.kind },
+      el("td", { text: stamp(r.stamp) }), el("td", { text: r.slot }), el("td", { text: r.kind }),
+      el("td", { text: size(r.size) }), el("td", {}, open));
+  }));
+  if (!body.records.length) tbody.append(el("tr", {}, el("td", { text: `none in ${body.dir}` })));
+}
+
+async function showRecord(name) {
+  const q = encodeURIComponent(name);
+  const body = await getJson(`/records/${q}`);
+  const rec = body.record || {};
+  $("record-title").textContent = `${rec.id || name} · ${body.kind}`;
+  $("record-download").href = `${API}/records/${q}/download`;
+  const facts = [["image", rec.image], ["task", rec.task_id], ["episode", rec.episode ?? rec.episodes],
+    ["verdicts", (rec.verdicts || []).join(", ")], ["quarantine", rec.quarantine_reason],
+    ["failure", rec.failure], ["labels", JSON.stringify(rec.labels || {})]];
+  $("record-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v ?? "-" })]));
+  $("record-members").textContent = body.members.join("\n") || "(a summary: no archive members)";
+  const shot = $("record-shot");
+  shot.hidden = !body.screenshot;
+  $("record-noshot").textContent = body.screenshot ? "" : "no screenshot was kept";
+  if (body.screenshot) shot.src = `${API}/records/${q}/screenshot`;
+  const gates = ((body.gates && body.gates.gates) || []).sort((a, b) => (a.status === "fail" ? 0 : 1) - (b.status === "fail" ? 0 : 1));
+  $("record-gates").querySelector("tbody").replaceChildren(...gates.map((g) => el("tr", { "data-gate": g.name, class: `gate-${g.status}` },
+    el("td", { text: g.name }), el("td", {}, el("i", { class: `light ${g.status}` }), ` ${g.status}`),
+    el("td", {}, el("pre", { text: JSON.stringify(g.evidence, null, 1) })))));
+}
+
 // --- routing -----------------------------------------------------------------------------
 
 function route() {
   const m = location.hash.match(/^#\/slot\/([^/]+)$/);
+  const rec = location.hash.match(/^#\/record\/([^/]+)$/);
+  const records = location.hash === "#/records";
   const before = state.slotId;
   state.slotId = m ? decodeURIComponent(m[1]) : null;
-  $("grid-view").hidden = !!state.slotId;
+  state.elsewhere = records || !!rec;
+  $("grid-view").hidden = !!state.slotId || state.elsewhere;
   $("slot-view").hidden = !state.slotId;
+  $("records-view").hidden = !records;
+  $("record-view").hidden = !rec;
+  if (records) showRecords().catch((e) => { $("records").querySelector("tbody").textContent = e.message; });
+  if (rec) showRecord(decodeURIComponent(rec[1])).catch((e) => { $("record-title").textContent = e.message; });
   if (state.slotId && state.slotId !== before) {
     state.frameEtag = "";
     $("frame").removeAttribute("src");
     slotTick();
     frameLoop();
   }
-  if (!state.slotId) {
+  if (!state.slotId && !state.elsewhere) {
     gridTick().catch(() => {});
     hostTick().catch(() => {});
   }

@@ -83,9 +83,15 @@ async def test_grid_rows_show_gates_verdict_and_last_verify(api: Api) -> None:
         assert rows[bad]["state"] == "quarantined" and rows[bad]["verdict"] == "quarantined"
         assert rows[bad]["gates"]["no_oom_kill"] == "fail"
         assert "quarantined" in body["facets"]["verdict"]
+        assert (await c.get(f"/console/api/slots/{bad}/frame")).status_code == 200
         detail = (await c.get(f"/console/api/slots/{bad}")).json()
         gate = {g["name"]: g for g in detail["gates"]["gates"]}["no_oom_kill"]
         assert gate["status"] == "fail" and gate["evidence"]
+        assert "screenshot" not in detail["latencies"]  # looking is not counted as a screenshot
+        timeline = (await c.get(f"/console/api/slots/{bad}/timeline")).json()["events"]
+        events = [e["event"] for e in timeline]
+        assert events[0] == "created" and "ready" in events, events
+        assert timeline[-1]["state"] == "quarantined", timeline[-1]
         host = (await c.get("/console/api/host")).json()
         assert host["health"]["slots_by_state"]["quarantined"] == 1
         assert "latencies" in host["metrics"]

@@ -160,6 +160,8 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
     assert "xterm" in failed.inner_text() and "SIGSEGV" in failed.inner_text()
     page.wait_for_function("() => document.getElementById('frame').dataset.etag")
     assert "quarantined" in page.inner_text("#slot-title")
+    page.click("#load-timeline")
+    page.locator("#timeline tbody tr", has_text="quarantined").first.wait_for()
     if SHOTS:
         page.screenshot(path=str(Path(SHOTS) / "console-slot.png"), full_page=True)
 

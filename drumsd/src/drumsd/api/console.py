@@ -224,8 +224,19 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
                 "slot": console_view.slot_row(rec, supervisor.clock(), last),
                 "gates": convert.gate_report(rec).model_dump(mode="json"),
                 "verify": last.model_dump(mode="json") if last is not None else None,
+                "latencies": {
+                    op: h.summary() for op, h in supervisor.slot_latency.get(slot_id, {}).items()
+                },
             }
         )
+
+    @api("/slots/<slot_id>/timeline", "timeline")
+    async def slot_timeline(slot_id: str) -> Response:
+        # Read from the journal's event file on request only (the page asks once, not per tick).
+        supervisor.get_slot(slot_id, renew=False)
+        lines = await supervisor.store.events_of(slot_id)
+        events = await trio.to_thread.run_sync(console_view.timeline, lines)
+        return _json({"slot": slot_id, "events": events})
 
     @api("/slots/<slot_id>/thumbnail", "thumbnail")
     async def thumbnail(slot_id: str) -> Response:

@@ -3,6 +3,7 @@ verdict and last verify. Pure: records and results in, JSON-ready dicts out."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -62,3 +63,26 @@ def facets(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
             if row[name]:
                 seen[name].add(str(row[name]))
     return {name: sorted(values) for name, values in seen.items()}
+
+
+def timeline(lines: Iterable[str], limit: int = 500) -> list[dict[str, Any]]:
+    """A slot's journal events (create, ready, gates, touched, reset, quarantined, destroyed...)
+    as time, event, state, episode and action count; the newest `limit`."""
+    out = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        record = event.get("record") or {}
+        out.append(
+            {
+                "ts": event.get("ts"),
+                "event": event.get("event", ""),
+                "state": record.get("status"),
+                "episode": record.get("episode"),
+                "actions": record.get("actions"),
+                "last_action": record.get("last_action"),
+            }
+        )
+    return out[-limit:]

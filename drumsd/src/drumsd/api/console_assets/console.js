@@ -304,6 +304,10 @@ async function slotTick() {
     el("td", {}, el("i", { class: `light ${g.status}` }), ` ${g.status}`),
     el("td", { text: g.checked_at ? new Date(g.checked_at).toLocaleTimeString() : "-" }),
     el("td", {}, el("pre", { text: JSON.stringify(g.evidence, null, 1) })))));
+  const lat = Object.entries(body.latencies || {});
+  $("slot-latency").replaceChildren(...(lat.length ? lat : [["", null]]).flatMap(([k, l]) => [
+    el("dt", { text: k }),
+    el("dd", { text: l ? `p50 ${fmtS(l.p50)} · p99 ${fmtS(l.p99)} · max ${fmtS(l.max)} · n ${l.count}` : "no operations yet" })]));
   const v = body.verify;
   $("verify").replaceChildren(v
     ? el("pre", { text: JSON.stringify({ score: v.score, verdict: v.verdict, valid: v.valid, trusted: v.trusted,
@@ -313,6 +317,16 @@ async function slotTick() {
   $("act-release").disabled = !state.write || row.state !== "quarantined";
   $("act-quarantine").disabled = !state.write || row.state === "quarantined";
   $("act-note").textContent = state.write ? "" : "read-only session: log in with actions on to act";
+}
+
+async function loadTimeline() {
+  const id = state.slotId;
+  const body = await getJson(`/slots/${id}/timeline`);
+  $("timeline").querySelector("tbody").replaceChildren(...body.events.map((e) => el("tr", {},
+    el("td", { text: e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-" }),
+    el("td", { text: e.event }), el("td", { text: e.state ?? "-" }),
+    el("td", { text: e.episode ?? "-" }), el("td", { text: e.actions ?? "-" }),
+    el("td", { text: e.last_action ?? "-" }))));
 }
 
 async function frameLoop() {
@@ -416,6 +430,7 @@ function route() {
   if (state.slotId && state.slotId !== before) {
     state.frameEtag = "";
     $("frame").removeAttribute("src");
+    $("timeline").querySelector("tbody").replaceChildren();
     slotTick();
     frameLoop();
   }
@@ -443,6 +458,7 @@ async function main() {
   for (const b of document.querySelectorAll(".actions button")) {
     b.addEventListener("click", () => act(b.dataset.action));
   }
+  $("load-timeline").addEventListener("click", () => loadTimeline().catch(() => {}));
   window.addEventListener("hashchange", route);
   route();
   every(GRID_EVERY_MS, gridTick);

@@ -223,3 +223,26 @@ async def test_frames_grab_once_per_interval_and_scale_only_changed_screens() ->
     assert frames.scaled == 2 and c is not None and a is not None and c.etag != a.etag
     frames.forget_except(set())
     await trio.lowlevel.checkpoint()
+
+
+async def test_rescaling_changed_screens_keeps_to_its_cpu_budget() -> None:
+    colour = [0]
+    now = [0.0]
+
+    async def grab(_: str) -> bytes:
+        return png(8, 8, (colour[0], 0, 0))
+
+    def scale(source: bytes) -> tuple[bytes, float]:
+        return b"thumb-of-" + source[-16:], 0.05  # 50 ms of CPU per thumbnail
+
+    frames = Frames(grab, clock=lambda: now[0], scale=scale, rescale_budget=0.05)
+    first = {sid: await frames.thumbnail(sid) for sid in ("a", "b")}  # first ones: always made
+    assert frames.scaled == 2
+    colour[0] = 1
+    now[0] = 2.0
+    changed_a = await frames.thumbnail("a")  # a re-scale: the next one waits 1 s (50 ms / 5 %)
+    assert changed_a != first["a"] and frames.scaled == 3
+    still_b = await frames.thumbnail("b")  # changed too, but the budget is spent: the older one
+    assert still_b == first["b"] and frames.scaled == 3
+    now[0] = 3.5
+    assert await frames.thumbnail("b") != first["b"] and frames.scaled == 4

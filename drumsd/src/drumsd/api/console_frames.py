@@ -1,11 +1,13 @@
 """The desktops as the console sees them: a full frame and a server-side scaled thumbnail per
 slot, grabbed at most every few hundred milliseconds however many browsers watch, and scaled
-again only when the screen changed (same PNG bytes, same thumbnail)."""
+again only when the screen changed (same PNG bytes, same thumbnail). Scaling changed screens
+again has a CPU budget: past it, a slot keeps its older thumbnail a little longer."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -15,6 +17,15 @@ from PIL import Image
 THUMB_SIZE = (320, 200)
 FRAME_MIN_AGE_S = 0.2  # the slot page's few frames per second
 THUMB_MIN_AGE_S = 1.0  # the grid's refresh: a new grab at most this often per slot
+# Share of one core that re-scaling changed screens may use (a slot's first thumbnail is always
+# made): many desktops changing at once must not cost the daemon more than the console's budget.
+RESCALE_BUDGET = 0.03
+
+
+@dataclass(frozen=True)
+class Picture:
+    png: bytes
+    etag: str
 
 
 @dataclass
@@ -24,12 +35,7 @@ class _Seen:
     taken_at: float
     thumb: bytes | None = None  # the thumbnail of `png`, made on first request
     thumb_etag: str = ""
-
-
-@dataclass(frozen=True)
-class Picture:
-    png: bytes
-    etag: str
+    older: Picture | None = None  # the previous screen's thumbnail, while the budget is spent
 
 
 def scale_png(png: bytes, size: tuple[int, int] = THUMB_SIZE) -> bytes:
@@ -43,15 +49,27 @@ def scale_png(png: bytes, size: tuple[int, int] = THUMB_SIZE) -> bytes:
     return out.getvalue()
 
 
+def timed_scale(png: bytes) -> tuple[bytes, float]:
+    """The thumbnail and the CPU time it took (this thread's)."""
+    started = time.thread_time()
+    thumb = scale_png(png)
+    return thumb, time.thread_time() - started
+
+
 class Frames:
     def __init__(
         self,
         grab: Callable[[str], Awaitable[bytes | None]],
         *,
         clock: Callable[[], float] = trio.current_time,
+        scale: Callable[[bytes], tuple[bytes, float]] = timed_scale,
+        rescale_budget: float = RESCALE_BUDGET,
     ) -> None:
         self._grab = grab
         self._clock = clock
+        self._scale = scale
+        self._budget = rescale_budget
+        self._rescale_at = 0.0  # no re-scaling before this (clock) time
         self._seen: dict[str, _Seen] = {}
         self._locks: dict[str, trio.Lock] = {}
         self.grabs = 0  # screenshots taken (for the load check and tests)
@@ -66,9 +84,14 @@ class Frames:
         if seen is None:
             return None
         if seen.thumb is None:
-            seen.thumb = await trio.to_thread.run_sync(scale_png, seen.png)
+            if seen.older is not None and self._clock() < self._rescale_at:
+                return seen.older
+            seen.thumb, cpu_s = await trio.to_thread.run_sync(self._scale, seen.png)
             seen.thumb_etag = "t" + seen.etag
             self.scaled += 1
+            if seen.older is not None:
+                self._rescale_at = self._clock() + cpu_s / self._budget
+            seen.older = None
         return Picture(seen.thumb, seen.thumb_etag)
 
     def forget_except(self, live: set[str]) -> None:
@@ -91,6 +114,9 @@ class Frames:
             if seen is not None and seen.etag == etag:
                 seen.taken_at = now  # unchanged screen: keep its thumbnail
                 return seen
-            seen = _Seen(png=png, etag=etag, taken_at=now)
+            older = None
+            if seen is not None:
+                older = Picture(seen.thumb, seen.thumb_etag) if seen.thumb else seen.older
+            seen = _Seen(png=png, etag=etag, taken_at=now, older=older)
             self._seen[slot_id] = seen
             return seen

@@ -468,7 +468,9 @@ async def test_journal_holds_every_record_before_work_starts(tmp_path: Path) -> 
     async with open_api(tmp_path, runtime=runtime) as api:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(api.client.post, "/v1/slots", json={}))
-            await wait_for(lambda: bool(api.sup.slots))
+            # The record is written off-thread: what must hold is that it is on disk by the time
+            # the runtime starts restoring (the restore is 0.3 s, so this looks while it runs).
+            await wait_for(lambda: ("restore", next(iter(api.sup.slots), "")) in runtime.calls)
             (rec,) = api.sup.slots.values()
             on_disk = Journal(api.config.journal_dir).read().slots
             assert on_disk[rec.id].status.value == "creating"

@@ -145,7 +145,7 @@ def test_real_daemon_scripted_solve_scores_1_and_probe_0(
             and str(n["message"].get("content", "")).startswith("error:")
         ]
         assert not refused, f"{task_id}: the real daemon refused a tool call: {refused}"
-        assert trace["rewards"]["drums"]["score"] == expected, trace["rewards"]
+        assert trace["rewards"]["task_success"]["score"] == expected, trace["rewards"]
         assert trace["info"]["drums"]["verdict"] == "valid", trace["info"]
         print(
             f"vf live {task_id}: score {trace['rewards']['drums']['score']} "

@@ -43,6 +43,10 @@ TASKS: dict[str, dict[str, Any]] = {
         "instruction": "[policy:solve] Type 42 (audit disagrees).",
         "fake": {"expect": {"type": "type", "text": "42"}, "audit_flags": ["nondeterministic"]},
     },
+    "unaudited": {
+        "instruction": "[policy:solve] Type 42 (no trust verdict).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "trust_unknown": True},
+    },
     "fork": {
         "instruction": "[policy:child] Finish typing 42.",
         "fake": {

@@ -133,7 +133,7 @@ async def observe(env: Any) -> Observation:
     return Observation(png=obs.png, instruction=str(meta.get("instruction") or ""), meta=meta)
 
 
-async def step(env: Any, action: dict[str, Any]) -> Any:
+async def step(env: Any, action: str | dict[str, Any]) -> Any:
     return await resolve(env.step(action))
 
 

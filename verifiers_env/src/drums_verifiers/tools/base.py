@@ -7,6 +7,7 @@ only the model's mistake and comes back as text it can act on.
 """
 
 import logging
+import time
 from typing import Any
 
 import verifiers.v1 as vf
@@ -69,6 +70,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
             action = build()
         except actions.BadAction as exc:
             return text_result(f"error: {exc}", error=True)
+        started = time.monotonic()
         try:
             env = await self._env()
             result = await desktop.step(env, action)
@@ -92,6 +94,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
                 content.append(await self.screenshot_content(env))
             except Exception as exc:
                 return self.failed(exc, "screenshot")
+        state.tool_s.append(time.monotonic() - started)
         return CallToolResult(content=content)
 
     def failed(self, exc: Exception, during: str) -> CallToolResult:

@@ -73,7 +73,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         started = time.monotonic()
         try:
             env = await self._env()
-            result = await desktop.step(env, action)
+            result = await desktop.step(env, action, screenshot=screenshot)
         except Exception as exc:
             if desktop.is_drums_error(exc) and desktop.error_code(exc) in RECOVERABLE_CODES:
                 return text_result(f"error: the desktop refused the action: {exc}", error=True)
@@ -90,8 +90,13 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
             lines.append(command_output(output))
         content: list[Any] = [TextContent(type="text", text="\n".join(lines))]
         if screenshot:
+            png = desktop.screenshot_png(result)
             try:
-                content.append(await self.screenshot_content(env))
+                content.append(
+                    vf_image(actions.scale_png(png, self.config.screenshot_scale))
+                    if png is not None
+                    else await self.screenshot_content(env)
+                )
             except Exception as exc:
                 return self.failed(exc, "screenshot")
         state.tool_s.append(time.monotonic() - started)

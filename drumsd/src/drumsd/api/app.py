@@ -18,6 +18,7 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from drumsd.api.console import add_console, is_console_path
 from drumsd.api.openapi import build_openapi
 from drumsd.api.routes import ROUTES, Ctx, Raw, Route, handler_args
 from drumsd.core.config import Config
@@ -145,8 +146,8 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
         # Receive the whole body before answering: a response sent while a body is still
         # unread can stall the next request on the same keep-alive connection (hypercorn h11).
         await request.get_data()
-        if request.path in OPEN_PATHS:
-            return None
+        if request.path in OPEN_PATHS or is_console_path(request.path):
+            return None  # /console checks its own session cookie (api/console.py)
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
@@ -173,6 +174,7 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
         return Response(openapi_text, content_type="application/json")
 
     app.add_url_rule("/openapi.json", "openapi", openapi_view, methods=["GET"])
+    add_console(app, supervisor, config, token)
 
     @app.errorhandler(DrumsdError)
     async def _drumsd_error(exc: DrumsdError) -> Response:

@@ -68,6 +68,7 @@ let
       ps.hypercorn
       ps.pydantic
       ps.zstandard
+      ps.pillow
     ]
     ++ ps.hypercorn.optional-dependencies.trio;
     pythonImportsCheck = [ "drumsd" ];

@@ -343,6 +343,23 @@ async def test_mid_episode_failures_quarantine(api: Api) -> None:
     assert "init exited" in api.sup.slots[died].quarantine_reason
 
 
+async def test_a_tree_stuck_at_pids_max_quarantines(api: Api) -> None:
+    """issue 14, finding 11: a fork bomb left the episode valid; forks refused at pids.max
+    since the episode began fail no_oom_kill and quarantine the slot."""
+    calm = (await create(api))["id"]
+    bomb = (await create(api))["id"]
+    await wait_valid(api, calm)
+    await wait_valid(api, bomb)
+    api.runtime.inject(bomb, extra={"pids_max_hits": 50})
+    report = (await api.client.get(f"/v1/slots/{bomb}/gates")).json()
+    assert "no_oom_kill" in report["failed"], report
+    (gate,) = [g for g in report["gates"] if g["name"] == "no_oom_kill"]
+    assert gate["evidence"]["pids_max_hits"] == 50, report
+    assert (await api.client.get(f"/v1/slots/{bomb}")).json()["state"] == "quarantined"
+    calm_report = (await api.client.get(f"/v1/slots/{calm}/gates")).json()
+    assert calm_report["valid"] is True, calm_report
+
+
 async def test_crash_exits_fail_no_app_crash(api: Api) -> None:
     sid = (await create(api))["id"]
     await wait_valid(api, sid)
@@ -451,7 +468,9 @@ async def test_journal_holds_every_record_before_work_starts(tmp_path: Path) -> 
     async with open_api(tmp_path, runtime=runtime) as api:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(partial(api.client.post, "/v1/slots", json={}))
-            await wait_for(lambda: bool(api.sup.slots))
+            # The record is written off-thread: what must hold is that it is on disk by the time
+            # the runtime starts restoring (the restore is 0.3 s, so this looks while it runs).
+            await wait_for(lambda: ("restore", next(iter(api.sup.slots), "")) in runtime.calls)
             (rec,) = api.sup.slots.values()
             on_disk = Journal(api.config.journal_dir).read().slots
             assert on_disk[rec.id].status.value == "creating"
@@ -508,3 +527,34 @@ async def test_an_early_verify_waits_for_the_pending_gates(tmp_path: Path) -> No
             assert v["valid"] is True and v["verdict"] == "valid", v
             assert not any("pending" in r for r in v["invalid_reasons"]), v
         assert time.monotonic() - started < 0.8 + 5.0  # bounded by alive_after_s and a margin
+
+
+async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) -> None:
+    """issue 14, finding 8: a client's 60 s idle timeout, not the config's 1,800 s, for what
+    its slot makes (the SDK's fork() and save() pass no lease of their own)."""
+    maker = (await create(api, idle_timeout_s=60, ttl_s=900))["id"]
+    await wait_valid(api, maker)
+    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 2})
+    assert r.status_code in (200, 201), r.text
+    children = [c["id"] for c in r.json()["children"]]
+    r = await api.client.post(f"/v1/slots/{maker}/capture", json={})
+    assert r.status_code in (200, 201), r.text
+    state = r.json()["id"]
+    for child in children:
+        rec = api.sup.get_slot(child)
+        assert (rec.idle_timeout_s, rec.ttl_s) == (60, 900)
+    cp = api.sup.get_checkpoint(state)
+    assert cp.idle_timeout_s == 60
+    assert cp.idle_timeout_s < api.config.lease.state_idle_timeout_s
+
+    # Asked for explicitly, the request's lease wins.
+    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 1, "idle_timeout_s": 500})
+    kept = r.json()["children"][0]["id"]
+    assert api.sup.get_slot(kept).idle_timeout_s == 500
+
+    # The client stops calling: after 60 s the maker, its children and its state all go.
+    api.clock[0] += 61
+    done = await api.sup.reap_once()
+    assert set(children) | {maker} <= set(done["slots"])
+    assert kept not in done["slots"]
+    error_of(await api.client.get(f"/v1/checkpoints/{state}"), 404, "not_found")

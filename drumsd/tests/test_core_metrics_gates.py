@@ -215,3 +215,14 @@ def test_exits_of_unnamed_processes_leave_alive_after_resume_pending() -> None:
     assert status == G.PENDING and evidence["unnamed_exits"] == [3]
     dead = facts(alive=False)
     assert G.judge_alive_after_resume(dead, {"pids": [1]}, [])[0] == G.FAIL
+
+
+def test_forks_refused_at_pids_max_fail_no_oom_kill() -> None:
+    """issue 14, finding 11: only refusals since the episode started count."""
+    at = {"oom_kills": 0, "pids_max_hits": 5}
+    assert G.judge_no_oom_kill(facts(extra={"pids_max_hits": 5}), at)[0] == G.PASS
+    status, evidence = G.judge_no_oom_kill(facts(extra={"pids_max_hits": 9}), at)
+    assert status == G.FAIL and evidence["pids_max_hits"] == 4 and "pids.max" in evidence["reason"]
+    # A runtime that does not report the counter is judged on OOM kills alone.
+    assert G.judge_no_oom_kill(facts(extra={}), at)[0] == G.PASS
+    assert G.judge_no_oom_kill(facts(oom_kills=1, extra={}), at)[0] == G.FAIL

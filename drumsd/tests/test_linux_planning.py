@@ -60,6 +60,8 @@ def test_v1_driver_writes_limits_under_daemon_path(tmp_path: Path) -> None:
         "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
     )
     assert drv.oom_kills(dirs) == 3
+    Path(dirs["pids"], "pids.events").write_text("max 7\n")
+    assert drv.pids_max_hits(dirs) == 7
     drv.set_cpu(dirs, None)
     assert Path(dirs["cpu"], "cpu.cfs_quota_us").read_text() == "-1"
     drv.set_group_weight(16384)
@@ -89,6 +91,8 @@ def test_v2_driver_prepare_and_create(tmp_path: Path) -> None:
     assert (d / "pids.max").read_text() == "300"
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n")
     assert drv.oom_kills(dirs) == 1
+    (d / "pids.events").write_text("max 4\n")
+    assert drv.pids_max_hits(dirs) == 4
     assert drv.procs_files(dirs) == [d / "cgroup.procs"]
     drv.set_group_weight(16384)
     assert (base / "drums" / "cpu.weight").read_text() == "1600"

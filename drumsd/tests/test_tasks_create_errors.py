@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from drumsd.tasks.bridge import TaskBridge
-from drumsd.tasks.model import TaskContext
+from drumsd.tasks.model import Task, TaskContext, sum_of_sleeps
 from test_api_app import error_of, open_api
 
 
@@ -90,3 +90,31 @@ def test_task_run_dirs_are_private_to_the_daemon_and_reused_per_slot(tmp_path: P
 
         shutil.rmtree(one.run_root, ignore_errors=True)
         shutil.rmtree(two.run_root, ignore_errors=True)
+
+
+async def test_sleeps_that_outlast_the_setup_timeout_are_refused_at_create(tmp_path: Path) -> None:
+    """issue 14, finding 9: each sleep within its bound, but together longer than setup may
+    take: a 422 at create, not a 504 after setup_timeout_s with the slot held."""
+    sleep = {"type": "sleep", "parameters": {"seconds": 250}}
+    async with open_api(tmp_path) as api:
+        api.sup.tasks = TaskBridge(TaskContext(setup_timeout_s=600), api.runtime)
+        r = await api.client.post("/v1/slots", json={"task": _task([sleep, sleep, sleep])})
+        err = error_of(r, 422, "unsupported_task")
+        assert "add up to 750 s" in err["message"] and "setup_timeout_s" in err["message"], err
+        assert await _live_slots(api) == []
+        # Two of them fit: only the total is refused.
+        assert sum_of_sleeps(Task.model_validate(_task([sleep, sleep]))) == 500
+
+
+async def test_a_destroyed_slots_task_run_dir_is_removed(tmp_path: Path) -> None:
+    """issue 14, finding 10: one run dir per episode stayed behind after its slot was gone."""
+    async with open_api(tmp_path) as api:
+        bridge = TaskBridge(TaskContext(), api.runtime, run_root=tmp_path / "runs")
+        api.sup.tasks = bridge
+        kept = (await api.client.post("/v1/slots", json={"task": _task([])})).json()["id"]
+        gone = (await api.client.post("/v1/slots", json={"task": _task([])})).json()["id"]
+        assert (tmp_path / "runs" / gone).is_dir() and (tmp_path / "runs" / kept).is_dir()
+        r = await api.client.delete(f"/v1/slots/{gone}")
+        assert r.status_code == 200, r.text
+        assert not (tmp_path / "runs" / gone).exists()
+        assert (tmp_path / "runs" / kept).is_dir()

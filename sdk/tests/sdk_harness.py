@@ -102,6 +102,9 @@ class StubTaskBridge:
 
         self.tasks = {t.id: t for t in DEFAULT_TASKS}
 
+    def forget_slot(self, slot_id: str) -> None:
+        return None
+
     def list_tasks(self) -> list[Any]:
         return list(self.tasks.values())
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import httpx
 import pytest
@@ -205,3 +205,84 @@ def test_exception_inside_a_fork_block_leaves_nothing(
                 children[0].step({"type": "key", "key": "enter"})
                 1 / 0  # noqa: B018
     assert snapshot(server) == before
+
+
+# --- a client without `with`: cleanup at exit and on SIGTERM (issue 14, finding 8) -----------
+
+NO_WITH = """
+import os, signal, sys, time
+import drums
+if sys.argv[1] == "own-handler":
+    signal.signal(signal.SIGTERM, lambda *a: (print("user handler", flush=True), sys.exit(3)))
+client = drums.connect()  # never closed, no with block
+env = client.create(task=sys.argv[2] if len(sys.argv) > 2 else None)
+env.wait_valid()
+state = env.save()
+print("made", env.id, state.id, flush=True)
+if sys.argv[1] == "return":
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+def run_no_with(mode: str, server: Dict[str, str], tmp_path: Path) -> "subprocess.Popen[str]":
+    args = [a for a in task_args(tmp_path) if a != "--task"]
+    return subprocess.Popen(
+        [sys.executable, "-c", NO_WITH, mode, *args],
+        env={**os.environ, **server},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "sig", "returncode"),
+    [
+        ("return", None, 0),
+        ("sleep", signal.SIGTERM, -signal.SIGTERM),
+        ("sleep", signal.SIGINT, -signal.SIGINT),
+    ],
+)
+def test_a_client_without_with_cleans_up_when_its_process_ends(
+    server: Dict[str, str], tmp_path: Path, mode: str, sig: Optional[int], returncode: int
+) -> None:
+    before = snapshot(server)
+    proc = run_no_with(mode, server, tmp_path)
+    try:
+        assert proc.stdout is not None
+        made = proc.stdout.readline()
+        assert made.startswith("made "), made + proc.stdout.read()
+        env_id, state_id = made.split()[1:]
+        if sig is not None:
+            time.sleep(0.2)  # inside the sleep
+            proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    print(output)
+    # Still dies of the signal (a parent sees -15 / -2), after destroying what it made.
+    assert proc.returncode == returncode, output
+    assert "TypeError" not in output and "Exception ignored" not in output, output
+    envs, states = snapshot(server)
+    assert env_id not in envs and state_id not in states, output
+    assert (envs, states) == before
+
+
+def test_a_programs_own_sigterm_handler_is_left_alone(
+    server: Dict[str, str], tmp_path: Path
+) -> None:
+    proc = run_no_with("own-handler", server, tmp_path)
+    try:
+        assert proc.stdout is not None
+        made = proc.stdout.readline()
+        assert made.startswith("made "), made + proc.stdout.read()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "user handler" in output and proc.returncode == 3, output
+    envs, states = snapshot(server)  # its sys.exit ran atexit: cleaned up all the same
+    assert made.split()[1] not in envs and made.split()[2] not in states

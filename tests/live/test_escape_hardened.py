@@ -853,6 +853,20 @@ def test_fork_bomb_is_capped_by_the_pids_limit(
     assert subprocess.run(["true"], check=False).returncode == 0
     assert httpx.get(f"{live_daemon.url}/healthz", timeout=5).status_code == 200
     assert_slot_works(http, other_slot)
+    # The episode is no longer valid: forks refused at pids.max fail no_oom_kill and the slot
+    # is quarantined (issue 14, finding 11: before, the episode stayed valid).
+    deadline = time.monotonic() + 60
+    while True:
+        report = http.get(f"/v1/slots/{slot}/gates").json()
+        if "no_oom_kill" in report["failed"]:
+            break
+        assert time.monotonic() < deadline, f"the bombed slot's episode stays valid: {report}"
+        time.sleep(0.5)
+    (gate,) = [g for g in report["gates"] if g["name"] == "no_oom_kill"]
+    assert gate["evidence"]["pids_max_hits"] > 0, gate
+    assert report["valid"] is False
+    neighbour = http.get(f"/v1/slots/{other_slot}/gates").json()
+    assert "no_oom_kill" not in neighbour["failed"], neighbour
     # Afterwards the bombed slot is reset: a fresh tree that works.
     _reset(http, slot)
     assert_slot_works(http, slot)

@@ -63,7 +63,7 @@ def test_skyrl_make_registered_env_from_env_vars(fake_host, monkeypatch):
     monkeypatch.delenv("DRUMS_TOKEN", raising=False)
     env = skyrl_gym.make("drums", env_config={}, extras={"drums_task": "solve", "max_turns": 3})
     assert isinstance(env, DrumsSkyRLEnv)
-    assert "url from DRUMS_URL" in env.daemon.describe()
+    assert "(from DRUMS_URL)" in env.daemon.resolve(announce=False).describe()
     env.init([])
     assert len(fake_host.stats()["live_slots"]) == 1
     env.close()

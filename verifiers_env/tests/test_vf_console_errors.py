@@ -22,7 +22,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_vf_eval(policy, tmp_path: Path, url: str, env_extra: dict[str, str]) -> str:
+def run_vf_eval(
+    policy, tmp_path: Path, url: str, env_extra: dict[str, str], source: list[str] | None = None
+) -> subprocess.CompletedProcess:
     write_tasks(tmp_path / "tasks", ["solve"])
     exe = Path(sys.executable).with_name("vf-eval")
     cmd = [
@@ -30,14 +32,12 @@ def run_vf_eval(policy, tmp_path: Path, url: str, env_extra: dict[str, str]) -> 
         "--client.base-url", policy.base_url, "--client.api-key-var", "MOCK_POLICY_KEY",
         "--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess",
         "--no-push", "--no-rich", "-o", str(tmp_path / "out"),
-        "--env.taskset.task-dir", str(tmp_path / "tasks"),
+        *(source or ["--env.taskset.task-dir", str(tmp_path / "tasks")]),
         "--env.taskset.task.daemon.url", url,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRUMS_")}
     env.update({"MOCK_POLICY_KEY": "not-a-secret", **env_extra})
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stderr
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 @pytest.mark.parametrize("case", ["missing-token", "unreachable"])
@@ -50,10 +50,27 @@ def test_failure_before_start_is_one_console_line(case, fake_host, policy, tmp_p
         url = f"http://127.0.0.1:{free_port()}"
         extra = {"DRUMS_TOKEN_FILE": str(fake_host.token_file)}
         expect = [f"drumsd {url})", "cannot reach drumsd"]
-    stderr = run_vf_eval(policy, tmp_path, url, extra)
+    proc = run_vf_eval(policy, tmp_path, url, extra)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stderr = proc.stderr
     lines = [line for line in stderr.splitlines() if "failed before it started" in line]
     assert len(lines) == 1, stderr[-4000:]
     assert "ERROR" in lines[0] and "(task solve, drumsd " in lines[0]
     for part in expect:
         assert part in lines[0], lines[0]
     assert fake_host.stats()["live_slots"] == []
+
+
+def test_unknown_task_id_is_one_line_not_a_traceback(fake_host, policy, tmp_path):
+    """A task id the daemon does not list stops vf-eval before any rollout with one line."""
+    extra = {"DRUMS_TOKEN_FILE": str(fake_host.token_file)}
+    source = ["--env.taskset.task-ids", '["solve", "no-such-task"]']
+    proc = run_vf_eval(policy, tmp_path, fake_host.url, extra, source)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if "cannot load tasks" in line]
+    assert lines == [
+        f"drums-verifiers: cannot load tasks (drumsd {fake_host.url}): KeyError: the daemon "
+        "does not know task 'no-such-task'; list them with GET /v1/tasks"
+    ], proc.stderr[-4000:]
+    assert fake_host.stats()["counters"].get("slots_created", 0) == 0

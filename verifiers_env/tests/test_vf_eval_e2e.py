@@ -25,7 +25,7 @@ def assert_nothing_left(fake) -> None:
 
 
 def test_single_envs_follow_the_verifier_contract(fake_host, policy, tmp_path):
-    names = ["solve", "probe", "dies", "crash", "checker", "flagged"]
+    names = ["solve", "probe", "dies", "crash", "checker", "flagged", "unaudited"]
     write_tasks(tmp_path / "tasks", names)
     record_file = tmp_path / "records.jsonl"
     episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks", records=record_file)
@@ -33,7 +33,7 @@ def test_single_envs_follow_the_verifier_contract(fake_host, policy, tmp_path):
     assert sorted(traces) == sorted(names)
 
     solved = traces["solve"]
-    assert solved["ok"] and solved["rewards"]["drums"]["score"] == 1.0
+    assert solved["ok"] and solved["rewards"]["task_success"]["score"] == 1.0
     assert solved["metrics"] == {
         "drums_actions": 4.0,
         "drums_reward_trusted": 1.0,
@@ -45,10 +45,10 @@ def test_single_envs_follow_the_verifier_contract(fake_host, policy, tmp_path):
     assert info["env"].startswith("s") and info["fork_parent"] is None
 
     probe = traces["probe"]  # a valid episode that did not solve the task: a real 0
-    assert probe["ok"] and probe["rewards"]["drums"]["score"] == 0.0
+    assert probe["ok"] and probe["rewards"]["task_success"]["score"] == 0.0
 
     crash = traces["crash"]  # a gate failed mid-episode: no reward, dropped, never trained
-    assert not crash["ok"] and crash["rewards"]["drums"] is None
+    assert not crash["ok"] and crash["rewards"]["task_success"] is None
     assert "drums_invalid:invalid:no_app_crash" in error_text(crash)
     assert crash["info"]["drums"]["dropped"] == "drums_invalid:invalid:no_app_crash"
     assert crash["metrics"]["drums_valid"] == 0.0
@@ -63,9 +63,28 @@ def test_single_envs_follow_the_verifier_contract(fake_host, policy, tmp_path):
     assert checker["info"]["drums"]["checker_error"]
 
     flagged = traces["flagged"]  # valid with a score, but the audit disagreed: untrusted
-    assert flagged["ok"] and flagged["rewards"]["drums"]["score"] == 1.0
+    assert flagged["ok"] and flagged["rewards"]["task_success"]["score"] == 1.0
     assert flagged["metrics"]["drums_reward_trusted"] == 0.0
     assert flagged["info"]["drums"]["audit_flags"] == ["nondeterministic"]
+
+    unaudited = traces["unaudited"]  # the daemon did not say: no trust metric, never 0.0
+    assert unaudited["ok"] and unaudited["rewards"]["task_success"]["score"] == 1.0
+    assert "drums_reward_trusted" not in unaudited["metrics"], unaudited["metrics"]
+    assert unaudited["info"]["drums"]["trusted"] is None
+
+    # Records carry turns and timings: create, gate wait, first screenshot, each verify and
+    # each tool call's desktop time.
+    timings = solved["info"]["drums"]["timings"]
+    assert solved["info"]["drums"]["turns"] == 4
+    assert {"create", "wait_valid", "first_screenshot"} <= set(timings), timings
+    assert len(timings["verify"]) == 1 and len(timings["tool_calls"]) == 4, timings
+    assert all(t >= 0 for t in [timings["create"], *timings["verify"], *timings["tool_calls"]])
+
+    # Only the valid, scored, error-free traces are trainable.
+    from drums_verifiers import iter_trainable_traces
+
+    trainable = {t["task"]["data"]["id"] for t in iter_trainable_traces(episodes)}
+    assert trainable == {"solve", "probe", "flagged", "unaudited"}, trainable
 
     lines = records(record_file)
     assert sorted(line["task"] for line in lines) == sorted(names)
@@ -84,11 +103,11 @@ def test_fork_group_drops_the_invalid_child(fake_host, policy, tmp_path):
         policy,
         tmp_path / "out",
         tmp_path / "tasks",
-        "--env.taskset.fork-n",
+        "--env.fork-n",
         "3",
-        "--env.taskset.prefix",
-        json.dumps([{"type": "click", "x": 5, "y": 5}]),
-        "--env.taskset.settle-s",
+        "--env.prefix",
+        json.dumps(["pyautogui.click(5, 5)", {"type": "click", "x": 5, "y": 5}]),
+        "--env.settle-s",
         "0.05",
         records=record_file,
     )
@@ -101,17 +120,17 @@ def test_fork_group_drops_the_invalid_child(fake_host, policy, tmp_path):
 
     good = [children[0], children[2]]
     for child in good:
-        assert child["ok"] and child["rewards"]["drums"]["score"] == 1.0
+        assert child["ok"] and child["rewards"]["task_success"]["score"] == 1.0
         assert child["info"]["drums"]["actions"] == {"type": 1, "done": 1}
     bad = children[1]
-    assert not bad["ok"] and not bad.get("rewards", {}).get("drums")
+    assert not bad["ok"] and not bad.get("rewards", {}).get("task_success")
     assert "drums_invalid:invalid:alive_after_resume" in error_text(bad)
 
     counters = fake_host.stats()["counters"]
     assert counters["branches"] == 1 and counters["checkpoints_prefork"] == 1
     assert counters["checkpoints_deleted"] == 1
-    # the prefix ran once, on the parent, before the fork
-    assert counters["steps"] == 1 + 2 * 2
+    # the prefix (pyautogui code, then an action dict) ran once, on the parent, before the fork
+    assert counters["steps"] == 2 + 2 * 2
     assert len(records(record_file)) == 3
     assert_nothing_left(fake_host)
 
@@ -128,7 +147,7 @@ def test_visual_window_harness_keeps_the_last_k_screenshots(fake_host, policy, t
         harness="drums-verifiers",
     )
     trace = by_task(episodes)["solve"][0]
-    assert trace["ok"] and trace["rewards"]["drums"]["score"] == 1.0
+    assert trace["ok"] and trace["rewards"]["task_success"]["score"] == 1.0
     requests = [r for r in policy.requests if r["script"] == "solve"]
     assert len(requests) == 4
     assert [sum(r["images"]) for r in requests] == [1, 2, 2, 2]
@@ -162,7 +181,7 @@ def test_other_tool_styles(fake_host, policy, tmp_path, style, task, actions):
     )
     trace = by_task(episodes)[task][0]
     assert trace["ok"], error_text(trace)
-    assert trace["rewards"]["drums"]["score"] == 1.0
+    assert trace["rewards"]["task_success"]["score"] == 1.0
     assert trace["info"]["drums"]["actions"] == actions
     tools = policy.requests[0]["tools"]
     if style == "scalecua":

@@ -1,4 +1,9 @@
-"""vf-eval against a real drumsd with the Linux runtime: a scripted solve scores 1, a probe 0.
+"""vf-eval against a real drumsd with the Linux runtime, one daemon for the whole file.
+
+- a scripted solve scores 1 and a probe 0 (`hybrid` tools, inline tasks);
+- a fork group of 4 on a task id the daemon serves (`task_ids`), played by the chat harness with
+  its visual window (`drums` tools), and a `scalecua` rollout on the same task id;
+each listing the daemon's slots and checkpoints before and after: nothing may be left.
 
 The task is the shared OSWorld task e0df059f on the base image (its setup makes the directory
 ~/Desktop/todo_list_Jan_1; its checker asks for ~/Desktop/todo_list_Jan_2): the cheapest real task,
@@ -55,6 +60,33 @@ def _slots(url: str, token: str) -> list[dict]:
     auth = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
         return http.get("/v1/slots").json().get("slots", [])
+
+
+def _held(url: str, token: str) -> tuple[set[str], set[str]]:
+    """The daemon's live slots and its checkpoints other than templates (a fork's prefork
+    state is one), by id."""
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
+        slots = {s["id"] for s in http.get("/v1/slots").json().get("slots", [])}
+        cps = http.get("/v1/checkpoints").json().get("checkpoints", [])
+    return slots, {c["id"] for c in cps if c.get("kind") != "template"}
+
+
+def _policy(tmp_path: Path, script: list[dict]) -> MockPolicy:
+    """A scripted policy whose `default` script is `script` (task ids carry no marker)."""
+    policy = MockPolicy({"default": script}, tmp_path / "policy-requests.jsonl")
+    policy.base_url = f"http://127.0.0.1:{policy.serve()}/v1"  # type: ignore[attr-defined]
+    return policy
+
+
+def _no_refusals(trace: dict) -> None:
+    refused = [
+        n["message"]["content"]
+        for n in trace["nodes"]
+        if n["message"].get("role") == "tool"
+        and str(n["message"].get("content", "")).startswith("error:")
+    ]
+    assert not refused, f"the real daemon refused a tool call: {refused}"
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +177,10 @@ def test_real_daemon_scripted_solve_scores_1_and_probe_0(
             and str(n["message"].get("content", "")).startswith("error:")
         ]
         assert not refused, f"{task_id}: the real daemon refused a tool call: {refused}"
-        assert trace["rewards"]["drums"]["score"] == expected, trace["rewards"]
+        assert trace["rewards"]["task_success"]["score"] == expected, trace["rewards"]
         assert trace["info"]["drums"]["verdict"] == "valid", trace["info"]
         print(
-            f"vf live {task_id}: score {trace['rewards']['drums']['score']} "
+            f"vf live {task_id}: score {trace['rewards']['task_success']['score']} "
             f"info {json.dumps(trace['info']['drums'], default=str)}"
         )
     for record in records:
@@ -157,3 +189,106 @@ def test_real_daemon_scripted_solve_scores_1_and_probe_0(
     assert {r["task"] for r in records} >= {RENAME, PROBE}, records
     # vf-eval destroyed both desktops it made.
     assert {s["id"] for s in _slots(url, token)} <= slots_before
+
+
+def test_fork_group_of_4_by_task_id_with_the_chat_harness(
+    daemon: tuple[str, Path], tmp_path: Path
+) -> None:
+    """One episode: the daemon's task e0df059f (by id), a prefix of pyautogui code and an action
+    dict, a fork into 4 children played at once by the windowed chat harness (2 images)."""
+    url, token_file = daemon
+    token = token_file.read_text().strip()
+    script = [
+        {"tool": "computer_click", "arguments": {"x": 200, "y": 200}},
+        {"tool": "computer_move", "arguments": {"x": 300, "y": 300}},
+        {"tool": "computer_done", "arguments": {}},
+    ]
+    policy = _policy(tmp_path, script)
+    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
+    before = _held(url, token)
+    started = time.monotonic()
+    try:
+        episodes = vf_eval(
+            real,
+            policy,
+            tmp_path / "out",
+            None,
+            "--env.taskset.task-ids",
+            json.dumps([RENAME]),
+            "--env.fork-n",
+            "4",
+            "--env.prefix",
+            json.dumps(["pyautogui.moveTo(100, 100)", {"type": "click", "x": 120, "y": 120}]),
+            "--env.settle-s",
+            "0.2",
+            "--env.max-concurrent-agents",
+            "4",
+            "--env.taskset.visual-window",
+            "2",
+            "--env.taskset.task.max-turns",
+            "6",
+            harness="drums-verifiers",
+            records=tmp_path / "records.jsonl",
+            timeout=600,
+        )
+    finally:
+        policy.close()
+    print(f"vf live fork group of 4: vf-eval took {time.monotonic() - started:.1f}s")
+    assert len(episodes) == 1, "a fork group is one episode"
+    children = sorted(episodes[0]["traces"], key=lambda t: t["info"]["drums"]["fork_index"])
+    infos = [c["info"]["drums"] for c in children]
+    assert [i["fork_index"] for i in infos] == [0, 1, 2, 3], infos
+    assert len({i["fork_parent"] for i in infos}) == 1 and infos[0]["fork_parent"]
+    assert len({i["env"] for i in infos}) == 4
+    for child in children:
+        assert child["ok"], error_text(child)
+        _no_refusals(child)
+        # the task asks for a renamed directory: clicks do not solve it, a valid real 0
+        assert child["rewards"]["task_success"]["score"] == 0.0, child["rewards"]
+        assert child["info"]["drums"]["verdict"] == "valid"
+        assert child["info"]["drums"]["actions"] == {"click": 1, "move": 1, "done": 1}
+        print(f"vf live fork child: {json.dumps(child['info']['drums'], default=str)}")
+    # The window: every request the policy saw had at most 2 images, though the last ones
+    # followed the opening screenshot and 2 or more screenshots from tool calls.
+    requests = [json.loads(line) for line in (tmp_path / "policy-requests.jsonl").open()]
+    assert len(requests) == 4 * len(script), len(requests)
+    assert max(sum(r["images"]) for r in requests) == 2, [r["images"] for r in requests]
+    assert max(r["roles"].count("tool") for r in requests) == 2
+    assert _held(url, token) == before, "the fork group left slots or its prefork state"
+
+
+def test_scalecua_tools_on_a_task_id(daemon: tuple[str, Path], tmp_path: Path) -> None:
+    url, token_file = daemon
+    token = token_file.read_text().strip()
+    script = [
+        {"tool": "computer", "arguments": {"action": "click", "x": 200, "y": 200}},
+        {"tool": "computer", "arguments": {"action": "terminate", "status": "failure"}},
+    ]
+    policy = _policy(tmp_path, script)
+    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
+    before = _held(url, token)
+    started = time.monotonic()
+    try:
+        episodes = vf_eval(
+            real,
+            policy,
+            tmp_path / "out",
+            None,
+            "--env.taskset.task-ids",
+            json.dumps([RENAME]),
+            "--env.taskset.task.tool-style",
+            "scalecua",
+            "--env.taskset.task.max-turns",
+            "4",
+            timeout=600,
+        )
+    finally:
+        policy.close()
+    print(f"vf live scalecua: vf-eval took {time.monotonic() - started:.1f}s")
+    (trace,) = by_task(episodes)[RENAME]
+    assert trace["ok"], error_text(trace)
+    _no_refusals(trace)
+    assert trace["rewards"]["task_success"]["score"] == 0.0
+    assert trace["info"]["drums"]["actions"] == {"click": 1, "fail": 1}, trace["info"]
+    assert trace["info"]["drums"]["turns"] == 2
+    assert _held(url, token) == before

@@ -43,6 +43,10 @@ TASKS: dict[str, dict[str, Any]] = {
         "instruction": "[policy:solve] Type 42 (audit disagrees).",
         "fake": {"expect": {"type": "type", "text": "42"}, "audit_flags": ["nondeterministic"]},
     },
+    "unaudited": {
+        "instruction": "[policy:solve] Type 42 (no trust verdict).",
+        "fake": {"expect": {"type": "type", "text": "42"}, "trust_unknown": True},
+    },
     "fork": {
         "instruction": "[policy:child] Finish typing 42.",
         "fake": {
@@ -129,14 +133,15 @@ def vf_eval(
     fake: Fake,
     policy: MockPolicy,
     out: Path,
-    task_dir: Path,
+    task_dir: Path | None,
     *extra: str,
     harness: str = "null",
     records: Path | None = None,
     timeout: float = 600,
 ) -> list[dict[str, Any]]:
     """Run the real vf-eval CLI end to end and return the episodes it wrote (traces.jsonl:
-    one episode per line, its traces inside)."""
+    one episode per line, its traces inside). Without `task_dir` the tasks come from `extra`
+    (e.g. `--env.taskset.task-ids`)."""
     exe = Path(sys.executable).with_name("vf-eval")
     cmd = [
         str(exe),
@@ -157,8 +162,7 @@ def vf_eval(
         "--no-rich",
         "-o",
         str(out),
-        "--env.taskset.task-dir",
-        str(task_dir),
+        *(["--env.taskset.task-dir", str(task_dir)] if task_dir is not None else []),
         "--env.taskset.task.daemon.url",
         fake.url,
         "--env.taskset.task.daemon.token-file",

@@ -88,6 +88,13 @@ class AsyncClient(BaseClient["AsyncEnv"]):
             await anyio.sleep(delay)
             attempt += 1
 
+    async def _send_making(self, call: Call[T]) -> T:
+        """A call that makes something on the daemon (an env, a state), shielded from the
+        caller's cancellation (bounded by the call's own timeout): its answer must arrive so what
+        it made is owned, and so destroyed on close. Cancelled mid-request, it leaked the env."""
+        with anyio.CancelScope(shield=True):
+            return await self._send(call)
+
     # --- daemon -------------------------------------------------------------------------------
 
     async def ping(self) -> bool:
@@ -146,7 +153,7 @@ class AsyncClient(BaseClient["AsyncEnv"]):
                 ttl_s=ttl_s,
                 labels=labels or {},
             )
-            slot = await self._send(routes.create_slot(body, self.timeouts))
+            slot = await self._send_making(routes.create_slot(body, self.timeouts))
             instruction = instruction_of(body.task) if body.task is not None else None
             return self._adopt_env(AsyncEnv(self, slot, owned=True, instruction=instruction))
 
@@ -250,6 +257,9 @@ class AsyncEnv(EnvBase):
     async def _send(self, call: Call[T]) -> T:
         return await self._client._send(call)
 
+    async def _send_making(self, call: Call[T]) -> T:
+        return await self._client._send_making(call)
+
     @property
     def _t(self) -> Timeouts:
         return self._client.timeouts
@@ -318,7 +328,7 @@ class AsyncEnv(EnvBase):
     ) -> m.Checkpoint:
         """Save the desktop; deleted when the client closes unless keep=True."""
         body = wire(m.CaptureRequest, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
-        state = await self._send(routes.capture(self.id, body, self._t))
+        state = await self._send_making(routes.capture(self.id, body, self._t))
         if not keep:
             self._client._adopt_state(state)
         return state
@@ -336,14 +346,14 @@ class AsyncEnv(EnvBase):
         state too unless keep_state=True (then it lives until the client closes)."""
         request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
-        state = await self._send(routes.prefork(self.id, prefork, self._t))
+        state = await self._send_making(routes.prefork(self.id, prefork, self._t))
         # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
         kept_before = state.id in self._client._owned_states
         self._client._adopt_state(state)
         children: List[AsyncEnv] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
-            result = await self._send(routes.branch(self.id, request, self._t))
+            result = await self._send_making(routes.branch(self.id, request, self._t))
             children = [
                 self._client._adopt_env(
                     AsyncEnv(self._client, s, owned=True, instruction=self._instruction)

@@ -29,6 +29,7 @@ from typing import (
 import httpx
 import pydantic
 
+from . import _exit_cleanup
 from . import _routes as routes
 from . import models as m
 from ._config import Secret, Settings, resolve_settings
@@ -147,6 +148,8 @@ class BaseClient(Generic[E]):
         self._owned_envs: Dict[str, E] = {}
         self._owned_states: Dict[str, m.Checkpoint] = {}
         self._closed = False
+        # Whatever it still owns at interpreter exit or SIGTERM is destroyed then (no `with`).
+        _exit_cleanup.track(self)
 
     @property
     def url(self) -> str:

@@ -51,6 +51,11 @@ class _HeldSigint:
             if self.depth:
                 return
             previous, received = self.previous, self.received
+            # None: the handler was not set from Python (an embedding host, or an interpreter
+            # finalizing after Ctrl-C); signal.signal(SIGINT, None) is a TypeError, so put
+            # Python's default back instead.
+            if previous is None:
+                previous = signal.default_int_handler
             signal.signal(signal.SIGINT, previous)
             self.previous, self.received = None, 0
         if received:

@@ -14,9 +14,15 @@ if TYPE_CHECKING:
     from drums_verifiers.env import DrumsEnv as DrumsEnv
     from drums_verifiers.harness import DrumsChatHarness as DrumsChatHarness
     from drums_verifiers.taskset import DrumsTaskset as DrumsTaskset
+    from drums_verifiers.verdict import iter_trainable_traces as iter_trainable_traces
 
-__all__ = ["DrumsChatHarness", "DrumsEnv", "DrumsTaskset"]
-_HOMES = {"DrumsChatHarness": "harness", "DrumsEnv": "env", "DrumsTaskset": "taskset"}
+__all__ = ["DrumsChatHarness", "DrumsEnv", "DrumsTaskset", "iter_trainable_traces"]
+_HOMES = {
+    "DrumsChatHarness": "harness",
+    "DrumsEnv": "env",
+    "DrumsTaskset": "taskset",
+    "iter_trainable_traces": "verdict",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -84,13 +84,6 @@ class DrumsTasksetConfig(vf.TasksetConfig):
     """A directory of OSWorld-format task JSON files (searched recursively)."""
     tasks_jsonl: Path | None = None
     """A task factory's `tasks.jsonl`: one task per line."""
-    fork_n: int = Field(1, ge=1, le=64)
-    """With N > 1 one episode plays `prefix` on a parent desktop, forks N children and runs
-    one agent per child; the N traces are the comparison group (use group_size = 1)."""
-    prefix: list[dict] = Field(default_factory=list)
-    """Actions (drumsd action dicts) played on the parent before the fork."""
-    settle_s: float = Field(1.0, ge=0)
-    """Pause after the prefix so the desktop settles before it is forked."""
     visual_window: int = Field(3, ge=1)
     """Only the last K screenshots stay images in the model's context (drums-verifiers
     harness); older ones become a short text placeholder."""

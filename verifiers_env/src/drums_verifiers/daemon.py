@@ -71,9 +71,9 @@ class Daemon:
 
         return drums.connect(url=self.url, token=self.require_token(hint), **kwargs)
 
-    def announce(self) -> None:
-        """Log which daemon and token source is used, once per process and setting."""
-        line = self.describe()
+    def announce(self, who: str = "") -> None:
+        """Log which daemon and token source is used, once per process, user and setting."""
+        line = f"{who} uses {self.describe()}" if who else self.describe()
         with _announce_lock:
             if line in _announced:
                 return
@@ -138,4 +138,42 @@ def resolve_daemon(
     return daemon
 
 
-__all__ = ["DEFAULT_TOKEN_FILE", "DEFAULT_URL", "Daemon", "DaemonSettingsError", "resolve_daemon"]
+def setting(config: Any, name: str) -> Any:
+    """`name` from a mapping or an object (a trainer's config), None when absent."""
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        return config.get(name)
+    return getattr(config, name, None)
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """The explicit `daemon_url` / `token_file` a trainer adapter was configured with (either
+    may be None); resolved at use, so a token file written later is still read."""
+
+    url: str | None = None
+    token_file: str | None = None
+
+    @classmethod
+    def first_of(cls, *configs: Any) -> DaemonSettings:
+        """Each field from the first config (in order) that sets it."""
+        url = next((v for c in configs if (v := setting(c, "daemon_url"))), None)
+        token_file = next((v for c in configs if (v := setting(c, "token_file"))), None)
+        return cls(str(url) if url else None, str(token_file) if token_file else None)
+
+    def resolve(self, who: str = "", announce: bool = True) -> Daemon:
+        daemon = resolve_daemon(url=self.url, token_file=self.token_file, announce=False)
+        if announce:
+            daemon.announce(who)
+        return daemon
+
+
+__all__ = [
+    "DEFAULT_TOKEN_FILE",
+    "DEFAULT_URL",
+    "Daemon",
+    "DaemonSettings",
+    "DaemonSettingsError",
+    "resolve_daemon",
+]

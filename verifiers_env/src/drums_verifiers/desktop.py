@@ -9,6 +9,7 @@ and the rest of the package talks about desktops, not HTTP.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import logging
 import struct
@@ -133,8 +134,18 @@ async def observe(env: Any) -> Observation:
     return Observation(png=obs.png, instruction=str(meta.get("instruction") or ""), meta=meta)
 
 
-async def step(env: Any, action: dict[str, Any]) -> Any:
+async def step(env: Any, action: str | dict[str, Any], screenshot: bool = False) -> Any:
+    """One action; with `screenshot` the daemon returns the screen after it in the same call
+    (`screenshot_png(result)`), one round trip instead of a step and a screenshot."""
+    if screenshot:
+        return await resolve(env.step(action, screenshot=True))
     return await resolve(env.step(action))
+
+
+def screenshot_png(result: Any) -> bytes | None:
+    """The PNG a `step(..., screenshot=True)` result carries, if it carries one."""
+    data = field(result, "screenshot_png_b64")
+    return base64.b64decode(data) if data else None
 
 
 async def verify(env: Any, timeout_s: float) -> Any:

@@ -1,7 +1,7 @@
 """The drums episode: one desktop per rollout, or a fork group of N children of one parent.
 
 The env owns every desktop of its episode and closes them on every path (success, error,
-cancellation), shielded. With `fork_n = N` one episode plays the taskset's `prefix` on a parent,
+cancellation), shielded. With `fork_n = N` (N >= 1) one episode plays `prefix` on a parent,
 lets it settle, forks N children and runs one agent per child: the N traces are the comparison
 group, so train with `group_size = 1` (GRPO's group is then the fork group, whose members share
 the exact desktop state at the fork point).
@@ -14,27 +14,41 @@ import logging
 from typing import Any
 
 import verifiers.v1 as vf
+from pydantic import Field
 
 from drums_verifiers import desktop
-from drums_verifiers.config import DrumsTasksetConfig
 from drums_verifiers.episode import CURRENT, SEAT, EpisodeDesktops, ForkSeat
 from drums_verifiers.verdict import DrumsInvalidEpisode, drop_reason
 
 log = logging.getLogger("drums_verifiers.env")
 
 
+PrefixAction = str | dict[str, Any]
+"""pyautogui code (`"pyautogui.click(960, 540)"`) or a drumsd action dict (`{"type": "click"}`)."""
+
+
 class DrumsEnvConfig(vf.EnvConfig):
+    """The episode's shape (`--env.*`, `env.*` in a prime-rl source)."""
+
     agent: vf.AgentConfig = vf.AgentConfig()
     """The one seat: the policy playing every desktop of the episode."""
+    fork_n: int = Field(0, ge=0, le=64)
+    """0 (default): one desktop per rollout. N >= 1: one episode plays `prefix` on a parent
+    desktop, forks N children and runs one agent per child; the N traces are the comparison
+    group (use group_size = 1)."""
+    prefix: list[PrefixAction] = Field(default_factory=list)
+    """Actions played on the parent before the fork, each pyautogui code or an action dict."""
+    settle_s: float = Field(1.0, ge=0)
+    """Pause after the prefix so the desktop settles before it is forked."""
 
 
 class DrumsEnv(vf.Env[DrumsEnvConfig]):
     async def run(self, task: vf.Task, agents: vf.Agents) -> None:
-        cfg: DrumsTasksetConfig = self.taskset.config  # type: ignore[assignment]
+        cfg = self.config
         owner = EpisodeDesktops(task.config.daemon)
         token = CURRENT.set(owner)
         try:
-            if cfg.fork_n > 1:
+            if cfg.fork_n >= 1:
                 await self.run_fork_group(task, agents, owner, cfg)
             else:
                 await agents.agent.run(task)
@@ -43,7 +57,7 @@ class DrumsEnv(vf.Env[DrumsEnvConfig]):
             await owner.aclose()
 
     async def run_fork_group(
-        self, task: vf.Task, agents: vf.Agents, owner: EpisodeDesktops, cfg: DrumsTasksetConfig
+        self, task: vf.Task, agents: vf.Agents, owner: EpisodeDesktops, cfg: DrumsEnvConfig
     ) -> None:
         tcfg = task.config
         parent = await owner.create(task.data.drums_task, tcfg.idle_timeout_s)
@@ -59,7 +73,7 @@ class DrumsEnv(vf.Env[DrumsEnvConfig]):
         if desktop.field(report, "valid") is False:
             raise DrumsInvalidEpisode(drop_reason("parent-invalid", desktop.failed_gates(report)))
         for action in cfg.prefix:
-            await desktop.step(parent, dict(action))
+            await desktop.step(parent, action if isinstance(action, str) else dict(action))
         if cfg.settle_s:
             await asyncio.sleep(cfg.settle_s)
         log.info("episode parent=%s prefix=%d forking %d", parent_id, len(cfg.prefix), cfg.fork_n)

@@ -21,5 +21,7 @@ class DrumsState(vf.State):
     actions: dict[str, int] = Field(default_factory=dict)
     terminal: str | None = None
     """'done' or 'fail' once the agent ended the episode."""
+    tool_s: list[float] = Field(default_factory=list)
+    """Seconds each tool call spent on the desktop (step + screenshot), in call order."""
     env_failed: str | None = None
     """Set by a tool server when the daemon or desktop failed; ends the rollout."""

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +132,13 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
             state.fork_parent, state.fork_index = seat.parent, seat.index
         else:
             owner = owner_for(trace.id, cfg.daemon)
+            started = time.monotonic()
             env = await owner.create(self.data.drums_task, cfg.idle_timeout_s)
+            base.timings["create"] = round(time.monotonic() - started, 4)
             owner.by_trace[trace.id] = env
         base.env = state.env_id = desktop.env_id(env)
         trace.info["drums"] = base.to_info()
+        started = time.monotonic()
         try:
             report = await desktop.wait_valid(env, cfg.wait_valid_timeout_s)
         except Exception as exc:
@@ -145,7 +149,11 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
             )
         if desktop.field(report, "valid") is False:
             self._drop_at_start(trace, base, "invalid", desktop.failed_gates(report))
+        base.timings["wait_valid"] = round(time.monotonic() - started, 4)
+        started = time.monotonic()
         obs = await desktop.observe(env)
+        base.timings["first_screenshot"] = round(time.monotonic() - started, 4)
+        trace.info["drums"] = base.to_info()
         width, height = desktop.png_size(obs.png)
         state.screen = [width, height]
         shown = scale_png(obs.png, cfg.screenshot_scale)
@@ -168,14 +176,18 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         state: DrumsState = trace.state
         base = verdict.Verdict(**trace.info.get("drums", {}))
         base.actions = dict(state.actions)
+        base.turns = trace.num_turns
+        base.timings["tool_calls"] = [round(s, 4) for s in state.tool_s]
         if state.env_failed:
             base.error = f"desktop failed mid-episode: {state.env_failed}"
             trace.info["drums"] = base.to_info()
             return
         env = await self._env_for(trace)
+        started = time.monotonic()
         try:
             result = await desktop.verify(env, self.config.verify_timeout_s)
         except Exception as exc:
+            base.timings.setdefault("verify", []).append(round(time.monotonic() - started, 4))
             if not desktop.is_drums_error(exc) and not isinstance(exc, TimeoutError):
                 raise
             code = desktop.error_code(exc)
@@ -195,6 +207,7 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
                 base.error = f"daemon failed during verify: {code or type(exc).__name__}: {exc}"
             trace.info["drums"] = base.to_info()
             return
+        base.timings.setdefault("verify", []).append(round(time.monotonic() - started, 4))
         trace.info["drums"] = verdict.judge(result, base).to_info()
 
     async def _env_for(self, trace: vf.Trace) -> Any:
@@ -227,11 +240,15 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         return float(sum(trace.state.actions.values()))
 
     @vf.metric
-    async def drums_reward_trusted(self, trace: vf.Trace) -> float:
-        return 1.0 if trace.info.get("drums", {}).get("trusted") is True else 0.0
+    async def drums_reward_trusted(self, trace: vf.Trace) -> dict[str, float]:
+        """1.0 / 0.0 when the daemon said whether the reward can be trusted; absent (never
+        0.0) when it did not (a keyed metric: an empty result records nothing)."""
+        trusted = trace.info.get("drums", {}).get("trusted")
+        return {"drums_reward_trusted": float(trusted)} if isinstance(trusted, bool) else {}
 
     @vf.reward
-    async def drums(self, trace: vf.Trace) -> float:
+    async def task_success(self, trace: vf.Trace) -> float:
+        """The task checker's score for a valid episode; raises (no reward) otherwise."""
         judged = verdict.Verdict(**trace.info.get("drums", {}))
         reward: float | None = None
         try:

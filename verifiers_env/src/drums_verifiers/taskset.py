@@ -32,8 +32,26 @@ def daemon_tasks(config: DrumsTasksetConfig) -> list[dict[str, Any]]:
     ]
 
 
+class TasksetLoadError(SystemExit):
+    """The tasks cannot be loaded (unknown or unsupported task id, unreadable task file, no
+    daemon). A SystemExit carrying one line: vf-eval and prime-rl print it and stop, the way
+    verifiers' own CLI reports a config error, instead of a traceback. Catch it by name."""
+
+
 class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
     def refs(self) -> Iterator[sources.TaskRef]:
+        try:
+            yield from self._refs()
+        except Exception as exc:
+            reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            where = ""
+            if self.config.task_ids:
+                where = f" (drumsd {self.config.task.daemon.resolve(announce=False).url})"
+            raise TasksetLoadError(
+                f"drums-verifiers: cannot load tasks{where}: {type(exc).__name__}: {reason}"
+            ) from exc
+
+    def _refs(self) -> Iterator[sources.TaskRef]:
         cfg = self.config
         if not (cfg.task_ids or cfg.task_dir or cfg.tasks_jsonl):
             raise ValueError(

@@ -12,6 +12,7 @@ exception message and is also kept in `trace.info["drums"]["dropped"]`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,11 @@ class Verdict:
     trusted: bool | None = None
     dropped: str | None = None
     error: str | None = None
+    turns: int | None = None
+    """Model turns the rollout took."""
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Seconds: `create`, `wait_valid`, `first_screenshot`, `verify` (a list: one per verify
+    call), `tool_calls` (each tool call's step + screenshot inside its tool server)."""
 
     def to_info(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,3 +124,37 @@ def record_line(
         "errors": errors,
         "drums": v.to_info(),
     }
+
+
+REWARD_NAME = "task_success"
+"""The name of the drums reward function (`DrumsTask.task_success`), the key in `trace.rewards`."""
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return obj.get(name, default) if isinstance(obj, Mapping) else getattr(obj, name, default)
+
+
+def trainable(trace: Any) -> bool:
+    """Whether a trace (a `vf.Trace`, or one parsed from traces.jsonl) may be trained on: it
+    finished without error, carries the task's reward, and drums neither dropped it nor
+    recorded an error. Unknown shapes are not trainable."""
+    if _get(trace, "ok") is not True:
+        return False
+    reward = (_get(trace, "rewards") or {}).get(REWARD_NAME)
+    if reward is None or _get(reward, "score") is None:
+        return False
+    info = (_get(trace, "info") or {}).get("drums")
+    if not isinstance(info, Mapping) or info.get("valid") is not True:
+        return False
+    return not info.get("dropped") and not info.get("error")
+
+
+def iter_trainable_traces(traces: Iterable[Any]) -> Iterator[Any]:
+    """Only the traces that may be trained on (see `trainable`), in order. Accepts traces or
+    episodes (anything with a `traces` list, as traces.jsonl holds one episode per line)."""
+    for item in traces:
+        inner = _get(item, "traces")
+        if isinstance(inner, list) and _get(item, "rewards") is None:
+            yield from iter_trainable_traces(inner)
+        elif trainable(item):
+            yield item

@@ -18,6 +18,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from drumsd.api.console import add_console, is_console_path
+from drumsd.api.limits import MAX_JSON_DEPTH, TooDeep, parse_json
 from drumsd.api.openapi import build_openapi
 from drumsd.api.routes import ROUTES, Ctx, Raw, Route, handler_args
 from drumsd.core.config import Config
@@ -89,7 +91,7 @@ async def _parse_body(route: Route) -> BaseModel | None:
             )
         return route.request()
     try:
-        data = json.loads(raw)
+        data = parse_json(raw, MAX_JSON_DEPTH)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DrumsdError("invalid_request", f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -145,8 +147,8 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
         # Receive the whole body before answering: a response sent while a body is still
         # unread can stall the next request on the same keep-alive connection (hypercorn h11).
         await request.get_data()
-        if request.path in OPEN_PATHS:
-            return None
+        if request.path in OPEN_PATHS or is_console_path(request.path):
+            return None  # /console checks its own session cookie (api/console.py)
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
@@ -158,7 +160,11 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
 
     def make_view(route: Route):
         async def view(**path: str) -> Response:
-            body = await _parse_body(route)
+            try:
+                body = await _parse_body(route)
+            except TooDeep as exc:
+                # A structural limit like the size's 413, not a field's 422.
+                return error_response("invalid_request", str(exc), {"limit": exc.limit}, status=400)
             ctx = Ctx(supervisor=supervisor, config=config, query=dict(request.args))
             reply = await route.handler(ctx, **handler_args(route, body, path))
             return _to_response(route, reply)
@@ -173,6 +179,7 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
         return Response(openapi_text, content_type="application/json")
 
     app.add_url_rule("/openapi.json", "openapi", openapi_view, methods=["GET"])
+    add_console(app, supervisor, config, token)
 
     @app.errorhandler(DrumsdError)
     async def _drumsd_error(exc: DrumsdError) -> Response:
@@ -194,9 +201,13 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
                 status=405,
             )
         if status == 413:
-            return error_response(
+            response = error_response(
                 "invalid_request", f"the body is larger than {MAX_BODY_BYTES} bytes", status=413
             )
+            # The body was not read (it may be gigabytes, or never sent): close the connection,
+            # or the unread bytes stall the next request on it until the server's timeout.
+            response.headers["Connection"] = "close"
+            return response
         if status >= 500:
             log.error("%s %s -> HTTP %s", request.method, request.path, status)
             return error_response("runtime_error", exc.description or "server error", status=500)

@@ -17,6 +17,8 @@ Keys of `SlotFacts.extra` the judges read (the runtime fills them):
   proc_names: {pid: name}     names of `pids`, to apply natural_exits
   crash_exits: [ {pid, name, signal} ]  crash-signal exits seen by the proc connector
   crash_watch: bool           False when the runtime has no process-events connector
+  pids_max_hits: int          forks refused at pids.max (pids.events `max`); no_oom_kill fails
+                              when it grew since the episode started
   host_namespaces: {ns: inode} the host's namespaces as the runtime sees them
   lock, upper_diff            evidence detail shown with lock_applied and state_hash
 (`drumsd.runtime.gate_evidence` fills lock_applied, upper_sha256, expected_mounts and proc_names
@@ -204,8 +206,19 @@ def judge_alive_after_resume(
 
 
 def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> Judgement:
+    """The slot's tree ran out of neither memory (an OOM kill) nor pids: a fork refused at
+    `pids.max` since the episode started (a fork bomb) fails it as well (issue 14, finding 11),
+    since the desktop and checker can no longer start what they need."""
     kills = int(facts["oom_kills"]) - int(baseline.get("oom_kills", 0))
-    return (PASS if kills <= 0 else FAIL), {"oom_kills": max(0, kills)}
+    evidence: dict[str, Any] = {"oom_kills": max(0, kills)}
+    hits_now = facts.get("extra", {}).get("pids_max_hits")
+    if hits_now is not None:
+        hits = int(hits_now) - int(baseline.get("pids_max_hits", 0))
+        evidence["pids_max_hits"] = max(0, hits)
+        if hits > 0:
+            evidence["reason"] = f"{hits} fork(s) refused at pids.max"
+            return FAIL, evidence
+    return (PASS if kills <= 0 else FAIL), evidence
 
 
 def judge_no_app_crash(facts: Mapping[str, Any], crash_watch: bool) -> Judgement:

@@ -43,6 +43,30 @@ def state_lease(
     )
 
 
+def child_lease(
+    config: Config, maker: SlotRecord, idle_timeout_s: float | None, ttl_s: float | None
+) -> Lease:
+    """The lease of a branch child: per-request overrides, else its maker's lease (not the
+    config's env defaults: a client that asked for a 60 s idle timeout must not leave children
+    that live for 1,800 s after it dies; issue 14, finding 8)."""
+    return Lease(
+        idle_timeout_s=idle_timeout_s or maker.idle_timeout_s or config.lease.env_idle_timeout_s,
+        ttl_s=ttl_s if ttl_s is not None else maker.ttl_s,
+    )
+
+
+def saved_state_lease(
+    config: Config, maker: SlotRecord, idle_timeout_s: float | None, ttl_s: float | None
+) -> Lease:
+    """The lease of a state saved from `maker`: per-request overrides, else the maker's idle
+    timeout (the state is as abandoned as its slot when the client stops); the TTL counts from
+    the state's own creation, so it stays the config's unless asked for."""
+    base = state_lease(config, CheckpointKind.saved, idle_timeout_s, ttl_s)
+    if idle_timeout_s is None and maker.idle_timeout_s is not None:
+        return Lease(maker.idle_timeout_s, base.ttl_s)
+    return base
+
+
 def expires_at(
     created_at: float, last_used_at: float, idle_timeout_s: float | None, ttl_s: float | None
 ) -> float | None:

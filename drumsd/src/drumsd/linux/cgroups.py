@@ -120,6 +120,7 @@ class CgroupDriver(Protocol):
     def kill(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None: ...
     def remove(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None: ...
     def oom_kills(self, dirs: Mapping[str, str]) -> int: ...
+    def pids_max_hits(self, dirs: Mapping[str, str]) -> int: ...
     def memory_bytes(self, dirs: Mapping[str, str]) -> int: ...
     def limits_in_force(self, dirs: Mapping[str, str]) -> dict[str, str]: ...
     def slot_names(self) -> list[str]: ...
@@ -136,6 +137,14 @@ def _write(path: Path, value: str) -> None:
             f"cannot write {value!r} to {path}: {exc.strerror}; check that the controller is "
             "enabled and the daemon may manage this cgroup (run `drumsd doctor`)"
         ) from exc
+
+
+def _pids_max_hits(events: Path) -> int:
+    for line in events.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "max":
+            return int(value)
+    return 0
 
 
 def _read_pids(path: Path) -> list[int]:
@@ -258,6 +267,10 @@ class CgroupV1:
             if key == "oom_kill":
                 return int(value)
         return 0
+
+    def pids_max_hits(self, dirs: Mapping[str, str]) -> int:
+        """Forks refused because the tree stood at pids.max (pids.events `max`)."""
+        return _pids_max_hits(Path(dirs["pids"]) / "pids.events")
 
     def limits_in_force(self, dirs: Mapping[str, str]) -> dict[str, str]:
         files = [
@@ -388,6 +401,9 @@ class CgroupV2:
 
     def oom_kills(self, dirs: Mapping[str, str]) -> int:
         return self._events(dirs, "memory.events").get("oom_kill", 0)
+
+    def pids_max_hits(self, dirs: Mapping[str, str]) -> int:
+        return _pids_max_hits(Path(dirs["unified"]) / "pids.events")
 
     def limits_in_force(self, dirs: Mapping[str, str]) -> dict[str, str]:
         d = Path(dirs["unified"])

@@ -151,6 +151,7 @@ async def begin_episode(
             "pids": facts["pids"],
             "proc_names": facts["extra"].get("proc_names", {}),
             "oom_kills": facts["oom_kills"],
+            "pids_max_hits": facts["extra"].get("pids_max_hits") or 0,
         }
         cp = sup.checkpoints.get(rec.checkpoint)
         judge_start(sup, rec, facts, cp.upper_sha256 if cp else None, handle)

@@ -15,8 +15,9 @@ from drums.models import (
 
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import (
+    child_lease,
     prefork_reusable,
-    slot_lease,
+    saved_state_lease,
     state_lease,
 )
 from drumsd.core.records import (
@@ -52,7 +53,7 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_capture(rec)
-        lease = state_lease(sup.config, CheckpointKind.saved, req.idle_timeout_s, req.ttl_s)
+        lease = saved_state_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
         cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
         return cp
 
@@ -181,7 +182,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
             lease = state_lease(sup.config, CheckpointKind.prefork, None, None)
             source = await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
         now = sup.clock()
-        lease = slot_lease(sup.config, req.idle_timeout_s, req.ttl_s)
+        lease = child_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
         children = []
         for _ in range(req.n):
             child = SlotRecord(

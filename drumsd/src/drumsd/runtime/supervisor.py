@@ -44,6 +44,7 @@ from drumsd.core.records import (
     CheckpointRecord,
     SlotRecord,
     SlotStatus,
+    check_can_observe,
     check_is_known,
     check_not_destroyed,
     is_live,
@@ -123,6 +124,7 @@ class Supervisor:
         self.metrics = MetricsWindow(started_at=clock())
         self.slot_latency: dict[str, dict[str, Histogram]] = {}
         self.last_screenshot: dict[str, bytes] = {}
+        self.last_verify: dict[str, VerifyResult] = {}  # slot -> its last verify (the console)
         self.sample: HostSample | None = None
         self.last_decision: Decision | None = None
         self.template_status: dict[str, str] = {}  # image -> building | ready | error: ...
@@ -354,7 +356,25 @@ class Supervisor:
         return await self._durable(await ops_episode.load_task(self, slot_id, task))
 
     async def verify(self, slot_id: str, req: VerifyRequest) -> VerifyResult:
-        return await ops_episode.verify(self, slot_id, req)
+        result = await ops_episode.verify(self, slot_id, req)
+        self.last_verify[slot_id] = result
+        return result
+
+    async def glance(self, slot_id: str) -> bytes | None:
+        """The desktop for an onlooker (the console): never renews the lease, never counts as a
+        screenshot in the metrics and never waits behind a step (then the last screenshot taken,
+        or None)."""
+        rec = self.get_slot(slot_id, renew=False)
+        check_can_observe(rec)
+        lock = self._lock(slot_id)
+        if lock.locked():
+            return self.last_screenshot.get(slot_id)
+        async with lock:
+            rec = self.get_slot(slot_id, renew=False)
+            check_can_observe(rec)
+            png = await self.runtime.screenshot(self._handle(rec))
+            self.last_screenshot[slot_id] = png
+            return png
 
     async def quarantine(self, slot_id: str, reason: str) -> SlotRecord:
         return await self._durable(await ops_episode.quarantine(self, slot_id, reason))

@@ -57,6 +57,7 @@ async def destroy_locked(
     rec.destroyed_at = sup.clock()
     sup._save_slot(rec, f"destroyed ({reason})")
     await archive(sup, rec)
+    await trio.to_thread.run_sync(sup.tasks.forget_slot, rec.id)
     sup.last_screenshot.pop(rec.id, None)
     sup.slot_latency.pop(rec.id, None)
     sup._charged_mib.pop(rec.id, None)

@@ -38,6 +38,10 @@ class TaskCatalog(Protocol):
         (unsupported_task, not_found, invalid_request, timeout) when it cannot."""
         ...
 
+    def forget_slot(self, slot_id: str) -> None:
+        """The slot is destroyed: drop what its episodes left (task-run dirs)."""
+        ...
+
 
 class NoTaskVerifier:
     async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> VerifyResult:
@@ -57,6 +61,9 @@ class NoTaskVerifier:
 class NoTaskCatalog:
     def list_tasks(self) -> list[TaskInfo]:
         return []
+
+    def forget_slot(self, slot_id: str) -> None:
+        return None
 
     def get_task(self, task_id: str) -> TaskInfo | None:
         return None

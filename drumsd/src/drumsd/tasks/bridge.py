@@ -30,6 +30,7 @@ from .model import (
     Task,
     TaskContext,
     TaskError,
+    is_path_component,
     iter_task_files,
     load_task_file,
     resolve_task,
@@ -210,6 +211,12 @@ class TaskBridge:
             shutil.rmtree(path, ignore_errors=True)
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         return path
+
+    def forget_slot(self, slot_id: str) -> None:
+        """A destroyed slot's run dir goes with it (issue 14, finding 10: one dir per episode
+        stayed forever). Its record, events and gates are in forgotten_dir already."""
+        if self._run_root is not None and is_path_component(slot_id):
+            shutil.rmtree(self._run_root / slot_id, ignore_errors=True)
 
     def list_tasks(self) -> list[TaskInfo]:
         return [

@@ -605,6 +605,15 @@ def _step_reason(step: Step, task: Task, ctx: TaskContext) -> str | None:
     return None
 
 
+def sum_of_sleeps(task: Task) -> float:
+    """Seconds of `sleep` steps in config or postconfig, whichever sleeps longer (each list runs
+    under its own setup_timeout_s)."""
+    return max(
+        sum(float(s.parameters.get("seconds", 0)) for s in steps if s.type == "sleep")
+        for steps in (task.config, task.evaluator.postconfig)
+    )
+
+
 def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
     """Whether this host can run and score the task, and if not, the first reason why."""
     reason = _support_reason(task, ctx)
@@ -618,6 +627,14 @@ def _support_reason(task: Task, ctx: TaskContext) -> str | None:
         reason = _step_reason(step, task, ctx)
         if reason:
             return reason
+    slept = sum_of_sleeps(task)
+    if slept > ctx.setup_timeout_s:
+        # Each sleep is within MAX_SLEEP_S, but setup as a whole would time out at a 504 after
+        # setup_timeout_s with the slot held: refuse it before it starts (issue 14, finding 9).
+        return (
+            f"its sleep steps add up to {slept:g} s, more than setup_timeout_s "
+            f"({ctx.setup_timeout_s:g} s)"
+        )
     ev = task.evaluator
     if ev.is_infeasible:
         return None

@@ -32,7 +32,7 @@ from typing import Any
 
 from drums_verifiers import actions, desktop, verdict
 from drums_verifiers.adapters.computer import TOOL_SCHEMA, computer_action
-from drums_verifiers.adapters.trainer_daemon import announce, daemon_from, setting
+from drums_verifiers.daemon import DaemonSettings, setting
 
 try:  # the `skyrl` extra; without it the class still works as a plain object (tests, docs)
     import skyrl_gym
@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover
 
 
 log = logging.getLogger("drums_verifiers.adapters.skyrl")
+TOKEN_HINT = "set token_file in the row's extras or in skyrl_gym_cfg.drums"
 ENV_ID = "drums"
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -80,7 +81,7 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
             raise ValueError("extras['drums_task'] is required (a daemon task id or a task dict)")
         self.task = extras["drums_task"]
         self.max_turns = int(extras.get("max_turns", get(env_config, "max_turns", 15)))
-        self.daemon = daemon_from(extras, env_config)
+        self.daemon = DaemonSettings.first_of(extras, env_config)
         self.multimodal = bool(get(env_config, "multimodal", True))
         self.scale = float(get(env_config, "screenshot_scale", 1.0))
         self.invalid_reward = float(get(env_config, "invalid_reward", 0.0))
@@ -98,11 +99,9 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
     # --- SkyRL surface ------------------------------------------------------------------------
 
     def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        announce(log, "SkyRL env drums", self.daemon)
         try:
-            self.client = desktop.sdk().connect(
-                url=self.daemon.url, token_file=self.daemon.token_file
-            )
+            desktop.sdk()
+            self.client = self.daemon.resolve("SkyRL env drums").connect(TOKEN_HINT)
             self.env = self.client.create(task=self.task, idle_timeout_s=self.idle_timeout_s)
             self.env_id = self.env.id
             log.info("env %s created for task %s", self.env_id, _task_name(self.task))

@@ -42,9 +42,11 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from drums_verifiers import actions, desktop, verdict
 from drums_verifiers.adapters.computer import TOOL_SCHEMA, computer_action
-from drums_verifiers.adapters.trainer_daemon import Daemon, announce, daemon_from
+from drums_verifiers.daemon import DaemonSettings
 
 log = logging.getLogger("drums_verifiers.adapters.verl")
+WHO = "verl DrumsComputerTool"
+TOKEN_HINT = "set token_file in the tool's config (verl_tools.yaml)"
 
 REWARD_KEYS = ("drums_valid", "drums_score", "drums_trusted")
 
@@ -80,14 +82,14 @@ class DrumsComputerTool(BaseTool):
     ) -> None:
         schema = tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
         super().__init__(dict(config or {}), schema)
-        self.daemon: Daemon = daemon_from(self.config)
+        self.daemon = DaemonSettings.first_of(self.config)
         self.scale = float(self.config.get("screenshot_scale", 1.0))
         self.idle_timeout_s = float(self.config.get("idle_timeout_s", 900))
         self.wait_valid_timeout_s = float(self.config.get("wait_valid_timeout_s", 120))
         self.calls: dict[str, dict[str, Any]] = {}  # call handle -> its create_kwargs
         self.trajectories: dict[int, _Trajectory] = {}  # id(agent_data) or id(handle) -> desktop
         self._finalizers: dict[int, weakref.finalize] = {}
-        announce(log, "verl DrumsComputerTool", self.daemon)
+        self.daemon.resolve(WHO)
 
     # --- verl's BaseTool surface ---------------------------------------------------------------
 
@@ -170,9 +172,7 @@ class DrumsComputerTool(BaseTool):
         return traj
 
     async def open(self, traj: _Trajectory) -> None:
-        import drums
-
-        traj.client = drums.aconnect(url=self.daemon.url, token_file=self.daemon.token_file)
+        traj.client = self.daemon.resolve(WHO).aconnect(TOKEN_HINT)
         try:
             traj.env = await desktop.create_env(traj.client, traj.task, self.idle_timeout_s)
             log.info("env %s created for task %s", desktop.env_id(traj.env), _task_name(traj.task))

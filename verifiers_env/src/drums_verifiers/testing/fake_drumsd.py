@@ -11,6 +11,7 @@ behaviour comes from an optional `"fake"` block in its JSON (inline or in the ta
       "gone_after_actions": 1,        # the slot dies after the 1st action (410 env_gone)
       "checker_error": "boom",        # verify reports a checker failure, no score
       "audit_flags": ["nondeterministic"],
+      "trust_unknown": true,          # verify says `trusted: null` (as a daemon without audit)
       "invalid_children": [1],        # fork child 1 starts with gate alive_after_resume failed
       "pending_gate_polls": 2         # the gate report is pending for the first 2 polls
     }
@@ -243,7 +244,11 @@ class FakeDaemon:
             "failed_gates": list(slot.failed_gates),
             "checker_error": None,
             "audit": {"flags": flags, "checker_s": 0.01, "second_score": score},
-            "trusted": (valid and score is not None and not flags) if valid else False,
+            "trusted": None
+            if fake.get("trust_unknown")
+            else (valid and score is not None and not flags)
+            if valid
+            else False,
             "last_action": slot.actions[-1]["type"] if slot.actions else None,
             "actions": len(slot.actions),
         }

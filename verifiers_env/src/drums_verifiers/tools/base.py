@@ -7,6 +7,7 @@ only the model's mistake and comes back as text it can act on.
 """
 
 import logging
+import time
 from typing import Any
 
 import verifiers.v1 as vf
@@ -69,9 +70,10 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
             action = build()
         except actions.BadAction as exc:
             return text_result(f"error: {exc}", error=True)
+        started = time.monotonic()
         try:
             env = await self._env()
-            result = await desktop.step(env, action)
+            result = await desktop.step(env, action, screenshot=screenshot)
         except Exception as exc:
             if desktop.is_drums_error(exc) and desktop.error_code(exc) in RECOVERABLE_CODES:
                 return text_result(f"error: the desktop refused the action: {exc}", error=True)
@@ -88,10 +90,16 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
             lines.append(command_output(output))
         content: list[Any] = [TextContent(type="text", text="\n".join(lines))]
         if screenshot:
+            png = desktop.screenshot_png(result)
             try:
-                content.append(await self.screenshot_content(env))
+                content.append(
+                    vf_image(actions.scale_png(png, self.config.screenshot_scale))
+                    if png is not None
+                    else await self.screenshot_content(env)
+                )
             except Exception as exc:
                 return self.failed(exc, "screenshot")
+        state.tool_s.append(time.monotonic() - started)
         return CallToolResult(content=content)
 
     def failed(self, exc: Exception, during: str) -> CallToolResult:

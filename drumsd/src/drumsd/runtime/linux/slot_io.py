@@ -170,12 +170,14 @@ class SlotIOMixin(RuntimeBase):
         def read() -> SlotFacts:
             limits: dict[str, Any] = {}
             oom = 0
+            pids_max_hits: int | None = None
             pids: list[int] = []
             memory_mib: float | None = None
             with contextlib.suppress(OSError):
                 limits = dict(self.driver.limits_in_force(dirs))
                 oom = self.driver.oom_kills(dirs)
                 pids = self.driver.pids(dirs)
+                pids_max_hits = self.driver.pids_max_hits(dirs)
             with contextlib.suppress(OSError, ValueError):
                 memory_mib = self.driver.memory_bytes(dirs) / 2**20
             mountinfo, links, uid_map = slot_proc_files(pid)
@@ -189,6 +191,7 @@ class SlotIOMixin(RuntimeBase):
                 oom_kills=oom,
                 pids=pids,
                 extra={
+                    "pids_max_hits": pids_max_hits,
                     "host_namespaces": procfs.namespaces("self"),
                     "cgroup_version": self.driver.version,
                     "cgroups": dirs,

@@ -47,8 +47,8 @@ log = logging.getLogger("drumsd.supervisor")
 async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
     sup._check_open()
     sup.get_slot(slot_id)
-    sup._check_state_space("capture")
-    sup._admit("capture", sup.config.admission.capture_mib)
+    sup._check_state_space("capture", sup.config.admission.capture_mib)
+    sup._admit("capture", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_capture(rec)
@@ -63,8 +63,8 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
     reusable = reusable_prefork(sup, rec)
     if reusable is not None:
         return reusable
-    sup._check_state_space("prefork")
-    sup._admit("prefork", sup.config.admission.capture_mib)
+    sup._check_state_space("prefork", sup.config.admission.capture_mib)
+    sup._admit("prefork", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_capture(rec)
@@ -121,6 +121,7 @@ async def dump(
     rec.status = SlotStatus.busy
     started = trio.current_time()
     sup._pending_mib += sup.config.admission.capture_mib
+    sup._pending_state_mib += sup.config.admission.capture_mib
     try:
         with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
             try:
@@ -132,6 +133,7 @@ async def dump(
                 raise
     finally:
         sup._pending_mib -= sup.config.admission.capture_mib
+        sup._pending_state_mib -= sup.config.admission.capture_mib
         if rec.status is SlotStatus.busy:
             rec.status = SlotStatus.ready
     cp.upper_sha256 = ref.upper_sha256
@@ -168,10 +170,12 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
         source = reusable_prefork(sup, rec)
     children_cost = sup.slot_cost_mib() * req.n
     cost = children_cost
+    state_mib = 0.0
     if source is None:
         cost += sup.config.admission.capture_mib
-        sup._check_state_space("branch")
-    sup._admit("branch", cost)
+        state_mib = sup.config.admission.capture_mib
+    sup._check_state_space("branch", state_mib)  # the children's restores too
+    sup._admit("branch", cost, state_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_fork(rec)

@@ -326,7 +326,7 @@ in
         checker_venv = mkOption {
           type = types.nullOr (types.str);
           default = defaults.tasks.checker_venv;
-          description = "virtualenv with OSWorld's metrics; built on demand if null";
+          description = "a built checker venv (python -m drumsd.tasks); null = the current pins' one";
         };
         checker_uid = mkOption {
           type = types.addCheck types.int (x: x >= 1);

@@ -103,7 +103,8 @@ class TasksConfig(Block):
         default_factory=list, description="root-owned dirs of installed drums_verifier modules"
     )
     checker_venv: Path | None = Field(
-        default=None, description="virtualenv with OSWorld's metrics; built on demand if null"
+        default=None,
+        description="a built checker venv (python -m drumsd.tasks); null = the current pins' one",
     )
     checker_uid: int = Field(default=65534, ge=1, description="unprivileged uid of checkers")
     checker_gid: int = Field(default=65534, ge=1)
@@ -209,9 +210,7 @@ class Config(Block):
     @classmethod
     def _no_removed_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            problems = [
-                f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(data, key)
-            ]
+            problems = [f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(data, key)]
             if problems:
                 raise ValueError("; ".join(problems) + " (see docs/runtime.md)")
         return data

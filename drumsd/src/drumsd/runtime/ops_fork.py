@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -28,6 +29,8 @@ from drumsd.core.records import (
     check_can_fork,
 )
 from drumsd.core.seams import (
+    CheckpointRef,
+    RuntimeError_,
     SlotHandle,
 )
 from drumsd.linux import state_files
@@ -125,7 +128,7 @@ async def dump(
     try:
         with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
             try:
-                ref = await sup.runtime.capture(handle, cp_id, dest)
+                ref = await quiet_capture(sup, rec, handle, cp_id, dest)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     rec.status = SlotStatus.ready
@@ -150,6 +153,44 @@ async def dump(
         trio.current_time() - started,
     )
     return cp
+
+
+async def quiet_capture(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, cp_id: str, dest: Path
+) -> CheckpointRef:
+    """Capture as documented: wait until the tree is quiescent (no process state or CPU tick
+    change for quiesce.window_s), then dump. A dump that fails is tried again after another
+    quiet wait, up to quiesce.max_attempts tries; a tree that does not go quiet within
+    quiesce.timeout_s is refused with not_quiescent (409) and nothing is dumped."""
+    q = sup.config.quiesce
+    deadline = trio.current_time() + q.timeout_s
+    for attempt in range(1, q.max_attempts + 1):
+        left = deadline - trio.current_time()
+        quiet = left > 0 and await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+        if not quiet:
+            raise RuntimeError_(
+                "not_quiescent",
+                f"slot {rec.id} did not go quiet: its processes kept running or changing state "
+                f"for all of quiesce.timeout_s={q.timeout_s:g}s (quiet means none changed for "
+                f"quiesce.window_s={q.window_s:g}s; try {attempt} of {q.max_attempts}); let the "
+                f"app finish what it is doing (POST /v1/slots/{rec.id}/quiescent says when) and "
+                "capture again, or raise quiesce.timeout_s",
+                attempts=attempt,
+            )
+        try:
+            return await sup.runtime.capture(handle, cp_id, dest)
+        except RuntimeError_ as exc:
+            if exc.code != "runtime_error" or attempt == q.max_attempts:
+                raise
+            log.warning(
+                "slot=%s episode=%s capture try %d of %d failed, trying again once quiet: %s",
+                rec.id,
+                rec.episode,
+                attempt,
+                q.max_attempts,
+                exc.message,
+            )
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str, Any]:

@@ -22,4 +22,4 @@ echo "==> ruff"
 ruff check .
 ruff format --check .
 echo "==> pytest"
-exec pytest -q -rs -p no:cacheprovider "$@"
+exec pytest -q -rs -p no:cacheprovider --durations=30 "$@"

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 from drumsd.linux import mounts, procfs
-from drumsd.runtime.linux_runtime import LinuxRuntime, LinuxRuntimeConfig, _Instance
+from drumsd.runtime.linux import LinuxRuntime, LinuxRuntimeConfig, _Instance
 
 
 class WedgedDriver:

@@ -72,7 +72,7 @@ def state_dir(profile: str) -> Iterator[Path]:
 
 
 def _config(state_dir: Path, **kw: object):
-    from drumsd.runtime.linux_runtime import LinuxRuntimeConfig
+    from drumsd.runtime.linux import LinuxRuntimeConfig
 
     profile = "hardened" if "-hardened-" in state_dir.parent.name else "trusted"
     return LinuxRuntimeConfig(
@@ -86,7 +86,7 @@ def _config(state_dir: Path, **kw: object):
 @pytest.fixture(scope="module")
 def template(state_dir: Path) -> CheckpointRef:
     lower, sha = _require_live()
-    from drumsd.runtime.linux_runtime import open_linux_runtime
+    from drumsd.runtime.linux import open_linux_runtime
 
     async def make() -> CheckpointRef:
         async with open_linux_runtime(_config(state_dir)) as rt:
@@ -97,7 +97,7 @@ def template(state_dir: Path) -> CheckpointRef:
 
 @pytest.fixture
 async def rt(state_dir: Path, template: CheckpointRef) -> AsyncIterator[object]:
-    from drumsd.runtime.linux_runtime import open_linux_runtime
+    from drumsd.runtime.linux import open_linux_runtime
 
     async with open_linux_runtime(_config(state_dir)) as runtime:
         yield runtime
@@ -233,7 +233,7 @@ async def test_twenty_resets_in_a_row(rt, template) -> None:
 
 
 async def test_warm_spares_are_pristine_and_claimed(state_dir, template) -> None:
-    from drumsd.runtime.linux_runtime import open_linux_runtime
+    from drumsd.runtime.linux import open_linux_runtime
 
     async with open_linux_runtime(_config(state_dir, spares_per_checkpoint=2)) as rt:
         await rt.sweep([])  # what an earlier failed test may have left
@@ -256,7 +256,7 @@ async def test_warm_spares_are_pristine_and_claimed(state_dir, template) -> None
 
 
 async def test_slot_survives_a_runtime_restart_and_is_adopted(state_dir, template) -> None:
-    from drumsd.runtime.linux_runtime import open_linux_runtime
+    from drumsd.runtime.linux import open_linux_runtime
 
     async with open_linux_runtime(_config(state_dir)) as rt1:
         h = await rt1.restore("live-adopt", template, LIMITS)
@@ -311,7 +311,7 @@ async def test_a_hanging_restore_times_out_is_retried_and_leaves_nothing(
     state_dir, template
 ) -> None:
     from drumsd.core.seams import RuntimeError_
-    from drumsd.runtime.linux_runtime import open_linux_runtime
+    from drumsd.runtime.linux import open_linux_runtime
 
     broken_dir = state_dir / "ck" / f"broken-{uuid.uuid4().hex[:6]}"
     await trio.run_process(["cp", "-a", str(template.dir), str(broken_dir)])  # sockets too

@@ -169,7 +169,7 @@ def _ksm_saved_mib() -> float:
 
 async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)

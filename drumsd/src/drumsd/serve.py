@@ -121,7 +121,7 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
         yield MemoryRuntime(config.state_dir, restore_delay_s=delay)
         return
     try:
-        from drumsd.runtime.linux_runtime import LinuxRuntimeConfig, open_linux_runtime
+        from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
     except ImportError as exc:
         raise Refusal(
             f"the Linux runtime cannot be loaded ({exc}); reinstall drumsd, or set runtime: "

@@ -3,7 +3,7 @@
 The control plane (API, records, leases, admission, gates) talks to desktops only through
 `SlotRuntime`, and to the optional warm-spare pool and KSM through `SpareControl` and `KsmControl`
 (a runtime implements them or not; the supervisor checks with `isinstance`, never `hasattr`). The
-Linux implementation lives in `drumsd.runtime.linux_runtime`; an in-memory one serves the unit tests
+Linux implementation lives in `drumsd.runtime.linux`; an in-memory one serves the unit tests
 of the control plane only. Pure: no trio, no os.
 """
 

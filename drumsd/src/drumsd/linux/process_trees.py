@@ -1,0 +1,154 @@
+"""A slot's process tree on the host, synchronous: pidfds, kills and bounded reaps, the restore's
+pidfile and logs, facts read from /proc, the cold boot's spawn inputs, KSM counters.
+
+Called by the Linux runtime: blocking work (kills, reaps, log reads) through trio.to_thread; the
+few /proc reads and fd syscalls that take microseconds (a pidfd open or close, an exists check
+polled while a desktop starts) inline, as `procfs` is."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from drumsd.linux import cgroups, criu, procfs
+
+REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
+DEVNULL = subprocess.DEVNULL
+
+
+def pidfd_open(pid: int) -> int:
+    return os.pidfd_open(pid)
+
+
+def close_fd(fd: int) -> None:
+    os.close(fd)
+
+
+def reap_nohang(pid: int) -> None:
+    """Reap `pid` if it is our exited child (restore-sibling makes a slot init one); never
+    blocks (WNOHANG)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def kill_tree(driver: Any, dirs: Mapping[str, str], pid: int, pidfd: int) -> None:
+    """Blocking: kill the tree (its cgroups, its init by pidfd), reap the init (bounded), kill
+    again and remove the cgroups."""
+    if dirs:
+        with contextlib.suppress(cgroups.CgroupError, OSError):
+            driver.kill(dirs)
+    if pid:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if pidfd >= 0:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        # Bounded: pidfd readiness, then a WNOHANG reap (never an unbounded waitpid).
+        procfs.reap(pid, REAP_TIMEOUT_S)
+    if dirs:
+        driver.kill(dirs)
+        driver.remove(dirs)
+
+
+def kill_leftover(driver: Any, dirs: Mapping[str, str], init: object) -> None:
+    """Blocking: kill what a previous daemon left of an instance (its cgroups; its init by
+    identity from owner.json, whose cgroups may live elsewhere), reap, remove the cgroups."""
+    pids = driver.pids(dirs) if Path(dirs["pids"]).exists() else []
+    if isinstance(init, list) and len(init) == 2 and procfs.is_same_process(*init):
+        # Its cgroups may live elsewhere (a daemon run in another cgroup): kill the init,
+        # which takes the whole pid namespace with it.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init[0], signal.SIGKILL)
+        pids.append(init[0])
+    with contextlib.suppress(cgroups.CgroupError, OSError):
+        driver.kill(dirs)
+    # A slot init restored by this process (restore-sibling) is our child: reap it.
+    for pid in pids:
+        procfs.reap(pid, REAP_TIMEOUT_S)
+    with contextlib.suppress(cgroups.CgroupError, OSError):
+        driver.remove(dirs)
+
+
+def kill_pending(pid: int) -> bool:
+    """A SIGKILL waits on a frozen task (it lands on thaw): such a spare is already dead."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (
+            1 << (signal.SIGKILL - 1)
+        ):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    """What a criu restore left in its work dir: the restored init's pid, or the errors."""
+
+    pid: int | None
+    log_errors: str = ""
+    out_tail: list[str] | None = None
+
+
+def restore_outcome(work: Path, succeeded: bool) -> RestoreOutcome:
+    pidfile = work / "pid"
+    if succeeded and pidfile.exists():
+        return RestoreOutcome(int(pidfile.read_text().strip()))
+    log = work / "restore.log"
+    errors = criu.log_errors(log.read_text(errors="replace") if log.exists() else "")
+    return RestoreOutcome(None, errors, criu.tail(work / "criu.out", 3))
+
+
+def cpu_seconds(ticks: int) -> float:
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def slot_proc_files(pid: int) -> tuple[list[str], list[str], list[str]]:
+    """/proc/<pid>/mountinfo lines, the net links, the uid_map fields (empty when gone)."""
+    try:
+        mountinfo = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+        netdev = Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        mountinfo, netdev = [], []
+    links = [ln.split(":")[0].strip() for ln in netdev]
+    try:
+        uid_map = Path(f"/proc/{pid}/uid_map").read_text().split()
+    except OSError:
+        uid_map = []
+    return mountinfo, links, uid_map
+
+
+def nsenter_path() -> str:
+    return shutil.which("nsenter") or "/usr/bin/nsenter"
+
+
+def boot_env(pkg_root: Path) -> dict[str, str]:
+    """The environment of a cold boot's stage 1: the daemon's PATH and its package root."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(pkg_root)}
+
+
+def open_boot_log(path: Path) -> IO[bytes]:
+    return open(path, "ab")
+
+
+def in_slot_exists(pid: int, rel: str) -> bool:
+    """Whether `rel` exists inside the slot's mount namespace (through /proc/<pid>/root)."""
+    return Path(f"/proc/{pid}/root/{rel}").exists()
+
+
+def ksm_counters(ksm_dir: Path) -> dict[str, int]:
+    """KSM's counters and the memory it saves right now (saved_bytes)."""
+    out: dict[str, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for name in ("pages_shared", "pages_sharing", "pages_unshared", "full_scans"):
+        with contextlib.suppress(OSError, ValueError):
+            out[name] = int((ksm_dir / name).read_text())
+    out["saved_bytes"] = int(out.get("pages_sharing", 0)) * page
+    return out

@@ -1,0 +1,111 @@
+"""Dumps and checkpoints: a CRIU dump of an instance into a checkpoint dir (images, the upper
+layer copied by CRIU's post-dump action, meta.json), capture of a live slot, and branch (N
+restores of one checkpoint side by side)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
+from drumsd.linux import checkpoint_files, criu
+from drumsd.linux.trees import tree_sha256
+from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log
+
+
+class DumpMixin(RuntimeBase):
+    async def _dump(
+        self,
+        inst: _Instance,
+        checkpoint_id: str,
+        dest: Path,
+        image_sha256: str,
+        leave_running: bool,
+        parent: str | None,
+    ) -> CheckpointRef:
+        assert self._launcher is not None
+        if await trio.to_thread.run_sync(checkpoint_files.holds_checkpoint, dest):
+            raise RuntimeError_(
+                "invalid_request",
+                f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
+            )
+        images, upper = dest / "images", dest / "upper"
+        script = await trio.to_thread.run_sync(
+            checkpoint_files.prepare_dump, dest, inst.paths.upper
+        )
+        argv = criu.dump_argv(
+            self.config.criu, inst.pid, images, script, leave_running=leave_running
+        )
+        t0 = time.monotonic()
+        async with inst.gate.dump():
+            done = await self._launcher.run(
+                argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
+            )
+        dump_s = time.monotonic() - t0
+        if done.returncode != 0 or not await trio.to_thread.run_sync(
+            checkpoint_files.dump_written, dest
+        ):
+            errors = await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+            raise RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} failed "
+                f"(exit {done.returncode}): {errors}; is an agent connection or "
+                "a host fd open in the tree?",
+            )
+        await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
+        upper_sha = await trio.to_thread.run_sync(tree_sha256, upper)
+        meta = {
+            "id": checkpoint_id,
+            "lower": [str(p) for p in inst.lower],
+            "image_sha256": image_sha256,
+            "upper_sha256": upper_sha,
+            "parent": parent,
+            "profile": self.config.profile,
+            "dump_s": round(dump_s, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "criu": str(self.config.criu),
+        }
+        await trio.to_thread.run_sync(checkpoint_files.write_meta, dest, meta)
+        _log(
+            "dumped",
+            iid=inst.iid,
+            checkpoint=checkpoint_id,
+            dump_s=f"{dump_s:.3f}",
+            leave_running=leave_running,
+        )
+        return CheckpointRef(
+            checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
+        )
+
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+        inst = self._inst(handle)
+        return await self._dump(
+            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id
+        )
+
+    async def branch(
+        self,
+        handle: SlotHandle,
+        source: CheckpointRef,
+        child_ids: Sequence[str],
+        limits: SlotLimits,
+    ) -> list[SlotHandle]:
+        self._inst(handle)
+        results: dict[str, SlotHandle] = {}
+
+        async def one(cid: str) -> None:
+            results[cid] = await self.restore(cid, source, limits)
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for cid in child_ids:
+                    nursery.start_soon(one, cid)
+        except BaseException:
+            with self._cleanup_scope():
+                for done_id in results:
+                    await self.destroy(done_id)
+            raise
+        return [results[c] for c in child_ids]

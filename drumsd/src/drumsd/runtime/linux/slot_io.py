@@ -1,0 +1,231 @@
+"""What the control plane does inside a live instance: agent calls (step, windows, screenshot,
+exec as the desktop user), trusted commands and file writes through nsenter, file reads beneath
+the slot's root from the host side, facts for the gates, quiescence and exit waits."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import trio
+
+from drumsd.core.seams import CommandResult, RuntimeError_, SlotFacts, SlotHandle, StepOutcome
+from drumsd.guest import protocol
+from drumsd.linux import beneath, procfs
+from drumsd.linux.exec_helper import helper_argv
+from drumsd.linux.process_trees import nsenter_path, slot_proc_files
+from drumsd.runtime import agent_client
+from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance
+
+
+class SlotIOMixin(RuntimeBase):
+    async def _agent(
+        self, handle: SlotHandle, request: dict[str, Any], limit_s: float
+    ) -> tuple[dict[str, Any], bytes]:
+        inst = self._inst(handle)
+        try:
+            return await self._agent_raw(inst, request, limit_s)
+        except agent_client.AgentError as exc:
+            if exc.code in (agent_client.UNREACHABLE, "failed") and not procfs.is_same_process(
+                inst.pid, inst.starttime
+            ):
+                raise RuntimeError_(
+                    "runtime_error",
+                    f"slot {handle.slot_id} died ({exc.message}); reset it",
+                    slot=handle.slot_id,
+                ) from exc
+            raise RuntimeError_(_agent_code(exc.code), exc.message, slot=handle.slot_id) from exc
+
+    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
+        try:
+            parsed = protocol.parse_action(dict(action))
+        except protocol.ProtocolError as exc:
+            raise RuntimeError_("invalid_request", exc.message) from exc
+        limit_s = protocol.step_timeout(parsed, None) + 5.0
+        t0 = time.monotonic()
+        header, _ = await self._agent(handle, {"op": "step", "action": dict(action)}, limit_s)
+        result = header.get("result") or {}
+        output = None
+        if "rc" in result:
+            output = CommandResult(
+                int(result["rc"]), str(result.get("stdout", "")), str(result.get("stderr", ""))
+            )
+        return StepOutcome(parsed.type, time.monotonic() - t0, output)
+
+    async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
+        """Top-level windows as the guest agent reads them from the X server (id, name,
+        instance, class, geometry, active): no window tool needed in the image."""
+        header, _ = await self._agent(handle, {"op": "windows"}, 10.0)
+        return list(header.get("windows") or [])
+
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
+        return png
+
+    async def exec_user(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        request: dict[str, Any] = {"op": "exec", "timeout_s": timeout_s}
+        request["shell" if isinstance(command, str) else "argv"] = (
+            command if isinstance(command, str) else list(command)
+        )
+        header, _ = await self._agent(handle, request, timeout_s + 5.0)
+        return CommandResult(
+            int(header.get("rc", -1)), str(header.get("stdout", "")), str(header.get("stderr", ""))
+        )
+
+    def _nsenter(self, inst: _Instance, argv: Sequence[str], uid: int | None = None) -> list[str]:
+        ids = ["-S", str(uid), "-G", str(uid)] if uid is not None else []
+        # -U: act as the slot's root (hardened: an unprivileged host uid), never as host root.
+        ns = ["nsenter", "-t", str(inst.pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w", *ids]
+        return helper_argv(
+            self._helper,
+            self.driver.procs_files(inst.cgroups),
+            False,
+            [nsenter_path(), *ns[1:], "--", *argv],
+        )
+
+    async def _run_in_slot(
+        self,
+        inst: _Instance,
+        argv: Sequence[str],
+        timeout_s: float,
+        stdin: bytes = b"",
+        uid: int | None = None,
+    ) -> CommandResult:
+        try:
+            with trio.fail_after(timeout_s):
+                proc = await trio.run_process(
+                    self._nsenter(inst, argv, uid),
+                    stdin=stdin,
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+        except trio.TooSlowError as exc:
+            raise RuntimeError_(
+                "timeout",
+                f"command {list(argv)!r} in slot instance {inst.iid} ran over {timeout_s} s",
+            ) from exc
+        return CommandResult(
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+
+    async def exec_trusted(
+        self, handle: SlotHandle, command: str, timeout_s: float
+    ) -> CommandResult:
+        return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
+
+    async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
+        # From the host side, beneath the slot's root: no process in the slot (the desktop user
+        # included) can answer in the guest agent's place (issue 14).
+        inst = self._inst(handle)
+        where = path if path.startswith("/") else f"/home/user/{path}"
+        try:
+            return await trio.to_thread.run_sync(
+                beneath.read_regular, f"/proc/{inst.pid}/root", where, max_bytes
+            )
+        except FileNotFoundError as exc:
+            raise RuntimeError_(
+                "not_found", f"{path} does not exist in slot {handle.slot_id}"
+            ) from exc
+        except beneath.TooLarge as exc:
+            raise RuntimeError_(
+                "invalid_request",
+                f"{path} in slot {handle.slot_id} is {exc.size} bytes, over max_bytes={max_bytes}",
+            ) from exc
+        except OSError as exc:
+            raise RuntimeError_(
+                "failed", f"cannot read {path} in slot {handle.slot_id}: {exc.strerror or exc}"
+            ) from exc
+
+    async def write_file(
+        self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True
+    ) -> None:
+        script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
+        res = await self._run_in_slot(
+            self._inst(handle),
+            ["/bin/sh", "-c", script, "sh", path],
+            60.0,
+            stdin=data,
+            uid=DESKTOP_UID if user else None,
+        )
+        if res.returncode != 0:
+            raise RuntimeError_(
+                "action_failed",
+                f"writing {path} in slot {handle.slot_id} failed: {res.stderr.strip()}",
+            )
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        inst = self._slots.get(handle.slot_id)
+        pid = handle.init_pid
+        identity = procfs.is_same_process(pid, handle.init_starttime)
+        alive = identity and (inst is None or not inst.exited.is_set())
+        dirs = dict(handle.cgroups)
+
+        def read() -> SlotFacts:
+            limits: dict[str, Any] = {}
+            oom = 0
+            pids: list[int] = []
+            memory_mib: float | None = None
+            with contextlib.suppress(OSError):
+                limits = dict(self.driver.limits_in_force(dirs))
+                oom = self.driver.oom_kills(dirs)
+                pids = self.driver.pids(dirs)
+            with contextlib.suppress(OSError, ValueError):
+                memory_mib = self.driver.memory_bytes(dirs) / 2**20
+            mountinfo, links, uid_map = slot_proc_files(pid)
+            return SlotFacts(
+                alive=alive,
+                init_identity_ok=identity,
+                limits_in_force=limits,
+                mounts=mountinfo,
+                net_links=links,
+                namespaces=procfs.namespaces(pid),
+                oom_kills=oom,
+                pids=pids,
+                extra={
+                    "host_namespaces": procfs.namespaces("self"),
+                    "cgroup_version": self.driver.version,
+                    "cgroups": dirs,
+                    "profile": self.config.profile,
+                    "uid_map": uid_map,
+                    "memory_mib": memory_mib,
+                },
+            )
+
+        return await trio.to_thread.run_sync(read)
+
+    async def wait_exit(self, handle: SlotHandle) -> None:
+        inst = self._slots.get(handle.slot_id)
+        if inst is None or inst.pid != handle.init_pid:
+            # Not ours (no pidfd): poll its identity in /proc.
+            while procfs.is_same_process(handle.init_pid, handle.init_starttime):  # noqa: ASYNC110
+                await trio.sleep(0.1)
+            return
+        await inst.exited.wait()
+
+    async def quiescent(
+        self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
+    ) -> bool:
+        inst = self._inst(handle)
+        return await self._quiescent(inst, window_s, timeout_s, poll_ms)
+
+    async def _quiescent(
+        self, inst: _Instance, window_s: float, timeout_s: float, poll_ms: int
+    ) -> bool:
+        deadline = trio.current_time() + timeout_s
+        since = trio.current_time()
+        last = procfs.activity(self.driver.pids(inst.cgroups))
+        while trio.current_time() < deadline:
+            await trio.sleep(poll_ms / 1000)
+            now = procfs.activity(self.driver.pids(inst.cgroups))
+            if now != last:
+                last, since = now, trio.current_time()
+            elif trio.current_time() - since >= window_s:
+                return True
+        return False

@@ -12,7 +12,7 @@ from drumsd.core.config import Config
 from drumsd.core.leases import slot_lease, state_lease
 from drumsd.core.records import CheckpointKind
 from drumsd.core.retention import GIB, Archived, files_to_delete
-from test_api_app import create, error_of, open_api
+from test_api_app import TOKEN, create, error_of, open_api
 
 
 async def test_capture_waits_for_quiet_then_dumps(tmp_path: Path) -> None:
@@ -136,3 +136,45 @@ async def test_admission_counts_the_dump_it_admits(tmp_path: Path) -> None:
         err = error_of(await api.client.post(f"/v1/slots/{sid}/capture"), 429, "overloaded")
         assert err["detail"]["limit"] == "admission.min_state_free_mib"
         assert api.runtime.captures == 0
+
+
+async def test_a_state_deleted_when_unused_goes_with_its_last_child(tmp_path: Path) -> None:
+    async with open_api(tmp_path) as api:
+        parent = (await create(api))["id"]
+        state = (await api.client.post(f"/v1/slots/{parent}/prefork", json={})).json()["id"]
+        r = await api.client.post(f"/v1/slots/{parent}/branch", json={"n": 2, "prefork": state})
+        assert r.status_code == 201, r.text
+        kids = [c["id"] for c in r.json()["children"]]
+        # Plain DELETE still refuses (live children restore from it) and says what to do.
+        err = error_of(await api.client.delete(f"/v1/checkpoints/{state}"), 409, "conflict")
+        assert "when_unused=true" in err["message"]
+        r = await api.client.delete(f"/v1/checkpoints/{state}", params={"when_unused": "true"})
+        assert r.status_code == 200, r.text
+        # No new slot starts from it, the parent's next fork dumps afresh, children still reset.
+        error_of(await api.client.post("/v1/slots", json={"from_state": state}), 409, "conflict")
+        r = await api.client.post(f"/v1/slots/{parent}/branch", json={"n": 1, "prefork": state})
+        error_of(r, 409, "conflict")
+        assert (await api.client.post(f"/v1/slots/{kids[0]}/reset")).status_code == 200
+        await api.client.delete(f"/v1/slots/{kids[0]}")
+        assert state in api.sup.checkpoints
+        await api.client.delete(f"/v1/slots/{kids[1]}")
+        assert state not in api.sup.checkpoints
+        error_of(await api.client.get(f"/v1/checkpoints/{state}"), 404, "not_found")
+        assert (await api.client.get(f"/v1/slots/{parent}")).json()["state"] == "ready"
+
+
+async def test_sdk_fork_without_keep_state_leaves_no_state_even_if_never_closed(
+    tmp_path: Path,
+) -> None:
+    from drums import AsyncClient
+
+    async with open_api(tmp_path) as api:
+        client = AsyncClient("http://drumsd", token=TOKEN, transport=api.client._transport)
+        env = await client.create()
+        forked = await env.fork(2).__aenter__()  # never exited: as if the process died inside
+        state = forked.state.id
+        assert api.sup.checkpoints[state].delete_when_unused is True
+        for child in forked:
+            await api.client.delete(f"/v1/slots/{child.id}")  # e.g. their leases running out
+        assert state not in api.sup.checkpoints
+        await client.aclose()

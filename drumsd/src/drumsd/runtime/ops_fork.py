@@ -37,7 +37,7 @@ from drumsd.linux import state_files
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import new_id
-from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
+from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.teardown import discard
 
@@ -207,6 +207,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
                 "saved state of this slot",
                 field="prefork",
             )
+        check_not_deleting(source)
     else:
         source = reusable_prefork(sup, rec)
     children_cost = sup.slot_cost_mib() * req.n

@@ -394,8 +394,12 @@ class Supervisor:
     async def adopt_checkpoint(self, req: CheckpointAdopt) -> CheckpointRecord:
         return await self._durable(await ops_checkpoints.adopt_checkpoint(self, req))
 
-    async def delete_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
-        return await self._durable(await ops_checkpoints.delete_checkpoint(self, checkpoint_id))
+    async def delete_checkpoint(
+        self, checkpoint_id: str, when_unused: bool = False
+    ) -> CheckpointRecord:
+        return await self._durable(
+            await ops_checkpoints.delete_checkpoint(self, checkpoint_id, when_unused)
+        )
 
     # --- services and reports -------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """drums.ray's pure parts: placement by free capacity, the node registry and lease files, and
-the `drums pool join` command line (no Ray cluster needed)."""
+the `drums pool join` command line, one host agent over a fake client (no Ray cluster
+needed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -190,3 +192,51 @@ async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None
     assert status == 503 and b"host_down" in body
     status, _, _ = await gw.handle("POST", "/v1/slots", "", ok, b"{not json")
     assert status == 400
+
+
+class _FakeEnv:
+    def __init__(self, env_id: str, closed: list[str]) -> None:
+        self.id = env_id
+        self._closed = closed
+
+    def observe(self) -> str:
+        return f"screen of {self.id}"
+
+    def close(self) -> None:
+        self._closed.append(self.id)
+
+
+class _FakeClient:
+    def __init__(self) -> None:
+        self.made = 0
+        self.closed: list[str] = []
+
+    def create(self, **kwargs: object) -> _FakeEnv:
+        self.made += 1
+        return _FakeEnv(f"s-{self.made}", self.closed)
+
+
+def test_one_agent_holds_many_envs_and_its_lease_names_them_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drums.ray import _actors
+    from drums.ray._registry import lease_dir
+
+    monkeypatch.setenv("DRUMS_POOL_DIR", str(tmp_path))
+    client = _FakeClient()
+    monkeypatch.setattr(_actors, "connect_host", lambda label: client)
+    agent = _actors.HostAgent("h1")
+
+    def lease() -> list[str]:
+        files = list(lease_dir("h1").glob("*.json"))
+        return [] if not files else sorted(json.loads(files[0].read_text()))
+
+    assert agent.create({})[0] == "ok" and agent.create({})[0] == "ok"
+    assert lease() == ["s-1", "s-2"]  # the keeper would destroy both if this process died
+    assert agent.call("s-2", "observe", (), {}) == ("ok", "screen of s-2")
+    status, fields = agent.call("s-9", "observe", (), {})
+    assert status == "err" and fields["code"] == "env_gone" and fields["env_id"] == "s-9"
+    assert agent.close("s-1") == ("ok", None) and client.closed == ["s-1"]
+    assert lease() == ["s-2"]
+    agent.close("s-2")
+    assert list(lease_dir("h1").glob("*.json")) == []  # nothing held, no lease left

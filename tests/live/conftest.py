@@ -6,13 +6,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_daemon import Daemon, start_live_daemon
+from live_daemon import Daemon, start_live_daemon, stop_and_clean
 
 
 @pytest.fixture(scope="session")
 def live_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    daemon = start_live_daemon(Path(tmp_path_factory.mktemp("live-drumsd")))
+    tmp = Path(tmp_path_factory.mktemp("live-drumsd"))
+    daemon = start_live_daemon(tmp)
     try:
         yield daemon
     finally:
-        daemon.stop(limit_s=60)
+        # Destroys what tests left, stops the daemon and unmounts what its runtime leaves mounted
+        # (a bare stop left a spare's mounts under pytest's tmp, and every later rm_rf warned).
+        stop_and_clean(daemon, tmp)

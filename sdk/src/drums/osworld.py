@@ -7,22 +7,51 @@ is a CRIU restore instead of a VM revert.
     score = env.evaluate()
     env.close()
 
-VM-only arguments (provider_name, path_to_vm, snapshot_name, region, headless, os_type,
-enable_proxy) are accepted and ignored: there is no VM. Every env this makes is destroyed on
-close(), when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
+The constructor takes OSWorld's parameters by the same names, order and defaults (recorded in
+OSWORLD_INIT_PARAMS and checked by a test), with two deliberate differences: the desktop has no
+accessibility-tree or terminal getter, so `require_a11y_tree` defaults to False and True (or
+`require_terminal=True`) is refused with a clear error instead of handing the agent None. VM-only
+arguments (provider_name, region, path_to_vm, snapshot_name, headless, os_type, enable_proxy,
+cache_dir) are accepted and ignored: there is no VM. Every env this makes is destroyed on close(),
+when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
 """
 
 from __future__ import annotations
 
 import atexit
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _client
 from ._exceptions import InvalidEpisode
 from .models import VerifyResult
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
+# OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
+# interface; screen_size defaults there to SCREEN_WIDTH x SCREEN_HEIGHT, else 1920x1080).
+OSWORLD_INIT_PARAMS: Tuple[Tuple[str, Any], ...] = (
+    ("provider_name", "vmware"),
+    ("region", None),
+    ("path_to_vm", None),
+    ("snapshot_name", "init_state"),
+    ("action_space", "pyautogui"),
+    ("cache_dir", "cache"),
+    ("screen_size", (1920, 1080)),
+    ("headless", False),
+    ("require_a11y_tree", True),
+    ("require_terminal", False),
+    ("os_type", "Ubuntu"),
+    ("enable_proxy", False),
+    ("client_password", ""),
+)
+# Where drums differs from those defaults, and why.
+DEFAULT_DIFFERENCES = {
+    "provider_name": "drums: there is no VM provider",
+    "require_a11y_tree": "no accessibility-tree getter on drums desktops yet",
+}
+VM_ONLY = ("provider_name", "region", "path_to_vm", "snapshot_name", "headless", "os_type",
+           "enable_proxy", "cache_dir")  # fmt: skip
 
 
 def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:
@@ -63,11 +92,11 @@ class DesktopEnv:
         region: Optional[str] = None,
         path_to_vm: Optional[str] = None,
         snapshot_name: str = "init_state",
-        action_space: str = "computer_13",
+        action_space: str = "pyautogui",
         cache_dir: str = "cache",
         screen_size: Tuple[int, int] = (1920, 1080),
-        headless: bool = True,
-        require_a11y_tree: bool = True,
+        headless: bool = False,
+        require_a11y_tree: bool = False,
         require_terminal: bool = False,
         os_type: str = "Ubuntu",
         enable_proxy: bool = False,
@@ -79,6 +108,13 @@ class DesktopEnv:
     ) -> None:
         if action_space not in ("computer_13", "pyautogui"):
             raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
+        if require_a11y_tree or require_terminal:
+            what = "an accessibility tree" if require_a11y_tree else "terminal output"
+            raise ValueError(
+                f"drums desktops do not provide {what} yet; use a screenshot observation "
+                "(require_a11y_tree=False, require_terminal=False), e.g. OSWorld's "
+                "--observation_type screenshot"
+            )
         self.action_space = action_space
         self.screen_size = screen_size
         self.require_a11y_tree = require_a11y_tree
@@ -158,6 +194,46 @@ class DesktopEnv:
             done = True
         time.sleep(pause)
         return self._get_obs(), 0.0, done, info
+
+    def render(self, mode: str = "rgb_array") -> bytes:
+        """The screenshot as PNG bytes (OSWorld's render gives the same)."""
+        if mode != "rgb_array":
+            raise ValueError(f"render mode must be 'rgb_array', not {mode!r}")
+        return self._live().observe().png
+
+    @property
+    def vm_platform(self) -> str:
+        return "Linux"
+
+    @property
+    def vm_screen_size(self) -> Tuple[int, int]:
+        return (int(self.screen_size[0]), int(self.screen_size[1]))
+
+    @contextmanager
+    def fork(self, n: int = 1) -> Iterator[List[DesktopEnv]]:
+        """A drums extra: `with env.fork(4) as copies:` N DesktopEnvs on copies of this desktop as
+        it is now (same instruction and history), each with step/evaluate of its own; destroyed
+        on exit. The branches of a search, or K rollouts from one mid-task state."""
+        with self._live().fork(n) as children:
+            copies = [self._copy_on(child) for child in children]
+            try:
+                yield copies
+            finally:
+                for copy in copies:
+                    copy.env = None  # the fork's own exit destroys the children
+
+    def _copy_on(self, child: _client.Env) -> DesktopEnv:
+        copy = DesktopEnv(
+            action_space=self.action_space,
+            screen_size=self.screen_size,
+            client=self.client,
+            image=self.image,
+            raise_on_invalid=self.raise_on_invalid,
+        )
+        copy.env = child
+        copy.instruction = self.instruction
+        copy.action_history = list(self.action_history)
+        return copy
 
     def evaluate(self) -> float:
         """The task's checker score; drums' validity is in `self.last_verify` (and raises

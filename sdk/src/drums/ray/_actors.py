@@ -1,6 +1,6 @@
-"""The Ray actors of the pool. An `EnvActor` holds one env on its node's drumsd (Ray owns it:
-its creator dying kills it); a `Keeper` per host, detached, destroys the envs of env actors
-that are gone however they went (owner died, SIGKILL, ray.kill), from their lease files.
+"""The Ray actors of the pool. A `HostAgent` holds every env one process has on its node's drumsd
+(Ray owns it: its creator dying kills it); a `Keeper` per host, detached, destroys the envs of
+agents that are gone however they went (owner died, SIGKILL, ray.kill), from their lease files.
 
 Actor methods answer `("ok", value)` or `("err", fields)`: a DrumsError's code and detail
 survive the trip through Ray exactly, whatever its pickling does with keyword arguments.
@@ -21,7 +21,7 @@ from .. import _routes as routes
 from .. import models as m
 from .._base import wire
 from .._client import Client, Env
-from .._exceptions import ConnectionFailed, DrumsError, ShuttingDown
+from .._exceptions import ConnectionFailed, DrumsError, EnvGone, ShuttingDown
 from ._registry import orphaned_leases, read_host, write_lease
 
 log = logging.getLogger("drums.ray")
@@ -58,71 +58,101 @@ def connect_host(label: str) -> Client:
     return Client(entry.url, token_file=entry.token_file)
 
 
-class EnvActor:
-    """One env on this node's drumsd: created here, or attached (a fork child) and owned."""
+class HostAgent:
+    """Every env this process holds on one host: one long-lived actor per (process, node), so a
+    create is one drumsd call, not a new Ray worker. Owned by the process that made it (Ray
+    kills it when that process dies); its lease file names all its envs for the keeper."""
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.client = connect_host(label)
-        self.env: Optional[Env] = None
+        self.envs: Dict[str, Env] = {}
+        self._lock = threading.Lock()
 
-    def _lease(self) -> None:
-        write_lease(self.label, [] if self.env is None else [self.env.id])
+    def _lease(self, extra: Tuple[str, ...] = ()) -> None:
+        with self._lock:
+            write_lease(self.label, [*self.envs, *extra])
+
+    def _env(self, env_id: str) -> Env:
+        env = self.envs.get(env_id)
+        if env is None:
+            raise EnvGone(f"env {env_id} is not held on host {self.label}", env_id=env_id)
+        return env
+
+    def ready(self) -> int:
+        return os.getpid()
 
     def create(self, kwargs: Dict[str, Any]) -> Reply:
         def run() -> Dict[str, Any]:
-            self.env = self.client.create(**kwargs)
+            env = self.client.create(**kwargs)
+            with self._lock:
+                self.envs[env.id] = env
             self._lease()
-            return {"id": self.env.id, "pid": os.getpid()}
+            return {"id": env.id, "pid": os.getpid()}
 
         return _reply(run)
 
-    def adopt(self, env_id: str) -> Reply:
-        """Own a fork child the parent's actor made (same node, same drumsd)."""
+    def call(
+        self, env_id: str, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Reply:
+        return _reply(lambda: getattr(self._env(env_id), method)(*args, **kwargs))
+
+    def branch(
+        self, env_id: str, n: int, idle_timeout_s: Optional[float], ttl_s: Optional[float]
+    ) -> Reply:
+        """Fork children of `env_id` on this daemon, held here like any env (in the lease
+        from the moment drumsd names them, so nothing is unowned in between)."""
 
         def run() -> Dict[str, Any]:
-            slot = self.client._send(routes.get_slot(env_id, self.client.timeouts))
-            self.env = self.client._adopt_env(Env(self.client, slot, owned=True))
-            self._lease()
-            return {"id": env_id, "pid": os.getpid()}
-
-        return _reply(run)
-
-    def call(self, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Reply:
-        assert self.env is not None, "call before create"
-        return _reply(lambda: getattr(self.env, method)(*args, **kwargs))
-
-    def branch(self, n: int, idle_timeout_s: Optional[float]) -> Reply:
-        """Fork children on this daemon; their actors adopt them (the parent's actor holds
-        them in its lease until then, so nothing is unowned in between)."""
-        env = self.env
-        assert env is not None
-
-        def run() -> Dict[str, Any]:
+            env = self._env(env_id)
             t = env._t
             pre = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
             state = self.client._send(routes.prefork(env.id, pre, t))
-            request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, prefork=state.id)
+            # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
+            kept_before = state.id in self.client._owned_states
+            self.client._adopt_state(state)
+            request = wire(
+                m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s, prefork=state.id
+            )
             result = self.client._send(routes.branch(env.id, request, t))
             ids = [s.id for s in result.children]
-            write_lease(self.label, [env.id, *ids])
-            with_state = {"children": ids, "state": state.id, "elapsed_s": result.elapsed_s}
-            self.client._adopt_state(state)  # the prefork state goes with the parent
-            return with_state
+            self._lease(tuple(ids))
+            for slot in result.children:
+                child = self.client._adopt_env(Env(self.client, slot, owned=True))
+                with self._lock:
+                    self.envs[child.id] = child
+            self._lease()
+            return {
+                "children": ids,
+                "state": state,
+                "kept_before": kept_before,
+                "elapsed_s": result.elapsed_s,
+            }
 
         return _reply(run)
 
-    def handed_over(self) -> Reply:
-        return _reply(self._lease)
+    def delete_state(self, state_id: str) -> Reply:
+        """Delete a state this client holds (a fork's prefork state, a save without keep)."""
+
+        def run() -> None:
+            deadline = time.monotonic() + self.client.timeouts.cleanup_s
+            failed = self.client._delete_states([state_id], deadline)
+            if failed:
+                raise failed[state_id]
+
+        return _reply(run)
 
     def client_call(self, method: str, args: Tuple[Any, ...]) -> Reply:
         return _reply(lambda: getattr(self.client, method)(*args))
 
-    def close(self) -> Reply:
+    def close(self, env_id: str) -> Reply:
         def run() -> None:
-            self.client.close()
-            self.env = None
-            self._lease()
+            env = self.envs.get(env_id)
+            if env is not None:
+                env.close()
+                with self._lock:
+                    self.envs.pop(env_id, None)
+                self._lease()
 
         return _reply(run)
 

@@ -98,7 +98,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"drums pool serve: {path} holds fewer than 32 characters", file=sys.stderr)
         return 1
     ray.init(address=args.address, log_to_driver=False)
-    pool = Pool()
+    pool = Pool(warm=False)  # the gateway forwards through keepers; it holds no envs itself
 
     cache: List[Any] = [0.0, []]
 

@@ -1,14 +1,21 @@
 """`drums.ray.connect()`: the pool client. Same surface as `drums.connect()`, over every drums
-host in the Ray cluster; each env is an `EnvActor` on its host's node, holding one desktop
-resource, placed on the host with the most free desktops (NodeAffinity, not Ray's packing)."""
+host in the Ray cluster. Each env lives in this process's `HostAgent` on its host's node (one
+warm actor per node, reused) and holds one `drums_desktops` through a placement group pinned to
+that node, so every client's placement sees it; hosts are chosen by most free desktops."""
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import ray
+from ray.util.placement_group import (
+    NODE_ID_LABEL_KEY,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import _exceptions as errors
@@ -16,8 +23,10 @@ from .. import models as m
 from .._base import Forked
 from .._exceptions import DrumsError, Overloaded
 from .._observation import Observation
-from ._actors import EnvActor, Keeper, Reply
+from ._actors import HostAgent, Keeper, Reply
 from ._placement import DESKTOPS, HostSlot, choose_host, hosts_from_nodes
+
+SEAT_WAIT_S = 5.0  # how long Ray may take to place a desktop it showed as free
 
 
 class HostDown(DrumsError):
@@ -49,41 +58,25 @@ def _raise(fields: Dict[str, Any]) -> None:
 
 
 class PoolEnv:
-    """An env on some host of the pool: the methods of `drums.Env`, through its actor."""
+    """An env on some host of the pool: the methods of `drums.Env`, through its host's agent."""
 
-    def __init__(self, pool: Pool, actor: Any, env_id: str, host: HostSlot) -> None:
+    def __init__(self, pool: Pool, agent: Any, env_id: str, host: HostSlot, seat: Any) -> None:
         self.pool = pool
-        self.actor = actor
+        self.agent = agent
         self.id = env_id
         self.host = host.label
         self.node_id = host.node_id
+        self.seat = seat  # the placement group holding this env's drums_desktops
+        self.closed = False
 
     def __repr__(self) -> str:
         return f"PoolEnv(id={self.id!r}, host={self.host!r})"
 
-    def _get(self, ref: Any, timeout: Optional[float] = None) -> Any:
-        try:
-            reply: Reply = ray.get(ref, timeout=timeout or self.pool.call_timeout_s)
-        except _RAY_GONE as exc:
-            self.pool._mark_down(self.host)
-            raise HostDown(
-                f"host {self.host} (node {self.node_id[:12]}) is gone: {type(exc).__name__}",
-                env_id=self.id,
-                detail={"host": self.host},
-            ) from None
-        except ray.exceptions.GetTimeoutError:
-            raise errors.Timeout(
-                f"no answer from env actor on {self.host}", env_id=self.id
-            ) from None
-        if reply[0] == "err":
-            if reply[1]["code"] == "host_down":
-                self.pool._mark_down(self.host)
-                reply[1]["detail"] = {**(reply[1]["detail"] or {}), "host": self.host}
-            _raise(reply[1])
-        return reply[1]
+    def _get(self, ref: Any) -> Any:
+        return self.pool._get(ref, self.host, self.node_id, env_id=self.id)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self._get(self.actor.call.remote(method, args, kwargs))
+        return self._get(self.agent.call.remote(self.id, method, args, kwargs))
 
     def refresh(self) -> m.Slot:
         return self._call("refresh")
@@ -106,10 +99,13 @@ class PoolEnv:
     def load_task(self, task: Any) -> m.TaskInfo:
         return self._call("load_task", task)
 
-    def save(self, **kwargs: Any) -> m.Checkpoint:
-        """A saved state, on this env's host: `pool.create(from_state=...)` is placed there."""
-        state = self._call("save", **kwargs)
+    def save(self, *, keep: bool = False, **kwargs: Any) -> m.Checkpoint:
+        """A saved state, on this env's host: `pool.create(from_state=...)` is placed there.
+        Without keep=True it is deleted when the pool closes."""
+        state = self._call("save", keep=True, **kwargs)
         self.pool._state_hosts[state.id] = self.host
+        if not keep:
+            self.pool._owned_states[state.id] = self.host
         return state
 
     def verify(self, **kwargs: Any) -> m.VerifyResult:
@@ -125,33 +121,48 @@ class PoolEnv:
         return self._call("release")
 
     @contextmanager
-    def fork(self, n: int, *, idle_timeout_s: Optional[float] = None) -> Iterator[Forked[Any]]:
-        """N copies of this desktop as it is now, each its own actor on this env's node."""
+    def fork(
+        self,
+        n: int,
+        *,
+        keep_state: bool = False,
+        idle_timeout_s: Optional[float] = None,
+        ttl_s: Optional[float] = None,
+    ) -> Iterator[Forked[Any]]:
+        """N copies of this desktop as it is now, on this env's host (held by the same agent),
+        each holding one drums_desktops there."""
         host = self.pool._host(self.host)
-        if host is None or host.free < n:
+        with self.pool._placing:
+            seats = [] if host is None else self.pool._reserve(host, n)
+        if host is None or seats is None:
             raise Overloaded(
                 f"host {self.host} has {0 if host is None else host.free} desktops free, "
                 f"a fork of {n} needs {n}",
                 env_id=self.id,
                 detail={"retry_after_s": self.pool.retry_after_s, "host": self.host},
             )
-        made = self._get(self.actor.branch.remote(n, idle_timeout_s))
         children: List[PoolEnv] = []
+        made: Dict[str, Any] = {}
         try:
-            for env_id in made["children"]:
-                actor = self.pool._actor(host)
-                self.pool._get_placed(actor.adopt.remote(env_id), host, env_id)
-                children.append(PoolEnv(self.pool, actor, env_id, host))
-            self._get(self.actor.handed_over.remote())
-            state = m.Checkpoint.model_construct(id=made["state"])
-            yield Forked(children, state, made["elapsed_s"])
+            made = self._get(self.agent.branch.remote(self.id, n, idle_timeout_s, ttl_s))
+            for env_id, seat in zip(made["children"], seats):
+                children.append(PoolEnv(self.pool, self.agent, env_id, host, seat))
+            seats = seats[len(children) :]
+            yield Forked(children, made["state"], made["elapsed_s"])
         finally:
             for child in children:
                 child.close()
+            for seat in seats:
+                remove_placement_group(seat)
+            if made and not (keep_state or made["kept_before"]):
+                self._get(self.agent.delete_state.remote(made["state"].id))
 
     def close(self) -> None:
+        """Destroy the env and give its desktop back (idempotent)."""
+        if self.closed:
+            return
         try:
-            self._get(self.actor.close.remote())
+            self._get(self.agent.close.remote(self.id))
         except HostDown:
             pass  # its desktops went with the host
         except errors.CleanupFailed:
@@ -159,7 +170,8 @@ class PoolEnv:
                 raise
             # Its drumsd is down: the keeper destroys the env once the daemon is back.
         finally:
-            ray.kill(self.actor)
+            self.closed = True
+            remove_placement_group(self.seat)
             self.pool._envs.pop(self.id, None)
 
     def __enter__(self) -> PoolEnv:
@@ -167,6 +179,12 @@ class PoolEnv:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# One agent per (Ray job, node) in this process, shared by every Pool the process opens: a
+# create reuses a warm actor instead of starting a Ray worker.
+_AGENTS: Dict[Tuple[str, str], Any] = {}
+_AGENTS_LOCK = threading.Lock()
 
 
 class Pool:
@@ -179,6 +197,7 @@ class Pool:
         retry_after_s: float = 5.0,
         call_timeout_s: float = 600.0,
         down_ttl_s: float = 30.0,
+        warm: bool = True,
     ) -> None:
         if not ray.is_initialized():
             ray.init(address="auto", log_to_driver=False)
@@ -188,11 +207,15 @@ class Pool:
         self.down_ttl_s = down_ttl_s
         self._envs: Dict[str, PoolEnv] = {}
         self._down: Dict[str, float] = {}
-        self._pending: Dict[str, int] = {}
         self._state_hosts: Dict[str, str] = {}
+        self._owned_states: Dict[str, str] = {}
         self._keepers: Dict[str, Any] = {}
-        self._actor_cls: Any = ray.remote(EnvActor)
+        self._placing = threading.Lock()
+        self._agent_cls: Any = ray.remote(HostAgent)
         self._keeper_cls: Any = ray.remote(Keeper)
+        if warm:  # start every host's agent now, in parallel; the first create then waits less
+            for host in self.hosts():
+                self._agent(host)
 
     # --- hosts ------------------------------------------------------------------------------
 
@@ -227,45 +250,85 @@ class Pool:
             ).remote(host.label)
         return self._keepers[host.label]
 
-    def _actor(self, host: HostSlot) -> Any:
+    def _agent(self, host: HostSlot) -> Any:
+        """This process's agent on `host`'s node, made once and reused by every env there."""
         self._keeper(host)
-        return self._actor_cls.options(
-            num_cpus=0,
-            resources={DESKTOPS: 1},
-            max_restarts=0,
-            scheduling_strategy=self._affinity(host),
-        ).remote(host.label)
+        key = (ray.get_runtime_context().get_job_id(), host.node_id)
+        with _AGENTS_LOCK:
+            agent = _AGENTS.get(key)
+            if agent is None:
+                agent = _AGENTS[key] = self._agent_cls.options(
+                    num_cpus=0,
+                    max_restarts=0,
+                    max_concurrency=64,  # many envs' calls at once, each a blocking HTTP call
+                    scheduling_strategy=self._affinity(host),
+                ).remote(host.label)
+        return agent
 
-    def _get_placed(self, ref: Any, host: HostSlot, what: str) -> Dict[str, Any]:
-        self._pending[host.node_id] = self._pending.get(host.node_id, 0) + 1
+    def _forget_agent(self, node_id: str) -> None:
+        with _AGENTS_LOCK:
+            for key in [k for k in _AGENTS if k[1] == node_id]:
+                del _AGENTS[key]
+
+    def _reserve(self, host: HostSlot, n: int) -> Optional[List[Any]]:
+        """`n` drums_desktops on `host`, one placement group each (no process: a GCS record
+        that every pool client's placement sees), or None if Ray cannot place them now."""
+        seats = [
+            placement_group(
+                [{DESKTOPS: 1}],
+                strategy="STRICT_PACK",
+                bundle_label_selector=[{NODE_ID_LABEL_KEY: host.node_id}],
+            )
+            for _ in range(n)
+        ]
+        if all(seat.wait(SEAT_WAIT_S) for seat in seats):
+            return seats
+        for seat in seats:
+            remove_placement_group(seat)
+        return None
+
+    def _get(
+        self, ref: Any, label: str, node_id: str, *, env_id: Optional[str] = None, what: str = ""
+    ) -> Any:
         try:
             reply: Reply = ray.get(ref, timeout=self.call_timeout_s)
         except _RAY_GONE as exc:
-            self._mark_down(host.label)
+            self._mark_down(label)
+            self._forget_agent(node_id)
             raise HostDown(
-                f"host {host.label} is gone ({type(exc).__name__}) during {what}"
+                f"host {label} (node {node_id[:12]}) is gone: {type(exc).__name__}"
+                + (f" during {what}" if what else ""),
+                env_id=env_id,
+                detail={"host": label},
             ) from None
-        finally:
-            self._pending[host.node_id] -= 1
+        except ray.exceptions.GetTimeoutError:
+            raise errors.Timeout(f"no answer from the agent on {label}", env_id=env_id) from None
         if reply[0] == "err":
             if reply[1]["code"] == "host_down":
-                self._mark_down(host.label)
+                self._mark_down(label)
+                reply[1]["detail"] = {**(reply[1]["detail"] or {}), "host": label}
             _raise(reply[1])
         return reply[1]
 
     # --- envs -------------------------------------------------------------------------------
 
-    def _place(self, on: Optional[str]) -> HostSlot:
+    def _place(self, on: Optional[str]) -> Tuple[HostSlot, Any]:
+        """A host (the freest, or `on`) and one desktop reserved on it; Overloaded after
+        `queue_timeout_s` when none has one free."""
         deadline = time.monotonic() + self.queue_timeout_s
         while True:
-            hosts = self.hosts()
-            if on is not None:
-                hosts = [h for h in hosts if h.label == on]
-                if not hosts:
-                    raise HostDown(f"host {on} (which holds the state) is not in the pool")
-            host = choose_host(hosts, pending=self._pending, down=self._down_now())
-            if host is not None:
-                return host
+            # One placement at a time in this process: Ray's free counts include a seat once it
+            # is placed (milliseconds), so threads choosing at once would all pick the same host.
+            with self._placing:
+                hosts = self.hosts()
+                if on is not None:
+                    hosts = [h for h in hosts if h.label == on]
+                    if not hosts:
+                        raise HostDown(f"host {on} (which holds the state) is not in the pool")
+                host = choose_host(hosts, down=self._down_now())
+                seats = None if host is None else self._reserve(host, 1)
+            if host is not None and seats is not None:
+                return host, seats[0]
             if time.monotonic() >= deadline:
                 raise Overloaded(
                     f"every drums host is full ({len(hosts)} hosts, "
@@ -294,20 +357,20 @@ class Pool:
         args = {"task": task, "image": image, "from_state": state_id, **kwargs}
         tried: List[str] = []
         while True:
-            host = self._place(on)
-            actor = self._actor(host)
+            host, seat = self._place(on)
+            agent = self._agent(host)
             try:
-                made = self._get_placed(actor.create.remote(args), host, "create")
+                made = self._get(agent.create.remote(args), host.label, host.node_id, what="create")
             except HostDown:
-                ray.kill(actor)
+                remove_placement_group(seat)
                 tried.append(host.label)
                 if on is not None or len(tried) >= 8:
                     raise
                 continue
             except BaseException:
-                ray.kill(actor)
+                remove_placement_group(seat)
                 raise
-            env = PoolEnv(self, actor, made["id"], host)
+            env = PoolEnv(self, agent, made["id"], host, seat)
             self._envs[env.id] = env
             return env
 
@@ -317,19 +380,14 @@ class Pool:
     # --- hosts' daemons ---------------------------------------------------------------------
 
     def _each_host(self, method: str, *args: Any) -> Dict[str, Any]:
+        hosts = self.hosts()
+        refs = {h.label: (h, self._agent(h).client_call.remote(method, args)) for h in hosts}
         out: Dict[str, Any] = {}
-        for host in self.hosts():
-            actor = self._actor_cls.options(
-                num_cpus=0, scheduling_strategy=self._affinity(host)
-            ).remote(host.label)
+        for label, (host, ref) in refs.items():
             try:
-                out[host.label] = self._get_placed(
-                    actor.client_call.remote(method, args), host, method
-                )
+                out[label] = self._get(ref, label, host.node_id, what=method)
             except DrumsError as exc:
-                out[host.label] = exc
-            finally:
-                ray.kill(actor)
+                out[label] = exc
         return out
 
     def health(self) -> Dict[str, Any]:
@@ -339,9 +397,25 @@ class Pool:
     def metrics(self) -> Dict[str, Any]:
         return self._each_host("metrics")
 
+    def delete_state(self, state: Any) -> None:
+        state_id = getattr(state, "id", state)
+        label = self._state_hosts.get(state_id)
+        host = None if label is None else self._host(label)
+        if host is None:
+            raise HostDown(f"the host of state {state_id} is not in the pool ({label})")
+        self._get(self._agent(host).delete_state.remote(state_id), label, host.node_id)
+        self._owned_states.pop(state_id, None)
+
     def close(self) -> None:
+        """Destroy this pool's envs and the states it saved without keep (its agents stay warm
+        for the next pool of this process; they die with it)."""
         for env in list(self._envs.values()):
             env.close()
+        for state_id in list(self._owned_states):
+            try:
+                self.delete_state(state_id)
+            except HostDown:
+                self._owned_states.pop(state_id, None)
 
     def __enter__(self) -> Pool:
         return self

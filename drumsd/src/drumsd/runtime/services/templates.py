@@ -157,7 +157,11 @@ async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id
     for attempt in range(1, TEMPLATE_ATTEMPTS + 1):
         log.info(
             "image=%s building template checkpoint %s from %s (attempt %d of %d)",
-            name, cp_id, root, attempt, TEMPLATE_ATTEMPTS,
+            name,
+            cp_id,
+            root,
+            attempt,
+            TEMPLATE_ATTEMPTS,
         )
         try:
             ref = await sup.runtime.make_template(root, sha, cp_id, dest)
@@ -166,7 +170,11 @@ async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id
             sup.metrics.failure("template")
             log.error(
                 "image=%s template build attempt %d of %d failed: %s: %s",
-                name, attempt, TEMPLATE_ATTEMPTS, exc.code, exc.message,
+                name,
+                attempt,
+                TEMPLATE_ATTEMPTS,
+                exc.code,
+                exc.message,
             )
             if attempt == TEMPLATE_ATTEMPTS:
                 sup.template_status[name] = (

@@ -17,8 +17,6 @@
   swap_mib = 0;
   pids_max = 1024;
   tmpfs_mib = 1024;
-  port_base = 17000;
-  slot_range = [ 100 2000 ];
   max_concurrent_restores = 4;
   natural_exits = [ ];
   alive_after_s = 5.0;
@@ -28,13 +26,12 @@
   restore_cpu_boost = true;
   prefork_max_age_s = 120.0;
   crash_watch = true;
-  host_usd_per_hour = 0.0;
+  host_usd_per_hour = null;
   quiesce = {
     window_s = 1.0;
     timeout_s = 30.0;
     poll_ms = 50;
     max_attempts = 3;
-    events = true;
   };
   admission = {
     enabled = true;
@@ -56,11 +53,11 @@
   retention = {
     mode = "failures_full";
     summary_max_gib = 2.0;
-    full_max_gib = 10.0;
+    full_max_gib = null;
     forgotten_warn_gib = 8.0;
   };
   forgotten_dir = "/var/lib/drums/forgotten";
-  forgotten_max_gib = 20.0;
+  forgotten_max_gib = null;
   state_min_free_mib = 1024;
   state_warn_free_pct = 15.0;
   tasks = {

@@ -86,16 +86,6 @@ in
     default = defaults.tmpfs_mib;
     description = "slot upper + /tmp";
   };
-  port_base = mkOption {
-    type = types.addCheck types.int (x: x >= 1024 && x <= 65000);
-    default = defaults.port_base;
-    description = "drumsd setting `port_base`";
-  };
-  slot_range = mkOption {
-    type = types.addCheck (types.listOf types.int) (l: builtins.length l == 2);
-    default = defaults.slot_range;
-    description = "drumsd setting `slot_range`";
-  };
   max_concurrent_restores = mkOption {
     type = types.addCheck types.int (x: x >= 1 && x <= 256);
     default = defaults.max_concurrent_restores;
@@ -142,9 +132,9 @@ in
     description = "refuse to start without proc events";
   };
   host_usd_per_hour = mkOption {
-    type = types.addCheck types.number (x: x >= 0);
+    type = types.nullOr (types.addCheck types.number (x: x >= 0));
     default = defaults.host_usd_per_hour;
-    description = "drumsd setting `host_usd_per_hour`";
+    description = "null or 0: cost is not reported";
   };
   quiesce = mkOption {
     description = "When a process tree counts as quiescent (before a dump, or on request).";
@@ -170,12 +160,7 @@ in
         max_attempts = mkOption {
           type = types.addCheck types.int (x: x >= 1 && x <= 20);
           default = defaults.quiesce.max_attempts;
-          description = "dump retries when not quiet";
-        };
-        events = mkOption {
-          type = types.bool;
-          default = defaults.quiesce.events;
-          description = "also watch process events (fork/exec)";
+          description = "capture tries (quiet window + dump) before 409";
         };
       };
     };
@@ -230,28 +215,28 @@ in
     };
   };
   lease = mkOption {
-    description = "Idle timeouts and time-to-live of slots and saved states; null TTL means none.";
+    description = "Idle timeouts and time-to-live of slots and saved states; null or 0 turns one off.";
     default = { };
     type = types.submodule {
       freeformType = jsonFormat.type;
       options = {
         env_idle_timeout_s = mkOption {
-          type = types.addCheck types.number (x: x > 0 && x <= 2592000);
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
           default = defaults.lease.env_idle_timeout_s;
           description = "drumsd setting `lease.env_idle_timeout_s`";
         };
         env_ttl_s = mkOption {
-          type = types.nullOr (types.addCheck types.number (x: x > 0 && x <= 2592000));
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
           default = defaults.lease.env_ttl_s;
           description = "drumsd setting `lease.env_ttl_s`";
         };
         state_idle_timeout_s = mkOption {
-          type = types.addCheck types.number (x: x > 0 && x <= 2592000);
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
           default = defaults.lease.state_idle_timeout_s;
           description = "drumsd setting `lease.state_idle_timeout_s`";
         };
         state_ttl_s = mkOption {
-          type = types.nullOr (types.addCheck types.number (x: x > 0 && x <= 2592000));
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
           default = defaults.lease.state_ttl_s;
           description = "drumsd setting `lease.state_ttl_s`";
         };
@@ -264,7 +249,7 @@ in
     };
   };
   retention = mkOption {
-    description = "What a destroyed slot leaves in `forgotten_dir`.";
+    description = "What a destroyed slot leaves in `forgotten_dir`. Full archives (failures) are never";
     default = { };
     type = types.submodule {
       freeformType = jsonFormat.type;
@@ -280,9 +265,9 @@ in
           description = "drumsd setting `retention.summary_max_gib`";
         };
         full_max_gib = mkOption {
-          type = types.addCheck types.number (x: x > 0);
+          type = types.nullOr (types.addCheck types.number (x: x > 0));
           default = defaults.retention.full_max_gib;
-          description = "drumsd setting `retention.full_max_gib`";
+          description = "null = no cap";
         };
         forgotten_warn_gib = mkOption {
           type = types.addCheck types.number (x: x > 0);
@@ -298,9 +283,9 @@ in
     description = "drumsd setting `forgotten_dir`";
   };
   forgotten_max_gib = mkOption {
-    type = types.addCheck types.number (x: x > 0);
+    type = types.nullOr (types.addCheck types.number (x: x > 0));
     default = defaults.forgotten_max_gib;
-    description = "drumsd setting `forgotten_max_gib`";
+    description = "null = no cap";
   };
   state_min_free_mib = mkOption {
     type = types.addCheck types.int (x: x >= 0);
@@ -341,7 +326,7 @@ in
         checker_venv = mkOption {
           type = types.nullOr (types.str);
           default = defaults.tasks.checker_venv;
-          description = "virtualenv with OSWorld's metrics; built on demand if null";
+          description = "a built checker venv (python -m drumsd.tasks); null = the current pins' one";
         };
         checker_uid = mkOption {
           type = types.addCheck types.int (x: x >= 1);

@@ -19,7 +19,7 @@ import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import anyio
 import pydantic
@@ -85,6 +85,7 @@ class FakeDaemon:
         self.token = token
         self.slots: Dict[str, _SlotRec] = {}
         self.checkpoints: Dict[str, m.Checkpoint] = {}
+        self.deleting: Set[str] = set()  # DELETE ?when_unused=true while slots restore from it
         self.tasks: Dict[str, m.TaskInfo] = {t.id: t for t in DEFAULT_TASKS}
         self.window_started = _now()
         self.counters: Dict[str, float] = {}
@@ -307,12 +308,24 @@ class FakeDaemon:
             raise ApiError("not_found", f"no checkpoint {cid}", checkpoint=cid)
         return self.checkpoints[cid]
 
-    def delete_checkpoint(self, cid: str, **_: Any) -> Dict[str, Any]:
+    def delete_checkpoint(
+        self, cid: str, query: Optional[Dict[str, str]] = None, **_: Any
+    ) -> Dict[str, Any]:
         cp = self.get_checkpoint(cid)
         if cp.kind == m.CheckpointKind.template:
             raise ApiError("conflict", f"{cid} is an image's template checkpoint")
+        if (query or {}).get("when_unused") == "true" and self.users(cid):
+            self.deleting.add(cid)  # as the daemon: deleted when its last slot is destroyed
+            return {"id": cid, "deleted": False}
         del self.checkpoints[cid]
         return {"id": cid, "deleted": True}
+
+    def users(self, cid: str) -> List[str]:
+        return [
+            i
+            for i, r in self.slots.items()
+            if r.slot.checkpoint == cid and r.slot.state != m.SlotState.destroyed
+        ]
 
     def list_slots(self, query: Dict[str, str], **_: Any) -> m.SlotList:
         everything = query.get("all") == "true"
@@ -343,6 +356,9 @@ class FakeDaemon:
             raise ApiError("not_found", f"no slot {sid}", slot=sid)
         already = rec.slot.state == m.SlotState.destroyed
         rec.slot.state = m.SlotState.destroyed
+        for cid in [c for c in self.deleting if not self.users(c)]:
+            self.deleting.discard(cid)
+            self.checkpoints.pop(cid, None)
         return m.Destroyed(id=sid, already=already)
 
     def reset_slot(self, sid: str, **_: Any) -> m.Slot:

@@ -37,8 +37,11 @@ def hardened():
 
 @pytest.fixture(scope="module")
 def trusted_small():
-    # Trusted profile, and a memory limit small enough for one step to exceed it.
-    return shared_daemon("trusted", profile="trusted", memory_mib=320)
+    # Trusted profile, and a memory limit small enough for one step to exceed it; a short
+    # quiesce.timeout_s so a capture of a desktop that keeps moving is refused within seconds.
+    return shared_daemon(
+        "trusted", profile="trusted", memory_mib=320, quiesce={"timeout_s": 4.0, "window_s": 1.0}
+    )
 
 
 def _assert_quarantined_no_reward(http, slot_id: str, gate: str) -> None:
@@ -183,3 +186,28 @@ def test_branch_children_start_valid_episodes(hardened):
         finally:
             for sid in [*children, parent]:
                 destroy(http, sid)
+
+
+SPIN = "sh -c 'echo $$ > /tmp/spin.pid; while :; do /bin/true; done' >/dev/null 2>&1 &"
+
+
+def test_quiescent_and_a_capture_refused_while_a_process_keeps_forking(trusted_small):
+    with http_client(trusted_small) as http:
+        sid = create(http)["id"]
+        try:
+            r = http.post(f"/v1/slots/{sid}/quiescent", json={"window_s": 1, "timeout_s": 20})
+            assert r.status_code == 200 and r.json()["quiescent"] is True, r.text
+            execute(http, sid, SPIN)
+            r = http.post(f"/v1/slots/{sid}/quiescent", json={"window_s": 0.5, "timeout_s": 2})
+            assert r.status_code == 200 and r.json()["quiescent"] is False, r.text
+            r = http.post(f"/v1/slots/{sid}/capture", json={})
+            assert r.status_code == 409, r.text
+            err = r.json()["error"]
+            assert err["code"] == "not_quiescent" and f"/v1/slots/{sid}/quiescent" in err["message"]
+            assert http.get(f"/v1/slots/{sid}").json()["state"] == "ready"
+            execute(http, sid, "kill $(cat /tmp/spin.pid)")
+            r = http.post(f"/v1/slots/{sid}/capture", json={})  # quiet again: the dump goes
+            assert r.status_code == 201, r.text
+            http.delete(f"/v1/checkpoints/{r.json()['id']}")
+        finally:
+            destroy(http, sid)

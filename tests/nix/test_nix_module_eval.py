@@ -145,7 +145,7 @@ def test_assertions_fire_with_clear_messages(user: dict[str, Any], message: str)
         ({"tokenFile": "relative/token"}, "tokenFile"),
         ({"settings": {"quiesce": {"window_s": 0}}}, "window_s"),
         ({"settings": {"profile": "bogus"}}, "profile"),
-        ({"settings": {"slot_range": [1, 2, 3]}}, "slot_range"),
+        ({"settings": {"natural_exits": "xterm"}}, "natural_exits"),
         ({"stateTmpfsSize": "lots"}, "stateTmpfsSize"),
     ],
 )

@@ -142,11 +142,12 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
     except ImportError as exc:
         log.warning("no task bridge (%s): tasks are unsupported, verify has no checker", exc)
         return {}
-    venv = load_checker_venv()
+    venv = load_checker_venv(path=config.tasks.checker_venv)
     if venv is None:
         log.warning(
-            "the checker venv is not built: OSWorld metric checkers are unsupported until "
-            "`python -m drumsd.tasks` builds it"
+            "the checker venv %s is not built: OSWorld metric checkers are unsupported until "
+            "`python -m drumsd.tasks` builds it",
+            config.tasks.checker_venv or "for the current pins",
         )
     bridge = TaskBridge(context_from_config(config.tasks, venv), runtime)
     return {"tasks": bridge, "verifier": bridge}

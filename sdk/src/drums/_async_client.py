@@ -343,7 +343,10 @@ class AsyncEnv(EnvBase):
         ttl_s: Optional[float] = None,
     ) -> AsyncIterator[Forked[AsyncEnv]]:
         """`async with env.fork(4) as children:`; children destroyed on exit, and the prefork
-        state too unless keep_state=True (then it lives until the client closes)."""
+        state too unless keep_state=True (then it lives until the client closes). With
+        keep_state=False the state is marked for deletion as soon as the children are up: no
+        new slot can start from it, and the daemon deletes it when the last child is destroyed,
+        even if this process dies first."""
         request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
         state = await self._send_making(routes.prefork(self.id, prefork, self._t))
@@ -360,6 +363,11 @@ class AsyncEnv(EnvBase):
                 )
                 for s in result.children
             ]
+            if not (keep_state or kept_before):
+                try:
+                    await self._send(routes.delete_checkpoint(state.id, self._t.default_s, True))
+                except DrumsError as error:  # the exit below deletes it all the same
+                    log.warning("could not mark state %s for deletion: %s", state.id, error)
             yield Forked(children, state, result.elapsed_s)
         finally:
             with shielded(self._t.cleanup_s):

@@ -305,6 +305,9 @@ class Env(EnvBase):
 
         On exit the children are destroyed, and the prefork state too unless keep_state=True
         (then it lives until the client closes: `children.state` can seed `create(from_state=)`).
+        With keep_state=False the state is marked for deletion as soon as the children are up:
+        no new slot can start from it, and the daemon deletes it when the last child is
+        destroyed, even if this process dies first.
         """
         request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
@@ -322,6 +325,11 @@ class Env(EnvBase):
                 )
                 for s in result.children
             ]
+            if not (keep_state or kept_before):
+                try:
+                    self._send(routes.delete_checkpoint(state.id, self._t.default_s, True))
+                except DrumsError as error:  # the exit below deletes it all the same
+                    log.warning("could not mark state %s for deletion: %s", state.id, error)
             yield Forked(children, state, result.elapsed_s)
         finally:
             with sigint_held():

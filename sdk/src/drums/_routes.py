@@ -111,8 +111,11 @@ def get_checkpoint(state_id: str, t: Timeouts) -> Call[m.Checkpoint]:
     return Call("GET", path, _model(m.Checkpoint), t.default_s)
 
 
-def delete_checkpoint(state_id: str, timeout_s: float) -> Call[None]:
-    return Call("DELETE", f"/v1/checkpoints/{quote(state_id, safe='')}", _nothing, timeout_s)
+def delete_checkpoint(state_id: str, timeout_s: float, when_unused: bool = False) -> Call[None]:
+    """when_unused: while live slots restore from it, delete it when the last one is gone."""
+    params = {"when_unused": "true"} if when_unused else None
+    path = f"/v1/checkpoints/{quote(state_id, safe='')}"
+    return Call("DELETE", path, _nothing, timeout_s, params=params)
 
 
 # --- slots --------------------------------------------------------------------------------------

@@ -146,7 +146,8 @@ async def get_checkpoint(ctx: Ctx, checkpoint_id: str) -> Reply:
 
 
 async def delete_checkpoint(ctx: Ctx, checkpoint_id: str) -> Reply:
-    return convert.checkpoint(await ctx.supervisor.delete_checkpoint(checkpoint_id))
+    when_unused = _bool_query(ctx, "when_unused")
+    return convert.checkpoint(await ctx.supervisor.delete_checkpoint(checkpoint_id, when_unused))
 
 
 async def list_slots(ctx: Ctx) -> Reply:
@@ -324,6 +325,12 @@ ROUTES: tuple[Route, ...] = (
         "Delete a saved state",
         delete_checkpoint,
         response=wire.Checkpoint,
+        query=(
+            QueryParam(
+                "when_unused",
+                "while live slots restore from it: delete it when the last one is destroyed",
+            ),
+        ),
     ),
     Route(
         "GET",

@@ -48,10 +48,16 @@ def slot_cost_mib(env_mib: float, charged_mib: Sequence[float]) -> float:
 
 
 def decide(
-    sample: HostSample | None, config: AdmissionConfig, cost_mib: float, *, pending_mib: float = 0
+    sample: HostSample | None,
+    config: AdmissionConfig,
+    cost_mib: float,
+    *,
+    pending_mib: float = 0,
+    state_mib: float = 0,
 ) -> Decision:
-    """Would starting an operation costing `cost_mib` (plus `pending_mib` already admitted and
-    not yet visible in the sample) keep the host above every configured floor?"""
+    """Would starting an operation costing `cost_mib` of memory (plus `pending_mib` already
+    admitted and not yet visible in the sample) and `state_mib` of state dir (this operation's
+    dump plus the admitted dumps still being written) keep the host above every floor?"""
     if not config.enabled:
         return ADMIT
     if sample is None:
@@ -91,11 +97,15 @@ def decide(
             f"admission.max_memory_psi_some_avg10={config.max_memory_psi_some_avg10:g}",
             retry_after_s=10.0,
         )
-    if sample.state_free_mib is not None and sample.state_free_mib < config.min_state_free_mib:
+    if (
+        sample.state_free_mib is not None
+        and sample.state_free_mib - state_mib < config.min_state_free_mib
+    ):
         return Decision(
             False,
             "admission.min_state_free_mib",
-            f"state dir has {sample.state_free_mib:.0f} MiB free, below "
+            f"state dir has {sample.state_free_mib:.0f} MiB free, {state_mib:.0f} MiB of it for "
+            f"admitted dumps, which would leave less than "
             f"admission.min_state_free_mib={config.min_state_free_mib}; delete saved states",
             retry_after_s=30.0,
         )

@@ -14,6 +14,25 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PositiveSeconds = Annotated[float, Field(gt=0, le=30 * 86400)]
+# A lease limit: null or 0 turns it off (0 is read as null).
+LeaseSeconds = Annotated[float | None, Field(ge=0, le=30 * 86400)]
+
+# Keys an earlier config model had and this one refuses, each with why (docs/runtime.md, "Fields
+# not implemented"). A config that still sets one gets this reason, not a silent default.
+REMOVED_KEYS: dict[str, str] = {
+    "port_base": (
+        "removed: slots have only a loopback interface and no host port forwarding; talk to a "
+        "guest server through the agent (exec/read_file) instead"
+    ),
+    "slot_range": "removed: slot ids are random strings, not numbers from a range",
+    "extra_ports": "not implemented: slots have no host port forwarding",
+    "guest_port": "not implemented: the guest agent is reached over its unix socket, not a port",
+    "quiesce.events": (
+        "removed: quiescence is sampled from /proc (quiesce.poll_ms); process events are "
+        "watched by crash_watch only"
+    ),
+    "quiesce.confirm_s": "not implemented: quiesce.window_s is the one quiet period",
+}
 
 
 class Block(BaseModel):
@@ -28,8 +47,9 @@ class QuiesceConfig(Block):
     window_s: float = Field(default=1.0, gt=0, le=60, description="no activity for this long")
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="give up after this long")
     poll_ms: int = Field(default=50, ge=5, le=5000, description="sampling interval")
-    max_attempts: int = Field(default=3, ge=1, le=20, description="dump retries when not quiet")
-    events: bool = Field(default=True, description="also watch process events (fork/exec)")
+    max_attempts: int = Field(
+        default=3, ge=1, le=20, description="capture tries (quiet window + dump) before 409"
+    )
 
 
 class AdmissionConfig(Block):
@@ -46,21 +66,27 @@ class AdmissionConfig(Block):
 
 
 class LeaseConfig(Block):
-    """Idle timeouts and time-to-live of slots and saved states; null TTL means none."""
+    """Idle timeouts and time-to-live of slots and saved states; null or 0 turns one off."""
 
-    env_idle_timeout_s: PositiveSeconds = 1800.0
-    env_ttl_s: PositiveSeconds | None = None
-    state_idle_timeout_s: PositiveSeconds = 1800.0
-    state_ttl_s: PositiveSeconds | None = None
+    env_idle_timeout_s: LeaseSeconds = 1800.0
+    env_ttl_s: LeaseSeconds = None
+    state_idle_timeout_s: LeaseSeconds = 1800.0
+    state_ttl_s: LeaseSeconds = None
     reap_interval_s: float = Field(default=15.0, gt=0, le=3600)
+
+    @field_validator("env_idle_timeout_s", "env_ttl_s", "state_idle_timeout_s", "state_ttl_s")
+    @classmethod
+    def _zero_is_off(cls, value: float | None) -> float | None:
+        return None if value == 0 else value
 
 
 class RetentionConfig(Block):
-    """What a destroyed slot leaves in `forgotten_dir`."""
+    """What a destroyed slot leaves in `forgotten_dir`. Full archives (failures) are never
+    pruned unless `full_max_gib` or `forgotten_max_gib` is set."""
 
     mode: Literal["failures_full", "keep_all"] = "failures_full"
     summary_max_gib: float = Field(default=2.0, gt=0)
-    full_max_gib: float = Field(default=10.0, gt=0)
+    full_max_gib: float | None = Field(default=None, gt=0, description="null = no cap")
     forgotten_warn_gib: float = Field(default=8.0, gt=0)
 
 
@@ -77,7 +103,8 @@ class TasksConfig(Block):
         default_factory=list, description="root-owned dirs of installed drums_verifier modules"
     )
     checker_venv: Path | None = Field(
-        default=None, description="virtualenv with OSWorld's metrics; built on demand if null"
+        default=None,
+        description="a built checker venv (python -m drumsd.tasks); null = the current pins' one",
     )
     checker_uid: int = Field(default=65534, ge=1, description="unprivileged uid of checkers")
     checker_gid: int = Field(default=65534, ge=1)
@@ -131,8 +158,6 @@ class Config(Block):
     swap_mib: int = Field(default=0, ge=0, le=1_048_576)
     pids_max: int = Field(default=1024, ge=16, le=1_000_000)
     tmpfs_mib: int = Field(default=1024, ge=16, le=1_048_576, description="slot upper + /tmp")
-    port_base: int = Field(default=17000, ge=1024, le=65000)
-    slot_range: tuple[int, int] = Field(default=(100, 2000))
     max_concurrent_restores: int = Field(default=4, ge=1, le=256)
     natural_exits: list[str] = Field(
         default_factory=list, description="process names whose exit is expected"
@@ -144,13 +169,15 @@ class Config(Block):
     restore_cpu_boost: bool = Field(default=True, description="lift the cpu quota while restoring")
     prefork_max_age_s: float = Field(default=120.0, gt=0)
     crash_watch: bool = Field(default=True, description="refuse to start without proc events")
-    host_usd_per_hour: float = Field(default=0.0, ge=0)
+    host_usd_per_hour: float | None = Field(
+        default=None, ge=0, description="null or 0: cost is not reported"
+    )
     quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     forgotten_dir: Path = Field(default=Path("/var/lib/drums/forgotten"))
-    forgotten_max_gib: float = Field(default=20.0, gt=0)
+    forgotten_max_gib: float | None = Field(default=None, gt=0, description="null = no cap")
     state_min_free_mib: int = Field(default=1024, ge=0)
     state_warn_free_pct: float = Field(default=15.0, ge=0, le=100)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
@@ -179,6 +206,15 @@ class Config(Block):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_removed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            problems = [f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(data, key)]
+            if problems:
+                raise ValueError("; ".join(problems) + " (see docs/runtime.md)")
+        return data
+
     @field_validator("listen")
     @classmethod
     def _listen_is_host_port(cls, value: str) -> str:
@@ -194,14 +230,6 @@ class Config(Block):
             raise ValueError("must be 64 lowercase hex characters (a sha256)")
         return value
 
-    @field_validator("slot_range")
-    @classmethod
-    def _slot_range_ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
-        low, high = value
-        if not 1 <= low < high <= 65535:
-            raise ValueError("must be [low, high] with 1 <= low < high <= 65535")
-        return value
-
     @model_validator(mode="after")
     def _remote_needs_consent(self) -> Config:
         host, _ = listen_host_port(self.listen)
@@ -211,6 +239,14 @@ class Config(Block):
                 "other hosts (and put TLS in front)"
             )
         return self
+
+
+def _has_key(data: dict[str, Any], dotted: str) -> bool:
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return head in data
+    inner = data.get(head)
+    return isinstance(inner, dict) and rest in inner
 
 
 def listen_host_port(listen: str) -> tuple[str, int]:
@@ -261,6 +297,9 @@ def config_from_text(text: str, source: str = "<config>") -> Config:
 def config_from_dict(raw: Any, source: str = "<config>") -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the top level must be a JSON object"])
+    removed = [f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(raw, key)]
+    if removed:
+        raise ConfigError(source, [*removed, "see docs/runtime.md, 'Fields not implemented'"])
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

@@ -135,6 +135,7 @@ def prefork_reusable(cp: CheckpointRecord, slot: SlotRecord, now: float, max_age
     return (
         cp.kind is CheckpointKind.prefork
         and cp.ready
+        and not cp.delete_when_unused
         and cp.source_slot == slot.id
         and cp.source_episode == slot.episode
         and cp.source_actions == slot.actions

@@ -16,6 +16,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 2.0, 5.0, 1
 
 # Quantiles come from the most recent samples; a bounded list keeps memory flat.
 MAX_SAMPLES = 10_000
+COST_KEYS = ("usd_in_window", "usd_per_valid_episode", "usd_per_verified_reward")
 
 
 @dataclass
@@ -81,7 +82,10 @@ class MetricsWindow:
     def reward_verified(self) -> None:
         self.verified_rewards += 1
 
-    def cost(self, now: float, host_usd_per_hour: float) -> dict[str, float | None]:
+    def cost(self, now: float, host_usd_per_hour: float | None) -> dict[str, float | None]:
+        """Every figure is None (not reported) while the host's price is not configured."""
+        if not host_usd_per_hour:
+            return dict.fromkeys(COST_KEYS)
         spent = host_usd_per_hour * max(0.0, now - self.started_at) / 3600.0
         valid = self.episodes_by_verdict.get("valid", 0)
         return {
@@ -92,7 +96,7 @@ class MetricsWindow:
             ),
         }
 
-    def as_json(self, now: float, host_usd_per_hour: float) -> dict:
+    def as_json(self, now: float, host_usd_per_hour: float | None) -> dict:
         return {
             "window_s": max(0.0, now - self.started_at),
             "latencies": {op: h.summary() for op, h in self.latencies.items()},
@@ -116,7 +120,7 @@ def _num(value: float) -> str:
 def prometheus_text(
     window: MetricsWindow,
     now: float,
-    host_usd_per_hour: float,
+    host_usd_per_hour: float | None,
     gauges: Iterable[tuple[str, str, dict[str, str], float]] = (),
 ) -> str:
     """Prometheus text exposition (version 0.0.4). `gauges` adds (name, help, labels, value)."""

@@ -96,6 +96,9 @@ class CheckpointRecord(Record):
     profile: str = "hardened"
     size_mib: float = 0.0
     ready: bool = False  # false until the dump finished; unready ones are cleaned on start
+    # DELETE ?when_unused=true while live slots restore from it: no new slot may start from
+    # it, and it is deleted when the last of them is destroyed.
+    delete_when_unused: bool = False
 
 
 def _refuse(record: SlotRecord, operation: str) -> DrumsdError:

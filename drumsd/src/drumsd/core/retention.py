@@ -37,8 +37,10 @@ class Archived:
     mtime: float
 
 
-def over_cap(files: Sequence[Archived], cap_bytes: float) -> list[Archived]:
-    """The oldest files to delete so the rest fit under `cap_bytes`."""
+def over_cap(files: Sequence[Archived], cap_bytes: float | None) -> list[Archived]:
+    """The oldest files to delete so the rest fit under `cap_bytes` (None: no cap)."""
+    if cap_bytes is None:
+        return []
     total = sum(f.size for f in files)
     doomed: list[Archived] = []
     for f in sorted(files, key=lambda f: (f.mtime, f.path)):
@@ -49,15 +51,20 @@ def over_cap(files: Sequence[Archived], cap_bytes: float) -> list[Archived]:
     return doomed
 
 
+def gib(cap: float | None) -> float | None:
+    return None if cap is None else cap * GIB
+
+
 def files_to_delete(files: Sequence[Archived], config: Config) -> list[Archived]:
-    """Apply the per-kind caps, then the overall forgotten_max_gib cap."""
+    """Apply the per-kind caps, then the overall forgotten_max_gib cap; a null cap deletes
+    nothing, so by default full archives (failures) are kept however many there are."""
     summaries = [f for f in files if f.kind == "summary"]
     fulls = [f for f in files if f.kind == "full"]
     doomed = over_cap(summaries, config.retention.summary_max_gib * GIB)
-    doomed += over_cap(fulls, config.retention.full_max_gib * GIB)
+    doomed += over_cap(fulls, gib(config.retention.full_max_gib))
     gone = {f.path for f in doomed}
     rest = [f for f in files if f.path not in gone]
-    doomed += over_cap(rest, config.forgotten_max_gib * GIB)
+    doomed += over_cap(rest, gib(config.forgotten_max_gib))
     return doomed
 
 

@@ -76,6 +76,9 @@ class MemoryRuntime:
         self.faults_for_new: dict[str, Any] = {}  # overrides for every slot (start-gate tests)
         self.fail_next_restore: str | None = None
         self.fail_template_builds = 0  # this many make_template calls raise before one succeeds
+        self.quiet = True  # False: every slot keeps moving (quiescent waits out its timeout)
+        self.fail_captures = 0  # this many captures raise runtime_error before one succeeds
+        self.captures = 0
         self.template_builds = 0
         self._next_pid = 10_000
         self._ns = FAKE_NAMESPACE_BASE
@@ -189,6 +192,11 @@ class MemoryRuntime:
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         slot = self._slot(handle)
+        self.calls.append(("capture", handle.slot_id))
+        self.captures += 1
+        if self.fail_captures:
+            self.fail_captures -= 1
+            raise RuntimeError_("runtime_error", f"criu dump of {handle.slot_id} failed (injected)")
         upper_hash = hashlib.sha256(f"{checkpoint_id}:{slot['actions']}".encode()).hexdigest()
         meta = json.dumps({"id": checkpoint_id, "actions": slot["actions"]})
         await trio.to_thread.run_sync(_write_meta, dest, meta)
@@ -216,6 +224,10 @@ class MemoryRuntime:
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
     ) -> bool:
         self._slot(handle)
+        self.calls.append(("quiescent", handle.slot_id))
+        if not self.quiet:
+            await trio.sleep(min(timeout_s, 0.01))
+            return False
         await trio.sleep(min(window_s, 0.01))
         return True
 

@@ -40,6 +40,7 @@ def resolve_source(sup: Supervisor, req: SlotCreate) -> CheckpointRecord:
     cp: CheckpointRecord | None
     if req.from_state:
         cp = sup.get_checkpoint(req.from_state)
+        check_not_deleting(cp)
     else:
         name = req.image or sup.config.default_image
         cp = sup.checkpoints.get(name) or template_for(sup, name)
@@ -120,7 +121,35 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
     return cp
 
 
-async def delete_checkpoint(sup: Supervisor, checkpoint_id: str) -> CheckpointRecord:
+def check_not_deleting(cp: CheckpointRecord) -> None:
+    if cp.delete_when_unused:
+        raise DrumsdError(
+            "conflict",
+            f"checkpoint {cp.id} is being deleted (once the slots restored from it are "
+            "destroyed); start from another state",
+        )
+
+
+async def delete_unused_checkpoints(sup: Supervisor) -> list[str]:
+    """Delete what no live slot restores from any more: checkpoints marked delete_when_unused
+    and preforks whose source slot is gone."""
+    referenced = referenced_checkpoints(sup)
+    done = []
+    for cp in list(sup.checkpoints.values()):
+        if cp.id in referenced or cp.kind is CheckpointKind.template:
+            continue
+        source = sup.slots.get(cp.source_slot or "")
+        source_gone = source is None or source.status is SlotStatus.destroyed
+        if cp.delete_when_unused or (cp.kind is CheckpointKind.prefork and source_gone):
+            why = "deleted when unused" if cp.delete_when_unused else "source slot destroyed"
+            await delete_checkpoint_record(sup, cp, f"{why}, its last slot gone")
+            done.append(cp.id)
+    return done
+
+
+async def delete_checkpoint(
+    sup: Supervisor, checkpoint_id: str, when_unused: bool = False
+) -> CheckpointRecord:
     cp = sup.get_checkpoint(checkpoint_id)
     if cp.kind is CheckpointKind.template:
         raise DrumsdError(
@@ -129,10 +158,16 @@ async def delete_checkpoint(sup: Supervisor, checkpoint_id: str) -> CheckpointRe
             "image and cannot be deleted by API",
         )
     users = sorted(s.id for s in sup.slots.values() if is_live(s) and s.checkpoint == cp.id)
+    if users and when_unused:
+        cp.delete_when_unused = True
+        sup._save_checkpoint(cp, f"delete when unused (live slots {', '.join(users)})")
+        log.info("checkpoint=%s deleted once slots %s are destroyed", cp.id, ", ".join(users))
+        return cp
     if users:
         raise DrumsdError(
             "conflict",
-            f"checkpoint {cp.id} is restored by live slots {', '.join(users)}; destroy them first",
+            f"checkpoint {cp.id} is restored by live slots {', '.join(users)}; destroy them "
+            "first, or DELETE with ?when_unused=true to delete it when the last one goes",
             slots=users,
         )
     await delete_checkpoint_record(sup, cp, "api")

@@ -38,6 +38,7 @@ log = logging.getLogger("drumsd.supervisor")
 async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     sup._check_open()
     cp = resolve_source(sup, req)
+    sup._check_state_space("create")
     sup._admit("create", sup.slot_cost_mib())
     now = sup.clock()
     lease = slot_lease(sup.config, req.idle_timeout_s, req.ttl_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,13 +30,15 @@ from drumsd.core.records import (
     check_can_fork,
 )
 from drumsd.core.seams import (
+    CheckpointRef,
+    RuntimeError_,
     SlotHandle,
 )
 from drumsd.linux import state_files
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import new_id
-from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
+from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.teardown import discard
 
@@ -48,8 +51,8 @@ log = logging.getLogger("drumsd.supervisor")
 async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
     sup._check_open()
     sup.get_slot(slot_id)
-    sup._check_state_space("capture")
-    sup._admit("capture", sup.config.admission.capture_mib)
+    sup._check_state_space("capture", sup.config.admission.capture_mib)
+    sup._admit("capture", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_capture(rec)
@@ -64,8 +67,8 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
     reusable = reusable_prefork(sup, rec)
     if reusable is not None:
         return reusable
-    sup._check_state_space("prefork")
-    sup._admit("prefork", sup.config.admission.capture_mib)
+    sup._check_state_space("prefork", sup.config.admission.capture_mib)
+    sup._admit("prefork", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_capture(rec)
@@ -122,10 +125,11 @@ async def dump(
     rec.status = SlotStatus.busy
     started = trio.current_time()
     sup._pending_mib += sup.config.admission.capture_mib
+    sup._pending_state_mib += sup.config.admission.capture_mib
     try:
         with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
             try:
-                ref = await sup.runtime.capture(handle, cp_id, dest)
+                ref = await quiet_capture(sup, rec, handle, cp_id, dest)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     rec.status = SlotStatus.ready
@@ -133,6 +137,7 @@ async def dump(
                 raise
     finally:
         sup._pending_mib -= sup.config.admission.capture_mib
+        sup._pending_state_mib -= sup.config.admission.capture_mib
         if rec.status is SlotStatus.busy:
             rec.status = SlotStatus.ready
     cp.upper_sha256 = ref.upper_sha256
@@ -151,6 +156,44 @@ async def dump(
     return cp
 
 
+async def quiet_capture(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, cp_id: str, dest: Path
+) -> CheckpointRef:
+    """Capture as documented: wait until the tree is quiescent (no process state or CPU tick
+    change for quiesce.window_s), then dump. A dump that fails is tried again after another
+    quiet wait, up to quiesce.max_attempts tries; a tree that does not go quiet within
+    quiesce.timeout_s is refused with not_quiescent (409) and nothing is dumped."""
+    q = sup.config.quiesce
+    deadline = trio.current_time() + q.timeout_s
+    for attempt in range(1, q.max_attempts + 1):
+        left = deadline - trio.current_time()
+        quiet = left > 0 and await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+        if not quiet:
+            raise RuntimeError_(
+                "not_quiescent",
+                f"slot {rec.id} did not go quiet: its processes kept running or changing state "
+                f"for all of quiesce.timeout_s={q.timeout_s:g}s (quiet means none changed for "
+                f"quiesce.window_s={q.window_s:g}s; try {attempt} of {q.max_attempts}); let the "
+                f"app finish what it is doing (POST /v1/slots/{rec.id}/quiescent says when) and "
+                "capture again, or raise quiesce.timeout_s",
+                attempts=attempt,
+            )
+        try:
+            return await sup.runtime.capture(handle, cp_id, dest)
+        except RuntimeError_ as exc:
+            if exc.code != "runtime_error" or attempt == q.max_attempts:
+                raise
+            log.warning(
+                "slot=%s episode=%s capture try %d of %d failed, trying again once quiet: %s",
+                rec.id,
+                rec.episode,
+                attempt,
+                q.max_attempts,
+                exc.message,
+            )
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
 async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str, Any]:
     sup._check_open()
     rec = sup.get_slot(slot_id)
@@ -165,14 +208,17 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
                 "saved state of this slot",
                 field="prefork",
             )
+        check_not_deleting(source)
     else:
         source = reusable_prefork(sup, rec)
     children_cost = sup.slot_cost_mib() * req.n
     cost = children_cost
+    state_mib = 0.0
     if source is None:
         cost += sup.config.admission.capture_mib
-        sup._check_state_space("branch")
-    sup._admit("branch", cost)
+        state_mib = sup.config.admission.capture_mib
+    sup._check_state_space("branch", state_mib)  # the children's restores too
+    sup._admit("branch", cost, state_mib)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_fork(rec)

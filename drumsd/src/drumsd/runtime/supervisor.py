@@ -134,6 +134,7 @@ class Supervisor:
         self._locks: dict[str, trio.Lock] = {}
         self._dirty: set[str] = set()
         self._pending_mib = 0.0
+        self._pending_state_mib = 0.0  # dumps admitted and still being written to state_dir
         self._charged_mib: dict[str, float] = {}  # slot -> memory charged to its cgroup, last read
         self._nursery: trio.Nursery | None = None
         self._forgotten_bytes = 0
@@ -292,15 +293,21 @@ class Supervisor:
             log.warning("admission sample failed: %s", exc)
         return self.sample
 
-    def _check_state_space(self, operation: str) -> None:
-        """A dump needs room in state_dir; below state_min_free_mib it is refused (507)."""
+    def _check_state_space(self, operation: str, need_mib: float = 0.0) -> None:
+        """A dump or a restore needs room in state_dir: refused (507) when its free space, less
+        the dumps still being written and this operation's `need_mib`, is below
+        state_min_free_mib."""
         free = self.sample.state_free_mib if self.sample else None
-        if free is not None and free < self.config.state_min_free_mib:
+        if free is None:
+            return
+        left = free - self._pending_state_mib - need_mib
+        if left < self.config.state_min_free_mib:
             self.metrics.failure("state_dir_full")
             raise DrumsdError(
                 "state_dir_full",
-                f"{operation} refused: state_dir {self.config.state_dir} has {free:.0f} MiB free,"
-                f" below state_min_free_mib={self.config.state_min_free_mib}; delete saved states"
+                f"{operation} refused: state_dir {self.config.state_dir} has {free:.0f} MiB free"
+                f" and would keep {left:.0f} MiB after the admitted work, below "
+                f"state_min_free_mib={self.config.state_min_free_mib}; delete saved states"
                 " (DELETE /v1/checkpoints/{id}) or destroy slots",
                 free_mib=free,
             )
@@ -314,9 +321,13 @@ class Supervisor:
         ]
         return slot_cost_mib(self.config.admission.env_mib, live)
 
-    def _admit(self, operation: str, cost_mib: float) -> None:
+    def _admit(self, operation: str, cost_mib: float, state_mib: float = 0.0) -> None:
         decision = decide(
-            self.sample, self.config.admission, cost_mib, pending_mib=self._pending_mib
+            self.sample,
+            self.config.admission,
+            cost_mib,
+            pending_mib=self._pending_mib,
+            state_mib=state_mib + self._pending_state_mib,
         )
         self.last_decision = decision
         if not decision.admit:
@@ -403,8 +414,12 @@ class Supervisor:
     async def adopt_checkpoint(self, req: CheckpointAdopt) -> CheckpointRecord:
         return await self._durable(await ops_checkpoints.adopt_checkpoint(self, req))
 
-    async def delete_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
-        return await self._durable(await ops_checkpoints.delete_checkpoint(self, checkpoint_id))
+    async def delete_checkpoint(
+        self, checkpoint_id: str, when_unused: bool = False
+    ) -> CheckpointRecord:
+        return await self._durable(
+            await ops_checkpoints.delete_checkpoint(self, checkpoint_id, when_unused)
+        )
 
     # --- services and reports -------------------------------------------------------------------
 

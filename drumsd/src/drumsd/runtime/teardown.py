@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from drumsd.core.records import (
-    CheckpointKind,
     SlotRecord,
     SlotStatus,
 )
@@ -16,7 +15,7 @@ from drumsd.core.retention import keep_kind
 from drumsd.runtime.episodes import finish_episode, untrack
 from drumsd.runtime.failures import bounded_cleanup
 from drumsd.runtime.forgotten import write_forgotten
-from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
+from drumsd.runtime.ops_checkpoints import delete_unused_checkpoints
 
 if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
@@ -62,15 +61,8 @@ async def destroy_locked(
     sup.slot_latency.pop(rec.id, None)
     sup._charged_mib.pop(rec.id, None)
     sup._dirty.discard(rec.id)
-    # Preforks of this slot are no use to anyone once no child restores from them.
-    referenced = referenced_checkpoints(sup)
-    for cp in list(sup.checkpoints.values()):
-        if (
-            cp.kind is CheckpointKind.prefork
-            and cp.source_slot == rec.id
-            and cp.id not in referenced
-        ):
-            await delete_checkpoint_record(sup, cp, "source slot destroyed")
+    # Preforks of a gone slot, and states deleted "when unused", go with their last child.
+    await delete_unused_checkpoints(sup)
 
 
 async def archive(sup: Supervisor, rec: SlotRecord) -> None:

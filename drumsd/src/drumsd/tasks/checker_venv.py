@@ -84,9 +84,10 @@ def venv_path(root: Path = DEFAULT_ROOT) -> Path:
     return root / f"checker-venv-{venv_hash()}"
 
 
-def load_checker_venv(root: Path = DEFAULT_ROOT) -> CheckerVenv | None:
-    """The built venv for the current pins, or None when it has not been built yet."""
-    path = venv_path(root)
+def load_checker_venv(root: Path = DEFAULT_ROOT, path: Path | None = None) -> CheckerVenv | None:
+    """The built venv for the current pins (or the one at `path`, the config's
+    tasks.checker_venv), or None when it has not been built yet."""
+    path = path if path is not None else venv_path(root)
     marker = path / MARKER_FILE
     if not marker.exists():
         return None

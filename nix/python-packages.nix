@@ -40,6 +40,11 @@ let
         ps.hypercorn
       ]
       ++ ps.ray.optional-dependencies.default;
+      # drums mcp: desktops as MCP tools (the official MCP SDK) over stdio or streamable HTTP.
+      mcp = [
+        ps.mcp
+        ps.uvicorn
+      ];
       test = [
         ps.pytest
         ps.pytest-trio

@@ -16,6 +16,7 @@
   memory_mib = 2048;
   swap_mib = 0;
   pids_max = 1024;
+  group_memory_mib = null;
   tmpfs_mib = 1024;
   max_concurrent_restores = 4;
   natural_exits = [ ];

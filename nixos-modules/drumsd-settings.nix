@@ -81,6 +81,11 @@ in
     default = defaults.pids_max;
     description = "drumsd setting `pids_max`";
   };
+  group_memory_mib = mkOption {
+    type = types.nullOr (types.addCheck types.int (x: x >= 0));
+    default = defaults.group_memory_mib;
+    description = "memory limit of all slots together; null = MemTotal less admission.min_available_mib, 0 = none";
+  };
   tmpfs_mib = mkOption {
     type = types.addCheck types.int (x: x >= 16 && x <= 1048576);
     default = defaults.tmpfs_mib;

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from drumsd.core.admission import HostSample, decide, state_space_warnings
+from drumsd.core.admission import (
+    HostSample,
+    decide,
+    group_memory_limit_mib,
+    state_space_warnings,
+)
 from drumsd.core.config import AdmissionConfig, Config
 from drumsd.core.records import GateEntry, SlotRecord
 from drumsd.core.retention import GIB, Archived, files_to_delete, forgotten_warnings, keep_kind
@@ -130,3 +135,12 @@ def test_merged_slots_admit_more_than_a_fixed_env_mib() -> None:
     host = sample(mem_available_mib=4096 + 200.0)
     assert not decide(host, config, config.env_mib).admit
     assert decide(host, config, slot_cost_mib(config.env_mib, [15.0] * 8)).admit
+
+
+def test_group_memory_limit_is_host_memory_less_the_admission_floor_unless_set() -> None:
+    # 50 slots x 2 GiB on a 24 GiB host: together they stop 4 GiB short of the host's memory.
+    assert group_memory_limit_mib(None, 24_000, 4096) == 24_000 - 4096
+    assert group_memory_limit_mib(16_384, 24_000, 4096) == 16_384
+    assert group_memory_limit_mib(0, 24_000, 4096) is None  # 0 = no limit
+    assert group_memory_limit_mib(None, None, 4096) is None  # the host cannot say
+    assert group_memory_limit_mib(None, 2_000, 4096) == 256  # never below a floor

@@ -66,6 +66,11 @@ def test_v1_driver_writes_limits_under_daemon_path(tmp_path: Path) -> None:
     assert Path(dirs["cpu"], "cpu.cfs_quota_us").read_text() == "-1"
     drv.set_group_weight(16384)
     assert (tmp_path / "cpu/drums/cpu.shares").read_text() == "16384"
+    drv.set_group_memory(20_000)
+    group_limit = tmp_path / "memory/daemon/x/drums/memory.limit_in_bytes"
+    assert group_limit.read_text() == str(20_000 << 20)
+    drv.set_group_memory(None)
+    assert group_limit.read_text() == "-1"
     assert drv.slot_names() == ["s1"]
     Path(dirs["pids"], "cgroup.procs").write_text("")
     assert drv.pids(dirs) == []
@@ -96,6 +101,10 @@ def test_v2_driver_prepare_and_create(tmp_path: Path) -> None:
     assert drv.procs_files(dirs) == [d / "cgroup.procs"]
     drv.set_group_weight(16384)
     assert (base / "drums" / "cpu.weight").read_text() == "1600"
+    drv.set_group_memory(20_000)
+    assert (base / "drums" / "memory.max").read_text() == str(20_000 << 20)
+    drv.set_group_memory(None)
+    assert (base / "drums" / "memory.max").read_text() == "max"
     assert drv.slot_names() == ["s2"]
 
 

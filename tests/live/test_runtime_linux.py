@@ -333,3 +333,21 @@ async def test_a_hanging_restore_times_out_is_retried_and_leaves_nothing(
             if "slot-live-broken" in ln
         ]
         assert not [n for n in rt.driver.slot_names() if n.startswith("slot-live-broken")]
+
+
+async def test_the_group_above_all_slots_has_a_memory_limit(rt, template) -> None:
+    from drumsd.linux.host_sampler import read_meminfo
+
+    h = await rt.restore("live-g", template, LIMITS)
+    try:
+        # Each slot's own limit alone let 50 slots x 2 GiB overcommit a 24 GiB host: the group
+        # above them is capped at the host's memory less admission's 4096 MiB floor.
+        _, total_mib = read_meminfo()
+        assert total_mib is not None
+        if "memory" in h.cgroups:  # v1
+            limit = Path(h.cgroups["memory"]).parent / "memory.limit_in_bytes"
+        else:
+            limit = Path(h.cgroups["unified"]).parent / "memory.max"
+        assert int(limit.read_text()) == (int(total_mib) - 4096) << 20
+    finally:
+        await rt.destroy("live-g")

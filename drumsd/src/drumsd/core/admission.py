@@ -131,3 +131,16 @@ def state_space_warnings(
                 f"{warn_free_pct:g}% free)"
             )
     return warnings
+
+
+def group_memory_limit_mib(
+    configured_mib: int | None, mem_total_mib: float | None, reserve_mib: int
+) -> int | None:
+    """The memory limit of the cgroup above all slots: the configured value; when none is set,
+    the host's memory less admission's floor, so slots together hit their own OOM before the host
+    does (admission only refuses new work; admitted slots can still grow). 0 = no limit."""
+    if configured_mib is not None:
+        return configured_mib or None
+    if not mem_total_mib:
+        return None
+    return max(256, int(mem_total_mib) - reserve_mib)

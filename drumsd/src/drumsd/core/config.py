@@ -157,6 +157,12 @@ class Config(Block):
     memory_mib: int = Field(default=2048, ge=128, le=1_048_576)
     swap_mib: int = Field(default=0, ge=0, le=1_048_576)
     pids_max: int = Field(default=1024, ge=16, le=1_000_000)
+    group_memory_mib: int | None = Field(
+        default=None,
+        ge=0,
+        description="memory limit of all slots together; null = MemTotal less "
+        "admission.min_available_mib, 0 = none",
+    )
     tmpfs_mib: int = Field(default=1024, ge=16, le=1_048_576, description="slot upper + /tmp")
     max_concurrent_restores: int = Field(default=4, ge=1, le=256)
     natural_exits: list[str] = Field(

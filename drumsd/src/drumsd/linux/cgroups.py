@@ -126,6 +126,7 @@ class CgroupDriver(Protocol):
     def slot_names(self) -> list[str]: ...
     def dirs_of(self, name: str) -> dict[str, str]: ...
     def set_group_weight(self, shares: int) -> None: ...
+    def set_group_memory(self, limit_mib: int | None) -> None: ...
     def remove_group_if_empty(self) -> None: ...
 
 
@@ -293,6 +294,13 @@ class CgroupV1:
         group.mkdir(parents=True, exist_ok=True)
         _write(group / "cpu.shares", str(max(2, min(262144, shares))))
 
+    def set_group_memory(self, limit_mib: int | None) -> None:
+        """The memory limit of all slots together (None: no limit). The kernel refuses a limit
+        below what the group already uses (EBUSY, raised as OSError)."""
+        group = self._group("memory")
+        group.mkdir(parents=True, exist_ok=True)
+        _write(group / "memory.limit_in_bytes", str(limit_mib << 20) if limit_mib else "-1")
+
     def slot_names(self) -> list[str]:
         names: set[str] = set()
         for c in V1_CONTROLLERS:
@@ -419,6 +427,11 @@ class CgroupV2:
             self.prepare()
         weight = max(1, min(10000, shares * 100 // 1024))  # v1 shares 1024 = v2 weight 100
         _write(self.group / "cpu.weight", str(weight))
+
+    def set_group_memory(self, limit_mib: int | None) -> None:
+        if not (self.group / "cgroup.subtree_control").exists():
+            self.prepare()
+        _write(self.group / "memory.max", str(limit_mib << 20) if limit_mib else "max")
 
     def slot_names(self) -> list[str]:
         if not self.group.is_dir():

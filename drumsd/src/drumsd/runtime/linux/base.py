@@ -57,6 +57,10 @@ class LinuxRuntimeConfig:
     # ordinary process). Restores are bursts of many short wakeups: with the default weight a
     # busy host delays each wakeup and a 0.06 CPU-s restore takes 0.6 s (measured here).
     group_cpu_shares: int = 16384
+    # Memory limit of all slots together (MiB): None = host memory less group_memory_reserve_mib,
+    # 0 = none. Each slot's own limit alone lets 50 slots x 2 GiB overcommit a 24 GiB host.
+    group_memory_mib: int | None = None
+    group_memory_reserve_mib: int = 4096
     ksm: bool = False
     ksm_pages_to_scan: int = 1000
     ksm_sleep_millisecs: int = 20
@@ -89,6 +93,8 @@ class LinuxRuntimeConfig:
             warm_upper=cfg.warm_upper,
             async_kill=cfg.async_kill,
             restore_cpu_boost=cfg.restore_cpu_boost,
+            group_memory_mib=cfg.group_memory_mib,
+            group_memory_reserve_mib=cfg.admission.min_available_mib,
             ksm=cfg.ksm.enabled,
             ksm_pages_to_scan=cfg.ksm.pages_to_scan,
             ksm_sleep_millisecs=cfg.ksm.sleep_millisecs,

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from drumsd.linux import cgroups, slot_fs
+from drumsd.core.admission import group_memory_limit_mib
+from drumsd.linux import cgroups, host_sampler, slot_fs
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd
@@ -27,6 +28,19 @@ class LinuxRuntime(
     """The `SlotRuntime` on Linux. Construct with a `LinuxRuntimeConfig`, then run it inside
     `open_linux_runtime` (or start `run()` in a nursery you own)."""
 
+    async def _limit_group_memory(self) -> None:
+        _, total_mib = await trio.to_thread.run_sync(host_sampler.read_meminfo)
+        limit_mib = group_memory_limit_mib(
+            self.config.group_memory_mib, total_mib, self.config.group_memory_reserve_mib
+        )
+        try:
+            await trio.to_thread.run_sync(self.driver.set_group_memory, limit_mib)
+        except (cgroups.CgroupError, OSError) as exc:
+            # EBUSY: slots of a previous daemon already use more than the new limit.
+            _log("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
+            return
+        _log("group_memory_limit", limit_mib=limit_mib if limit_mib else "none")
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background work until cancelled; on exit, live slots keep running (a restarted
         daemon adopts them) but spares and warm uppers are removed."""
@@ -40,6 +54,7 @@ class LinuxRuntime(
             self.driver.set_group_weight(self.config.group_cpu_shares)
         except (cgroups.CgroupError, OSError) as exc:
             _log("group_cpu_weight_unset", error=exc)
+        await self._limit_group_memory()
         self._launcher = Launcher(self.config.max_concurrent_restores + 2)
         if self.config.ksm:
             self._ksm_on()

@@ -129,7 +129,9 @@ async def dump(
     try:
         with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
             try:
-                ref = await quiet_capture(sup, rec, handle, cp_id, dest)
+                ref = await quiet_capture(
+                    sup, rec, handle, cp_id, dest, wait_quiet=kind is CheckpointKind.saved
+                )
             except BaseException:
                 with trio.CancelScope(shield=True):
                     rec.status = SlotStatus.ready
@@ -157,17 +159,28 @@ async def dump(
 
 
 async def quiet_capture(
-    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, cp_id: str, dest: Path
+    sup: Supervisor,
+    rec: SlotRecord,
+    handle: SlotHandle,
+    cp_id: str,
+    dest: Path,
+    *,
+    wait_quiet: bool,
 ) -> CheckpointRef:
-    """Capture as documented: wait until the tree is quiescent (no process state or CPU tick
-    change for quiesce.window_s), then dump. A dump that fails is tried again after another
-    quiet wait, up to quiesce.max_attempts tries; a tree that does not go quiet within
-    quiesce.timeout_s is refused with not_quiescent (409) and nothing is dumped."""
+    """Capture as documented: with `wait_quiet` (a saved state), wait until the tree is
+    quiescent (no process state or CPU tick change for quiesce.window_s), then dump; a tree that
+    does not go quiet within quiesce.timeout_s is refused with not_quiescent (409) and nothing is
+    dumped. A fork's prefork dumps the running tree as it is (CRIU freezes it first): a fork is
+    taken mid-episode, with apps still working, and must not wait a quiet window or be refused.
+    A dump that fails is tried again (after another quiet wait for a saved state), up to
+    quiesce.max_attempts tries."""
     q = sup.config.quiesce
     deadline = trio.current_time() + q.timeout_s
     for attempt in range(1, q.max_attempts + 1):
         left = deadline - trio.current_time()
-        quiet = left > 0 and await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+        quiet = not wait_quiet or (
+            left > 0 and await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+        )
         if not quiet:
             raise RuntimeError_(
                 "not_quiescent",

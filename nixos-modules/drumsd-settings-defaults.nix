@@ -69,6 +69,8 @@
     checker_venv = null;
     checker_uid = 65534;
     checker_gid = 65534;
+    resident_checkers = true;
+    checker_worker_max_rss_mib = 1024;
     setup_timeout_s = 120.0;
     eval_timeout_s = 120.0;
     client_password = "password";

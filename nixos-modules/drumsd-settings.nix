@@ -343,6 +343,16 @@ in
           default = defaults.tasks.checker_gid;
           description = "drumsd setting `tasks.checker_gid`";
         };
+        resident_checkers = mkOption {
+          type = types.bool;
+          default = defaults.tasks.resident_checkers;
+          description = "fork checker calls from a worker that has imported the metrics; false = a fresh process per call";
+        };
+        checker_worker_max_rss_mib = mkOption {
+          type = types.addCheck types.int (x: x >= 64 && x <= 65536);
+          default = defaults.tasks.checker_worker_max_rss_mib;
+          description = "a worker above this RSS is replaced";
+        };
         setup_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 3600);
           default = defaults.tasks.setup_timeout_s;

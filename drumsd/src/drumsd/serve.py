@@ -149,7 +149,13 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
             "`python -m drumsd.tasks` builds it",
             config.tasks.checker_venv or "for the current pins",
         )
-    bridge = TaskBridge(context_from_config(config.tasks, venv), runtime)
+    ctx = context_from_config(config.tasks, venv)
+    checkers = None
+    if config.tasks.resident_checkers and ctx.checker is not None:
+        from drumsd.tasks.checker_pool import CheckerPool
+
+        checkers = CheckerPool(ctx.checker, max_rss_mib=config.tasks.checker_worker_max_rss_mib)
+    bridge = TaskBridge(ctx, runtime, checkers=checkers)
     return {"tasks": bridge, "verifier": bridge}
 
 
@@ -225,6 +231,9 @@ async def serve_async(config: Config, token: str, listen_fd: int | None = None) 
         )
         journal = await trio.to_thread.run_sync(Journal, config.journal_dir)
         seams = await trio.to_thread.run_sync(task_seams, config, runtime)
+        checkers = getattr(seams.get("tasks"), "checkers", None)
+        if checkers is not None:  # the resident checker worker starts before the first verify
+            await root.start(checkers.serve)
         seams.update(await start_gate_seams(config, root))
         supervisor = Supervisor(config, runtime, journal, version=VERSION, **seams)  # type: ignore[arg-type]
         with trio.fail_after(300):  # reconcile and adoption have a limit too

@@ -108,6 +108,14 @@ class TasksConfig(Block):
     )
     checker_uid: int = Field(default=65534, ge=1, description="unprivileged uid of checkers")
     checker_gid: int = Field(default=65534, ge=1)
+    resident_checkers: bool = Field(
+        default=True,
+        description="fork checker calls from a worker that has imported the metrics; "
+        "false = a fresh process per call",
+    )
+    checker_worker_max_rss_mib: int = Field(
+        default=1024, ge=64, le=65536, description="a worker above this RSS is replaced"
+    )
     setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     eval_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     client_password: str = Field(default="password", description="{CLIENT_PASSWORD}")

@@ -80,10 +80,22 @@ async def health(sup: Supervisor) -> dict[str, Any]:
             "templates": dict(sup.template_status),
             "reconciled": {k: len(v) for k, v in sup.reconciled.items()},
             "spares": sup.pools_state(),
+            "checkers": checker_health(sup),
         },
         "services": services,
         "warnings": warnings,
     }
+
+
+def checker_health(sup: Supervisor) -> dict[str, Any]:
+    """How checker calls run (the resident worker's pid, RSS and bound), when tasks are served."""
+    report = getattr(sup.verifier, "checker_health", None)
+    if report is None:
+        return {}
+    try:
+        return dict(report())
+    except Exception as exc:  # optional figures must never break /v1/health
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 async def runtime_ksm(sup: Supervisor) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
 from .audit import EpisodeFacts, verify
+from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
 from .model import (
     Task,
@@ -189,11 +190,22 @@ class TaskBridge:
     """The supervisor's TaskCatalog and Verifier, backed by drumsd.tasks."""
 
     def __init__(
-        self, ctx: TaskContext, runtime: SlotRuntime, run_root: Path | None = None
+        self,
+        ctx: TaskContext,
+        runtime: SlotRuntime,
+        run_root: Path | None = None,
+        checkers: CheckerPool | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self._run_root = run_root
+        self.checkers = checkers  # resident checker worker; None: a fresh process per call
+
+    def checker_health(self) -> dict[str, Any]:
+        """How checker calls run, for /v1/health's pools.checkers."""
+        if self.checkers is None:
+            return {"enabled": False, "venv_built": self.ctx.checker is not None}
+        return self.checkers.health()
 
     @property
     def run_root(self) -> Path:
@@ -278,7 +290,8 @@ class TaskBridge:
             label=f"slot={slot_record.id} episode={slot_record.episode} task={task.id}",
         )
         access = RuntimeSlotAccess(self.runtime, handle)
-        result = await verify(task, access, self.ctx, episode)
+        run = self.checkers.runner(self.ctx.eval_timeout_s) if self.checkers else None
+        result = await verify(task, access, self.ctx, episode, run)
         return WireVerifyResult(
             slot=slot_record.id,
             episode=slot_record.episode,

@@ -5,6 +5,9 @@ that the forked child keeps a fresh process's containment: unprivileged uid, scr
 stdout apart, its own session killed at the deadline, no state carried from call to call.
 """
 
+# Processes have no event to wait on: polls with a deadline; tiny sync file work in tests.
+# ruff: noqa: ASYNC110, ASYNC240
+
 from __future__ import annotations
 
 import os

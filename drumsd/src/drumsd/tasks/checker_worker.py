@@ -99,7 +99,7 @@ def _run_child(conn: socket.socket, runner: Any) -> None:
     """In the forked child: become a checker process, answer one call, never return."""
     code = 0
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the worker auto-reaps; checkers wait
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # as in a fresh process
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.setsid()
         conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
@@ -132,12 +132,34 @@ def _run_child(conn: socket.socket, runner: Any) -> None:
         os._exit(code)
 
 
+def _reap() -> None:
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve(sock: socket.socket, runner: Any) -> None:
+    # Children are reaped here (not by SIGCHLD=SIG_IGN) so their CPU time is added to the
+    # worker's, where drumsd's figures of checker CPU can read it.
+    wake_read, wake_write = socket.socketpair()
+    wake_write.setblocking(False)
+    signal.set_wakeup_fd(wake_write.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    selector.register(wake_read, selectors.EVENT_READ, "sigchld")
     while True:
-        for key, _events in selector.select():
+        _reap()  # also after a wake-up byte lost to a full buffer
+        for key, _events in selector.select(timeout=5):
+            if key.data == "sigchld":
+                wake_read.recv(4096)
+                _reap()
+                continue
             if key.data == "stdin":
                 if not os.read(sys.stdin.fileno(), 4096):
                     return  # drumsd closed our stdin: stop (children run on, owned by drumsd)
@@ -154,6 +176,7 @@ def serve(sock: socket.socket, runner: Any) -> None:
                 print(f"checker worker: fork failed: {exc}", file=sys.stderr, flush=True)
                 continue
             if pid == 0:
+                signal.set_wakeup_fd(-1)
                 selector.close()
                 sock.close()
                 _run_child(conn, runner)
@@ -163,7 +186,6 @@ def serve(sock: socket.socket, runner: Any) -> None:
 def main(argv: list[str]) -> int:
     runner_path, socket_path = Path(argv[1]), argv[2]
     _die_with_parent()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     # Metric prints (and C libraries') must not reach the control pipe: stdout carries one line.
     control = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

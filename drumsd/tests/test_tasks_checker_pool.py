@@ -292,3 +292,25 @@ async def test_serve_starts_the_worker_and_replaces_it_when_killed(ctx: TaskCont
         assert pool.figures.replaced == 1
         nursery.cancel_scope.cancel()
     assert pool.health()["pid"] is None
+
+
+async def test_the_worker_outlives_the_thread_that_started_it(
+    ctx: TaskContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # trio starts processes from a worker thread that ends once idle; a worker tied to that
+    # thread's life (PR_SET_PDEATHSIG) was killed every ~10 s and paid its imports again.
+    from trio._core import _thread_cache
+
+    monkeypatch.setattr(_thread_cache, "IDLE_TIMEOUT", 0.2)
+    assert ctx.checker is not None
+    pool = CheckerPool(ctx.checker)
+    try:
+        call = metric_call("exact_match", ["a", {"expected": "a"}], None)
+        assert (await pool.run(call, 60)).score == 1.0
+        first = pool.figures.pid
+        await trio.sleep(1.0)  # the starting thread has ended by now
+        assert first is not None and pid_exists(first)
+        assert (await pool.run(call, 60)).score == 1.0
+        assert pool.figures.pid == first and pool.figures.replaced == 0
+    finally:
+        await pool.aclose()

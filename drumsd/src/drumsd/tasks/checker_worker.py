@@ -19,7 +19,6 @@ Protocol, one JSON line each way per connection:
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import selectors
@@ -31,16 +30,6 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # stdin's EOF still ends the worker
 
 
 def _memoize_static_reads(runner: Any) -> None:
@@ -185,7 +174,8 @@ def serve(sock: socket.socket, runner: Any) -> None:
 
 def main(argv: list[str]) -> int:
     runner_path, socket_path = Path(argv[1]), argv[2]
-    _die_with_parent()
+    # No PR_SET_PDEATHSIG: it fires when the *thread* that forked us exits, and trio starts
+    # processes from its worker threads, which end when idle. drumsd's death closes our stdin.
     # Metric prints (and C libraries') must not reach the control pipe: stdout carries one line.
     control = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

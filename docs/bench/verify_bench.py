@@ -195,7 +195,11 @@ def main() -> int:
         f"{'ratio':>10} {r['wall_s_p50']:8.1f}x {r['wall_s_p99']:8.1f}x {r['cpu_s_p50']:7.1f}x "
         f"{r['cpu_s_p99']:7.1f}x {r['host_cpu_s_p50']:12.1f}x {r['checker_s_p50']:13.1f}x"
     )
-    print(f"worker: rss {checkers.get('rss_mib')} MiB, calls {checkers.get('calls')}")
+    print(
+        f"worker: rss {checkers.get('rss_mib')} MiB, calls {checkers.get('calls')}, "
+        f"replaced {checkers.get('replaced')}, fresh-process fallbacks "
+        f"{checkers.get('fallback_calls')}"
+    )
     args.out.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
     return 0

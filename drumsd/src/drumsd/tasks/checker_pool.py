@@ -323,9 +323,14 @@ class CheckerPool:
 
     async def _call(self, worker: _Worker, call: CheckerCall, timeout_s: float) -> CheckerOutcome:
         started = time.monotonic()
-        scratch, request = await trio.to_thread.run_sync(prepare_scratch, call, self.env)
-        log_path = worker.directory / f"{scratch.name}.log"
-        log_path.touch(mode=0o600)
+
+        def prepare() -> tuple[Path, dict[str, Any], Path]:
+            scratch, request = prepare_scratch(call, self.env)
+            log_path = worker.directory / f"{scratch.name}.log"  # root's dir: the child opens
+            log_path.touch(mode=0o600)  # it before it drops to the checker uid
+            return scratch, request, log_path
+
+        scratch, request, log_path = await trio.to_thread.run_sync(prepare)
         payload = {
             "request": request,
             "scratch": str(scratch),

@@ -6,7 +6,8 @@ command), solved. Then verifies alternate between them (resident, plain, residen
 see the same host load. Per verify: wall time at the client, CPU of the daemon's process tree
 (its own, its live descendants' and what reaped descendants left in cutime/cstime: the checker
 processes, the resident worker and its children), host CPU from /proc/stat (other work on the
-host included), and the score. The scores must agree. Prints a table; writes JSON.
+host included), and the score. The scores must agree: 1 on the solved slot, and 0 on a second
+slot per daemon left undone (verified rounds/5 times each). Prints a table; writes JSON.
 
   DRUMS_LIVE=1 .venv/bin/python docs/bench/verify_bench.py [--rounds 30] [--out FILE]
 (root, CRIU, the base image, the checker venv, /work/shared/osworld or DRUMS_OSWORLD)
@@ -70,14 +71,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def open_slot(daemon) -> str:
+def open_slot(daemon, solved: bool = True) -> str:
     with http_client(daemon) as http:
         r = http.post("/v1/slots", json={"task": TASK})
         r.raise_for_status()
         sid = r.json()["id"]
-        step = {"action": {"type": "execute", "command": SOLVE}}
-        http.post(f"/v1/slots/{sid}/step", json=step).raise_for_status()
-        http.post(f"/v1/slots/{sid}/step", json={"action": {"type": "done"}}).raise_for_status()
+        if solved:
+            step = {"action": {"type": "execute", "command": SOLVE}}
+            http.post(f"/v1/slots/{sid}/step", json=step).raise_for_status()
+            done = {"action": {"type": "done"}}
+            http.post(f"/v1/slots/{sid}/step", json=done).raise_for_status()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             gates = http.get(f"/v1/slots/{sid}/gates").json()["gates"]
@@ -142,6 +145,7 @@ def main() -> int:
             )
             print(f"{mode}: daemon ready in {time.monotonic() - started:.0f} s", flush=True)
         slots = {mode: open_slot(d) for mode, d in daemons.items()}
+        unsolved = {mode: open_slot(d, solved=False) for mode, d in daemons.items()}
         with http_client(daemons["resident"]) as http:
             deadline = time.monotonic() + 300
             while not http.get("/v1/health").json()["pools"]["checkers"].get("ready"):
@@ -156,6 +160,14 @@ def main() -> int:
                     raise RuntimeError(f"{mode} verify {n}: {row}")
                 if n >= args.warmup:
                     rows[mode].append(row)
+        # The same task left undone must score 0 on both paths.
+        zeros: dict[str, list[float]] = {"resident": [], "plain": []}
+        for _ in range(max(1, args.rounds // 5)):
+            for mode in ("resident", "plain"):
+                row = one_verify(daemons[mode], unsolved[mode])
+                if row["checker_error"]:
+                    raise RuntimeError(f"{mode} verify of the undone task: {row}")
+                zeros[mode].append(row["score"])
         with http_client(daemons["resident"]) as http:
             checkers = http.get("/v1/health").json()["pools"]["checkers"]
     finally:
@@ -169,6 +181,7 @@ def main() -> int:
         "resident": summary(rows["resident"]),
         "plain": summary(rows["plain"]),
         "worker": checkers,
+        "scores_undone": zeros,
         "rows": rows,
     }
     res, plain = result["resident"], result["plain"]
@@ -178,6 +191,7 @@ def main() -> int:
         for q in ("p50", "p99")
     }
     assert res["scores"] == plain["scores"] == [1.0], (res["scores"], plain["scores"])
+    assert set(zeros["resident"]) == set(zeros["plain"]) == {0.0}, zeros
     print(f"\nverify of {TASK} (base image), {args.rounds} rounds alternating, same run")
     print(
         f"{'':>10} {'wall p50':>9} {'wall p99':>9} {'CPU p50':>8} {'CPU p99':>8} "
@@ -195,6 +209,7 @@ def main() -> int:
         f"{'ratio':>10} {r['wall_s_p50']:8.1f}x {r['wall_s_p99']:8.1f}x {r['cpu_s_p50']:7.1f}x "
         f"{r['cpu_s_p99']:7.1f}x {r['host_cpu_s_p50']:12.1f}x {r['checker_s_p50']:13.1f}x"
     )
+    print(f"undone task: resident scores {zeros['resident']}, plain {zeros['plain']}")
     print(
         f"worker: rss {checkers.get('rss_mib')} MiB, calls {checkers.get('calls')}, "
         f"replaced {checkers.get('replaced')}, fresh-process fallbacks "

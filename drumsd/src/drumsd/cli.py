@@ -43,6 +43,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
 
     add_coverage_args(cover)
     cover.set_defaults(func=main_coverage)
+    fetch = tasks_sub.add_parser(
+        "fetch-osworld", help="fetch the pinned OSWorld commit's task files (needs network)"
+    )
+    from drumsd.tasks.osworld_pin import add_fetch_args, main_fetch
+
+    add_fetch_args(fetch)
+    fetch.set_defaults(func=main_fetch)
 
     try:
         from drumsd import cli_host

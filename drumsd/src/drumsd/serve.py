@@ -173,8 +173,22 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
             "`python -m drumsd.tasks` builds it",
             config.tasks.checker_venv or "for the current pins",
         )
-    ctx = context_from_config(config.tasks, venv, apps=default_image_apps(config))
+    from drumsd.tasks.osworld_pin import resolve_osworld
+
+    apps = default_image_apps(config)
+    osworld = resolve_osworld(config.tasks.osworld)
+    if osworld.configured:
+        (log.info if osworld.tasks_dir else log.warning)("osworld: %s", osworld.detail)
+    ctx = context_from_config(config.tasks, venv, apps=apps)
+    if osworld.tasks_dir is not None and osworld.tasks_dir not in ctx.task_dirs:
+        ctx = ctx.model_copy(update={"task_dirs": [*ctx.task_dirs, osworld.tasks_dir]})
     bridge = TaskBridge(ctx, runtime)
+    bridge.status = {
+        "image": apps.profile if apps else None,
+        "image_apps": sorted(apps.apps) if apps else None,
+        "osworld": osworld.to_json(),
+        "warnings": [osworld.detail] if osworld.configured and not osworld.tasks_dir else [],
+    }
     return {"tasks": bridge, "verifier": bridge}
 
 

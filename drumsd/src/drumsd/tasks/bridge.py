@@ -196,6 +196,8 @@ class TaskBridge:
         self.runtime = runtime
         self._run_root = run_root
         self._manifests: dict[str, AppManifest] = {}  # image root -> its apps
+        # What /v1/health reports under `tasks` (the image's apps, where OSWorld's tasks are).
+        self.status: dict[str, Any] = {}
 
     def context_for(self, handle: SlotHandle) -> TaskContext:
         """The task context with the apps of the image this slot runs (its overlay's lower

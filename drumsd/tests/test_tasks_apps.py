@@ -429,3 +429,53 @@ def test_osworld_config_refuses_half_pins_and_bad_hashes() -> None:
         )
     )
     assert isinstance(ok, Config) and ok.tasks.osworld.commit == COMMIT
+
+
+def test_terminal_and_files_mean_any_such_app(tmp_path: Path) -> None:
+    """The task factory's ["os", "terminal"] tasks run on the base image's xterm."""
+    base = probe_apps(fake_image(tmp_path / "root", commands=("xterm",)), "base")
+    assert missing_app_reason(task(related_apps=["os", "terminal"]), base) is None
+    assert "file manager" in (missing_app_reason(task(related_apps=["files"]), base) or "")
+    reason = missing_app_reason(
+        task(config=[{"type": "launch", "parameters": {"command": ["gnome-terminal"]}}]), base
+    )
+    assert reason is not None and "GNOME Terminal" in reason
+
+
+def test_a_manifest_from_another_app_table_is_reprobed(tmp_path: Path) -> None:
+    root = fake_image(tmp_path / "img" / "root", commands=("gimp",))
+    write_manifest(tmp_path / "img", AppManifest("img", frozenset({"vlc"})))
+    assert manifest_for_root(root).apps == {"vlc"}
+    data = json.loads((tmp_path / "img" / "apps.json").read_text())
+    data["table"] = "0" * 16
+    (tmp_path / "img" / "apps.json").write_text(json.dumps(data))
+    assert read_manifest(tmp_path / "img") is None
+    assert manifest_for_root(root).apps == {"gimp"}
+
+
+def test_the_daemon_says_when_a_pinned_osworld_is_not_fetched(tmp_path: Path) -> None:
+    from drumsd.serve import task_seams
+
+    images = tmp_path / "images"
+    fake_image(images / "office" / "root", **OFFICE_LIKE)
+    (images / "office" / "image.json").write_text(json.dumps({"sha256": "a" * 64}))
+    text = json.dumps(
+        {
+            "token_file": "/t",
+            "images_dir": str(images),
+            "default_image": "office",
+            "tasks": {
+                "osworld": {
+                    "commit": COMMIT,
+                    "sha256": "b" * 64,
+                    "cache_dir": str(tmp_path / "cache"),
+                }
+            },
+        }
+    )
+    bridge = task_seams(config_from_text(text), runtime=None)["tasks"]  # type: ignore[arg-type]
+    status = bridge.status
+    assert status["image"] == "office" and "gimp" in status["image_apps"]
+    assert status["osworld"]["state"] == "not_fetched"
+    assert any("fetch-osworld" in w for w in status["warnings"]), status
+    assert bridge.ctx.apps is not None and "vscode" not in bridge.ctx.apps.apps

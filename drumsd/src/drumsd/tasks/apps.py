@@ -12,6 +12,7 @@ Pure but for `probe_apps`, which only stats files under an image root.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -66,6 +67,13 @@ APPS: dict[str, App] = {
         App("vscode", "VS Code", commands=("code",), files=("usr/share/code/code",)),
         App("nautilus", "Files (Nautilus)", commands=("nautilus",)),
         App("gnome_terminal", "GNOME Terminal", commands=("gnome-terminal",)),
+        # What a task means by "terminal" or "files": any terminal emulator or file manager.
+        App(
+            "terminal",
+            "a terminal emulator",
+            commands=("gnome-terminal", "x-terminal-emulator", "xterm"),
+        ),
+        App("files", "a file manager", commands=("nautilus", "pcmanfm")),
         # The settings store itself: gsettings over dconf (each schema is checked on its own).
         App(
             "gsettings",
@@ -78,6 +86,12 @@ APPS: dict[str, App] = {
 }
 # gsettings needs both its command and the dconf backend (without it, settings do not persist).
 ALL_FILES_NEEDED = frozenset({"gsettings"})
+# A manifest probed with another table than this one is stale (re-probed, never trusted).
+TABLE_KEY = hashlib.sha256(
+    json.dumps(
+        [[a.name, a.files, a.commands] for a in APPS.values()] + [sorted(ALL_FILES_NEEDED)]
+    ).encode()
+).hexdigest()[:16]
 
 # OSWorld's related_apps spellings -> drums' app names ("os": the desktop itself, always there).
 ALIASES: dict[str, str] = {
@@ -86,8 +100,7 @@ ALIASES: dict[str, str] = {
     "vs_code": "vscode",
     "code": "vscode",
     "visual_studio_code": "vscode",
-    "files": "nautilus",
-    "terminal": "gnome_terminal",
+    "file_manager": "files",
 }
 ALWAYS_PRESENT = frozenset({"os"})
 
@@ -144,6 +157,7 @@ class AppManifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": MANIFEST_VERSION,
+            "table": TABLE_KEY,
             "profile": self.profile,
             "apps": sorted(self.apps),
             "missing": sorted(set(APPS) - self.apps),
@@ -155,6 +169,8 @@ class AppManifest:
     def from_json(cls, data: dict[str, Any]) -> AppManifest:
         if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
             raise ValueError(f"not an app manifest of version {MANIFEST_VERSION}")
+        if data.get("table") != TABLE_KEY:
+            raise ValueError("probed with another app table: stale")
         return cls(
             profile=str(data.get("profile", "")),
             apps=frozenset(map(str, data.get("apps", []))),
@@ -216,7 +232,8 @@ def write_manifest(image_dir: Path, manifest: AppManifest) -> Path:
 
 
 def read_manifest(image_dir: Path) -> AppManifest | None:
-    """The manifest the builder wrote next to the image's root; None when there is none."""
+    """The manifest the builder wrote next to the image's root; None when there is none or it
+    was probed with another app table than this drumsd's."""
     try:
         return AppManifest.from_json(json.loads((image_dir / MANIFEST_NAME).read_text()))
     except (OSError, ValueError):

@@ -479,3 +479,31 @@ def test_the_daemon_says_when_a_pinned_osworld_is_not_fetched(tmp_path: Path) ->
     assert status["osworld"]["state"] == "not_fetched"
     assert any("fetch-osworld" in w for w in status["warnings"]), status
     assert bridge.ctx.apps is not None and "vscode" not in bridge.ctx.apps.apps
+
+
+def test_coverage_command_answers_as_the_configured_daemon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--config: the daemon's default image and its tasks block (here a 1 s setup bound, which
+    the Chrome tasks' 3 s postconfig sleep exceeds)."""
+    fake_image(tmp_path / "images" / "office" / "root", **OFFICE_LIKE)
+    config = tmp_path / "drumsd.json"
+    config.write_text(
+        json.dumps(
+            {
+                "token_file": "/t",
+                "images_dir": str(tmp_path / "images"),
+                "default_image": "office",
+                "tasks": {"setup_timeout_s": 1.0, "cache_dir": str(tmp_path / "cache")},
+            }
+        )
+    )
+    out = tmp_path / "cov.json"
+    argv = ["tasks", "coverage", "--osworld", str(shared_dir()), "--config", str(config)]
+    assert drumsd_main([*argv, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["image"] == "office"
+    rows = {r["id"]: r for r in data["passes"][0]["tasks"]}
+    chrome = rows["030eeff7-b492-4218-b312-701ec99ee0cc"]
+    assert chrome["supported"] is False and "setup_timeout_s" in chrome["reason"], chrome
+    capsys.readouterr()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drumsd.core.config import TasksConfig
+
 from .apps import AppManifest, manifest_for_root, missing_apps
 from .model import Task, TaskContext, beneath, list_tasks, support, url_file_name
 
@@ -214,15 +216,22 @@ def add_coverage_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--image",
-        default="office",
-        help="the image profile whose apps count (or an image root, or 'none'); default office",
+        default=None,
+        help="the image profile whose apps count (or an image root, or 'none'); default office, "
+        "or the config's default_image",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a drumsd config: its tasks block (cache, timeouts, verifier dirs) and images",
     )
     parser.add_argument("--images-dir", type=Path, default=Path("/var/cache/drums/images"))
     parser.add_argument(
         "--cache-dir",
         type=Path,
-        default=Path("/var/cache/drums/task-cache"),
-        help="the download cache the offline pass reads (the daemon's tasks.cache_dir)",
+        default=None,
+        help="the download cache the offline pass reads (default: the config's tasks.cache_dir)",
     )
     parser.add_argument(
         "--checker-venv", type=Path, default=None, help="a built checker venv (default: the pins')"
@@ -237,10 +246,33 @@ def main_coverage(args: argparse.Namespace) -> int:
     if not task_root.is_dir():
         print(f"drumsd tasks coverage: {task_root} is not a directory", file=sys.stderr)
         return 2
+    tasks_cfg = TasksConfig()
+    if args.config is not None:  # the daemon's own tasks block: its cache, timeouts, verifiers
+        from drumsd.core.config import ConfigError
+        from drumsd.serve import load_config
+
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                print(f"{exc.path}: {problem}", file=sys.stderr)
+            return 1
+        tasks_cfg = config.tasks
+        args.images_dir = config.images_dir
+        args.image = args.image or config.default_image
+    if args.cache_dir is not None:
+        tasks_cfg = tasks_cfg.model_copy(update={"cache_dir": args.cache_dir})
+    args.image = args.image or "office"
     manifest = _image_manifest(args.image, args.images_dir)
-    venv = load_checker_venv(path=args.checker_venv)
+    venv = load_checker_venv(path=args.checker_venv or tasks_cfg.checker_venv)
+    # The context the daemon would build (context_from_config), so the answers are the daemon's.
     ctx = TaskContext(
-        cache_dir=args.cache_dir,
+        cache_dir=tasks_cfg.cache_dir,
+        verifier_dirs=list(tasks_cfg.verifier_dirs),
+        setup_timeout_s=tasks_cfg.setup_timeout_s,
+        eval_timeout_s=tasks_cfg.eval_timeout_s,
+        screen_width=tasks_cfg.screen_width,
+        screen_height=tasks_cfg.screen_height,
         apps=manifest,
         metrics=venv.catalog if venv is not None else None,
     )

@@ -507,3 +507,35 @@ def test_coverage_command_answers_as_the_configured_daemon(
     chrome = rows["030eeff7-b492-4218-b312-701ec99ee0cc"]
     assert chrome["supported"] is False and "setup_timeout_s" in chrome["reason"], chrome
     capsys.readouterr()
+
+
+def test_an_open_step_needs_the_app_its_file_opens_in(tmp_path: Path) -> None:
+    base = probe_apps(fake_image(tmp_path / "root", commands=("xterm",)), "base")
+    opens = task(config=[{"type": "open", "parameters": {"path": "/home/user/a.XLSX"}}])
+    assert task_needs(opens)[0].why == "opens a .XLSX file"
+    reason = missing_app_reason(opens, base)
+    assert reason == "needs LibreOffice Calc (opens a .XLSX file), which image 'base' lacks"
+    plain = task(config=[{"type": "open", "parameters": {"path": "/home/user/notes.txt"}}])
+    assert missing_app_reason(plain, base) is None
+
+
+def test_a_slot_is_checked_against_its_own_image(tmp_path: Path) -> None:
+    from drumsd.core.seams import SlotHandle
+    from drumsd.tasks.bridge import TaskBridge
+
+    office = probe_apps(fake_image(tmp_path / "office" / "root", **OFFICE_LIKE), "office")
+    base_root = fake_image(tmp_path / "base" / "root", commands=("xterm",))
+    bridge = TaskBridge(TaskContext(apps=office), runtime=None)  # type: ignore[arg-type]
+    handle = SlotHandle(
+        slot_id="s1",
+        init_pid=1,
+        init_starttime=1,
+        root=tmp_path,
+        upper=tmp_path,
+        checkpoint_id="c",
+        extra={"lower": [str(base_root)]},
+    )
+    gimp = task(related_apps=["gimp"])
+    assert support(gimp, bridge.ctx) == (True, None)
+    ok, reason = support(gimp, bridge.context_for(handle))
+    assert not ok and reason == "needs GIMP (related_apps lists 'gimp'), which image 'base' lacks"

@@ -130,6 +130,14 @@ LIBREOFFICE_FLAGS = {
     "--writer": "libreoffice_writer",
     "--impress": "libreoffice_impress",
 }
+# What an `open` step's file opens in (xdg-open on OSWorld's desktop, by the file's type).
+OPEN_APPS: dict[str, str] = {
+    **dict.fromkeys(("xlsx", "xls", "ods", "csv"), "libreoffice_calc"),
+    **dict.fromkeys(("docx", "doc", "odt", "rtf"), "libreoffice_writer"),
+    **dict.fromkeys(("pptx", "ppt", "odp"), "libreoffice_impress"),
+    **dict.fromkeys(("mp4", "mkv", "avi", "mov", "webm", "mp3", "wav", "flac", "ogg"), "vlc"),
+    "xcf": "gimp",
+}
 _GSETTINGS = re.compile(
     r"\bgsettings\s+(?:--schemadir\s+\S+\s+)?"
     r"(?:get|set|reset|range|describe|writable|monitor|list-keys|list-children|list-recursively)"
@@ -307,6 +315,12 @@ def task_needs(task: Task) -> list[Need]:
         name = app_name(related)
         if name not in ALWAYS_PRESENT:
             needs.setdefault(name, Need(name, f"related_apps lists {related!r}"))
+    for step in [*task.config, *task.evaluator.postconfig]:
+        path = step.parameters.get("path") if step.type == "open" else None
+        if isinstance(path, str) and "." in Path(path).name:
+            app = OPEN_APPS.get(Path(path).suffix.lower().lstrip("."))
+            if app:
+                needs.setdefault(app, Need(app, f"opens a .{Path(path).suffix[1:]} file"))
     for command in _commands(task):
         for argv in _programs(command):
             program = Path(argv[0]).name

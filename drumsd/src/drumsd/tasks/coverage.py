@@ -97,7 +97,7 @@ def reason_kind(reason: str) -> str:
     if reason.startswith("its sleep steps add up to"):
         return "its sleep steps add up to more than setup_timeout_s"
     # "needs VS Code (related_apps lists 'vscode'), which image 'office' lacks" -> by app
-    reason = re.sub(r" \((related_apps lists|runs) [^)]*\)", "", reason)
+    reason = re.sub(r" \((related_apps lists|runs|opens) [^)]*\)", "", reason)
     return _PATHISH.sub("…", reason)
 
 

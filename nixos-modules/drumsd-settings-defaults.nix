@@ -76,6 +76,13 @@
     client_password = "password";
     screen_width = 1920;
     screen_height = 1080;
+    osworld = {
+      repository = "https://github.com/xlang-ai/OSWorld";
+      commit = null;
+      sha256 = null;
+      dir = null;
+      cache_dir = "/var/cache/drums/osworld";
+    };
   };
   spares = {
     enabled = true;

@@ -378,6 +378,40 @@ in
           default = defaults.tasks.screen_height;
           description = "drumsd setting `tasks.screen_height`";
         };
+        osworld = mkOption {
+          description = "A pinned OSWorld checkout whose task files are served (its evaluation_examples/examples).";
+          default = { };
+          type = types.submodule {
+            freeformType = jsonFormat.type;
+            options = {
+              repository = mkOption {
+                type = types.str;
+                default = defaults.tasks.osworld.repository;
+                description = "OSWorld's git repository (https URL); its GitHub tarball is fetched by commit";
+              };
+              commit = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.commit;
+                description = "the pinned commit (40 hex digits); null = no pinned OSWorld";
+              };
+              sha256 = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.sha256;
+                description = "sha256 of that commit's tarball; a fetch that differs is refused";
+              };
+              dir = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.dir;
+                description = "an OSWorld checkout to use as it is (offline host, Nix fetcher)";
+              };
+              cache_dir = mkOption {
+                type = types.str;
+                default = defaults.tasks.osworld.cache_dir;
+                description = "fetched checkouts, as <cache>/<sha256>/";
+              };
+            };
+          };
+        };
       };
     };
   };

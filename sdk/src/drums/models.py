@@ -391,6 +391,10 @@ class Health(ResponseModel):
         default_factory=dict,
         description="background services by name: last iteration, failures, last error",
     )
+    tasks: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="the default image's apps and where OSWorld's tasks come from (or why none)",
+    )
     warnings: List[str] = Field(default_factory=list)
 
 

@@ -57,6 +57,8 @@ async def health(sup: Supervisor) -> dict[str, Any]:
         warnings.append(f"{by_state['quarantined']} slot(s) quarantined")
     if sup.crash_watch is not None and not sup.crash_watch.available:
         warnings.append(f"crash watch not running: {sup.crash_watch.error}")
+    tasks = dict(getattr(sup.tasks, "status", None) or {})
+    warnings += [f"tasks: {w}" for w in tasks.get("warnings", [])]
     services, service_warnings = services_health(sup)
     warnings += service_warnings
     journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
@@ -83,6 +85,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
             "checkers": checker_health(sup),
         },
         "services": services,
+        "tasks": tasks,
         "warnings": warnings,
     }
 

@@ -19,13 +19,15 @@ when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
 from __future__ import annotations
 
 import atexit
+import platform
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _client
+from ._base import gate_verdict
 from ._exceptions import InvalidEpisode
-from .models import VerifyResult
+from .models import GateReport, GateStatus, VerifyResult
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 # OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
@@ -52,6 +54,22 @@ DEFAULT_DIFFERENCES = {
 }
 VM_ONLY = ("provider_name", "region", "path_to_vm", "snapshot_name", "headless", "os_type",
            "enable_proxy", "cache_dir")  # fmt: skip
+
+
+def validity(report: GateReport) -> Dict[str, Any]:
+    """The episode's gate verdict as `step` puts it in `info`: valid is True once every gate
+    passed, False when one failed (the episode must not be trained on), None while some are
+    still pending."""
+    failed = list(report.failed) or [g.name for g in report.gates if g.status is GateStatus.failed]
+    valid = False if failed else report.valid
+    return {
+        "env_id": report.slot,
+        "episode": report.episode,
+        "valid": valid,
+        "verdict": {True: "valid", False: "invalid", None: "pending"}[valid],
+        "failed_gates": failed,
+        "pending_gates": [g.name for g in report.gates if g.status is GateStatus.pending],
+    }
 
 
 def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:
@@ -81,6 +99,15 @@ def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:
     if kind not in calls:
         raise ValueError(f"not a computer_13 action type: {kind!r} (one of {sorted(calls)})")
     return calls[kind]
+
+
+def _special(action: Union[str, Dict[str, Any]]) -> Optional[str]:
+    """WAIT, DONE or FAIL, as a word or as a dict's action_type (in either action space)."""
+    if isinstance(action, dict):
+        word = str(action.get("action_type", "")).strip().upper()
+    else:
+        word = str(action).strip().upper()
+    return word if word in SPECIAL else None
 
 
 class DesktopEnv:
@@ -127,6 +154,7 @@ class DesktopEnv:
         self.instruction = ""
         self.action_history: List[Any] = []
         self.last_verify: Optional[VerifyResult] = None
+        self.last_validity: Optional[Dict[str, Any]] = None
         atexit.register(self.close)
 
     def __enter__(self) -> DesktopEnv:
@@ -147,6 +175,7 @@ class DesktopEnv:
             self.env = None
         self.action_history = []
         self.last_verify = None
+        self.last_validity = None
         if task_config is None:
             self.env = self.client.create(image=self.image)
         else:
@@ -169,31 +198,47 @@ class DesktopEnv:
     def step(
         self, action: Union[str, Dict[str, Any]], pause: float = 2
     ) -> Tuple[Dict[str, Any], float, bool, Dict[str, Any]]:
-        """One action, then `pause` seconds; reward is 0 until evaluate(), as in OSWorld."""
+        """One action, then `pause` seconds; reward is 0 until evaluate(), as in OSWorld.
+
+        `info` has OSWorld's `done` / `fail` flags and drums' gate verdict for the episode so
+        far (valid, verdict, failed_gates, pending_gates, env_id, episode: see `validity`). With
+        raise_on_invalid=True a failed gate raises InvalidEpisode here instead."""
         env = self._live()
         self.action_history.append(action)
         done = False
         info: Dict[str, Any] = {}
-        if isinstance(action, str) and action.strip().upper() in SPECIAL:
-            word = action.strip().upper()
+        word = _special(action)
+        if word is not None:
             if word == "WAIT":
                 time.sleep(pause)
             else:
                 env.step({"type": word.lower()})
                 done = True
                 info["done" if word == "DONE" else "fail"] = True
-            return self._get_obs(), 0.0, done, info
-        if isinstance(action, dict):
-            if self.action_space != "computer_13":
-                raise ValueError("a dict action needs action_space='computer_13'")
+            return self._get_obs(), 0.0, done, self._with_validity(env, info)
+        if isinstance(action, dict) and self.action_space == "pyautogui":
+            if not isinstance(action.get("command"), str):  # OSWorld's {"command": code}
+                raise ValueError(
+                    "a dict action in the pyautogui action space needs a 'command' (pyautogui "
+                    "code) or an action_type of WAIT, DONE or FAIL; computer_13 dicts need "
+                    "action_space='computer_13'"
+                )
+            converted: Union[str, Dict[str, Any]] = str(action["command"])
+        elif isinstance(action, dict):
             converted = computer_13_code(action)
         else:
             converted = action
         env.step(converted)
-        if isinstance(converted, dict) and converted["type"] in ("done", "fail"):
-            done = True
         time.sleep(pause)
-        return self._get_obs(), 0.0, done, info
+        return self._get_obs(), 0.0, done, self._with_validity(env, info)
+
+    def _with_validity(self, env: _client.Env, info: Dict[str, Any]) -> Dict[str, Any]:
+        report = env.gates()
+        if self.raise_on_invalid:
+            gate_verdict(report, env.id)  # raises InvalidEpisode (or Quarantined) on a failure
+        self.last_validity = validity(report)
+        info.update(self.last_validity)
+        return info
 
     def render(self, mode: str = "rgb_array") -> bytes:
         """The screenshot as PNG bytes (OSWorld's render gives the same)."""
@@ -204,6 +249,13 @@ class DesktopEnv:
     @property
     def vm_platform(self) -> str:
         return "Linux"
+
+    @property
+    def vm_machine(self) -> str:
+        """The desktop's CPU architecture. A drums desktop is a container on the daemon's host
+        kernel, not a VM, so this is the host's machine; it is read here, which is right when the
+        daemon runs on this host (the usual case), not for a daemon on another architecture."""
+        return platform.machine()
 
     @property
     def vm_screen_size(self) -> Tuple[int, int]:

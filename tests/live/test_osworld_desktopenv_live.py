@@ -1,7 +1,8 @@
 """drums.osworld.DesktopEnv driven by a loop shaped like OSWorld's run_single_example (reset,
 agent predictions, step per action with its pause, evaluate, screenshots recorded), written here,
 over three shared OSWorld tasks: one solved by a script (1), one left alone (0), one infeasible
-answered FAIL (1). No env is left afterwards. DRUMS_LIVE=1; the tasks come from
+answered FAIL (1); every step's info carries the gate verdict, and a step that crashes the xterm
+turns it invalid (no_app_crash). No env is left afterwards. DRUMS_LIVE=1; the tasks come from
 /work/shared/osworld (skipped, clearly, when absent).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,9 @@ def run_single_example(
     while not done and step < 5:
         for action in predict(task["instruction"], obs):
             step += 1
-            obs, _reward, done, _info = env.step(action, pause=0.5)
+            obs, _reward, done, info = env.step(action, pause=0.5)
             (out / f"step_{step}.png").write_bytes(obs["screenshot"])
+            assert info["valid"] is not False and info["env_id"] == env.env.id, info
             if done:
                 break
     return env.evaluate()
@@ -57,6 +60,23 @@ def refuser(instruction: str, obs: dict) -> list[Any]:
     return ["FAIL"]
 
 
+def crashed_gate_shows_in_the_step_info(client: drums.Client, task: dict) -> None:
+    """A step that crashes the desktop's xterm (SIGSEGV: the no_app_crash gate fails): the
+    steps' info turns invalid naming the gate, and with raise_on_invalid a step raises."""
+    with DesktopEnv(client=client) as env:
+        env.reset(task_config=task)
+        _, _, _, info = env.step("import os; os.system('pkill -SEGV -x xterm')", pause=0.2)
+        deadline = time.monotonic() + 15
+        while info["valid"] is not False and time.monotonic() < deadline:
+            _, _, _, info = env.step("WAIT", pause=0.2)
+        assert info["valid"] is False and info["verdict"] == "invalid", info
+        assert "no_app_crash" in info["failed_gates"], info
+        env.raise_on_invalid = True
+        with pytest.raises(drums.InvalidEpisode) as err:
+            env.step("WAIT", pause=0)
+        assert "no_app_crash" in err.value.failed_gates
+
+
 def test_desktopenv_runs_the_osworld_loop(tmp_path: Path) -> None:
     if not (RENAME.is_file() and INFEASIBLE.is_file()):
         pytest.skip(f"no shared OSWorld tasks at {OSWORLD} (fixtures for this test only)")
@@ -76,5 +96,7 @@ def test_desktopenv_runs_the_osworld_loop(tmp_path: Path) -> None:
                     assert env.last_verify is not None and env.last_verify.valid, env.last_verify
                 assert client.list_envs() == [], name
                 assert (tmp_path / name / "step_1.png").stat().st_size > 1000
+            crashed_gate_shows_in_the_step_info(client, json.loads(RENAME.read_text()))
+            assert client.list_envs() == []
     finally:
         stop_and_clean(daemon, root / "state", root)

@@ -25,9 +25,19 @@ from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _client
-from ._base import gate_verdict
+from ._base import gate_verdict, validity
 from ._exceptions import InvalidEpisode
-from .models import GateReport, GateStatus, VerifyResult
+from .models import VerifyResult
+
+__all__ = [
+    "DEFAULT_DIFFERENCES",
+    "OSWORLD_INIT_PARAMS",
+    "SPECIAL",
+    "VM_ONLY",
+    "DesktopEnv",
+    "computer_13_code",
+    "validity",
+]
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 # OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
@@ -54,22 +64,6 @@ DEFAULT_DIFFERENCES = {
 }
 VM_ONLY = ("provider_name", "region", "path_to_vm", "snapshot_name", "headless", "os_type",
            "enable_proxy", "cache_dir")  # fmt: skip
-
-
-def validity(report: GateReport) -> Dict[str, Any]:
-    """The episode's gate verdict as `step` puts it in `info`: valid is True once every gate
-    passed, False when one failed (the episode must not be trained on), None while some are
-    still pending."""
-    failed = list(report.failed) or [g.name for g in report.gates if g.status is GateStatus.failed]
-    valid = False if failed else report.valid
-    return {
-        "env_id": report.slot,
-        "episode": report.episode,
-        "valid": valid,
-        "verdict": {True: "valid", False: "invalid", None: "pending"}[valid],
-        "failed_gates": failed,
-        "pending_gates": [g.name for g in report.gates if g.status is GateStatus.pending],
-    }
 
 
 def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:

@@ -54,11 +54,23 @@ def test_the_constructor_matches_osworlds_parameters() -> None:
     assert set(VM_ONLY) <= {name for name, _ in OSWORLD_INIT_PARAMS}
 
 
-def test_an_accessibility_tree_or_terminal_is_refused_clearly() -> None:
+def test_an_accessibility_tree_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="do not provide an accessibility tree yet"):
         DesktopEnv(require_a11y_tree=True)
-    with pytest.raises(ValueError, match="do not provide terminal output yet"):
-        DesktopEnv(require_terminal=True)
+
+
+def test_require_terminal_asks_the_daemon_and_says_none_without_an_xterm(daemon: Daemon) -> None:
+    """Neither test daemon runs an xterm: the observation's terminal is None and the daemon's
+    answer says why (the real text is proven live, tests/live/test_osworld_desktopenv_live.py)."""
+    with daemon.client() as client, DesktopEnv(client=client, require_terminal=True) as env:
+        obs = env.reset()
+        assert "terminal" in obs and obs["terminal"] is None
+        assert env.env is not None
+        answer = env.env.terminal()
+        assert answer.text is None and answer.reason and answer.slot == env.env.id
+        obs, _, _, _ = env.step("WAIT", pause=0)
+        assert obs["terminal"] is None
+        assert env.env.actions == 0  # reading the terminal is no action
 
 
 def test_fork_gives_desktopenvs_on_copies_destroyed_on_exit(daemon: Daemon) -> None:

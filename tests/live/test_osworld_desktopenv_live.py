@@ -2,7 +2,8 @@
 agent predictions, step per action with its pause, evaluate, screenshots recorded), written here,
 over three shared OSWorld tasks: one solved by a script (1), one left alone (0), one infeasible
 answered FAIL (1); every step's info carries the gate verdict, and a step that crashes the xterm
-turns it invalid (no_app_crash). No env is left afterwards. DRUMS_LIVE=1; the tasks come from
+turns it invalid (no_app_crash); with require_terminal the observation has the xterm's text.
+No env is left afterwards. DRUMS_LIVE=1; the tasks come from
 /work/shared/osworld (skipped, clearly, when absent).
 """
 
@@ -60,6 +61,20 @@ def refuser(instruction: str, obs: dict) -> list[Any]:
     return ["FAIL"]
 
 
+def terminal_text_is_observed(client: drums.Client) -> None:
+    """require_terminal=True: obs["terminal"] is the desktop xterm's text, with what a command
+    typed into it printed, and reading it is no action of the episode."""
+    with DesktopEnv(client=client, require_terminal=True) as env:
+        obs = env.reset()
+        assert isinstance(obs["terminal"], str) and "$" in obs["terminal"], obs["terminal"]
+        env.step("pyautogui.click(480, 300)", pause=0.2)  # into the xterm
+        obs, _, _, _ = env.step("pyautogui.typewrite('echo drums-$((6*7))\\n')", pause=0.5)
+        lines = obs["terminal"].splitlines()
+        assert any(line.endswith("echo drums-$((6*7))") for line in lines), lines
+        assert "drums-42" in lines, lines  # the shell's output, not only the typed line
+        assert env.env is not None and env.env.actions == 2
+
+
 def crashed_gate_shows_in_the_step_info(client: drums.Client, task: dict) -> None:
     """A step that crashes the desktop's xterm (SIGSEGV: the no_app_crash gate fails): the
     steps' info turns invalid naming the gate, and with raise_on_invalid a step raises."""
@@ -96,6 +111,7 @@ def test_desktopenv_runs_the_osworld_loop(tmp_path: Path) -> None:
                     assert env.last_verify is not None and env.last_verify.valid, env.last_verify
                 assert client.list_envs() == [], name
                 assert (tmp_path / name / "step_1.png").stat().st_size > 1000
+            terminal_text_is_observed(client)
             crashed_gate_shows_in_the_step_info(client, json.loads(RENAME.read_text()))
             assert client.list_envs() == []
     finally:

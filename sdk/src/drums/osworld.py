@@ -9,8 +9,9 @@ is a CRIU restore instead of a VM revert.
 
 The constructor takes OSWorld's parameters by the same names, order and defaults (recorded in
 OSWORLD_INIT_PARAMS and checked by a test), with two deliberate differences: the desktop has no
-accessibility-tree or terminal getter, so `require_a11y_tree` defaults to False and True (or
-`require_terminal=True`) is refused with a clear error instead of handing the agent None. VM-only
+accessibility tree, so `require_a11y_tree` defaults to False and True is refused with a clear
+error instead of handing the agent None. `require_terminal=True` puts the desktop xterm's text
+(scrollback and screen) in obs["terminal"], read without counting as an action. VM-only
 arguments (provider_name, region, path_to_vm, snapshot_name, headless, os_type, enable_proxy,
 cache_dir) are accepted and ignored: there is no VM. Every env this makes is destroyed on close(),
 when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
@@ -129,11 +130,10 @@ class DesktopEnv:
     ) -> None:
         if action_space not in ("computer_13", "pyautogui"):
             raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
-        if require_a11y_tree or require_terminal:
-            what = "an accessibility tree" if require_a11y_tree else "terminal output"
+        if require_a11y_tree:
             raise ValueError(
-                f"drums desktops do not provide {what} yet; use a screenshot observation "
-                "(require_a11y_tree=False, require_terminal=False), e.g. OSWorld's "
+                "drums desktops do not provide an accessibility tree yet (no AT-SPI in the "
+                "images); use a screenshot observation (require_a11y_tree=False), e.g. OSWorld's "
                 "--observation_type screenshot"
             )
         self.action_space = action_space
@@ -185,7 +185,7 @@ class DesktopEnv:
             "screenshot": obs.png,
             # drums has no accessibility tree getter yet: None, as OSWorld gives when not asked
             "accessibility_tree": None,
-            "terminal": None,
+            "terminal": env.terminal().text if self.require_terminal else None,
             "instruction": self.instruction or obs.instruction,
         }
 
@@ -272,6 +272,7 @@ class DesktopEnv:
         copy = DesktopEnv(
             action_space=self.action_space,
             screen_size=self.screen_size,
+            require_terminal=self.require_terminal,
             client=self.client,
             image=self.image,
             raise_on_invalid=self.raise_on_invalid,

@@ -18,8 +18,9 @@ def test_the_script_asks_xterm_to_print_to_the_file_its_printer_writes() -> None
 
 
 def test_parse_reads_the_xterm_its_text_or_why_not() -> None:
-    got = terminal.parse(0, f"{terminal.FOUND}42\n$ echo hi\nhi\n$ \n", "")
+    got = terminal.parse(0, f"{terminal.FOUND}42\n$ echo hi\nhi\n$ \n\n\n\n", "")
     assert got == terminal.TerminalText("$ echo hi\nhi\n$ \n", source="xterm pid 42")
+    assert terminal.parse(0, f"{terminal.FOUND}7\n\n\n", "").text == ""  # a blank screen
     none = terminal.parse(0, terminal.NONE + "\n", "")
     assert none.text is None and none.reason == "no xterm of the desktop user printed its text"
     broken = terminal.parse(127, "", "pgrep: command not found")

@@ -45,10 +45,12 @@ class TerminalText:
 
 
 def parse(returncode: int, stdout: str, stderr: str) -> TerminalText:
-    """The script's output: a header naming the xterm, then its text."""
+    """The script's output: a header naming the xterm, then its text (the blank rows below the
+    last line of the screen dropped)."""
     head, _, body = stdout.partition("\n")
     if returncode == 0 and head.startswith(FOUND):
-        return TerminalText(body, source=f"xterm pid {head[len(FOUND) :].strip()}")
+        text = body.rstrip("\n") + "\n" if body.strip() else ""  # the screen's unused rows
+        return TerminalText(text, source=f"xterm pid {head[len(FOUND) :].strip()}")
     if returncode == 0 and head.strip() == NONE:
         return TerminalText(None, reason="no xterm of the desktop user printed its text")
     detail = (stderr or stdout).strip()[-300:]

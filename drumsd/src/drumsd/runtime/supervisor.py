@@ -360,6 +360,9 @@ class Supervisor:
     async def screenshot(self, slot_id: str) -> bytes:
         return await ops_episode.screenshot(self, slot_id)
 
+    async def terminal(self, slot_id: str) -> dict[str, Any]:
+        return await ops_episode.terminal(self, slot_id)
+
     async def quiescent(self, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
         return await ops_episode.quiescent(self, slot_id, req)
 

@@ -165,6 +165,36 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
     if SHOTS:
         page.screenshot(path=str(Path(SHOTS) / "console-slot.png"), full_page=True)
 
+    # Quarantine then release in the browser, each behind its confirmation; then a release that
+    # someone else made first while the dialog was open: refused, and the page says why.
+    held = kept[1]
+    page.goto(f"{daemon.url}/console#/slot/{held}")
+    enabled = "(id) => !document.getElementById(id).disabled"
+    page.wait_for_function(enabled, arg="act-quarantine")
+    page.click("#act-quarantine")
+    page.click("#confirm-ok")
+    page.locator('#act-result.done[data-action="quarantine"]').wait_for()
+    with http_client(daemon) as http:
+        got = http.get(f"/v1/slots/{held}").json()
+        assert got["state"] == "quarantined" and "console" in got["quarantine_reason"], got
+        page.wait_for_function(enabled, arg="act-release")
+        page.click("#act-release")
+        page.click("#confirm-ok")
+        page.locator('#act-result.done[data-action="release"]').wait_for()
+        assert http.get(f"/v1/slots/{held}").json()["state"] == "ready"
+        r = http.post(f"/v1/slots/{held}/quarantine", json={"reason": "live test"})
+        assert r.status_code == 200, r.text
+        page.wait_for_function(enabled, arg="act-release")
+        page.click("#act-release")  # the confirmation is open...
+        assert http.post(f"/v1/slots/{held}/release", json={}).status_code == 200  # ...released
+        page.click("#confirm-ok")
+        refused = page.locator('#act-result.refused[data-action="release"]')
+        refused.wait_for()
+        assert "not quarantined" in refused.inner_text(), refused.inner_text()
+        page.wait_for_timeout(1200)  # a slot refresh later the reason is still shown
+        assert refused.is_visible()
+        assert http.get(f"/v1/slots/{held}").json()["state"] == "ready"
+
     # Destroy behind a confirmation: cancel keeps the slot, confirm destroys it.
     victim = kept[0]
     page.goto(f"{daemon.url}/console#/slot/{victim}")

@@ -238,6 +238,28 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
         events = await trio.to_thread.run_sync(console_view.timeline, lines)
         return _json({"slot": slot_id, "events": events})
 
+    @api("/slots/<slot_id>/episode", "episode")
+    async def slot_episode(slot_id: str) -> Response:
+        # The current episode step by step: the steps the daemon kept in memory, with the
+        # journal's events and gate changes of the same episode (read on request, like above).
+        rec = supervisor.get_slot(slot_id, renew=False)
+        steps = [s.as_json() for s in supervisor.step_log.of(slot_id, rec.episode_id)]
+        lines = await supervisor.store.events_of(slot_id)
+        entries = await trio.to_thread.run_sync(
+            console_view.episode_timeline, lines, steps, rec.episode_id, rec.episode_started_at
+        )
+        return _json(
+            {
+                "slot": slot_id,
+                "episode": rec.episode,
+                "episode_id": rec.episode_id,
+                "started_at": rec.episode_started_at,
+                "actions": rec.actions,
+                "steps_kept": len(steps),
+                "entries": entries,
+            }
+        )
+
     @api("/slots/<slot_id>/thumbnail", "thumbnail")
     async def thumbnail(slot_id: str) -> Response:
         return _picture(await frames.thumbnail(slot_id), slot_id)

@@ -319,6 +319,14 @@ async function slotTick() {
   $("act-note").textContent = state.write ? "" : "read-only session: log in with actions on to act";
 }
 
+// An action's outcome stays shown until the next action or slot (the 1 s refresh keeps it).
+function showResult(action, ok, message) {
+  const box = $("act-result");
+  box.className = ok ? "done" : "refused";
+  box.dataset.action = action;
+  box.textContent = ok ? `${action}: done` : `${action} refused: ${message}`;
+}
+
 async function loadTimeline() {
   const id = state.slotId;
   const body = await getJson(`/slots/${id}/timeline`);
@@ -327,6 +335,35 @@ async function loadTimeline() {
     el("td", { text: e.event }), el("td", { text: e.state ?? "-" }),
     el("td", { text: e.episode ?? "-" }), el("td", { text: e.actions ?? "-" }),
     el("td", { text: e.last_action ?? "-" }))));
+}
+
+function episodeRow(e) {
+  const at = e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-";
+  const plus = e.offset_s === null || e.offset_s === undefined ? "-" : `+${fmtS(e.offset_s)}`;
+  if (e.kind === "step") {
+    const outcome = e.error ? `refused: ${e.error}` : e.returncode !== null && e.returncode !== undefined ? `exit ${e.returncode}` : "ok";
+    return el("tr", { class: `ep-step${e.error ? " gate-fail" : ""}`, "data-kind": "step", "data-index": e.index },
+      el("td", { text: plus }), el("td", { text: at }), el("td", { text: `step ${e.index}: ${e.action}` }),
+      el("td", { text: e.detail }), el("td", { text: fmtS(e.elapsed_s) }), el("td", { text: outcome }));
+  }
+  if (e.kind === "gate") {
+    const after = e.after_step === null || e.after_step === undefined ? "before any step" : `after step ${e.after_step}`;
+    return el("tr", { class: `ep-gate gate-${e.status}`, "data-kind": "gate", "data-gate": e.gate },
+      el("td", { text: plus }), el("td", { text: at }),
+      el("td", {}, el("i", { class: `light ${e.status}` }), ` gate ${e.gate}`),
+      el("td", { text: JSON.stringify(e.evidence).slice(0, 160) }), el("td", { text: "" }),
+      el("td", { text: `${e.status}, ${after}` }));
+  }
+  return el("tr", { class: "ep-event", "data-kind": "event", "data-event": e.event },
+    el("td", { text: plus }), el("td", { text: at }), el("td", { text: e.event }),
+    el("td", { text: "" }), el("td", { text: "" }), el("td", { text: e.state ?? "" }));
+}
+
+async function loadEpisode() {
+  const body = await getJson(`/slots/${state.slotId}/episode`);
+  $("episode").querySelector("tbody").replaceChildren(...body.entries.map(episodeRow));
+  const kept = body.steps_kept < body.actions ? ` (${body.steps_kept} of its ${body.actions} steps kept since the daemon started)` : "";
+  $("episode-note").textContent = `episode ${body.episode}: ${body.actions} steps${kept}`;
 }
 
 async function frameLoop() {
@@ -364,7 +401,7 @@ async function act(action) {
     method: "POST", credentials: "same-origin", headers: { "X-Drums-Console": "1" },
   });
   const body = await r.json().catch(() => ({}));
-  $("act-note").textContent = r.ok ? `${action}: done` : `${action} refused: ${body.error ? body.error.message : r.status}`;
+  showResult(action, r.ok, body.error ? body.error.message : `HTTP ${r.status}`);
   if (r.ok && action === "destroy") location.hash = "#/";
   else slotTick();
 }
@@ -430,7 +467,11 @@ function route() {
   if (state.slotId && state.slotId !== before) {
     state.frameEtag = "";
     $("frame").removeAttribute("src");
+    $("act-result").textContent = "";
+    $("act-result").className = "";
     $("timeline").querySelector("tbody").replaceChildren();
+    $("episode").querySelector("tbody").replaceChildren();
+    $("episode-note").textContent = "";
     slotTick();
     frameLoop();
   }
@@ -458,7 +499,10 @@ async function main() {
   for (const b of document.querySelectorAll(".actions button")) {
     b.addEventListener("click", () => act(b.dataset.action));
   }
-  $("load-timeline").addEventListener("click", () => loadTimeline().catch(() => {}));
+  $("load-timeline").addEventListener("click", () => {
+    loadEpisode().catch((e) => { $("episode-note").textContent = e.message; });
+    loadTimeline().catch(() => {});
+  });
   window.addEventListener("hashchange", route);
   route();
   every(GRID_EVERY_MS, gridTick);

@@ -13,6 +13,7 @@ import trio
 from drumsd.api.console_frames import THUMB_SIZE, Frames, scale_png
 from drumsd.api.console_sessions import COOKIE, Sessions
 from drumsd.runtime.memory_runtime import png
+from drumsd.runtime.services import history as history_service
 from PIL import Image
 from test_api_app import TOKEN, Api, create, open_api, wait_valid
 
@@ -294,3 +295,21 @@ async def test_episode_timeline_has_each_step_and_gate_changes(api: Api) -> None
         await login(c)
         body = (await c.get(f"/console/api/slots/{sid}/episode")).json()
     assert not [e for e in body["entries"] if e["kind"] == "step"]
+
+
+async def test_history_samples_the_host_for_the_charts(api: Api) -> None:
+    sid = (await create(api))["id"]
+    await wait_valid(api, sid)
+    api.sup.history.samples.clear()
+    await history_service.sample_once(api.sup)
+    async with console_client(api) as c:
+        await login(c)
+        body = (await c.get("/console/api/history")).json()
+        assert body["every_s"] > 0 and body["samples"], body
+        last = body["samples"][-1]
+        assert last["slots"] == 1 and last["ready"] == 1
+        assert set(last) >= {"restores_per_s", "steps_per_s", "mem_available_mib"}
+        newer = (await c.get("/console/api/history", params={"since": last["ts"]})).json()
+        assert newer["samples"] == []
+        bad = await c.get("/console/api/history", params={"since": "soon"})
+        assert bad.status_code == 422 and "since" in bad.json()["error"]["message"]

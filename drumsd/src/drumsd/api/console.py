@@ -215,6 +215,17 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
         metrics = convert.metrics(supervisor.metrics_json()).model_dump(mode="json")
         return _json({"health": health, "metrics": metrics})
 
+    @api("/history", "history")
+    async def history() -> Response:
+        # The host's samples over time for the charts; `since` (a sample's ts) sends only newer.
+        try:
+            since = float(request.args["since"]) if "since" in request.args else None
+        except ValueError:
+            raise DrumsdError(
+                "invalid_request", "since: a sample's ts (seconds since the epoch)", field="since"
+            ) from None
+        return _json(supervisor.history.as_json(since))
+
     @api("/slots/<slot_id>", "slot")
     async def slot(slot_id: str) -> Response:
         rec = supervisor.get_slot(slot_id, renew=False)

@@ -40,6 +40,7 @@ from drumsd.core.admission import (
 )
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
+from drumsd.core.host_history import HostHistory
 from drumsd.core.metrics import Histogram, MetricsWindow
 from drumsd.core.records import (
     CheckpointRecord,
@@ -74,6 +75,7 @@ from drumsd.runtime.services import (
     ServiceHealth,
     admission,
     gate_refresh,
+    history,
     reaper,
     spares,
     templates,
@@ -127,6 +129,7 @@ class Supervisor:
         self.last_screenshot: dict[str, bytes] = {}
         self.last_verify: dict[str, VerifyResult] = {}  # slot -> its last verify (the console)
         self.step_log = step_log.StepLog()  # each slot's recent steps (the console's timeline)
+        self.history = HostHistory()  # host samples over time (the console's charts)
         self.sample: HostSample | None = None
         self.last_decision: Decision | None = None
         self.template_status: dict[str, str] = {}  # image -> building | ready | error: ...
@@ -160,6 +163,7 @@ class Supervisor:
             await nursery.start(partial(admission.run, self))
             await nursery.start(partial(reaper.run, self))
             await nursery.start(partial(gate_refresh.run, self))
+            await nursery.start(partial(history.run, self))
             if spares.spares_on(self):
                 await nursery.start(partial(spares.run, self))
             await templates.start_template_builds(self)

@@ -228,10 +228,67 @@ function bars(title, counts) {
   return box;
 }
 
+// --- charts: the daemon's host history (a sample every few seconds, the last hour) ------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const CHARTS = [
+  { title: "Live slots", unit: "", series: [["slots", "live"], ["quarantined", "quarantined"]] },
+  { title: "Restores / s", unit: "/s", series: [["restores_per_s", "create+reset+fork"]] },
+  { title: "Steps / s", unit: "/s", series: [["steps_per_s", "steps"]] },
+  { title: "Memory available", unit: " MiB", series: [["mem_available_mib", "available"]] },
+  { title: "KSM saved", unit: " MiB", series: [["ksm_saved_mib", "saved"]] },
+  { title: "Spares parked", unit: "", series: [["spares_parked", "parked"]] },
+];
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  return node;
+}
+
+function num(v, unit) {
+  if (v === null || v === undefined) return "-";
+  const r = Math.abs(v) >= 100 ? Math.round(v) : +v.toFixed(2);
+  return `${r}${unit}`;
+}
+
+// One small line chart: a polyline per series over the samples' time span, y from 0 to max.
+function chart(spec, samples) {
+  const W = 240, H = 70;
+  const box = el("div", { class: "panel chart", "data-chart": spec.series[0][0] });
+  const t0 = samples.length ? samples[0].ts : 0;
+  const t1 = samples.length ? samples[samples.length - 1].ts : 1;
+  const values = samples.flatMap((s) => spec.series.map(([k]) => s[k]).filter((v) => v !== null && v !== undefined));
+  const max = Math.max(1e-9, ...values);
+  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img" });
+  plot.append(svg("line", { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: "axis" }));
+  spec.series.forEach(([key], i) => {
+    const pts = samples.filter((s) => s[key] !== null && s[key] !== undefined).map((s) => {
+      const x = t1 > t0 ? ((s.ts - t0) / (t1 - t0)) * W : W;
+      return `${x.toFixed(1)},${(H - 2 - (s[key] / max) * (H - 6)).toFixed(1)}`;
+    });
+    if (pts.length) plot.append(svg("polyline", { points: pts.join(" "), class: `series s${i}`, "data-key": key }));
+  });
+  const last = samples.length ? samples[samples.length - 1] : {};
+  const legend = el("div", { class: "legend" });
+  spec.series.forEach(([key, label], i) => legend.append(
+    el("span", { class: `key s${i}`, text: `${label} ${num(last[key], spec.unit)}` })));
+  const span = samples.length > 1 ? age(t1 - t0) : "-";
+  box.append(el("h3", { text: spec.title }), plot, legend,
+    el("div", { class: "note", text: `max ${num(values.length ? max : null, spec.unit)} · last ${span} · ${samples.length} samples` }));
+  return box;
+}
+
+async function chartsTick() {
+  const body = await getJson("/history");
+  $("charts").replaceChildren(...CHARTS.map((c) => chart(c, body.samples)));
+}
+
 const mib = (v) => (v === null || v === undefined ? "-" : `${Math.round(v)} MiB`);
 
 async function hostTick() {
   if (document.hidden || state.slotId || state.elsewhere) return;
+  chartsTick().catch(() => {});
   const { health, metrics } = await getJson("/host");
   const a = health.admission;
   const cps = health.checkpoints;

@@ -61,9 +61,11 @@ async def test_wrong_token_and_no_cookie_are_refused(api: Api) -> None:
             assert r.json()["error"]["code"] == "unauthorized"
         c.cookies.set(COOKIE, "forged", domain="drumsd", path="/console")
         assert (await c.get("/console/api/slots")).status_code == 401
-        # The bearer token does not open the console either: it is a browser surface.
-        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {TOKEN}"})
+        # A wrong bearer token does not open it; the right one does (the pool gateway's way in).
+        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {'y' * 40}"})
         assert r.status_code == 401
+        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and "set-cookie" not in r.headers
 
 
 async def test_grid_rows_show_gates_verdict_and_last_verify(api: Api) -> None:

@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 
 from drumsd.api import console_records, console_view, convert
 from drumsd.api.console_frames import Frames, Picture
-from drumsd.api.console_sessions import COOKIE, SESSION_TTL_S, Session, Sessions
+from drumsd.api.console_sessions import BEARER, COOKIE, SESSION_TTL_S, Session, Sessions
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.runtime.supervisor import Supervisor
@@ -107,7 +107,9 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
     app.extensions["drums_console"] = {"sessions": sessions, "frames": frames}
 
     def session() -> Session | None:
-        return sessions.get(request.cookies.get(COOKIE))
+        return sessions.get(request.cookies.get(COOKIE)) or sessions.bearer(
+            request.headers.get("Authorization", "")
+        )
 
     def route(path: str, name: str, methods: tuple[str, ...] = ("GET",)):
         def register(view: Callable[..., Awaitable[Response]]):
@@ -124,7 +126,7 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
                 current = session()
                 if current is None:
                     return _refused("no console session: log in at /console/login")
-                if write:
+                if write and current is not BEARER:
                     if not current.write:
                         return _refused(
                             "this console session is read-only: log in again with actions on",

@@ -80,7 +80,7 @@ function filters() {
 }
 
 function matches(row, f) {
-  for (const k of ["state", "task", "image", "verdict"]) if (f[k] && row[k] !== f[k]) return false;
+  for (const k of ["host", "state", "task", "image", "verdict"]) if (f[k] && row[k] !== f[k]) return false;
   if (f.text) {
     const hay = [row.id, row.task, row.image, ...Object.values(row.labels)].join(" ").toLowerCase();
     if (!hay.includes(f.text)) return false;
@@ -89,6 +89,7 @@ function matches(row, f) {
 }
 
 function fillFacets(facets) {
+  $("f-host-box").hidden = !(facets.host && facets.host.length); // the pool gateway's console
   for (const sel of document.querySelectorAll("select[data-facet]")) {
     const values = facets[sel.dataset.facet] || [];
     const keep = sel.value;

@@ -83,6 +83,10 @@ async def test_one_console_over_every_host(pool) -> None:
     assert "latencies" in host["metrics"]
     history = (await browser.get("/console/api/history")).json()
     assert history["hosts"] == ["h1", "h2"] and history["samples"]
+    last = history["samples"][-1]["ts"]
+    newer = (await browser.get("/console/api/history", params={"since": last})).json()
+    assert all(s["ts"] > last for s in newer["samples"])
+    assert (await browser.get("/console/api/history?since=soon")).status_code == 422
 
     # Actions: the header is needed, then the host does it.
     target = f"/console/api/slots/h1~{ids['h1']}/quarantine"
@@ -135,5 +139,6 @@ def test_history_sums_hosts_per_interval_and_names_are_split_by_host() -> None:
     )
     (only,) = merged["samples"]
     assert only["slots"] == 5 and only["restores_per_s"] == 0.5 and only["hosts"] == 2
+    assert merge_history({"h1": {"every_s": 5, "samples": [{"ts": 100.5}]}}, 100.0)["samples"] == []
     assert split_host("h1~s-1/thumbnail", ["h1"]) == ("h1", "s-1/thumbnail")
     assert split_host("s-1", ["h1"]) == (None, "s-1")

@@ -77,9 +77,12 @@ def merge_slots(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     return {"slots": rows, "facets": {k: sorted(v) for k, v in facets.items()}}
 
 
-def merge_history(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+def merge_history(
+    per_host: Dict[str, Dict[str, Any]], since: Optional[float] = None
+) -> Dict[str, Any]:
     """One history for the pool: samples of the same interval summed over hosts (each host
-    samples on its own clock; a sample lands in the interval its ts falls in)."""
+    samples on its own clock; a sample lands in the interval its ts falls in); with `since`,
+    only intervals that start after it."""
     every = max((float(b.get("every_s") or 0) for b in per_host.values()), default=5.0) or 5.0
     buckets: Dict[int, Dict[str, Any]] = {}
     for body in per_host.values():
@@ -91,11 +94,12 @@ def merge_history(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
                 value = sample.get(key)
                 if value is not None:
                     out[key] = (out.get(key) or 0) + value
-    samples = [buckets[k] for k in sorted(buckets)]
+    samples = [buckets[k] for k in sorted(buckets) if since is None or buckets[k]["ts"] > since]
     for sample in samples:
         for key in SUMMED:
             sample.setdefault(key, None)
-    return {"every_s": every, "samples": samples, "hosts": sorted(per_host)}
+    size = max((int(b.get("size") or 0) for b in per_host.values()), default=0) or None
+    return {"every_s": every, "size": size, "samples": samples, "hosts": sorted(per_host)}
 
 
 def merge_records(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -257,7 +261,12 @@ class GatewayConsole:
         if method == "GET" and sub == "/slots":
             return _json(merge_slots(await self._each(labels, sub)))
         if method == "GET" and sub == "/history":
-            return _json(merge_history(await self._each(labels, sub)))
+            since = urllib.parse.parse_qs(query).get("since", [None])[-1]
+            try:
+                after = float(since) if since is not None else None
+            except ValueError:
+                return _refused(422, "invalid_request", "since: a sample's ts (seconds)")
+            return _json(merge_history(await self._each(labels, sub, query), after))
         if method == "GET" and sub == "/records":
             return _json(merge_records(await self._each(labels, sub)))
         if method == "GET" and sub == "/host":

@@ -280,9 +280,16 @@ function chart(spec, samples) {
   return box;
 }
 
+// Only samples newer than the last one held are asked for: the hour's buffer is sent once.
+const history = { samples: [], size: 720 };
+
 async function chartsTick() {
-  const body = await getJson("/history");
-  $("charts").replaceChildren(...CHARTS.map((c) => chart(c, body.samples)));
+  const last = history.samples.length ? history.samples[history.samples.length - 1].ts : null;
+  const body = await getJson(last === null ? "/history" : `/history?since=${last}`);
+  history.size = body.size || history.size;
+  history.samples.push(...body.samples);
+  if (history.samples.length > history.size) history.samples.splice(0, history.samples.length - history.size);
+  $("charts").replaceChildren(...CHARTS.map((c) => chart(c, history.samples)));
 }
 
 const mib = (v) => (v === null || v === undefined ? "-" : `${Math.round(v)} MiB`);

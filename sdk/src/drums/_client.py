@@ -238,6 +238,10 @@ class Env(EnvBase):
     def gates(self) -> m.GateReport:
         return self._send(routes.gates(self.id, self._t))
 
+    def terminal(self) -> m.TerminalOutput:
+        """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
+        return self._send(routes.terminal(self.id, self._t))
+
     def observe(self) -> Observation:
         """The screenshot now, with the episode's metadata (instruction and more)."""
         if self._needs_instruction():

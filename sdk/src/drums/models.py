@@ -126,6 +126,16 @@ class CommandOutput(ResponseModel):
     stderr: str = ""
 
 
+class TerminalOutput(ResponseModel):
+    slot: str
+    episode: int
+    text: Optional[str] = Field(
+        default=None, description="the terminal's scrollback and screen; None when unreadable"
+    )
+    source: Optional[str] = None
+    reason: Optional[str] = None
+
+
 class StepResult(ResponseModel):
     slot: str
     episode: int

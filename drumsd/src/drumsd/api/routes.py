@@ -189,6 +189,10 @@ async def screenshot(ctx: Ctx, slot_id: str) -> Reply:
     return Raw(await ctx.supervisor.screenshot(slot_id), "image/png")
 
 
+async def terminal(ctx: Ctx, slot_id: str) -> Reply:
+    return wire.TerminalOutput(**await ctx.supervisor.terminal(slot_id))
+
+
 async def gates(ctx: Ctx, slot_id: str) -> Reply:
     return convert.gate_report(await ctx.supervisor.gate_report(slot_id))
 
@@ -386,6 +390,14 @@ ROUTES: tuple[Route, ...] = (
         "PNG of the desktop",
         screenshot,
         content_type="image/png",
+    ),
+    Route(
+        "GET",
+        S + "/terminal",
+        "slot_terminal",
+        "The desktop's terminal text (OSWorld's terminal observation); not an action",
+        terminal,
+        response=wire.TerminalOutput,
     ),
     Route(
         "GET",

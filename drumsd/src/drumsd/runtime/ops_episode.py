@@ -34,6 +34,7 @@ from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_AC
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
+from drumsd.tasks import terminal as terminal_text
 
 if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
@@ -129,6 +130,21 @@ async def screenshot_locked(sup: Supervisor, rec: SlotRecord, handle: SlotHandle
     sup._observe("screenshot", rec.id, trio.current_time() - started)
     sup.last_screenshot[rec.id] = png
     return png
+
+
+async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+    """The desktop's terminal text (OSWorld's terminal observation); not an action."""
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_observe(rec)
+        with runtime_failures(sup.metrics, what=f"terminal of slot {slot_id}", slot_id=slot_id):
+            done = await sup.runtime.exec_user(
+                sup._handle(rec), terminal_text.SCRIPT, terminal_text.TIMEOUT_S
+            )
+        got = terminal_text.parse(done.returncode, done.stdout, done.stderr)
+        return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
+                "reason": got.reason}  # fmt: skip
 
 
 async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 live         tests/live, and tests marked live elsewhere: real daemon, CRIU, desktops (root)
 integration  tests/integration, tests/nix: real processes (drumsd serve, fuzzers, nix eval)
-unit         everything else: one layer in process, fakes only at its edge
+unit         everything else: one layer in process, fakes only at its edge (a test that runs
+             real apps or a trainer in a subprocess marks itself integration)
 slow         marked by hand on the few long ones (the OpenAPI fuzzer, the task-set build)
 """
 
@@ -30,6 +31,8 @@ def tier_of(path: Path) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(Path(str(item.path)))
-        if tier == "unit" and item.get_closest_marker("live") is not None:
-            continue  # a live test outside tests/live (e.g. the guest on a real desktop)
+        if tier == "unit" and any(
+            item.get_closest_marker(m) is not None for m in ("live", "integration")
+        ):
+            continue  # e.g. the guest on a real desktop, a trainer run in its own venv
         item.add_marker(getattr(pytest.mark, tier))

@@ -208,6 +208,7 @@ async def test_gimp_config_file(venv_ctx: TaskContext, tmp_path: Path) -> None:
     assert (await score_of(task, slot, ctx)).score == 1.0
 
 
+@pytest.mark.integration  # runs the real Chromium
 async def test_chrome_profile_read_from_chromium(venv_ctx: TaskContext, tmp_path: Path) -> None:
     name_task = shared("2ae9ba84-3a0d-4d4c-8338-3a1478dc5fe3")
     dnt_task = shared("030eeff7-b492-4218-b312-701ec99ee0cc")

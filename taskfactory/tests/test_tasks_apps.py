@@ -218,3 +218,8 @@ def test_checkers_accept_libreoffice_written_files(tmp_path: Path, require_check
         if got != (want, want):
             failures.append((family, name, got, want))
     assert failures == []
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

@@ -105,3 +105,8 @@ async def test_example_task_sets_up_and_its_checker_scores(
     SOLUTIONS[name](slot.home)
     after = await bridge.verify(done, handle)
     assert after.score == 1.0 and after.checker_error is None, after
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

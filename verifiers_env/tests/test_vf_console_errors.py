@@ -74,3 +74,8 @@ def test_unknown_task_id_is_one_line_not_a_traceback(fake_host, policy, tmp_path
         "does not know task 'no-such-task'; list them with GET /v1/tasks"
     ], proc.stderr[-4000:]
     assert fake_host.stats()["counters"].get("slots_created", 0) == 0
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

@@ -195,3 +195,8 @@ def test_other_tool_styles(fake_host, policy, tmp_path, style, task, actions):
             "computer_click",
         } <= set(tools)
     assert_nothing_left(fake_host)
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

@@ -20,3 +20,8 @@ def test_skyrl_env_on_a_real_daemon(tmp_path: Path):
         tmp_path, "skyrl", "skyrl_check.py", "DRUMS_SKYRL_LIVE_TASK", "DRUMS_SKYRL_RESULT", 2
     )  # the live episode and the registration check
     assert len(lines) == 1
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

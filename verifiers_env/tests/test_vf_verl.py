@@ -65,3 +65,8 @@ def live_run(
 def test_verl_agent_loop_on_a_real_daemon(tmp_path: Path):
     lines = live_run(tmp_path, "verl", "verl_check.py", "DRUMS_VERL_LIVE_TASK", "DRUMS_VERL_RESULT")
     assert len(lines) == 1
+
+
+# Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
+# tier, not the fast unit tier (conftest.py).
+pytestmark = pytest.mark.integration

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from drumsd.guest.protocol import ShotSpec
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,18 @@ class StepOutcome:
 
 
 @dataclass(frozen=True)
+class Screenshot:
+    """An encoded screenshot as the guest made it (passed on to clients unchanged). `cached`:
+    the screen had not changed since the last grab, so the guest returned its earlier encoding."""
+
+    data: bytes
+    content_type: str = "image/png"
+    width: int = 0
+    height: int = 0
+    cached: bool = False
+
+
+@dataclass(frozen=True)
 class SlotFacts:
     """Evidence for the gates, read from the OS (cgroup files, /proc, mountinfo)."""
 
@@ -120,7 +135,13 @@ class SlotRuntime(Protocol):
 
     async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome: ...
 
-    async def screenshot(self, handle: SlotHandle) -> bytes: ...
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        """A PNG of the whole screen."""
+        ...
+
+    async def grab(self, handle: SlotHandle, spec: ShotSpec) -> Screenshot:
+        """A screenshot encoded (and scaled) as `spec` asks, once, in the guest."""
+        ...
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         """Dump the running tree (left running) and snapshot the upper layer while frozen."""

@@ -13,7 +13,7 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -21,11 +21,15 @@ from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
     RuntimeError_,
+    Screenshot,
     SlotFacts,
     SlotHandle,
     SlotLimits,
     StepOutcome,
 )
+
+if TYPE_CHECKING:
+    from drumsd.guest.protocol import ShotSpec
 
 MOUNTS = ("/ overlay", "/proc proc", "/dev tmpfs", "/tmp tmpfs")
 FAKE_NAMESPACE_BASE = 9_000_000_000  # far from real nsfs inodes (~4026531835)
@@ -189,6 +193,22 @@ class MemoryRuntime:
         slot = self._slot(handle)
         shade = (slot["actions"] * 37) % 256
         return png(self.screen[0], self.screen[1], (shade, 128, 255 - shade))
+
+    async def grab(self, handle: SlotHandle, spec: ShotSpec) -> Screenshot:
+        """Encoded by the guest's own encoder; `cached` while no action ran since the last
+        grab of this spec (the guest's change check, with the action count as the frame)."""
+        from PIL import Image
+
+        from drumsd.guest.agent import encode
+
+        slot = self._slot(handle)
+        frame = (slot["actions"], spec)
+        cached = slot.get("last_grab") == frame
+        slot["last_grab"] = frame
+        shade = (slot["actions"] * 37) % 256
+        image = Image.new("RGB", self.screen, (shade, 128, 255 - shade))
+        data, w, h = encode(image, spec)
+        return Screenshot(data, spec.content_type, w, h, cached)
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         slot = self._slot(handle)

@@ -27,9 +27,12 @@ from drumsd.core.records import (
     check_can_verify,
 )
 from drumsd.core.seams import (
+    Screenshot,
     SlotHandle,
 )
 from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_ACTIONS
+from drumsd.guest import protocol
+from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
@@ -44,6 +47,8 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
     sup._check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
+    if req.screenshot_options is not None:
+        step_shot_spec(req)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_step(rec)
@@ -76,9 +81,9 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             sup._dirty.add(rec.id)
         elapsed = trio.current_time() - started
         sup._observe("step", slot_id, elapsed)
-        png = None
-        if req.screenshot:
-            png = await screenshot_locked(sup, rec, handle)
+        shot = None
+        if req.screenshot or req.screenshot_options is not None:
+            shot = await screenshot_locked(sup, rec, handle, step_shot_spec(req))
         return {
             "slot": slot_id,
             "episode": rec.episode,
@@ -87,8 +92,21 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             "actions": rec.actions,
             "terminal": rec.terminal if kind in TERMINAL_ACTIONS else None,
             "output": output,
-            "screenshot_png": png,
+            "screenshot": shot,
         }
+
+
+def step_shot_spec(req: StepRequest) -> ShotSpec:
+    """The screenshot options of a step (checked before the step runs: a bad one is a 400 and
+    no action)."""
+    options = req.screenshot_options
+    raw = options.model_dump(exclude_none=True) if options is not None else None
+    try:
+        return protocol.parse_shot(raw)
+    except protocol.ProtocolError as exc:
+        raise DrumsdError(
+            "invalid_request", exc.message, field=f"screenshot_options.{exc.field}"
+        ) from None
 
 
 def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
@@ -113,21 +131,28 @@ def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
     return action
 
 
-async def screenshot(sup: Supervisor, slot_id: str) -> bytes:
+async def screenshot(
+    sup: Supervisor, slot_id: str, spec: ShotSpec = protocol.PNG_FULL
+) -> Screenshot:
     sup.get_slot(slot_id)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_observe(rec)
-        return await screenshot_locked(sup, rec, sup._handle(rec))
+        return await screenshot_locked(sup, rec, sup._handle(rec), spec)
 
 
-async def screenshot_locked(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) -> bytes:
+async def screenshot_locked(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, spec: ShotSpec = protocol.PNG_FULL
+) -> Screenshot:
+    """Encoded once, in the guest, as `spec` asks; the bytes go to the client as they are."""
     started = trio.current_time()
     with runtime_failures(sup.metrics, what=f"screenshot of slot {rec.id}", slot_id=rec.id):
-        png = await sup.runtime.screenshot(handle)
+        shot = await sup.runtime.grab(handle, spec)
     sup._observe("screenshot", rec.id, trio.current_time() - started)
-    sup.last_screenshot[rec.id] = png
-    return png
+    if spec == protocol.PNG_FULL:
+        # The console and the slot's archive keep the last full-size PNG.
+        sup.last_screenshot[rec.id] = shot.data
+    return shot
 
 
 async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:

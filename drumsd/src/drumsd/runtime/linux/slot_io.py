@@ -11,7 +11,14 @@ from typing import Any
 
 import trio
 
-from drumsd.core.seams import CommandResult, RuntimeError_, SlotFacts, SlotHandle, StepOutcome
+from drumsd.core.seams import (
+    CommandResult,
+    RuntimeError_,
+    Screenshot,
+    SlotFacts,
+    SlotHandle,
+    StepOutcome,
+)
 from drumsd.guest import protocol
 from drumsd.linux import beneath, procfs
 from drumsd.linux.exec_helper import helper_argv
@@ -63,6 +70,27 @@ class SlotIOMixin(RuntimeBase):
     async def screenshot(self, handle: SlotHandle) -> bytes:
         _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
         return png
+
+    async def grab(self, handle: SlotHandle, spec: protocol.ShotSpec) -> Screenshot:
+        request: dict[str, Any] = {"op": "screenshot"}
+        if spec != protocol.PNG_FULL:
+            request["shot"] = spec.to_request()
+        header, data = await self._agent(handle, request, 15.0)
+        if header.get("content_type", "image/png") != spec.content_type:
+            # An agent restored from a checkpoint older than screenshot formats answers PNG.
+            raise RuntimeError_(
+                "runtime_error",
+                f"slot {handle.slot_id}: its guest agent answered {header.get('content_type')} "
+                f"for {spec.format}; the checkpoint predates screenshot formats (rebuild it)",
+                slot=handle.slot_id,
+            )
+        return Screenshot(
+            data,
+            spec.content_type,
+            int(header.get("width") or 0),
+            int(header.get("height") or 0),
+            bool(header.get("cached")),
+        )
 
     async def exec_user(
         self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float

@@ -101,9 +101,8 @@ class FakeX(agent.Screen):
         super().__init__(":0")
         self.image = desktop()
 
-    def _grab_raw(self):
-        data = self.image.tobytes()
-        return self.image.copy(), zlib.crc32(data)
+    def _grab_raw(self, checksum: bool = True):
+        return self.image.copy(), zlib.crc32(self.image.tobytes()) if checksum else None
 
 
 def test_an_unchanged_screen_returns_the_cached_encoding_per_spec() -> None:
@@ -121,6 +120,14 @@ def test_an_unchanged_screen_returns_the_cached_encoding_per_spec() -> None:
     changed = screen.grab(PNG_FULL)
     assert not changed.cached and changed.data != first.data and screen.encodes == 3
     assert not screen.grab(ShotSpec("jpeg", 60, 640)).cached, "a new frame drops old encodings"
+
+
+def test_a_fresh_grab_always_encodes() -> None:
+    screen = FakeX()
+    screen.grab(PNG_FULL)
+    assert not screen.grab(PNG_FULL, fresh=True).cached and screen.encodes == 2
+    assert not screen.grab(PNG_FULL).cached, "a fresh grab leaves no frame to compare with"
+    assert screen.grab(PNG_FULL).cached and screen.encodes == 3
 
 
 def test_the_cache_holds_a_bounded_number_of_specs() -> None:

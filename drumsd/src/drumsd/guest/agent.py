@@ -72,28 +72,31 @@ class Screen:
         self.grabs = 0
         self.encodes = 0
 
-    def _grab_raw(self) -> tuple[Any, int]:
-        """The screen as a Pillow image and a checksum of its raw pixels."""
+    def _grab_raw(self, checksum: bool = True) -> tuple[Any, int | None]:
+        """The screen as a Pillow image (or a function making one) and a checksum of its raw
+        pixels (None without `checksum`)."""
         from PIL import Image, ImageGrab
 
         grab_x11 = getattr(Image.core, "grabscreen_x11", None)
         if grab_x11 is None:  # a Pillow without the raw call: checksum the decoded pixels
             image = ImageGrab.grab(xdisplay=self.display)
-            return image, zlib.crc32(image.tobytes())
+            return image, zlib.crc32(image.tobytes()) if checksum else None
         size, data = grab_x11(self.display)
-        crc = zlib.crc32(data, size[0] * 65536 + size[1])
+        crc = zlib.crc32(data, size[0] * 65536 + size[1]) if checksum else None
         return (lambda: Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)), crc
 
-    def grab(self, spec: protocol.ShotSpec = protocol.PNG_FULL) -> Shot:
+    def grab(self, spec: protocol.ShotSpec = protocol.PNG_FULL, fresh: bool = False) -> Shot:
+        """`fresh`: encode even if the screen is unchanged (what a grab cost before the cache;
+        `drumsd bench --screenshots` compares the two in one run)."""
         t0 = time.monotonic()
-        raw, crc = self._grab_raw()
+        raw, crc = self._grab_raw(checksum=not fresh)
         self.grabs += 1
         t1 = time.monotonic()
-        if crc == self.frame_crc and spec in self.encoded:
+        if crc is not None and crc == self.frame_crc and spec in self.encoded:
             data, w, h = self.encoded[spec]
             return Shot(data, w, h, True, t1 - t0, 0.0)
-        if crc != self.frame_crc:
-            self.frame_crc = crc
+        if crc is None or crc != self.frame_crc:
+            self.frame_crc = crc  # a fresh grab leaves no frame to compare with
             self.encoded.clear()
         image = raw() if callable(raw) else raw
         data, w, h = encode(image, spec)
@@ -515,7 +518,7 @@ class Agent:
         elif op == "screenshot":
             started = time.monotonic()
             spec = protocol.parse_shot(request.get("shot"))
-            shot = self.screen.grab(spec)
+            shot = self.screen.grab(spec, fresh=request.get("fresh") is True)
             self.reply(
                 conn,
                 {

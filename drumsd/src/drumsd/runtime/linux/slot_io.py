@@ -71,10 +71,15 @@ class SlotIOMixin(RuntimeBase):
         _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
         return png
 
-    async def grab(self, handle: SlotHandle, spec: protocol.ShotSpec) -> Screenshot:
+    async def grab(
+        self, handle: SlotHandle, spec: protocol.ShotSpec, *, fresh: bool = False
+    ) -> Screenshot:
+        """`fresh`: the guest encodes even an unchanged screen (the benchmark's baseline)."""
         request: dict[str, Any] = {"op": "screenshot"}
         if spec != protocol.PNG_FULL:
             request["shot"] = spec.to_request()
+        if fresh:
+            request["fresh"] = True
         header, data = await self._agent(handle, request, 15.0)
         if header.get("content_type", "image/png") != spec.content_type:
             # An agent restored from a checkpoint older than screenshot formats answers PNG.

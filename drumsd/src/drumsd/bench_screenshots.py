@@ -1,0 +1,209 @@
+"""`drumsd bench --screenshots`: screenshot and step + screenshot cost, the plain PNG path against
+the new one (change cache, smaller formats), on one real restored desktop, in the same run.
+
+Two kinds of step: `move` (the pointer moves; Xvfb's framebuffer, which screenshots read, does
+not change) and `type` (a character typed into the desktop's xterm, then erased: every step
+changes the screen). For each, every variant runs the same number of steps, interleaved round by
+round so load on the host falls on all of them alike:
+  plain        the path before: every grab encoded as a full-size PNG (`fresh`)
+  png          full-size PNG with the change cache
+  png 1280     PNG scaled to 1280x720
+  jpeg 1280    JPEG q80 at 1280x720
+  webp 1280    WebP q80 at 1280x720
+Per variant: wall p50/p99 of step + screenshot and of the screenshot alone, CPU per step (the
+slot's cgroup plus this process), image bytes, cache hits. Ratios are against `plain`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drumsd.bench import BENCH_LIMITS, Progress, percentile
+from drumsd.core.seams import SlotHandle
+from drumsd.guest.protocol import PNG_FULL, ShotSpec
+
+VARIANTS: dict[str, tuple[ShotSpec, bool]] = {
+    "plain": (PNG_FULL, True),
+    "png": (PNG_FULL, False),
+    "png 1280": (ShotSpec("png", None, 1280, 720), False),
+    "jpeg 1280": (ShotSpec("jpeg", 80, 1280, 720), False),
+    "webp 1280": (ShotSpec("webp", 80, 1280, 720), False),
+}
+TARGET_P50_S = 0.025
+TARGET_P99_S = 0.080
+
+
+@dataclass(frozen=True)
+class ShotBenchOptions:
+    image: str = "office"
+    cache_root: Path = Path("/var/cache/drums")
+    state_dir: Path = Path("/run/drums-bench")
+    criu: Path = Path("/usr/local/sbin/criu")
+    profile: str = "hardened"
+    steps: int = 40
+    out: Path = Path("bench-screenshots.json")
+
+
+def slot_cpu_s(handle: SlotHandle) -> float:
+    """CPU the slot's processes used so far (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    for key in ("cpuacct", "cpu", "unified"):
+        d = handle.cgroups.get(key)
+        if not d:
+            continue
+        usage = Path(d) / "cpuacct.usage"
+        if usage.exists():
+            return int(usage.read_text()) / 1e9
+        stat = Path(d) / "cpu.stat"
+        if stat.exists():
+            for line in stat.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "usage_usec":
+                    return int(value) / 1e6
+    return 0.0
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(percentile(values, 50), 4),
+        "p99": round(percentile(values, 99), 4),
+        "n": len(values),
+    }
+
+
+async def run_screenshot_bench(
+    opts: ShotBenchOptions, progress: Progress = print
+) -> dict[str, Any]:
+    from drumsd.linux.image import find_image
+    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+
+    image = find_image(opts.image, opts.cache_root)
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile)
+    ck_dir = opts.state_dir / "checkpoints" / f"bench-shots-{uuid.uuid4().hex[:6]}"
+    results: dict[str, Any] = {
+        "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "image": {"profile": image.profile, "sha256": image.sha256},
+        "steps_per_variant": opts.steps,
+        "variants": {
+            name: {"spec": spec.to_request(), "fresh": f} for name, (spec, f) in VARIANTS.items()
+        },
+    }
+    async with open_linux_runtime(cfg) as rt:
+        await rt.sweep([])
+        progress(f"template of {image.profile} (cold boot, quiesce, dump) ...")
+        ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template")
+        h = await rt.restore("bench-shots", ref, BENCH_LIMITS)
+        try:
+            for kind in ("move", "type"):
+                progress(f"{kind}: {opts.steps} rounds of {len(VARIANTS)} variants ...")
+                results[kind] = await _measure(rt, h, kind, opts.steps)
+        finally:
+            await rt.destroy(h.slot_id)
+    shutil.rmtree(ck_dir, ignore_errors=True)
+    results["host"]["loadavg_end"] = os.getloadavg()
+    for kind in ("move", "type"):
+        plain = results[kind]["plain"]
+        for row in results[kind].values():
+            row["ratio_p50_vs_plain"] = round(
+                plain["step_screenshot_s"]["p50"] / row["step_screenshot_s"]["p50"], 2
+            )
+            row["ratio_cpu_vs_plain"] = round(
+                plain["cpu_per_step_s"] / max(row["cpu_per_step_s"], 1e-6), 2
+            )
+    results["targets"] = {
+        f"{kind} {name}": {
+            "p50<=0.025": row["step_screenshot_s"]["p50"] <= TARGET_P50_S,
+            "p99<=0.080": row["step_screenshot_s"]["p99"] <= TARGET_P99_S,
+        }
+        for kind in ("move", "type")
+        for name, row in results[kind].items()
+    }
+    return results
+
+
+async def _measure(rt: Any, h: SlotHandle, kind: str, steps: int) -> dict[str, Any]:
+    rows: dict[str, dict[str, list[float]]] = {
+        name: {"wall": [], "shot": [], "cpu": [], "bytes": [], "cached": []} for name in VARIANTS
+    }
+    names = list(VARIANTS)
+    for i in range(steps):
+        random.shuffle(names)  # no variant always runs right after another
+        for name in names:
+            spec, fresh = VARIANTS[name]
+            if kind == "move":
+                action = {
+                    "type": "move",
+                    "x": random.randrange(200, 1700),
+                    "y": random.randrange(200, 900),
+                }
+            else:  # a character, then its erasure: the screen changes on every step
+                action = (
+                    {"type": "type", "text": "x"}
+                    if i % 2 == 0
+                    else {"type": "key", "keys": ["backspace"]}
+                )
+            cpu0, own0 = slot_cpu_s(h), time.process_time()
+            t0 = time.monotonic()
+            await rt.step(h, action)
+            t1 = time.monotonic()
+            shot = await rt.grab(h, spec, fresh=fresh)
+            t2 = time.monotonic()
+            row = rows[name]
+            row["wall"].append(t2 - t0)
+            row["shot"].append(t2 - t1)
+            row["cpu"].append(slot_cpu_s(h) - cpu0 + time.process_time() - own0)
+            row["bytes"].append(len(shot.data))
+            row["cached"].append(float(shot.cached))
+    out: dict[str, Any] = {}
+    for name, row in rows.items():
+        out[name] = {
+            "step_screenshot_s": summary(row["wall"]),
+            "screenshot_s": summary(row["shot"]),
+            "cpu_per_step_s": round(sum(row["cpu"]) / len(row["cpu"]), 4),
+            "bytes_p50": int(percentile(row["bytes"], 50)),
+            "cache_hits": int(sum(row["cached"])),
+        }
+    return out
+
+
+def render_screenshot_table(r: dict[str, Any]) -> str:
+    head = (
+        f"{'step':<6}{'variant':<11}{'step+shot p50':>14}{'p99':>8}{'shot p50':>10}{'p99':>8}"
+        f"{'CPU/step':>10}{'KiB':>7}{'hits':>6}{'x plain':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for kind in ("move", "type"):
+        for name, row in r[kind].items():
+            s, g = row["step_screenshot_s"], row["screenshot_s"]
+            cpu_ms, kib = row["cpu_per_step_s"] * 1e3, row["bytes_p50"] / 1024
+            lines.append(
+                f"{kind:<6}{name:<11}{s['p50'] * 1e3:>12.1f}ms{s['p99'] * 1e3:>6.0f}ms"
+                f"{g['p50'] * 1e3:>8.1f}ms{g['p99'] * 1e3:>6.0f}ms{cpu_ms:>8.1f}ms"
+                f"{kib:>7.0f}{row['cache_hits']:>6}{row['ratio_p50_vs_plain']:>8.2f}x"
+            )
+    p50, p99 = TARGET_P50_S * 1e3, TARGET_P99_S * 1e3
+    lines.append(f"targets: step + screenshot p50 <= {p50:.0f} ms, p99 <= {p99:.0f} ms")
+    return "\n".join(lines)
+
+
+def main_screenshot_bench(opts: ShotBenchOptions) -> int:
+    import sys
+
+    import trio
+
+    def progress(msg: str) -> None:
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    results = trio.run(run_screenshot_bench, opts, progress)
+    print(render_screenshot_table(results))
+    opts.out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {opts.out}")
+    return 0

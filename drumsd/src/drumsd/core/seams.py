@@ -83,6 +83,8 @@ class Screenshot:
     width: int = 0
     height: int = 0
     cached: bool = False
+    grab_s: float = 0.0  # in the guest: reading the screen (and its checksum)
+    encode_s: float = 0.0  # in the guest: scaling and encoding (0 when cached)
 
 
 @dataclass(frozen=True)

@@ -95,12 +95,14 @@ class Screen:
         if crc is not None and crc == self.frame_crc and spec in self.encoded:
             data, w, h = self.encoded[spec]
             return Shot(data, w, h, True, t1 - t0, 0.0)
-        if crc is None or crc != self.frame_crc:
-            self.frame_crc = crc  # a fresh grab leaves no frame to compare with
-            self.encoded.clear()
         image = raw() if callable(raw) else raw
         data, w, h = encode(image, spec)
         self.encodes += 1
+        if crc is None:  # fresh: the cache is left as it was
+            return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1)
+        if crc != self.frame_crc:
+            self.frame_crc = crc
+            self.encoded.clear()
         if len(self.encoded) >= self.MAX_CACHED_SPECS:
             self.encoded.pop(next(iter(self.encoded)))
         self.encoded[spec] = (data, w, h)
@@ -113,8 +115,9 @@ def encode(image: Any, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
 
     size = spec.size_for(image.width, image.height)
     if size != image.size:
-        # reducing_gap: a fast integer box reduction first, then bilinear; near-antialiased.
-        image = image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
+        # BOX (area averaging): antialiased for downscaling and ~30% cheaper than BILINEAR,
+        # which costs more than the encode at 1920x1080 -> 1280x720.
+        image = image.resize(size, Image.Resampling.BOX)
     buf = io.BytesIO()
     if spec.format == "png":
         # Level 1: desktops are mostly flat colour, so this is small and 3-5x faster than 6.

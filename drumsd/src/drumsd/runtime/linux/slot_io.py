@@ -95,6 +95,8 @@ class SlotIOMixin(RuntimeBase):
             int(header.get("width") or 0),
             int(header.get("height") or 0),
             bool(header.get("cached")),
+            float(header.get("grab_s") or 0.0),
+            float(header.get("encode_s") or 0.0),
         )
 
     async def exec_user(

@@ -558,3 +558,31 @@ async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) ->
     assert set(children) | {maker} <= set(done["slots"])
     assert kept not in done["slots"]
     error_of(await api.client.get(f"/v1/checkpoints/{state}"), 404, "not_found")
+
+
+async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
+    tmp_path: Path,
+) -> None:
+    # A gate left pending makes every verify of the episode invalid ("gates pending:
+    # alive_after_resume", seen once in the live validator): an error reading facts is retried.
+    async with open_api(tmp_path, alive_after_s=0.2) as api:
+        sid = (await create(api))["id"]
+        real = api.runtime.facts
+        failures = iter([None, ValueError("boom")])  # the start's read, then the judge's
+
+        async def flaky(handle):
+            exc = next(failures, None)
+            if exc is not None:
+                raise exc
+            return await real(handle)
+
+        api.runtime.facts = flaky
+        r = await api.client.post(f"/v1/slots/{sid}/reset")
+        assert r.status_code == 200, r.text
+        await trio.sleep(0.2 + 1.5)
+        api.runtime.facts = real
+        v = (await api.client.post(f"/v1/slots/{sid}/verify")).json()
+        assert not any("pending" in r for r in v["invalid_reasons"]), v
+        gates = (await api.client.get(f"/v1/slots/{sid}/gates")).json()
+        statuses = {g["name"]: g["status"] for g in gates["gates"]}
+        assert statuses["alive_after_resume"] == "pass", gates

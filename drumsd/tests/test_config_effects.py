@@ -31,6 +31,8 @@ async def test_a_desktop_that_keeps_moving_is_409_not_quiescent(tmp_path: Path) 
         err = error_of(await api.client.post(f"/v1/slots/{sid}/capture"), 409, "not_quiescent")
         assert f"/v1/slots/{sid}/quiescent" in err["message"], err
         assert "quiesce.timeout_s=0.2" in err["message"], err
+        assert "last seen moving: sh(4242) started" in err["message"], err
+        assert err["detail"]["moving"] == ["sh(4242) started"], err
         assert api.runtime.captures == 0
         assert api.sup.checkpoints.keys() == {"tpl-base"} or all(
             cp.kind is CheckpointKind.template for cp in api.sup.checkpoints.values()
@@ -187,4 +189,5 @@ async def test_a_fork_dumps_a_busy_desktop_without_a_quiet_wait(tmp_path: Path) 
         assert r.status_code in (200, 201), r.text
         r = await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 2})
         assert r.status_code == 201, r.text
-        assert "quiescent" not in [c[0] for c in api.runtime.calls if c[1] == sid]
+        mine = [c[0] for c in api.runtime.calls if c[1] == sid]
+        assert "quiescent" not in mine and "settle" in mine, mine

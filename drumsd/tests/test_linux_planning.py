@@ -208,3 +208,32 @@ def test_python_exec_helper_fallback(tmp_path: Path) -> None:
     argv = helper_argv(None, [a], False, ["/bin/sh", "-c", "echo $$"])
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
     assert a.read_text().strip() == out
+
+
+def test_moving_names_what_started_exited_or_is_stuck() -> None:
+    before = {(10, 1): ("xterm", ""), (11, 5): ("sh", "")}
+    after = {(10, 1): ("xterm", ""), (12, 9): ("true", ""), (13, 9): ("gimp", "Z")}
+    assert procfs.moving(before, after) == [
+        "true(12) started",
+        "gimp(13) started",
+        "sh(11) exited",
+        "gimp(13) is a zombie (Z)",
+    ]
+    assert procfs.moving(before, before) == []
+
+
+def test_tree_shape_of_real_processes_ignores_cpu_and_sees_a_new_one() -> None:
+    me = os.getpid()
+    first = procfs.tree_shape([me])
+    sum(range(2_000_000))  # CPU ticks move; the shape does not
+    assert procfs.tree_shape([me]) == first
+    child = subprocess.Popen(["sleep", "5"])
+    try:
+        shape = procfs.tree_shape([me, child.pid])
+        assert procfs.moving(first, shape) == [f"sleep({child.pid}) started"]
+        child.kill()
+        child.wait()
+        # reaped: gone from /proc, so the shape is the first one again
+        assert procfs.tree_shape([me, child.pid]) == first
+    finally:
+        child.kill()

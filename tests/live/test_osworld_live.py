@@ -39,16 +39,28 @@ XCU = "/home/user/.config/libreoffice/4/user/registrymodifications.xcu"
 
 
 def _chromium_prefs(edit: str) -> str:
-    """Wait for the Chromium that setup launched, stop it, then edit its Preferences (the
-    postconfig restarts it, as OSWorld's does)."""
+    """Wait until the Chromium that setup launched is up (its DevTools port answers and it has
+    written Preferences: on a loaded host its start took over 20 s once, and an edit made before
+    it started was overwritten), stop it, then edit its Preferences (the postconfig restarts it,
+    as OSWorld's does)."""
     return (
-        "P=~/.config/chromium/Default/Preferences; "
-        "for i in $(seq 100); do [ -s $P ] && break; sleep 0.2; done; sleep 1; "
-        "pkill -KILL -x chromium; "
-        "for i in $(seq 50); do pgrep -x chromium >/dev/null || break; sleep 0.2; done; "
         "python3 - <<'PY'\n"
-        "import json, os\n"
+        "import json, os, subprocess, time, urllib.request\n"
         "p = os.path.expanduser('~/.config/chromium/Default/Preferences')\n"
+        "end = time.monotonic() + 80\n"
+        "while time.monotonic() < end:\n"
+        "    try:\n"
+        "        urllib.request.urlopen('http://127.0.0.1:1337/json/version', timeout=2)\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.3)\n"
+        "while time.monotonic() < end and not (os.path.exists(p) and os.path.getsize(p)):\n"
+        "    time.sleep(0.2)\n"
+        "time.sleep(1)\n"
+        "subprocess.run(['pkill', '-KILL', '-x', 'chromium'])\n"
+        "while time.monotonic() < end and subprocess.run(['pgrep', '-x', 'chromium'],"
+        " capture_output=True).returncode == 0:\n"
+        "    time.sleep(0.2)\n"
         "os.makedirs(os.path.dirname(p), exist_ok=True)\n"
         "d = json.load(open(p)) if os.path.exists(p) else {}\n"
         f"{edit}\n"
@@ -91,7 +103,9 @@ def base():
 
 @pytest.fixture(scope="module")
 def office():
-    return shared_daemon("office", image="office")
+    # Office checkers import desktop-env's metrics and their libraries in a fresh process: on a
+    # loaded host of this kind that took over 10 s once (check_config_status), so 60 s here.
+    return shared_daemon("office", image="office", eval_timeout_s=60.0)
 
 
 def _episode(daemon, task: str, command: str | None, last: str | None) -> dict:

@@ -320,6 +320,8 @@ class QuiescentResult(ResponseModel):
     slot: str
     quiescent: bool
     waited_s: float
+    # Not quiet: what moved last (e.g. "sh(412) started", "gimp(90) is a zombie (Z)").
+    moving: list[str] = Field(default_factory=list)
 
 
 # --- tasks and verify -------------------------------------------------------------------------

@@ -102,6 +102,15 @@ class SlotFacts:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Quiescence:
+    """The answer of a quiet wait: quiet or not, and what kept moving in the last change seen
+    (e.g. "sh(412) started", "true(415) exited", "gimp(90) is a zombie (Z)")."""
+
+    quiet: bool
+    moving: tuple[str, ...] = ()
+
+
 class RuntimeError_(Exception):
     """A runtime failure with a stable code (restore_failed, not_quiescent, action_failed,
     invalid_request, timeout, runtime_error) and a message that says what to do next."""
@@ -161,7 +170,10 @@ class SlotRuntime(Protocol):
 
     async def quiescent(
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
-    ) -> bool: ...
+    ) -> Quiescence:
+        """Wait until no process of the slot starts or exits and none is in D or Z state for
+        `window_s` (CPU use does not count: the dump freezes the tree), or `timeout_s`."""
+        ...
 
     async def exec_user(
         self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float

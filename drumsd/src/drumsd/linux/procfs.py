@@ -77,6 +77,38 @@ def activity(pids: Iterable[int]) -> tuple[tuple[int, str, int], ...]:
     return tuple(sig)
 
 
+# States that make a dump inconsistent or impossible: D (uninterruptible, mid-I/O) and Z (exited,
+# not reaped: CRIU cannot dump a zombie that still has threads).
+UNSETTLED_STATES = {"D": "in uninterruptible sleep (D)", "Z": "a zombie (Z)"}
+
+
+def tree_shape(pids: Iterable[int]) -> dict[tuple[int, int], tuple[str, str]]:
+    """What a capture needs to hold still: which processes exist (pid + starttime, so a reused
+    pid is a new process) and which of them are D or Z. CPU use is not part of it: CRIU freezes
+    the tree, so an app that polls can be dumped; one that keeps forking cannot be dumped as a
+    stable set of processes."""
+    shape: dict[tuple[int, int], tuple[str, str]] = {}
+    for pid in pids:
+        st = read_stat(pid)
+        if st is not None:
+            shape[(pid, st.starttime)] = (st.comm, st.state if st.state in UNSETTLED_STATES else "")
+    return shape
+
+
+def moving(
+    before: dict[tuple[int, int], tuple[str, str]], after: dict[tuple[int, int], tuple[str, str]]
+) -> list[str]:
+    """What changed between two tree shapes, for the not_quiescent message (pure)."""
+    out = [f"{after[k][0]}({k[0]}) started" for k in sorted(after.keys() - before.keys())]
+    out += [f"{before[k][0]}({k[0]}) exited" for k in sorted(before.keys() - after.keys())]
+    out += [
+        f"{comm}({key[0]}) is {UNSETTLED_STATES[state]}"
+        for key, (comm, state) in sorted(after.items())
+        if state
+    ]
+    return out
+
+
 def namespaces(pid: int | str) -> dict[str, int]:
     out: dict[str, int] = {}
     for ns in NAMESPACES:

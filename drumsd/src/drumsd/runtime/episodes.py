@@ -112,9 +112,9 @@ async def read_facts(
         )
         try:
             extra = await trio.to_thread.run_sync(read)
-        except OSError as exc:
-            log.warning("slot=%s gate evidence failed: %s", rec.id, exc)
-            extra = {"evidence_error": str(exc)}
+        except Exception as exc:  # evidence must never leave a gate unjudged
+            log.warning("slot=%s episode=%s gate evidence failed: %r", rec.id, rec.episode, exc)
+            extra = {"evidence_error": repr(exc)}
         out["extra"].update(extra)
         if "mounts_normalized" in extra:
             out["mounts"] = extra["mounts_normalized"]
@@ -273,25 +273,50 @@ def untrack(sup: Supervisor, slot_id: str) -> None:
         sup.crash_watch.untrack(slot_id)
 
 
+# Tries of the alive_after_resume judge's fact read before it judges "could not read facts".
+JUDGE_READ_TRIES = 3
+
+
 async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> None:
+    """Judge alive_after_resume once, alive_after_s after ready. It must always end with a
+    verdict: a gate left pending makes every verify of the episode invalid, so an unexpected
+    error is logged and judged as a failed read rather than ending the task silently."""
     await trio.sleep(sup.config.alive_after_s)
-    async with sup._lock(slot_id):
-        rec = sup.slots.get(slot_id)
-        if rec is None or rec.episode_id != episode_id or rec.handle is None:
-            return
-        if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
-            return
-        facts = await read_facts(sup, rec, sup._handle(rec))
-        if facts is None:
-            status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
-        else:
-            judge_running(sup, rec, facts)
-            status, evidence = G.judge_alive_after_resume(
-                facts, rec.baseline, sup.config.natural_exits
-            )
-        set_gate(sup, rec, "alive_after_resume", status, evidence)
-        sup._save_slot(rec, "gates", file=False)
-        quarantine_on_failure(sup, rec)
+    for attempt in range(1, JUDGE_READ_TRIES + 1):
+        async with sup._lock(slot_id):
+            rec = sup.slots.get(slot_id)
+            if rec is None or rec.episode_id != episode_id or rec.handle is None:
+                return
+            if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
+                return
+            try:
+                facts = await read_facts(sup, rec, sup._handle(rec))
+            except Exception:
+                log.exception(
+                    "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
+                )
+                facts = None
+            if facts is None and attempt < JUDGE_READ_TRIES:
+                log.warning(
+                    "slot=%s episode=%s alive_after_resume: facts unreadable (try %d of %d)",
+                    slot_id,
+                    rec.episode,
+                    attempt,
+                    JUDGE_READ_TRIES,
+                )
+            else:
+                if facts is None:
+                    status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
+                else:
+                    judge_running(sup, rec, facts)
+                    status, evidence = G.judge_alive_after_resume(
+                        facts, rec.baseline, sup.config.natural_exits
+                    )
+                set_gate(sup, rec, "alive_after_resume", status, evidence)
+                sup._save_slot(rec, "gates", file=False)
+                quarantine_on_failure(sup, rec)
+                return
+        await trio.sleep(1.0)
 
 
 async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: SlotHandle) -> None:

@@ -20,6 +20,7 @@ import trio
 from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
+    Quiescence,
     RuntimeError_,
     Screenshot,
     SlotFacts,
@@ -242,14 +243,15 @@ class MemoryRuntime:
 
     async def quiescent(
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
-    ) -> bool:
+    ) -> Quiescence:
         self._slot(handle)
-        self.calls.append(("quiescent", handle.slot_id))
+        # window 0 is a fork's settle check (zombies, D state), not a quiet wait
+        self.calls.append(("quiescent" if window_s > 0 else "settle", handle.slot_id))
         if not self.quiet:
             await trio.sleep(min(timeout_s, 0.01))
-            return False
+            return Quiescence(False, ("sh(4242) started",))
         await trio.sleep(min(window_s, 0.01))
-        return True
+        return Quiescence(True)
 
     async def exec_user(
         self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float

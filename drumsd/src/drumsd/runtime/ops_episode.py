@@ -27,6 +27,7 @@ from drumsd.core.records import (
     check_can_verify,
 )
 from drumsd.core.seams import (
+    Quiescence,
     Screenshot,
     SlotHandle,
 )
@@ -166,10 +167,15 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dic
         started = trio.current_time()
         with runtime_failures(sup.metrics, what=f"quiescent on slot {slot_id}", slot_id=slot_id):
             # Not quiet within the window is an answer (false), not an error.
-            quiet = False
+            waited = Quiescence(False)
             with trio.move_on_after(timeout + 10):
-                quiet = await sup.runtime.quiescent(sup._handle(rec), window, timeout, q.poll_ms)
-        return {"slot": slot_id, "quiescent": quiet, "waited_s": trio.current_time() - started}
+                waited = await sup.runtime.quiescent(sup._handle(rec), window, timeout, q.poll_ms)
+        return {
+            "slot": slot_id,
+            "quiescent": waited.quiet,
+            "waited_s": trio.current_time() - started,
+            "moving": list(waited.moving),
+        }
 
 
 async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:

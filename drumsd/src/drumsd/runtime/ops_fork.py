@@ -31,6 +31,7 @@ from drumsd.core.records import (
 )
 from drumsd.core.seams import (
     CheckpointRef,
+    Quiescence,
     RuntimeError_,
     SlotHandle,
 )
@@ -158,6 +159,9 @@ async def dump(
     return cp
 
 
+FORK_SETTLE_S = 5.0
+
+
 async def quiet_capture(
     sup: Supervisor,
     rec: SlotRecord,
@@ -168,29 +172,40 @@ async def quiet_capture(
     wait_quiet: bool,
 ) -> CheckpointRef:
     """Capture as documented: with `wait_quiet` (a saved state), wait until the tree is
-    quiescent (no process state or CPU tick change for quiesce.window_s), then dump; a tree that
+    quiescent (no process started or exited and none in D or Z state for quiesce.window_s; CPU
+    use does not count, since CRIU freezes the tree), then dump; a tree that
     does not go quiet within quiesce.timeout_s is refused with not_quiescent (409) and nothing is
     dumped. A fork's prefork dumps the running tree as it is (CRIU freezes it first): a fork is
-    taken mid-episode, with apps still working, and must not wait a quiet window or be refused.
+    taken mid-episode, with apps still working, and must not wait a quiet window or be refused;
+    it only waits (up to FORK_SETTLE_S) for zombies and D-state processes to clear.
     A dump that fails is tried again (after another quiet wait for a saved state), up to
     quiesce.max_attempts tries."""
     q = sup.config.quiesce
     deadline = trio.current_time() + q.timeout_s
     for attempt in range(1, q.max_attempts + 1):
         left = deadline - trio.current_time()
-        quiet = not wait_quiet or (
-            left > 0 and await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
-        )
-        if not quiet:
-            raise RuntimeError_(
-                "not_quiescent",
-                f"slot {rec.id} did not go quiet: its processes kept running or changing state "
-                f"for all of quiesce.timeout_s={q.timeout_s:g}s (quiet means none changed for "
-                f"quiesce.window_s={q.window_s:g}s; try {attempt} of {q.max_attempts}); let the "
-                f"app finish what it is doing (POST /v1/slots/{rec.id}/quiescent says when) and "
-                "capture again, or raise quiesce.timeout_s",
-                attempts=attempt,
-            )
+        if wait_quiet:
+            waited = Quiescence(False)
+            if left > 0:
+                waited = await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+            if not waited.quiet:
+                what = "; ".join(waited.moving) or "nothing seen (no time left to watch)"
+                raise RuntimeError_(
+                    "not_quiescent",
+                    f"slot {rec.id} did not go quiet: processes kept starting, exiting or "
+                    f"waiting on I/O for all of quiesce.timeout_s={q.timeout_s:g}s (quiet means "
+                    f"none did for quiesce.window_s={q.window_s:g}s; try {attempt} of "
+                    f"{q.max_attempts}); last seen moving: {what}. Let the app finish what it is "
+                    f"doing (POST /v1/slots/{rec.id}/quiescent says when) and capture again, or "
+                    "raise quiesce.timeout_s",
+                    attempts=attempt,
+                    moving=list(waited.moving),
+                )
+        elif left > 0:
+            # A fork does not wait a quiet window, but a zombie or a process mid-I/O makes the
+            # dump fail (CRIU: "Zombies with threads are not supported"): let those clear first,
+            # briefly, and dump anyway after (a failed dump is tried again below).
+            await sup.runtime.quiescent(handle, 0.0, min(left, FORK_SETTLE_S), q.poll_ms)
         try:
             return await sup.runtime.capture(handle, cp_id, dest)
         except RuntimeError_ as exc:

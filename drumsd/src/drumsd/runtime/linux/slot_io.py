@@ -13,6 +13,7 @@ import trio
 
 from drumsd.core.seams import (
     CommandResult,
+    Quiescence,
     RuntimeError_,
     Screenshot,
     SlotFacts,
@@ -249,13 +250,32 @@ class SlotIOMixin(RuntimeBase):
 
     async def quiescent(
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
-    ) -> bool:
+    ) -> Quiescence:
         inst = self._inst(handle)
-        return await self._quiescent(inst, window_s, timeout_s, poll_ms)
+
+        def shape() -> dict[tuple[int, int], tuple[str, str]]:
+            return procfs.tree_shape(self.driver.pids(inst.cgroups))
+
+        deadline = trio.current_time() + timeout_s
+        since = trio.current_time()
+        last = await trio.to_thread.run_sync(shape)
+        moved: list[str] = procfs.moving(last, last)
+        if window_s <= 0 and not moved:
+            return Quiescence(True)  # a fork's check: nothing in D or Z right now
+        while trio.current_time() < deadline:
+            await trio.sleep(poll_ms / 1000)
+            now = await trio.to_thread.run_sync(shape)
+            if now != last or any(state for _, state in now.values()):
+                moved = procfs.moving(last, now)
+                last, since = now, trio.current_time()
+            elif trio.current_time() - since >= window_s:
+                return Quiescence(True)
+        return Quiescence(False, tuple(moved[:12]))
 
     async def _quiescent(
         self, inst: _Instance, window_s: float, timeout_s: float, poll_ms: int
     ) -> bool:
+        """A booting desktop is done when its CPU ticks stop too (drawn, apps started)."""
         deadline = trio.current_time() + timeout_s
         since = trio.current_time()
         last = procfs.activity(self.driver.pids(inst.cgroups))

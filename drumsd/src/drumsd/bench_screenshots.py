@@ -10,6 +10,7 @@ round so load on the host falls on all of them alike:
   png 1280     PNG scaled to 1280x720
   jpeg 1280    JPEG q80 at 1280x720
   webp 1280    WebP q80 at 1280x720
+  ... 1trip    the same, the screenshot taken in the step's own round trip (as the daemon does)
 Per variant: wall p50/p99 of step + screenshot and of the screenshot alone, CPU per step (the
 slot's cgroup plus this process), image bytes, cache hits. Ratios are against `plain`.
 """
@@ -30,12 +31,15 @@ from drumsd.bench import BENCH_LIMITS, Progress, percentile
 from drumsd.core.seams import SlotHandle
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 
-VARIANTS: dict[str, tuple[ShotSpec, bool]] = {
-    "plain": (PNG_FULL, True),
-    "png": (PNG_FULL, False),
-    "png 1280": (ShotSpec("png", None, 1280, 720), False),
-    "jpeg 1280": (ShotSpec("jpeg", 80, 1280, 720), False),
-    "webp 1280": (ShotSpec("webp", 80, 1280, 720), False),
+# name: (spec, fresh (encode even an unchanged screen), one trip (the shot rides on the step))
+VARIANTS: dict[str, tuple[ShotSpec, bool, bool]] = {
+    "plain": (PNG_FULL, True, False),
+    "png": (PNG_FULL, False, False),
+    "png 1trip": (PNG_FULL, False, True),
+    "png 1280": (ShotSpec("png", None, 1280, 720), False, False),
+    "jpeg 1280": (ShotSpec("jpeg", 80, 1280, 720), False, False),
+    "jpeg 1trip": (ShotSpec("jpeg", 80, 1280, 720), False, True),
+    "webp 1280": (ShotSpec("webp", 80, 1280, 720), False, False),
 }
 TARGET_P50_S = 0.025
 TARGET_P99_S = 0.080
@@ -97,7 +101,8 @@ async def run_screenshot_bench(
         "image": {"profile": image.profile, "sha256": image.sha256},
         "steps_per_variant": opts.steps,
         "variants": {
-            name: {"spec": spec.to_request(), "fresh": f} for name, (spec, f) in VARIANTS.items()
+            name: {"spec": spec.to_request(), "fresh": f, "one_trip": one}
+            for name, (spec, f, one) in VARIANTS.items()
         },
     }
     async with open_linux_runtime(cfg) as rt:
@@ -144,7 +149,7 @@ async def _measure(rt: Any, h: SlotHandle, kind: str, steps: int) -> dict[str, A
     for i in range(steps):
         random.shuffle(names)  # no variant always runs right after another
         for name in names:
-            spec, fresh = VARIANTS[name]
+            spec, fresh, one_trip = VARIANTS[name]
             if kind == "move":
                 action = {
                     "type": "move",
@@ -160,10 +165,17 @@ async def _measure(rt: Any, h: SlotHandle, kind: str, steps: int) -> dict[str, A
             cpu0 = slot_cpu_s(h)
             own0 = time.process_time()
             t0 = time.monotonic()
-            await rt.step(h, action)
-            t1 = time.monotonic()
-            shot = await rt.grab(h, spec, fresh=fresh)
-            t2 = time.monotonic()
+            if one_trip:
+                outcome = await rt.step(h, action, spec)
+                t2 = time.monotonic()
+                shot = outcome.screenshot
+                assert shot is not None
+                t1 = t2 - shot.grab_s - shot.encode_s  # the shot's part: its time in the guest
+            else:
+                await rt.step(h, action)
+                t1 = time.monotonic()
+                shot = await rt.grab(h, spec, fresh=fresh)
+                t2 = time.monotonic()
             own = time.process_time() - own0
             row = rows[name]
             row["wall"].append(t2 - t0)

@@ -67,13 +67,6 @@ class CommandResult:
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    action_type: str
-    elapsed_s: float
-    output: CommandResult | None = None
-
-
-@dataclass(frozen=True)
 class Screenshot:
     """An encoded screenshot as the guest made it (passed on to clients unchanged). `cached`:
     the screen had not changed since the last grab, so the guest returned its earlier encoding."""
@@ -85,6 +78,14 @@ class Screenshot:
     cached: bool = False
     grab_s: float = 0.0  # in the guest: reading the screen (and its checksum)
     encode_s: float = 0.0  # in the guest: scaling and encoding (0 when cached)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    action_type: str
+    elapsed_s: float
+    output: CommandResult | None = None
+    screenshot: Screenshot | None = None  # taken right after the action, when one was asked for
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,11 @@ class SlotRuntime(Protocol):
         """Idempotent: no process, mount, cgroup, tmpfs or temp file of the slot remains."""
         ...
 
-    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome: ...
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: ShotSpec | None = None
+    ) -> StepOutcome:
+        """Run one action; with `shot`, the screenshot after it comes in the same round trip."""
+        ...
 
     async def screenshot(self, handle: SlotHandle) -> bytes:
         """A PNG of the whole screen."""

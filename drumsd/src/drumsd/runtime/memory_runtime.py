@@ -177,7 +177,9 @@ class MemoryRuntime:
             event.set()
         self._marker(slot_id).unlink(missing_ok=True)
 
-    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: ShotSpec | None = None
+    ) -> StepOutcome:
         slot = self._slot(handle)
         kind = str(action.get("type", "pyautogui"))
         if kind == "pyautogui" and "raise" in str(action.get("code", "")):
@@ -188,7 +190,8 @@ class MemoryRuntime:
             command = action.get("command")
             text = command if isinstance(command, str) else " ".join(command or [])
             output = CommandResult(0, f"ran: {text}\n", "")
-        return StepOutcome(action_type=kind, elapsed_s=0.0, output=output)
+        screenshot = await self.grab(handle, shot) if shot is not None else None
+        return StepOutcome(kind, 0.0, output, screenshot)
 
     async def screenshot(self, handle: SlotHandle) -> bytes:
         slot = self._slot(handle)

@@ -48,8 +48,8 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
     sup._check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
-    if req.screenshot_options is not None:
-        step_shot_spec(req)
+    # Checked before the step runs: a bad one is a 422 and no action.
+    spec = step_shot_spec(req) if req.screenshot or req.screenshot_options is not None else None
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_step(rec)
@@ -57,6 +57,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         started = trio.current_time()
         kind = action["type"]
         output = None
+        shot: Screenshot | None = None
         if kind in TERMINAL_ACTIONS:
             rec.terminal = kind
         elif kind == "wait":
@@ -71,9 +72,11 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
                 timeout_metric="step_timeout",
             ):
                 with trio.fail_after(timeout + 5):  # the guest enforces `timeout`; 5 s margin
-                    outcome = await sup.runtime.step(handle, action)
+                    # The screenshot after it comes in the same round trip to the guest.
+                    outcome = await sup.runtime.step(handle, action, spec)
             if outcome.output is not None:
                 output = dataclasses.asdict(outcome.output)
+            shot = outcome.screenshot
         rec.actions += 1
         rec.last_action = kind
         if kind in TERMINAL_ACTIONS:
@@ -81,10 +84,14 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         else:
             sup._dirty.add(rec.id)
         elapsed = trio.current_time() - started
-        sup._observe("step", slot_id, elapsed)
-        shot = None
-        if req.screenshot or req.screenshot_options is not None:
-            shot = await screenshot_locked(sup, rec, handle, step_shot_spec(req))
+        if shot is not None and spec is not None:
+            in_guest = shot.grab_s + shot.encode_s
+            sup._observe("step", slot_id, max(0.0, elapsed - in_guest))
+            _keep_shot(sup, rec, spec, shot, in_guest)
+        else:
+            sup._observe("step", slot_id, elapsed)
+            if spec is not None:  # wait, done, fail: no guest step to carry it
+                shot = await screenshot_locked(sup, rec, handle, spec)
         return {
             "slot": slot_id,
             "episode": rec.episode,
@@ -149,11 +156,17 @@ async def screenshot_locked(
     started = trio.current_time()
     with runtime_failures(sup.metrics, what=f"screenshot of slot {rec.id}", slot_id=rec.id):
         shot = await sup.runtime.grab(handle, spec)
-    sup._observe("screenshot", rec.id, trio.current_time() - started)
+    _keep_shot(sup, rec, spec, shot, trio.current_time() - started)
+    return shot
+
+
+def _keep_shot(
+    sup: Supervisor, rec: SlotRecord, spec: ShotSpec, shot: Screenshot, seconds: float
+) -> None:
+    sup._observe("screenshot", rec.id, seconds)
     if spec == protocol.PNG_FULL:
         # The console and the slot's archive keep the last full-size PNG.
         sup.last_screenshot[rec.id] = shot.data
-    return shot
 
 
 async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:

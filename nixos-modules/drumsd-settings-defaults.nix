@@ -69,11 +69,20 @@
     checker_venv = null;
     checker_uid = 65534;
     checker_gid = 65534;
+    resident_checkers = true;
+    checker_worker_max_rss_mib = 1024;
     setup_timeout_s = 120.0;
     eval_timeout_s = 120.0;
     client_password = "password";
     screen_width = 1920;
     screen_height = 1080;
+    osworld = {
+      repository = "https://github.com/xlang-ai/OSWorld";
+      commit = null;
+      sha256 = null;
+      dir = null;
+      cache_dir = "/var/cache/drums/osworld";
+    };
   };
   spares = {
     enabled = true;

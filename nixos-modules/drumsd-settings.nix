@@ -343,6 +343,16 @@ in
           default = defaults.tasks.checker_gid;
           description = "drumsd setting `tasks.checker_gid`";
         };
+        resident_checkers = mkOption {
+          type = types.bool;
+          default = defaults.tasks.resident_checkers;
+          description = "fork checker calls from a worker that has imported the metrics; false = a fresh process per call";
+        };
+        checker_worker_max_rss_mib = mkOption {
+          type = types.addCheck types.int (x: x >= 64 && x <= 65536);
+          default = defaults.tasks.checker_worker_max_rss_mib;
+          description = "a worker above this RSS is replaced";
+        };
         setup_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 3600);
           default = defaults.tasks.setup_timeout_s;
@@ -367,6 +377,40 @@ in
           type = types.addCheck types.int (x: x >= 200 && x <= 8192);
           default = defaults.tasks.screen_height;
           description = "drumsd setting `tasks.screen_height`";
+        };
+        osworld = mkOption {
+          description = "A pinned OSWorld checkout whose task files are served (its evaluation_examples/examples).";
+          default = { };
+          type = types.submodule {
+            freeformType = jsonFormat.type;
+            options = {
+              repository = mkOption {
+                type = types.str;
+                default = defaults.tasks.osworld.repository;
+                description = "OSWorld's git repository (https URL); its GitHub tarball is fetched by commit";
+              };
+              commit = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.commit;
+                description = "the pinned commit (40 hex digits); null = no pinned OSWorld";
+              };
+              sha256 = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.sha256;
+                description = "sha256 of that commit's tarball; a fetch that differs is refused";
+              };
+              dir = mkOption {
+                type = types.nullOr (types.str);
+                default = defaults.tasks.osworld.dir;
+                description = "an OSWorld checkout to use as it is (offline host, Nix fetcher)";
+              };
+              cache_dir = mkOption {
+                type = types.str;
+                default = defaults.tasks.osworld.cache_dir;
+                description = "fetched checkouts, as <cache>/<sha256>/";
+              };
+            };
+          };
         };
       };
     };

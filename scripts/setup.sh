@@ -3,6 +3,7 @@
 # image(s), and the Python workspace in .venv. Heavy artifacts are cached under /var/cache/drums
 # keyed by content hash, so a rerun on the same machine takes seconds.
 #   scripts/setup.sh [PROFILE...]   (default: base)
+#   DRUMS_CONFIG=/etc/drums/drumsd.json also fetches the OSWorld commit its tasks.osworld pins.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profiles=("${@:-base}")
@@ -33,6 +34,14 @@ bash nix/ci-nix.sh >/dev/null
 
 step "checker virtualenv (OSWorld's metric functions, run as an unprivileged uid)"
 python -m drumsd.tasks
+
+if [ -n "${DRUMS_CONFIG:-}" ]; then
+    # tasks.osworld in that config pins OSWorld (commit + sha256); offline this fails and the
+    # daemon runs without OSWorld's tasks, saying so in /v1/health.
+    step "the pinned OSWorld checkout of $DRUMS_CONFIG (needs network)"
+    drumsd tasks fetch-osworld --config "$DRUMS_CONFIG" ||
+        echo "setup: no OSWorld task files fetched; set tasks.osworld.dir to a copy" >&2
+fi
 
 step "trainer test venvs (verl 0.9.1, skyrl-train 0.3.1; cached by requirement-list hash)"
 bash scripts/trainer-venv.sh verl >/dev/null

@@ -13,6 +13,7 @@ import trio
 from drumsd.api.console_frames import THUMB_SIZE, Frames, scale_png
 from drumsd.api.console_sessions import COOKIE, Sessions
 from drumsd.runtime.memory_runtime import png
+from drumsd.runtime.services import history as history_service
 from PIL import Image
 from test_api_app import TOKEN, Api, create, open_api, wait_valid
 
@@ -60,9 +61,11 @@ async def test_wrong_token_and_no_cookie_are_refused(api: Api) -> None:
             assert r.json()["error"]["code"] == "unauthorized"
         c.cookies.set(COOKIE, "forged", domain="drumsd", path="/console")
         assert (await c.get("/console/api/slots")).status_code == 401
-        # The bearer token does not open the console either: it is a browser surface.
-        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {TOKEN}"})
+        # A wrong bearer token does not open it; the right one does (the pool gateway's way in).
+        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {'y' * 40}"})
         assert r.status_code == 401
+        r = await c.get("/console/api/slots", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and "set-cookie" not in r.headers
 
 
 async def test_grid_rows_show_gates_verdict_and_last_verify(api: Api) -> None:
@@ -246,3 +249,69 @@ async def test_rescaling_changed_screens_keeps_to_its_cpu_budget() -> None:
     assert still_b == first["b"] and frames.scaled == 3
     now[0] = 3.5
     assert await frames.thumbnail("b") != first["b"] and frames.scaled == 4
+
+
+async def test_episode_timeline_has_each_step_and_gate_changes(api: Api) -> None:
+    sid = (await create(api))["id"]
+    await wait_valid(api, sid)
+    c0 = api.client
+    assert (
+        await c0.post(f"/v1/slots/{sid}/step", json={"action": "pyautogui.click(1, 2)"})
+    ).is_success
+    r = await c0.post(
+        f"/v1/slots/{sid}/step",
+        json={"action": {"type": "execute", "command": "echo hi"}},
+    )
+    assert r.is_success, r.text
+    # A refused step is kept too, with its error code.
+    bad = await c0.post(f"/v1/slots/{sid}/step", json={"action": {"type": "click", "x": 1}})
+    assert bad.status_code == 422
+    api.runtime.inject(sid, oom_kills=1)
+    assert "no_oom_kill" in (await c0.get(f"/v1/slots/{sid}/gates")).json()["failed"]
+    async with console_client(api) as c:
+        await login(c)
+        body = (await c.get(f"/console/api/slots/{sid}/episode")).json()
+    entries = body["entries"]
+    steps = [e for e in entries if e["kind"] == "step"]
+    assert [(s["index"], s["action"], s["error"]) for s in steps] == [
+        (1, "pyautogui", None),
+        (2, "execute", None),
+        (2, "click", "invalid_request"),  # refused: it did not count as an action
+    ]
+    assert steps[0]["detail"] == "pyautogui.click(1, 2)"
+    assert steps[1]["detail"] == "echo hi" and steps[1]["returncode"] == 0
+    assert all(s["elapsed_s"] >= 0 and s["offset_s"] is not None for s in steps)
+    assert steps[2]["detail"] == "x=1"
+    gates = {(e["gate"], e["status"]): e for e in entries if e["kind"] == "gate"}
+    crash = gates[("no_oom_kill", "fail")]
+    assert crash["after_step"] == 2 and crash["evidence"]
+    assert ("no_oom_kill", "pass") in gates  # it passed before it failed
+    events = [e["event"] for e in entries if e["kind"] == "event"]
+    assert "quarantined" in events
+    assert [e["ts"] for e in entries] == sorted(e["ts"] for e in entries)
+    assert body["actions"] == 2 and body["steps_kept"] == 3
+    # A reset starts a new episode: its timeline has none of the old steps.
+    assert (await c0.post(f"/v1/slots/{sid}/release")).is_success
+    assert (await c0.post(f"/v1/slots/{sid}/reset")).is_success
+    async with console_client(api) as c:
+        await login(c)
+        body = (await c.get(f"/console/api/slots/{sid}/episode")).json()
+    assert not [e for e in body["entries"] if e["kind"] == "step"]
+
+
+async def test_history_samples_the_host_for_the_charts(api: Api) -> None:
+    sid = (await create(api))["id"]
+    await wait_valid(api, sid)
+    api.sup.history.samples.clear()
+    await history_service.sample_once(api.sup)
+    async with console_client(api) as c:
+        await login(c)
+        body = (await c.get("/console/api/history")).json()
+        assert body["every_s"] > 0 and body["samples"], body
+        last = body["samples"][-1]
+        assert last["slots"] == 1 and last["ready"] == 1
+        assert set(last) >= {"restores_per_s", "steps_per_s", "mem_available_mib"}
+        newer = (await c.get("/console/api/history", params={"since": last["ts"]})).json()
+        assert newer["samples"] == []
+        bad = await c.get("/console/api/history", params={"since": "soon"})
+        assert bad.status_code == 422 and "since" in bad.json()["error"]["message"]

@@ -26,6 +26,15 @@ def fields(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[tuple[
             yield prefix + name, prefix.rstrip("."), name
 
 
+def blocks(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
+    """(dotted key, class) of every block, nested ones too (tasks.osworld)."""
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield prefix + name, ann
+            yield from blocks(ann, prefix + name + ".")
+
+
 def tail(node: ast.expr) -> str | None:
     """The last name of `a.b.c` (c) or of a plain name."""
     if isinstance(node, ast.Attribute):
@@ -38,11 +47,9 @@ def tail(node: ast.expr) -> str | None:
 def reads(tree: ast.AST) -> set[tuple[str, str]]:
     """(block, field) pairs read in a module: `x.config.f` is ("", f), `x.quiesce.f` and
     `q.f` after `q = x.quiesce` (or a parameter typed QuiesceConfig) are ("quiesce", f)."""
-    block_classes = {
-        type(getattr(Config(token_file=Path("/t")), b)).__name__: b
-        for b, info in Config.model_fields.items()
-        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)
-    }
+    block_classes = {cls.__name__: dotted for dotted, cls in blocks(Config)}
+    # A block's field name (at any depth, e.g. `osworld` in tasks.osworld) -> its dotted key.
+    nested = {dotted.rsplit(".", 1)[-1]: dotted for dotted, _ in blocks(Config) if "." in dotted}
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -50,6 +57,8 @@ def reads(tree: ast.AST) -> set[tuple[str, str]]:
             if isinstance(target, ast.Name) and isinstance(value, ast.Attribute):
                 if value.attr in Config.model_fields:
                     aliases[target.id] = value.attr
+                elif value.attr in nested:
+                    aliases[target.id] = nested[value.attr]
         if isinstance(node, ast.arg) and node.annotation is not None:
             text = ast.unparse(node.annotation)
             for cls, block in block_classes.items():
@@ -66,6 +75,8 @@ def reads(tree: ast.AST) -> set[tuple[str, str]]:
             found.add(("", node.attr))
         if owner in Config.model_fields:
             found.add((owner, node.attr))
+        if owner in nested:
+            found.add((nested[owner], node.attr))
         if isinstance(node.value, ast.Name) and node.value.id in aliases:
             found.add((aliases[node.value.id], node.attr))
     return found

@@ -237,3 +237,33 @@ def test_tree_shape_of_real_processes_ignores_cpu_and_sees_a_new_one() -> None:
         assert procfs.tree_shape([me, child.pid]) == first
     finally:
         child.kill()
+
+
+# A template's pstree.img as CRIU 4.2.1 wrote it here (init, X, wm, agent, a shell and its child).
+PSTREE = bytes.fromhex(
+    "19435654303027500a000000080110001801200128010a000000080210011802200228020a000000"
+    "080310011803200328030a000000080410011804200428040a000000080510011805200528050a00"
+    "0000081e1005181e201e281e0a000000080610011806200628060a00000008071006180620062807"
+)
+
+
+def test_parse_pstree_reads_crius_process_tree() -> None:
+    tasks = criu.parse_pstree(PSTREE)
+    assert [(t.pid, t.ppid) for t in tasks] == [
+        (1, 0), (2, 1), (3, 1), (4, 1), (5, 1), (30, 5), (6, 1), (7, 6)
+    ]  # fmt: skip
+    assert all(t.threads == (t.pid,) for t in tasks)
+    # threads packed (wire type 2) as newer encoders write them
+    packed = b"\x00" * 8 + (10).to_bytes(4, "little") + bytes.fromhex("0809100118092a020910")
+    assert criu.parse_pstree(packed) == [criu.DumpedTask(9, 1, (9, 16))]
+    with pytest.raises(ValueError, match="truncated"):
+        criu.parse_pstree(PSTREE[:-3])
+
+
+def test_a_process_seen_around_the_dump_but_not_in_it_is_missing() -> None:
+    dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(2, 1, (2,))]
+    before = {1: "init", 2: "Xvfb", 40: "sleep", 41: "true"}
+    after = {1: "init", 2: "Xvfb", 40: "sleep", 42: "sh"}
+    # 41 exited and 42 started around the freeze (churn); 40 was there throughout
+    assert criu.missing_from_dump(before, after, dumped) == ["sleep(40)"]
+    assert criu.missing_from_dump({1: "init"}, {1: "init"}, dumped) == []

@@ -23,7 +23,7 @@ from drumsd.tasks.testing import checker_context
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
 
 # What this host says about every shared task with an empty download cache, a real checker venv
-# and a desktop without a terminal reader (docs/tasks-osworld.md lists the same).
+# and a desktop without a terminal reader, apps unchecked (no image manifest in this context).
 EXPECTED_UNSUPPORTED = {
     "01b269ae-2111-4a07-81fd-3fcd711993b0": "Student_Level_Fill_Blank.xlsx",
     "e528b65e-1107-4b8c-8988-490e4fece599": "Geography_And_Magical_Realism.docx",

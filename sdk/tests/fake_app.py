@@ -110,6 +110,7 @@ class FakeDaemon:
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/step"), self.step),
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/screenshot"), self.screenshot),
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/gates"), self.gates),
+            ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/terminal"), self.terminal),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/capture"), self.capture),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/prefork"), self.prefork),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/branch"), self.branch),
@@ -395,6 +396,10 @@ class FakeDaemon:
     def screenshot(self, sid: str, **_: Any) -> bytes:
         self.live(sid)
         return tiny_png()
+
+    def terminal(self, sid: str, **_: Any) -> m.TerminalOutput:
+        rec = self.live(sid)
+        return m.TerminalOutput(slot=sid, episode=rec.slot.episode, reason="the fake has no xterm")
 
     def gates(self, sid: str, **_: Any) -> m.GateReport:
         rec = self.live(sid)

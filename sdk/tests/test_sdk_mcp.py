@@ -6,6 +6,8 @@ tests/live/test_mcp_live.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 from sdk_harness import Daemon
@@ -19,6 +21,18 @@ from drums.mcp._session import png_size
 
 def text(result: object) -> str:
     return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
+
+
+def _report(env_id: str, status: str) -> dict[str, Any]:
+    """A gate report whose second gate has `status` (pass, fail, pending)."""
+    gates = [
+        {"name": "guest_ready", "status": "pass"},
+        {"name": "alive_after_resume", "status": status},
+    ]
+    valid = {"pass": True, "fail": False, "pending": None}[status]
+    failed = ["alive_after_resume"] if status == "fail" else []
+    return {"slot": env_id, "episode": 1, "episode_id": "e", "profile": "hardened",
+            "gates": gates, "valid": valid, "failed": failed}  # fmt: skip
 
 
 def test_png_size_reads_the_header() -> None:
@@ -43,7 +57,24 @@ def test_tools_drive_a_desktop_and_end_with_the_server(daemon: Daemon) -> None:
             assert [s.id for s in await daemon.aclient().list_envs()] == [env_id]
 
             clicked = await mcp.call_tool("click", {"x": 10, "y": 20})
-            assert text(clicked) == f"click at (10, 20) on {env_id} (action 1)", text(clicked)
+            assert text(clicked).splitlines() == [
+                f"click at (10, 20) on {env_id} (action 1)",
+                "episode: valid",
+            ], text(clicked)
+            gates = f"/v1/slots/{env_id}/gates"
+            daemon.faults.respond("GET", gates, 200, _report(env_id, "fail"), times=1)
+            moved = await mcp.call_tool("move", {"x": 3, "y": 4})  # the move happened: no error
+            assert not moved.is_error and text(moved).splitlines()[1] == (
+                "episode: invalid (failed gates: alive_after_resume); its score must not be "
+                "trained on"
+            ), text(moved)
+            daemon.faults.respond("GET", gates, 200, _report(env_id, "pending"), times=1)
+            moved = await mcp.call_tool("move", {"x": 3, "y": 4})
+            assert text(moved).splitlines()[1] == "episode: pending (gates: alive_after_resume)"
+            daemon.faults.respond("GET", gates, 503, {"error": {"code": "unavailable"}}, times=9)
+            moved = await mcp.call_tool("move", {"x": 3, "y": 4})
+            assert not moved.is_error and "episode: unknown (gates: " in text(moved), text(moved)
+            daemon.faults.faults.clear()
             shot = (await mcp.call_tool("screenshot", {})).content[0]
             assert shot.type == "image" and shot.mime_type == "image/png"
 

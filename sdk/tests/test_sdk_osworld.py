@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from sdk_harness import Daemon
 
-from drums.osworld import DesktopEnv, computer_13_code
+from drums import InvalidEpisode
+from drums.models import GateReport, GateResult, GateStatus
+from drums.osworld import DesktopEnv, computer_13_code, validity
 
 
 def test_computer_13_actions_become_pyautogui_code() -> None:
@@ -50,11 +54,23 @@ def test_the_constructor_matches_osworlds_parameters() -> None:
     assert set(VM_ONLY) <= {name for name, _ in OSWORLD_INIT_PARAMS}
 
 
-def test_an_accessibility_tree_or_terminal_is_refused_clearly() -> None:
+def test_an_accessibility_tree_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="do not provide an accessibility tree yet"):
         DesktopEnv(require_a11y_tree=True)
-    with pytest.raises(ValueError, match="do not provide terminal output yet"):
-        DesktopEnv(require_terminal=True)
+
+
+def test_require_terminal_asks_the_daemon_and_says_none_without_an_xterm(daemon: Daemon) -> None:
+    """Neither test daemon runs an xterm: the observation's terminal is None and the daemon's
+    answer says why (the real text is proven live, tests/live/test_osworld_desktopenv_live.py)."""
+    with daemon.client() as client, DesktopEnv(client=client, require_terminal=True) as env:
+        obs = env.reset()
+        assert "terminal" in obs and obs["terminal"] is None
+        assert env.env is not None
+        answer = env.env.terminal()
+        assert answer.text is None and answer.reason and answer.slot == env.env.id
+        obs, _, _, _ = env.step("WAIT", pause=0)
+        assert obs["terminal"] is None
+        assert env.env.actions == 0  # reading the terminal is no action
 
 
 def test_fork_gives_desktopenvs_on_copies_destroyed_on_exit(daemon: Daemon) -> None:
@@ -73,3 +89,97 @@ def test_fork_gives_desktopenvs_on_copies_destroyed_on_exit(daemon: Daemon) -> N
         assert env.render()[:4] == b"\x89PNG" and env.vm_screen_size == (1920, 1080)
     with daemon.client() as watcher:
         assert watcher.list_envs() == []
+
+
+def test_step_info_carries_the_episodes_gate_verdict(daemon: Daemon) -> None:
+    """info has OSWorld's flags plus drums' validity; a failed gate shows up in the next step's
+    info, and with raise_on_invalid=True that step raises instead."""
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        assert env.env is not None
+        _, _, done, info = env.step("pyautogui.click(10, 10)", pause=0)
+        assert not done and info["valid"] is True and info["verdict"] == "valid"
+        assert info["failed_gates"] == [] and info["pending_gates"] == []
+        assert info["env_id"] == env.env.id and info["episode"] >= 1
+        env.env.quarantine("a gate failed")  # the app's not_quarantined gate now fails
+        _, _, _, info = env.step("WAIT", pause=0)
+        assert info["valid"] is False and info["verdict"] == "invalid"
+        assert info["failed_gates"] == ["not_quarantined"] and env.last_validity == info
+        env.raise_on_invalid = True
+        with pytest.raises(InvalidEpisode) as err:
+            env.step("WAIT", pause=0)
+        assert err.value.failed_gates == ["not_quarantined"]
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        _, _, done, info = env.step({"action_type": "DONE"}, pause=0)
+        assert done and info["done"] is True and info["valid"] is True
+
+
+def test_validity_reads_pending_and_failed_gates() -> None:
+    def report(*statuses: str, failed: tuple[str, ...] = ()) -> GateReport:
+        gates = [GateResult(name=f"g{i}", status=GateStatus(s)) for i, s in enumerate(statuses)]
+        valid = None if "pending" in statuses else not failed and "fail" not in statuses
+        return GateReport(slot="s-1", episode=2, episode_id="e", profile="p", gates=gates,
+                          valid=valid, failed=list(failed))  # fmt: skip
+
+    pending = validity(report("pass", "pending"))
+    assert pending["valid"] is None and pending["verdict"] == "pending"
+    assert pending["pending_gates"] == ["g1"] and pending["failed_gates"] == []
+    failed = validity(report("fail", "pending"))  # a failure decides even while some pend
+    assert failed["valid"] is False and failed["failed_gates"] == ["g0"]
+    assert validity(report("pass", "pass"))["valid"] is True
+
+
+def test_pyautogui_dict_actions_are_osworlds_command_and_special_dicts(daemon: Daemon) -> None:
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        _, _, done, info = env.step({"command": "pyautogui.click(3, 4)"}, pause=0)
+        assert not done and info["valid"] is True
+        with pytest.raises(ValueError, match="needs a 'command'"):
+            env.step({"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}, pause=0)
+        _, _, done, info = env.step({"action_type": "FAIL"}, pause=0)
+        assert done and info["fail"] is True
+
+
+# OSWorld's public DesktopEnv methods as read in desktop_env/desktop_env.py of a copy of
+# xlang-ai/OSWorld (the upstream repository is not in this sandbox's index): Untergang1/OSWorld
+# at 0abefdc0801b6a2cfdcff6b2564e7b1439ef55b3, the same __init__ in fxsc03/OSWorld-main-nex at
+# 137e800bbc3291c79b33dcf4e4daf33c965d9c4f. (name, default) per parameter after self; EMPTY for
+# none. Its screen_size default reads SCREEN_WIDTH / SCREEN_HEIGHT, else (1920, 1080).
+EMPTY = inspect.Parameter.empty
+UPSTREAM_METHODS = {
+    "__init__": [
+        ("provider_name", "vmware"), ("region", None), ("path_to_vm", None),
+        ("snapshot_name", "init_state"), ("action_space", "pyautogui"), ("cache_dir", "cache"),
+        ("screen_size", (1920, 1080)), ("headless", False), ("require_a11y_tree", True),
+        ("require_terminal", False), ("os_type", "Ubuntu"), ("enable_proxy", False),
+        ("client_password", ""),
+    ],
+    "reset": [("task_config", None), ("seed", None), ("options", None)],
+    "step": [("action", EMPTY), ("pause", 2)],
+    "evaluate": [],
+    "render": [("mode", "rgb_array")],
+    "close": [],
+}  # fmt: skip
+UPSTREAM_PROPERTIES = ("vm_platform", "vm_machine", "vm_screen_size")
+
+
+def test_the_methods_match_the_upstream_desktopenv_read_from_its_source() -> None:
+    """Every public method of OSWorld's DesktopEnv (as read, see UPSTREAM_METHODS) is here with
+    the same positional parameters in the same order and the same defaults, except the defaults
+    DEFAULT_DIFFERENCES explains; drums' extras are keyword-only; its properties exist too."""
+    from drums.osworld import DEFAULT_DIFFERENCES, OSWORLD_INIT_PARAMS
+
+    assert list(OSWORLD_INIT_PARAMS) == UPSTREAM_METHODS["__init__"]
+    for name, theirs in UPSTREAM_METHODS.items():
+        ours = list(inspect.signature(getattr(DesktopEnv, name)).parameters.values())[1:]
+        positional = [p for p in ours if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert [p.name for p in positional] == [n for n, _ in theirs], name
+        for p, (pname, default) in zip(positional, theirs):
+            if name == "__init__" and pname in DEFAULT_DIFFERENCES:
+                assert p.default != default, f"{pname} now matches OSWorld; drop its difference"
+            else:
+                assert p.default == default, (name, pname, p.default, default)
+        assert all(p.kind is p.KEYWORD_ONLY for p in ours if p not in positional), name
+    for prop in UPSTREAM_PROPERTIES:
+        assert isinstance(inspect.getattr_static(DesktopEnv, prop), property), prop

@@ -59,6 +59,8 @@ def test_every_route_over_http(daemon: Daemon) -> None:
         assert base64.b64decode(step["screenshot_png_b64"])[:4] == b"\x89PNG"
         png = call(c, "GET", S + "/screenshot", p + "/screenshot")
         assert png.headers["content-type"] == "image/png"
+        term = call(c, "GET", S + "/terminal", p + "/terminal").json()
+        assert term["slot"] == sid and term["text"] is None and term["reason"]  # no xterm here
         saved = call(c, "POST", S + "/capture", p + "/capture", 201, json={}).json()
         pf = call(c, "POST", S + "/prefork", p + "/prefork").json()
         assert pf["kind"] == "prefork"

@@ -1,9 +1,10 @@
 """The console in a real browser (Debian's Chromium, headless, driven by Playwright) against a
 real daemon with four live desktops, one of them quarantined by a failed gate (its xterm killed
 with SIGSEGV under the crash watch): log in, four thumbnails that are the slots' own screens,
-the quarantined slot's failed gate and last screen, the verdict filter, a destroy behind a
-confirmation, the failure record the quarantined slot leaves once destroyed; the token in no
-request URL, response body or log line; no cookie, no data.
+the host history's charts, the quarantined slot's failed gate, last screen and episode step by
+step, the verdict filter, quarantine and release clicked (and a release refused, its reason shown
+in the page), a destroy behind a confirmation, the failure record the quarantined slot leaves
+once destroyed; the token in no request URL, response body or log line; no cookie, no data.
 DRUMS_LIVE=1 (root, CRIU, the base image) and /usr/bin/chromium."""
 
 from __future__ import annotations
@@ -139,6 +140,17 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
         assert own < 4 and own < min(others) / 3, (sid, own, others)
         diffs[sid] = (round(own, 2), round(min(others), 1))
 
+    # The host history's charts, drawn in the page: the live slots' line ends at (at least) 4.
+    page.wait_for_function(
+        """() => {
+            const key = document.querySelector('.chart[data-chart="slots"] .key.s0');
+            return key && parseInt(key.textContent.split(" ")[1]) >= 4;
+        }""",
+        timeout=15000,
+    )
+    assert page.locator(".chart").count() == 6
+    assert page.locator('.chart[data-chart="slots"] polyline').count() == 2
+
     if SHOTS:
         page.wait_for_timeout(2500)  # the host panel's first refresh
         page.screenshot(path=str(Path(SHOTS) / "console-grid.png"))
@@ -162,8 +174,46 @@ def test_console_in_chromium(daemon: Daemon, slots: list[str], browser) -> None:
     assert "quarantined" in page.inner_text("#slot-title")
     page.click("#load-timeline")
     page.locator("#timeline tbody tr", has_text="quarantined").first.wait_for()
+    # Its episode step by step: the test's two steps, then the crash gate's failure after them.
+    steps = page.locator('#episode tr[data-kind="step"]')
+    steps.first.wait_for()
+    texts = [t.inner_text() for t in steps.all()]
+    assert "xsetroot" in texts[0] and "pkill -SEGV" in texts[-1], texts
+    crash = page.locator('#episode tr[data-kind="gate"][data-gate="no_app_crash"].gate-fail')
+    assert f"after step {len(texts)}" in crash.inner_text(), crash.inner_text()
+    assert page.locator('#episode tr[data-kind="event"][data-event="quarantined"]').count() == 1
     if SHOTS:
         page.screenshot(path=str(Path(SHOTS) / "console-slot.png"), full_page=True)
+
+    # Quarantine then release in the browser, each behind its confirmation; then a release that
+    # someone else made first while the dialog was open: refused, and the page says why.
+    held = kept[1]
+    page.goto(f"{daemon.url}/console#/slot/{held}")
+    enabled = "(id) => !document.getElementById(id).disabled"
+    page.wait_for_function(enabled, arg="act-quarantine")
+    page.click("#act-quarantine")
+    page.click("#confirm-ok")
+    page.locator('#act-result.done[data-action="quarantine"]').wait_for()
+    with http_client(daemon) as http:
+        got = http.get(f"/v1/slots/{held}").json()
+        assert got["state"] == "quarantined" and "console" in got["quarantine_reason"], got
+        page.wait_for_function(enabled, arg="act-release")
+        page.click("#act-release")
+        page.click("#confirm-ok")
+        page.locator('#act-result.done[data-action="release"]').wait_for()
+        assert http.get(f"/v1/slots/{held}").json()["state"] == "ready"
+        r = http.post(f"/v1/slots/{held}/quarantine", json={"reason": "live test"})
+        assert r.status_code == 200, r.text
+        page.wait_for_function(enabled, arg="act-release")
+        page.click("#act-release")  # the confirmation is open...
+        assert http.post(f"/v1/slots/{held}/release", json={}).status_code == 200  # ...released
+        page.click("#confirm-ok")
+        refused = page.locator('#act-result.refused[data-action="release"]')
+        refused.wait_for()
+        assert "not quarantined" in refused.inner_text(), refused.inner_text()
+        page.wait_for_timeout(1200)  # a slot refresh later the reason is still shown
+        assert refused.is_visible()
+        assert http.get(f"/v1/slots/{held}").json()["state"] == "ready"
 
     # Destroy behind a confirmation: cancel keeps the slot, confirm destroys it.
     victim = kept[0]

@@ -166,9 +166,10 @@ def test_office_settings_tasks(office, task, solved):
     assert result["score"] == (1.0 if solved else 0.0), result
 
 
-def test_uncached_downloads_are_unsupported_naming_the_files(base):
+def test_uncached_downloads_are_unsupported_naming_the_files(base, office):
     assert OSWORLD.is_dir(), f"the shared OSWorld tasks are expected at {OSWORLD}"
-    with http_client(base) as http:
+    # On the office image (which has LibreOffice) the missing downloads are the reason.
+    with http_client(office) as http:
         rows = {t["id"]: t for t in http.get("/v1/tasks").json()["tasks"]}
     calc = rows["01b269ae-2111-4a07-81fd-3fcd711993b0"]
     writer = rows["e528b65e-1107-4b8c-8988-490e4fece599"]
@@ -177,3 +178,15 @@ def test_uncached_downloads_are_unsupported_naming_the_files(base):
     assert "Geography_And_Magical_Realism.docx" in writer["reason"], writer
     for task in (RENAME, INFEASIBLE, IMPRESS_AUTOSAVE, GIMP_UNDO, GIMP_THEME, CHROME_DNT):
         assert rows[task]["supported"] is True, rows[task]
+    # The base image has none of their apps (issue 19: the check names the app).
+    with http_client(base) as http:
+        rows = {t["id"]: t for t in http.get("/v1/tasks").json()["tasks"]}
+    for task in (RENAME, INFEASIBLE):
+        assert rows[task]["supported"] is True, rows[task]
+    for task, app in (
+        (IMPRESS_AUTOSAVE, "LibreOffice Impress"),
+        (GIMP_UNDO, "GIMP"),
+        (CHROME_DNT, "Chromium"),
+        ("01b269ae-2111-4a07-81fd-3fcd711993b0", "LibreOffice Calc"),
+    ):
+        assert rows[task]["supported"] is False and app in rows[task]["reason"], rows[task]

@@ -257,6 +257,7 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             for env in envs:
                 label, own = env.id.split("~")
                 assert own in live_ids(hosts["daemons"][label])
+            _console_through_the_gateway(port, token, [e.id for e in envs])
             step = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
             assert step.screenshot_png_b64
             with envs[1].fork(2) as children:
@@ -275,6 +276,25 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _console_through_the_gateway(port: int, token: str, env_ids: list[str]) -> None:
+    """The gateway's /console over the pool: its own cookie, every host's slots on one grid,
+    each thumbnail fetched from its host through the keeper."""
+    import httpx
+
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as browser:
+        assert browser.get("/console/api/slots").status_code == 401
+        assert browser.post("/console/login", data={"token": token}).status_code == 303
+        rows = {r["id"]: r for r in browser.get("/console/api/slots").json()["slots"]}
+        assert set(env_ids) <= set(rows), (env_ids, list(rows))
+        for env_id in {i.split("~")[0]: i for i in env_ids}.values():  # one env per host
+            assert rows[env_id]["host"] == env_id.split("~")[0]
+            thumb = browser.get(f"/console/api/slots/{env_id}/thumbnail")
+            assert thumb.status_code == 200 and thumb.content.startswith(b"\x89PNG"), env_id
+        host = browser.get("/console/api/host").json()
+        assert sum(host["health"]["slots_by_state"].values()) >= len(env_ids)
+        assert "drums pool console" in browser.get("/console").text
 
 
 def _pings(client: Any) -> bool:

@@ -9,6 +9,7 @@ The image checkpoint is made once per module (a cold boot and a dump, ~3 s) on a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 
 pytestmark = pytest.mark.live
 
@@ -201,6 +202,38 @@ async def test_capture_then_create_from_the_saved_state(rt, template, state_dir)
     assert await rt.read_file(h, "/home/user/Desktop/note.txt", 1024) == b"changed after capture\n"
     await rt.destroy("live-c2")
     await rt.destroy("live-c")
+
+
+async def test_a_dump_that_misses_a_process_of_the_slot_is_refused(rt, template, state_dir) -> None:
+    # A process in the slot's pid namespace and cgroup whose parent is outside its tree (here
+    # nsenter from the host) is not in CRIU's dump: every restore would lose it.
+    h = await rt.restore("live-m", template, LIMITS)
+    # (nsenter forks by itself when it enters a pid namespace)
+    joined = await trio.lowlevel.open_process(
+        ["nsenter", "-t", str(h.init_pid), "-p", "sleep", "60"]
+    )
+    kids: list[str] = []
+    try:
+        await trio.sleep(0.5)
+        kids = Path(f"/proc/{joined.pid}/task/{joined.pid}/children").read_text().split()
+        assert kids, "nsenter has not started its child"
+        for directory in h.cgroups.values():
+            Path(directory, "cgroup.procs").write_text(kids[0])
+        dest = state_dir / "ck" / f"miss-{uuid.uuid4().hex[:6]}"
+        with pytest.raises(RuntimeError_) as caught:
+            await rt.capture(h, "live-m-save", dest)
+        assert "does not hold every process" in caught.value.message, caught.value.message
+        assert any(m.startswith("sleep(") for m in caught.value.detail["missing"]), caught.value
+        assert not dest.exists()  # the half checkpoint is gone
+    finally:
+        joined.kill()
+        await joined.wait()
+        for pid in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+    ck = await rt.capture(h, "live-m-save2", state_dir / "ck" / f"ok-{uuid.uuid4().hex[:6]}")
+    assert ck.dir.exists()  # once it is gone, the same slot dumps
+    await rt.destroy("live-m")
 
 
 async def test_destroy_leaves_no_mount_cgroup_or_process(rt, template, state_dir) -> None:

@@ -34,6 +34,23 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     add_bench_args(bench)
     bench.set_defaults(func=main_bench)
 
+    tasks = sub.add_parser("tasks", help="task sets: what this host can run")
+    tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)
+    cover = tasks_sub.add_parser(
+        "coverage", help="supported / total per domain of a task set, with the reasons"
+    )
+    from drumsd.tasks.coverage import add_coverage_args, main_coverage
+
+    add_coverage_args(cover)
+    cover.set_defaults(func=main_coverage)
+    fetch = tasks_sub.add_parser(
+        "fetch-osworld", help="fetch the pinned OSWorld commit's task files (needs network)"
+    )
+    from drumsd.tasks.osworld_pin import add_fetch_args, main_fetch
+
+    add_fetch_args(fetch)
+    fetch.set_defaults(func=main_fetch)
+
     try:
         from drumsd import cli_host
     except ImportError:

@@ -16,12 +16,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
 from drumsd.core.seams import RuntimeError_, SlotRuntime
 from drumsd.linux.host_share import ClaimError, bind_listener, hold_dir
+
+if TYPE_CHECKING:
+    from drumsd.tasks.apps import AppManifest
 
 log = logging.getLogger("drumsd.serve")
 
@@ -131,6 +135,26 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
         yield runtime
 
 
+def default_image_apps(config: Config) -> AppManifest | None:
+    """The apps of the default image (config `lower`, or the built `default_image` profile), which
+    `GET /v1/tasks` checks tasks against; None when no image is built yet (apps unchecked)."""
+    from drumsd.linux.state_files import find_image
+    from drumsd.tasks.apps import manifest_for_root
+
+    if config.lower is not None:
+        root = config.lower
+    else:
+        found = find_image(config.images_dir, config.default_image)
+        if found is None:
+            log.warning("no %s image: tasks' apps are not checked", config.default_image)
+            return None
+        root = found[0]
+    manifest = manifest_for_root(root, config.default_image)
+    name = manifest.profile or config.default_image
+    log.info("image=%s apps: %s", name, ", ".join(sorted(manifest.apps)))
+    return manifest
+
+
 def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
     """The task bridge as the supervisor's `tasks` and `verifier` seams, for the Linux runtime.
     The memory runtime keeps the placeholders (no task runs on a fake desktop)."""
@@ -149,7 +173,27 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
             "`python -m drumsd.tasks` builds it",
             config.tasks.checker_venv or "for the current pins",
         )
-    bridge = TaskBridge(context_from_config(config.tasks, venv), runtime)
+    from drumsd.tasks.osworld_pin import resolve_osworld
+
+    apps = default_image_apps(config)
+    osworld = resolve_osworld(config.tasks.osworld)
+    if osworld.configured:
+        (log.info if osworld.tasks_dir else log.warning)("osworld: %s", osworld.detail)
+    ctx = context_from_config(config.tasks, venv, apps=apps)
+    if osworld.tasks_dir is not None and osworld.tasks_dir not in ctx.task_dirs:
+        ctx = ctx.model_copy(update={"task_dirs": [*ctx.task_dirs, osworld.tasks_dir]})
+    checkers = None
+    if config.tasks.resident_checkers and ctx.checker is not None:
+        from drumsd.tasks.checker_pool import CheckerPool
+
+        checkers = CheckerPool(ctx.checker, max_rss_mib=config.tasks.checker_worker_max_rss_mib)
+    bridge = TaskBridge(ctx, runtime, checkers=checkers)
+    bridge.status = {
+        "image": apps.profile if apps else None,
+        "image_apps": sorted(apps.apps) if apps else None,
+        "osworld": osworld.to_json(),
+        "warnings": [osworld.detail] if osworld.configured and not osworld.tasks_dir else [],
+    }
     return {"tasks": bridge, "verifier": bridge}
 
 
@@ -225,6 +269,9 @@ async def serve_async(config: Config, token: str, listen_fd: int | None = None) 
         )
         journal = await trio.to_thread.run_sync(Journal, config.journal_dir)
         seams = await trio.to_thread.run_sync(task_seams, config, runtime)
+        checkers = getattr(seams.get("tasks"), "checkers", None)
+        if checkers is not None:  # the resident checker worker starts before the first verify
+            await root.start(checkers.serve)
         seams.update(await start_gate_seams(config, root))
         supervisor = Supervisor(config, runtime, journal, version=VERSION, **seams)  # type: ignore[arg-type]
         with trio.fail_after(300):  # reconcile and adoption have a limit too

@@ -290,6 +290,10 @@ class AsyncEnv(EnvBase):
     async def gates(self) -> m.GateReport:
         return await self._send(routes.gates(self.id, self._t))
 
+    async def terminal(self) -> m.TerminalOutput:
+        """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
+        return await self._send(routes.terminal(self.id, self._t))
+
     async def observe(
         self,
         *,

@@ -288,6 +288,24 @@ def gate_verdict(report: m.GateReport, env_id: str) -> Optional[m.GateReport]:
     return None
 
 
+def validity(report: m.GateReport) -> Dict[str, Any]:
+    """The episode's gate verdict as the drop-ins report it (DesktopEnv.step's info, the MCP
+    action tools): valid is True once every gate passed, False when one failed (the episode
+    must not be trained on, even while others pend), None while some are still pending."""
+    failed = list(report.failed) or [
+        g.name for g in report.gates if g.status is m.GateStatus.failed
+    ]
+    valid = False if failed else report.valid
+    return {
+        "env_id": report.slot,
+        "episode": report.episode,
+        "valid": valid,
+        "verdict": {True: "valid", False: "invalid", None: "pending"}[valid],
+        "failed_gates": failed,
+        "pending_gates": [g.name for g in report.gates if g.status is m.GateStatus.pending],
+    }
+
+
 def verify_outcome(result: m.VerifyResult, strict: bool) -> m.VerifyResult:
     """With strict, an invalid episode or a missing score raises instead of returning."""
     if not strict:

@@ -240,6 +240,10 @@ class Env(EnvBase):
     def gates(self) -> m.GateReport:
         return self._send(routes.gates(self.id, self._t))
 
+    def terminal(self) -> m.TerminalOutput:
+        """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
+        return self._send(routes.terminal(self.id, self._t))
+
     def observe(
         self,
         *,

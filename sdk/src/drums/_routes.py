@@ -176,6 +176,11 @@ def gates(env_id: str, t: Timeouts) -> Call[m.GateReport]:
     return Call("GET", path, _model(m.GateReport), t.default_s, env_id=env_id)
 
 
+def terminal(env_id: str, t: Timeouts) -> Call[m.TerminalOutput]:
+    path = _slot_path(env_id, "/terminal")
+    return Call("GET", path, _model(m.TerminalOutput), t.default_s, env_id=env_id)
+
+
 def capture(env_id: str, body: m.CaptureRequest, t: Timeouts) -> Call[m.Checkpoint]:
     path = _slot_path(env_id, "/capture")
     return Call("POST", path, _model(m.Checkpoint), t.restore_s, json=_body(body), env_id=env_id)

@@ -141,6 +141,16 @@ class CommandOutput(ResponseModel):
     stderr: str = ""
 
 
+class TerminalOutput(ResponseModel):
+    slot: str
+    episode: int
+    text: Optional[str] = Field(
+        default=None, description="the terminal's scrollback and screen; None when unreadable"
+    )
+    source: Optional[str] = None
+    reason: Optional[str] = None
+
+
 class StepResult(ResponseModel):
     slot: str
     episode: int
@@ -423,6 +433,10 @@ class Health(ResponseModel):
     services: Dict[str, Any] = Field(
         default_factory=dict,
         description="background services by name: last iteration, failures, last error",
+    )
+    tasks: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="the default image's apps and where OSWorld's tasks come from (or why none)",
     )
     warnings: List[str] = Field(default_factory=list)
 

@@ -9,8 +9,9 @@ is a CRIU restore instead of a VM revert.
 
 The constructor takes OSWorld's parameters by the same names, order and defaults (recorded in
 OSWORLD_INIT_PARAMS and checked by a test), with two deliberate differences: the desktop has no
-accessibility-tree or terminal getter, so `require_a11y_tree` defaults to False and True (or
-`require_terminal=True`) is refused with a clear error instead of handing the agent None. VM-only
+accessibility tree, so `require_a11y_tree` defaults to False and True is refused with a clear
+error instead of handing the agent None. `require_terminal=True` puts the desktop xterm's text
+(scrollback and screen) in obs["terminal"], read without counting as an action. VM-only
 arguments (provider_name, region, path_to_vm, snapshot_name, headless, os_type, enable_proxy,
 cache_dir) are accepted and ignored: there is no VM. Every env this makes is destroyed on close(),
 when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
@@ -19,13 +20,25 @@ when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
 from __future__ import annotations
 
 import atexit
+import platform
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from . import _client
+from ._base import gate_verdict, validity
 from ._exceptions import InvalidEpisode
 from .models import VerifyResult
+
+__all__ = [
+    "DEFAULT_DIFFERENCES",
+    "OSWORLD_INIT_PARAMS",
+    "SPECIAL",
+    "VM_ONLY",
+    "DesktopEnv",
+    "computer_13_code",
+    "validity",
+]
 
 SPECIAL = ("WAIT", "DONE", "FAIL")
 # OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
@@ -83,6 +96,15 @@ def computer_13_code(action: Dict[str, Any]) -> Union[str, Dict[str, Any]]:
     return calls[kind]
 
 
+def _special(action: Union[str, Dict[str, Any]]) -> Optional[str]:
+    """WAIT, DONE or FAIL, as a word or as a dict's action_type (in either action space)."""
+    if isinstance(action, dict):
+        word = str(action.get("action_type", "")).strip().upper()
+    else:
+        word = str(action).strip().upper()
+    return word if word in SPECIAL else None
+
+
 class DesktopEnv:
     """OSWorld's DesktopEnv interface on a drums daemon (DRUMS_URL / DRUMS_TOKEN(_FILE))."""
 
@@ -108,11 +130,10 @@ class DesktopEnv:
     ) -> None:
         if action_space not in ("computer_13", "pyautogui"):
             raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
-        if require_a11y_tree or require_terminal:
-            what = "an accessibility tree" if require_a11y_tree else "terminal output"
+        if require_a11y_tree:
             raise ValueError(
-                f"drums desktops do not provide {what} yet; use a screenshot observation "
-                "(require_a11y_tree=False, require_terminal=False), e.g. OSWorld's "
+                "drums desktops do not provide an accessibility tree yet (no AT-SPI in the "
+                "images); use a screenshot observation (require_a11y_tree=False), e.g. OSWorld's "
                 "--observation_type screenshot"
             )
         self.action_space = action_space
@@ -127,6 +148,7 @@ class DesktopEnv:
         self.instruction = ""
         self.action_history: List[Any] = []
         self.last_verify: Optional[VerifyResult] = None
+        self.last_validity: Optional[Dict[str, Any]] = None
         atexit.register(self.close)
 
     def __enter__(self) -> DesktopEnv:
@@ -147,6 +169,7 @@ class DesktopEnv:
             self.env = None
         self.action_history = []
         self.last_verify = None
+        self.last_validity = None
         if task_config is None:
             self.env = self.client.create(image=self.image)
         else:
@@ -162,38 +185,54 @@ class DesktopEnv:
             "screenshot": obs.png,
             # drums has no accessibility tree getter yet: None, as OSWorld gives when not asked
             "accessibility_tree": None,
-            "terminal": None,
+            "terminal": env.terminal().text if self.require_terminal else None,
             "instruction": self.instruction or obs.instruction,
         }
 
     def step(
         self, action: Union[str, Dict[str, Any]], pause: float = 2
     ) -> Tuple[Dict[str, Any], float, bool, Dict[str, Any]]:
-        """One action, then `pause` seconds; reward is 0 until evaluate(), as in OSWorld."""
+        """One action, then `pause` seconds; reward is 0 until evaluate(), as in OSWorld.
+
+        `info` has OSWorld's `done` / `fail` flags and drums' gate verdict for the episode so
+        far (valid, verdict, failed_gates, pending_gates, env_id, episode: see `validity`). With
+        raise_on_invalid=True a failed gate raises InvalidEpisode here instead."""
         env = self._live()
         self.action_history.append(action)
         done = False
         info: Dict[str, Any] = {}
-        if isinstance(action, str) and action.strip().upper() in SPECIAL:
-            word = action.strip().upper()
+        word = _special(action)
+        if word is not None:
             if word == "WAIT":
                 time.sleep(pause)
             else:
                 env.step({"type": word.lower()})
                 done = True
                 info["done" if word == "DONE" else "fail"] = True
-            return self._get_obs(), 0.0, done, info
-        if isinstance(action, dict):
-            if self.action_space != "computer_13":
-                raise ValueError("a dict action needs action_space='computer_13'")
+            return self._get_obs(), 0.0, done, self._with_validity(env, info)
+        if isinstance(action, dict) and self.action_space == "pyautogui":
+            if not isinstance(action.get("command"), str):  # OSWorld's {"command": code}
+                raise ValueError(
+                    "a dict action in the pyautogui action space needs a 'command' (pyautogui "
+                    "code) or an action_type of WAIT, DONE or FAIL; computer_13 dicts need "
+                    "action_space='computer_13'"
+                )
+            converted: Union[str, Dict[str, Any]] = str(action["command"])
+        elif isinstance(action, dict):
             converted = computer_13_code(action)
         else:
             converted = action
         env.step(converted)
-        if isinstance(converted, dict) and converted["type"] in ("done", "fail"):
-            done = True
         time.sleep(pause)
-        return self._get_obs(), 0.0, done, info
+        return self._get_obs(), 0.0, done, self._with_validity(env, info)
+
+    def _with_validity(self, env: _client.Env, info: Dict[str, Any]) -> Dict[str, Any]:
+        report = env.gates()
+        if self.raise_on_invalid:
+            gate_verdict(report, env.id)  # raises InvalidEpisode (or Quarantined) on a failure
+        self.last_validity = validity(report)
+        info.update(self.last_validity)
+        return info
 
     def render(self, mode: str = "rgb_array") -> bytes:
         """The screenshot as PNG bytes (OSWorld's render gives the same)."""
@@ -204,6 +243,13 @@ class DesktopEnv:
     @property
     def vm_platform(self) -> str:
         return "Linux"
+
+    @property
+    def vm_machine(self) -> str:
+        """The desktop's CPU architecture. A drums desktop is a container on the daemon's host
+        kernel, not a VM, so this is the host's machine; it is read here, which is right when the
+        daemon runs on this host (the usual case), not for a daemon on another architecture."""
+        return platform.machine()
 
     @property
     def vm_screen_size(self) -> Tuple[int, int]:
@@ -226,6 +272,7 @@ class DesktopEnv:
         copy = DesktopEnv(
             action_space=self.action_space,
             screen_size=self.screen_size,
+            require_terminal=self.require_terminal,
             client=self.client,
             image=self.image,
             raise_on_invalid=self.raise_on_invalid,

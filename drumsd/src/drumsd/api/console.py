@@ -23,7 +23,7 @@ from quart_trio import QuartTrio
 
 from drumsd.api import console_records, console_view, convert
 from drumsd.api.console_frames import Frames, Picture
-from drumsd.api.console_sessions import COOKIE, SESSION_TTL_S, Session, Sessions
+from drumsd.api.console_sessions import BEARER, COOKIE, SESSION_TTL_S, Session, Sessions
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.runtime.supervisor import Supervisor
@@ -107,7 +107,9 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
     app.extensions["drums_console"] = {"sessions": sessions, "frames": frames}
 
     def session() -> Session | None:
-        return sessions.get(request.cookies.get(COOKIE))
+        return sessions.get(request.cookies.get(COOKIE)) or sessions.bearer(
+            request.headers.get("Authorization", "")
+        )
 
     def route(path: str, name: str, methods: tuple[str, ...] = ("GET",)):
         def register(view: Callable[..., Awaitable[Response]]):
@@ -124,7 +126,7 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
                 current = session()
                 if current is None:
                     return _refused("no console session: log in at /console/login")
-                if write:
+                if write and current is not BEARER:
                     if not current.write:
                         return _refused(
                             "this console session is read-only: log in again with actions on",
@@ -215,6 +217,17 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
         metrics = convert.metrics(supervisor.metrics_json()).model_dump(mode="json")
         return _json({"health": health, "metrics": metrics})
 
+    @api("/history", "history")
+    async def history() -> Response:
+        # The host's samples over time for the charts; `since` (a sample's ts) sends only newer.
+        try:
+            since = float(request.args["since"]) if "since" in request.args else None
+        except ValueError:
+            raise DrumsdError(
+                "invalid_request", "since: a sample's ts (seconds since the epoch)", field="since"
+            ) from None
+        return _json(supervisor.history.as_json(since))
+
     @api("/slots/<slot_id>", "slot")
     async def slot(slot_id: str) -> Response:
         rec = supervisor.get_slot(slot_id, renew=False)
@@ -237,6 +250,28 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
         lines = await supervisor.store.events_of(slot_id)
         events = await trio.to_thread.run_sync(console_view.timeline, lines)
         return _json({"slot": slot_id, "events": events})
+
+    @api("/slots/<slot_id>/episode", "episode")
+    async def slot_episode(slot_id: str) -> Response:
+        # The current episode step by step: the steps the daemon kept in memory, with the
+        # journal's events and gate changes of the same episode (read on request, like above).
+        rec = supervisor.get_slot(slot_id, renew=False)
+        steps = [s.as_json() for s in supervisor.step_log.of(slot_id, rec.episode_id)]
+        lines = await supervisor.store.events_of(slot_id)
+        entries = await trio.to_thread.run_sync(
+            console_view.episode_timeline, lines, steps, rec.episode_id, rec.episode_started_at
+        )
+        return _json(
+            {
+                "slot": slot_id,
+                "episode": rec.episode,
+                "episode_id": rec.episode_id,
+                "started_at": rec.episode_started_at,
+                "actions": rec.actions,
+                "steps_kept": len(steps),
+                "entries": entries,
+            }
+        )
 
     @api("/slots/<slot_id>/thumbnail", "thumbnail")
     async def thumbnail(slot_id: str) -> Response:

@@ -21,6 +21,9 @@ class Session:
     expires_at: float
 
 
+BEARER = Session("bearer", True, float("inf"))
+
+
 class Sessions:
     def __init__(
         self,
@@ -47,6 +50,15 @@ class Sessions:
         session = Session(secrets.token_urlsafe(32), write, self._clock() + self._ttl_s)
         self._by_id[session.id] = session
         return session
+
+    def bearer(self, authorization: str) -> Session | None:
+        """A program with the token (the pool gateway, through its keeper) reads the console's
+        data as the API would let it: with `Authorization: Bearer <token>`, never a cookie. No
+        CSRF concern: a browser does not attach a bearer header by itself."""
+        given = authorization.encode()
+        if hmac.compare_digest(given, b"Bearer " + self._expected):
+            return BEARER
+        return None
 
     def get(self, session_id: str | None) -> Session | None:
         if not session_id:

@@ -86,3 +86,64 @@ def timeline(lines: Iterable[str], limit: int = 500) -> list[dict[str, Any]]:
             }
         )
     return out[-limit:]
+
+
+# Journal events the episode timeline leaves out: lazy saves of counters, and gate saves (their
+# changes are shown as gate entries).
+QUIET_EVENTS = frozenset({"touched", "gates"})
+
+
+def episode_timeline(
+    lines: Iterable[str],
+    steps: Iterable[Mapping[str, Any]],
+    episode_id: str | None,
+    started_at: float | None,
+) -> list[dict[str, Any]]:
+    """The current episode as one list in time order: its journal events (reset, ready,
+    quarantined, ...), each step (action, time, duration, how it ended) and each gate change
+    (from the records the journal kept), a gate change naming the step it followed."""
+    entries: list[dict[str, Any]] = []
+    gates: dict[str, str] = {}
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        record = event.get("record") or {}
+        if episode_id is None or record.get("episode_id") != episode_id:
+            continue
+        ts = event.get("ts")
+        name = event.get("event", "")
+        if name not in QUIET_EVENTS:
+            entries.append(
+                {"kind": "event", "ts": ts, "event": name, "state": record.get("status")}
+            )
+        for gate in record.get("gates") or []:
+            status = gate.get("status", G.PENDING)
+            if gates.get(gate.get("name"), G.PENDING) != status:
+                entries.append(
+                    {
+                        "kind": "gate",
+                        "ts": gate.get("checked_at") or ts,
+                        "gate": gate.get("name"),
+                        "status": status,
+                        "evidence": gate.get("evidence") or {},
+                    }
+                )
+            gates[gate.get("name")] = status
+    for step in steps:
+        entries.append({"kind": "step", "ts": step["started_at"], **step})
+    entries.sort(key=lambda e: (e["ts"] is None, e["ts"] or 0.0))
+    origin = started_at
+    if origin is None:
+        origin = next((e["ts"] for e in entries if e["ts"] is not None), None)
+    last_step = None
+    for entry in entries:
+        if entry["kind"] == "step":
+            last_step = entry["index"]
+        elif entry["kind"] == "gate":
+            entry["after_step"] = last_step
+        entry["offset_s"] = (
+            round(entry["ts"] - origin, 3) if entry["ts"] is not None and origin else None
+        )
+    return entries

@@ -99,6 +99,7 @@ def health(data: dict[str, Any]) -> wire.Health:
         pools=data["pools"],
         ksm=data.get("ksm", {}),
         services=data.get("services", {}),
+        tasks=data.get("tasks", {}),
         warnings=data["warnings"],
     )
 

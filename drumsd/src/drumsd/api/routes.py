@@ -213,6 +213,10 @@ async def screenshot(ctx: Ctx, slot_id: str) -> Reply:
     return Raw(shot.data, shot.content_type, headers)
 
 
+async def terminal(ctx: Ctx, slot_id: str) -> Reply:
+    return wire.TerminalOutput(**await ctx.supervisor.terminal(slot_id))
+
+
 async def gates(ctx: Ctx, slot_id: str) -> Reply:
     return convert.gate_report(await ctx.supervisor.gate_report(slot_id))
 
@@ -416,6 +420,14 @@ ROUTES: tuple[Route, ...] = (
             QueryParam("width", "scale to this width; alone, keeps the aspect ratio", "integer"),
             QueryParam("height", "scale to this height; alone, keeps the aspect ratio", "integer"),
         ),
+    ),
+    Route(
+        "GET",
+        S + "/terminal",
+        "slot_terminal",
+        "The desktop's terminal text (OSWorld's terminal observation); not an action",
+        terminal,
+        response=wire.TerminalOutput,
     ),
     Route(
         "GET",

@@ -90,6 +90,62 @@ class RetentionConfig(Block):
     forgotten_warn_gib: float = Field(default=8.0, gt=0)
 
 
+class OsworldConfig(Block):
+    """A pinned OSWorld checkout whose task files are served (its evaluation_examples/examples).
+
+    With no network, `dir` names a copy; with neither a copy nor a fetched pin, the daemon runs
+    without OSWorld's tasks and says so in /v1/health."""
+
+    repository: str = Field(
+        default="https://github.com/xlang-ai/OSWorld",
+        description="OSWorld's git repository (https URL); its GitHub tarball is fetched by commit",
+    )
+    commit: str | None = Field(
+        default=None, description="the pinned commit (40 hex digits); null = no pinned OSWorld"
+    )
+    sha256: str | None = Field(
+        default=None, description="sha256 of that commit's tarball; a fetch that differs is refused"
+    )
+    dir: Path | None = Field(
+        default=None, description="an OSWorld checkout to use as it is (offline host, Nix fetcher)"
+    )
+    cache_dir: Path = Field(
+        default=Path("/var/cache/drums/osworld"),
+        description="fetched checkouts, as <cache>/<sha256>/",
+    )
+
+    @field_validator("commit")
+    @classmethod
+    def _commit_hex(cls, value: str | None) -> str | None:
+        if value is not None and not (len(value) == 40 and _is_hex(value)):
+            raise ValueError("commit must be 40 hex digits (a full git commit id)")
+        return value.lower() if value else value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha_hex(cls, value: str | None) -> str | None:
+        if value is not None and not (len(value) == 64 and _is_hex(value)):
+            raise ValueError("sha256 must be 64 hex digits")
+        return value.lower() if value else value
+
+    @field_validator("repository")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        if not value.startswith("https://"):
+            raise ValueError("repository must be an https:// URL")
+        return value.rstrip("/").removesuffix(".git")
+
+    @model_validator(mode="after")
+    def _pin_whole(self) -> OsworldConfig:
+        if (self.commit is None) != (self.sha256 is None):
+            raise ValueError("osworld.commit and osworld.sha256 go together (a pin is both)")
+        return self
+
+
+def _is_hex(value: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in value)
+
+
 class TasksConfig(Block):
     """Where tasks come from and where their setup steps and checkers run (never as root)."""
 
@@ -108,11 +164,20 @@ class TasksConfig(Block):
     )
     checker_uid: int = Field(default=65534, ge=1, description="unprivileged uid of checkers")
     checker_gid: int = Field(default=65534, ge=1)
+    resident_checkers: bool = Field(
+        default=True,
+        description="fork checker calls from a worker that has imported the metrics; "
+        "false = a fresh process per call",
+    )
+    checker_worker_max_rss_mib: int = Field(
+        default=1024, ge=64, le=65536, description="a worker above this RSS is replaced"
+    )
     setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     eval_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     client_password: str = Field(default="password", description="{CLIENT_PASSWORD}")
     screen_width: int = Field(default=1920, ge=320, le=8192)
     screen_height: int = Field(default=1080, ge=200, le=8192)
+    osworld: OsworldConfig = Field(default_factory=OsworldConfig)
 
 
 class SparesConfig(Block):

@@ -212,11 +212,14 @@ class DesktopInit:
         )
         self.spawn("openbox", ["openbox", "--sm-disable"])
         if not self.args.no_xterm:
-            # An Xft font: the image has no bitmap fonts (xterm's default "fixed").
+            # An Xft font: the image has no bitmap fonts (xterm's default "fixed"). The printer
+            # resources let the daemon read its text (OSWorld's terminal observation).
+            printer = [a for r in protocol.XTERM_PRINTER_RESOURCES for a in ("-xrm", r)]
             self.spawn(
                 "xterm",
-                ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-geometry", "100x30+40+40"],
-            )
+                ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-geometry", "100x30+40+40",
+                 *printer],
+            )  # fmt: skip
         for i, app in enumerate(self.args.app):
             self.spawn(f"app{i}", ["/bin/sh", "-c", app])
         self.start_agent()

@@ -17,6 +17,15 @@ from typing import Any
 
 SOCKET_PATH = "/run/drums/agent.sock"
 READY_PATH = "/run/drums/ready"
+# Where desktop-init's xterm prints its text when asked (drumsd.tasks.terminal reads it):
+# straight to the file in one step, plain text, the printer closed after each print.
+TERMINAL_PRINT_FILE = "/tmp/.drums-terminal"
+XTERM_PRINTER_RESOURCES = (
+    f"XTerm*printerCommand: cat > {TERMINAL_PRINT_FILE}.part"
+    f" && mv -f {TERMINAL_PRINT_FILE}.part {TERMINAL_PRINT_FILE}",
+    "XTerm*printAttributes: 0",
+    "XTerm*printerAutoClose: true",
+)
 SCREEN_WIDTH = 1920
 SCREEN_HEIGHT = 1080
 MAX_REQUEST_BYTES = 1 << 20

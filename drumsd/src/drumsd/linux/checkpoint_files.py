@@ -37,6 +37,11 @@ def discard_failed_dump(dest: Path) -> list[str]:
     return errors
 
 
+def dumped_tasks(dest: Path) -> list[criu.DumpedTask]:
+    """The process tree a dump holds (its pstree.img)."""
+    return criu.parse_pstree((dest / "images" / "pstree.img").read_bytes())
+
+
 def finish_dump(script: Path) -> None:
     script.unlink()
 

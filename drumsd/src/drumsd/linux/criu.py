@@ -1,4 +1,5 @@
-"""CRIU command lines and the dump action script (pure), plus reading CRIU's logs for errors.
+"""CRIU command lines and the dump action script (pure), reading CRIU's logs for errors, and
+parsing the dumped process tree (pstree.img) to check a dump against the live tree.
 
 Flags are the ones proven on this kind of host (shared/notes/criu-desktop.md): the slot's netns is
 private (no network lock), file locks and ghost files are dumped, the upper layer is copied by a
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 GHOST_LIMIT = "64M"
@@ -108,3 +110,78 @@ def tail(path: Path, lines: int = 20) -> Sequence[str]:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
+
+
+# ---- the dumped process tree (pstree.img), to check a dump against the live tree --------------
+
+
+@dataclass(frozen=True)
+class DumpedTask:
+    pid: int  # in the slot's pid namespace, as CRIU records it
+    ppid: int
+    threads: tuple[int, ...]
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def parse_pstree(data: bytes) -> list[DumpedTask]:
+    """CRIU's pstree.img: two 4-byte magics, then entries of a little-endian u32 size and a
+    protobuf PstreeEntry (1 pid, 2 ppid, 3 pgid, 4 sid, 5 threads; threads packed or not)."""
+    if len(data) < 8:
+        raise ValueError(f"pstree.img is {len(data)} bytes: not a CRIU image")
+    tasks: list[DumpedTask] = []
+    at = 8
+    while at < len(data):
+        if at + 4 > len(data):
+            raise ValueError("pstree.img: truncated entry size")
+        size = int.from_bytes(data[at : at + 4], "little")
+        at += 4
+        entry, at = data[at : at + size], at + size
+        if len(entry) != size:
+            raise ValueError("pstree.img: truncated entry")
+        fields: dict[int, int] = {}
+        threads: list[int] = []
+        i = 0
+        while i < len(entry):
+            key, i = _varint(entry, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, i = _varint(entry, i)
+                if number == 5:
+                    threads.append(value)
+                else:
+                    fields[number] = value
+            elif wire == 2:
+                length, i = _varint(entry, i)
+                chunk, i = entry[i : i + length], i + length
+                j = 0
+                while number == 5 and j < len(chunk):
+                    value, j = _varint(chunk, j)
+                    threads.append(value)
+            else:
+                raise ValueError(f"pstree.img: unexpected wire type {wire}")
+        tasks.append(DumpedTask(fields.get(1, 0), fields.get(2, 0), tuple(threads)))
+    return tasks
+
+
+def missing_from_dump(
+    before: Mapping[int, str], after: Mapping[int, str], dumped: Sequence[DumpedTask]
+) -> list[str]:
+    """Processes of the slot (namespace pid -> comm) seen both just before and just after the
+    dump that the dump does not hold: they would be lost on every restore (e.g. a process that
+    joined the slot's cgroup from outside its process tree). One seen on one side only is churn
+    around the freeze, not a miss."""
+    held = {t.pid for t in dumped}
+    stable = before.keys() & after.keys()
+    return [f"{before[pid]}({pid})" for pid in sorted(stable - held)]

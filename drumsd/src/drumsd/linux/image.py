@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from drumsd.linux.mounts import DEVICES
+from drumsd.tasks.apps import APPS, probe_apps
+from drumsd.tasks.apps import read_manifest as read_app_manifest
+from drumsd.tasks.apps import write_manifest as write_app_manifest
 
 Progress = Callable[[str], None]
 
@@ -526,6 +529,8 @@ def build_image(
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         progress(f"image: {profile} is cached at {final} (sha256 {meta['sha256'][:16]}...)")
+        if read_app_manifest(final) is None:  # built before images recorded their apps
+            _record_apps(final, profile, progress)
         _point_current(images, profile, final)
         return _info(final, meta)
 
@@ -631,6 +636,7 @@ def _assemble(
             "built_at": _now(),
         }
         (staging / "image.json").write_text(json.dumps(meta, indent=2) + "\n")
+        _record_apps(staging, prof.name, progress)
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -638,6 +644,18 @@ def _assemble(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return meta
+
+
+def _record_apps(image_dir: Path, profile: str, progress: Progress) -> None:
+    """apps.json next to the root: which apps the tree has, for the task support check. Outside
+    the root, so the image's sha256 does not change."""
+    manifest = probe_apps(image_dir / "root", profile)
+    write_app_manifest(image_dir, manifest)
+    missing = sorted(set(APPS) - manifest.apps)
+    progress(
+        f"image: {profile} has {', '.join(sorted(manifest.apps)) or 'no known apps'}; "
+        f"lacks {', '.join(missing) or 'nothing'} ({len(manifest.schemas)} GSettings schemas)"
+    )
 
 
 def _point_current(images: Path, profile: str, final: Path) -> None:

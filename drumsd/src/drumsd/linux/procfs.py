@@ -109,6 +109,24 @@ def moving(
     return out
 
 
+def in_pid_namespace(pids: Iterable[int], pidns: int) -> dict[int, str]:
+    """The processes among `pids` that live in the pid namespace whose nsfs inode is `pidns`, by
+    their pid inside it (the last NSpid value, as CRIU records them) -> comm."""
+    out: dict[int, str] = {}
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}/ns/pid").st_ino != pidns:
+                continue
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        nspid = fields.get("NSpid", "").split()
+        if nspid:
+            out[int(nspid[-1])] = fields.get("Name", "?").strip()
+    return out
+
+
 def namespaces(pid: int | str) -> dict[str, int]:
     out: dict[str, int] = {}
     for ns in NAMESPACES:

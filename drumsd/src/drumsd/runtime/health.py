@@ -57,6 +57,8 @@ async def health(sup: Supervisor) -> dict[str, Any]:
         warnings.append(f"{by_state['quarantined']} slot(s) quarantined")
     if sup.crash_watch is not None and not sup.crash_watch.available:
         warnings.append(f"crash watch not running: {sup.crash_watch.error}")
+    tasks = dict(getattr(sup.tasks, "status", None) or {})
+    warnings += [f"tasks: {w}" for w in tasks.get("warnings", [])]
     services, service_warnings = services_health(sup)
     warnings += service_warnings
     journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
@@ -80,10 +82,23 @@ async def health(sup: Supervisor) -> dict[str, Any]:
             "templates": dict(sup.template_status),
             "reconciled": {k: len(v) for k, v in sup.reconciled.items()},
             "spares": sup.pools_state(),
+            "checkers": checker_health(sup),
         },
         "services": services,
+        "tasks": tasks,
         "warnings": warnings,
     }
+
+
+def checker_health(sup: Supervisor) -> dict[str, Any]:
+    """How checker calls run (the resident worker's pid, RSS and bound), when tasks are served."""
+    report = getattr(sup.verifier, "checker_health", None)
+    if report is None:
+        return {}
+    try:
+        return dict(report())
+    except Exception as exc:  # optional figures must never break /v1/health
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 async def runtime_ksm(sup: Supervisor) -> dict[str, Any]:

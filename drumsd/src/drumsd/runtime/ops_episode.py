@@ -37,6 +37,7 @@ from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
+from drumsd.tasks import terminal as terminal_text
 
 if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
@@ -167,6 +168,21 @@ def _keep_shot(
     if spec == protocol.PNG_FULL:
         # The console and the slot's archive keep the last full-size PNG.
         sup.last_screenshot[rec.id] = shot.data
+
+
+async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+    """The desktop's terminal text (OSWorld's terminal observation); not an action."""
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_observe(rec)
+        with runtime_failures(sup.metrics, what=f"terminal of slot {slot_id}", slot_id=slot_id):
+            done = await sup.runtime.exec_user(
+                sup._handle(rec), terminal_text.SCRIPT, terminal_text.TIMEOUT_S
+            )
+        got = terminal_text.parse(done.returncode, done.stdout, done.stderr)
+        return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
+                "reason": got.reason}  # fmt: skip
 
 
 async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from drums.models import (
     VerifyResult,
 )
 
+from drumsd.core import step_log
 from drumsd.core.admission import (
     Decision,
     HostSample,
@@ -39,6 +40,7 @@ from drumsd.core.admission import (
 )
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
+from drumsd.core.host_history import HostHistory
 from drumsd.core.metrics import Histogram, MetricsWindow
 from drumsd.core.records import (
     CheckpointRecord,
@@ -75,6 +77,7 @@ from drumsd.runtime.services import (
     ServiceHealth,
     admission,
     gate_refresh,
+    history,
     reaper,
     spares,
     templates,
@@ -127,6 +130,8 @@ class Supervisor:
         self.slot_latency: dict[str, dict[str, Histogram]] = {}
         self.last_screenshot: dict[str, bytes] = {}
         self.last_verify: dict[str, VerifyResult] = {}  # slot -> its last verify (the console)
+        self.step_log = step_log.StepLog()  # each slot's recent steps (the console's timeline)
+        self.history = HostHistory()  # host samples over time (the console's charts)
         self.sample: HostSample | None = None
         self.last_decision: Decision | None = None
         self.template_status: dict[str, str] = {}  # image -> building | ready | error: ...
@@ -160,6 +165,7 @@ class Supervisor:
             await nursery.start(partial(admission.run, self))
             await nursery.start(partial(reaper.run, self))
             await nursery.start(partial(gate_refresh.run, self))
+            await nursery.start(partial(history.run, self))
             if spares.spares_on(self):
                 await nursery.start(partial(spares.run, self))
             await templates.start_template_builds(self)
@@ -354,13 +360,49 @@ class Supervisor:
 
     async def destroy(self, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
         """Idempotent: (record, already_destroyed)."""
-        return await self._durable(await ops_reset.destroy(self, slot_id, reason))
+        out = await self._durable(await ops_reset.destroy(self, slot_id, reason))
+        self.step_log.forget(slot_id)
+        return out
 
     async def step(self, slot_id: str, req: StepRequest) -> dict[str, Any]:
-        return await ops_episode.step(self, slot_id, req)
+        started = self.clock()
+        try:
+            out = await ops_episode.step(self, slot_id, req)
+        except DrumsdError as exc:
+            self._log_step(slot_id, req, started, self.clock() - started, error=exc.code)
+            raise
+        returncode = (out.get("output") or {}).get("returncode")
+        self._log_step(slot_id, req, started, out["elapsed_s"], returncode=returncode)
+        return out
+
+    def _log_step(
+        self, slot_id: str, req: StepRequest, started: float, elapsed: float, **how: Any
+    ) -> None:
+        """One step in the console's episode timeline (memory only; see core/step_log.py)."""
+        rec = self.slots.get(slot_id)
+        if rec is None:
+            return
+        action = req.action if isinstance(req.action, str) else req.action.model_dump()
+        kind, detail = step_log.describe(action)
+        self.step_log.add(
+            slot_id,
+            step_log.Step(
+                episode=rec.episode,
+                episode_id=rec.episode_id,
+                index=rec.actions,
+                action=kind,
+                detail=detail,
+                started_at=started,
+                elapsed_s=round(elapsed, 4),
+                **how,
+            ),
+        )
 
     async def screenshot(self, slot_id: str, spec: ShotSpec = PNG_FULL) -> Screenshot:
         return await ops_episode.screenshot(self, slot_id, spec)
+
+    async def terminal(self, slot_id: str) -> dict[str, Any]:
+        return await ops_episode.terminal(self, slot_id)
 
     async def quiescent(self, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
         return await ops_episode.quiescent(self, slot_id, req)

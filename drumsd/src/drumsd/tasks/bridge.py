@@ -24,7 +24,9 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
+from .apps import AppManifest, manifest_for_root
 from .audit import EpisodeFacts, verify
+from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
 from .model import (
     Task,
@@ -189,11 +191,36 @@ class TaskBridge:
     """The supervisor's TaskCatalog and Verifier, backed by drumsd.tasks."""
 
     def __init__(
-        self, ctx: TaskContext, runtime: SlotRuntime, run_root: Path | None = None
+        self,
+        ctx: TaskContext,
+        runtime: SlotRuntime,
+        run_root: Path | None = None,
+        checkers: CheckerPool | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self._run_root = run_root
+        self.checkers = checkers  # resident checker worker; None: a fresh process per call
+        self._manifests: dict[str, AppManifest] = {}  # image root -> its apps
+        # What /v1/health reports under `tasks` (the image's apps, where OSWorld's tasks are).
+        self.status: dict[str, Any] = {}
+
+    def checker_health(self) -> dict[str, Any]:
+        """How checker calls run, for /v1/health's pools.checkers."""
+        if self.checkers is None:
+            return {"enabled": False, "venv_built": self.ctx.checker is not None}
+        return self.checkers.health()
+
+    def context_for(self, handle: SlotHandle) -> TaskContext:
+        """The task context with the apps of the image this slot runs (its overlay's lower
+        layer), which may not be the default image `GET /v1/tasks` answers for."""
+        lower = handle.extra.get("lower") if handle.extra else None
+        if not lower:
+            return self.ctx
+        root = str(lower[0])
+        if root not in self._manifests:
+            self._manifests[root] = manifest_for_root(Path(root))
+        return self.ctx.model_copy(update={"apps": self._manifests[root]})
 
     @property
     def run_root(self) -> Path:
@@ -243,7 +270,8 @@ class TaskBridge:
     ) -> tuple[TaskInfo, dict[str, Any]]:
         # Off the event loop: a task named by path is a file read (issue 14, finding 6).
         resolved = await trio.to_thread.run_sync(lookup_task, task, self.ctx.task_dirs)
-        info = task_info(resolved, self.ctx)
+        ctx = await trio.to_thread.run_sync(self.context_for, handle)
+        info = task_info(resolved, ctx)
         if not info.supported:
             raise DrumsdError(
                 "unsupported_task", f"task {resolved.id} cannot run here: {info.reason}"
@@ -254,7 +282,7 @@ class TaskBridge:
             await run_setup(
                 resolved,
                 access,
-                self.ctx,
+                ctx,
                 run_dir=self._run_dir(slot_record.id, fresh=True),
                 label=label,
             )
@@ -278,7 +306,8 @@ class TaskBridge:
             label=f"slot={slot_record.id} episode={slot_record.episode} task={task.id}",
         )
         access = RuntimeSlotAccess(self.runtime, handle)
-        result = await verify(task, access, self.ctx, episode)
+        run = self.checkers.runner(self.ctx.eval_timeout_s) if self.checkers else None
+        result = await verify(task, access, self.ctx, episode, run)
         return WireVerifyResult(
             slot=slot_record.id,
             episode=slot_record.episode,

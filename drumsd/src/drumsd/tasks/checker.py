@@ -107,7 +107,7 @@ def copy_python_sources(module_dir: Path, dest: Path) -> None:
             shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def _prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str, Any]]:
+def prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str, Any]]:
     env.scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="drums-check-", dir=env.scratch_root))
     request = dict(call.request)
@@ -129,7 +129,7 @@ def _prepare_scratch(call: CheckerCall, env: CheckerEnv) -> tuple[Path, dict[str
     return scratch, request
 
 
-def _checker_env(scratch: Path) -> dict[str, str]:
+def checker_env(scratch: Path) -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(scratch),
@@ -145,7 +145,7 @@ def _checker_env(scratch: Path) -> dict[str, str]:
 async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> CheckerOutcome:
     """Run one checker call with a deadline; never raises for the checker's own failures."""
     started = time.monotonic()
-    scratch, request = await trio.to_thread.run_sync(_prepare_scratch, call, env)
+    scratch, request = await trio.to_thread.run_sync(prepare_scratch, call, env)
     as_other = os.geteuid() == 0
     result: Any = None
     timed_out = False
@@ -165,7 +165,7 @@ async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> C
                 capture_stderr=True,
                 check=False,
                 cwd=str(scratch),
-                env=_checker_env(scratch),
+                env=checker_env(scratch),
                 start_new_session=True,
                 deliver_cancel=kill_group,
                 **({"user": env.uid, "group": env.gid, "extra_groups": []} if as_other else {}),
@@ -176,20 +176,33 @@ async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> C
             await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
     duration = round(time.monotonic() - started, 3)
     if timed_out:
-        return CheckerOutcome(
-            score=None,
-            error_class="timeout",
-            error=f"the checker did not answer within {timeout_s} s and was killed",
-            duration_s=duration,
-        )
-    stderr_tail = result.stderr.decode(errors="replace")[-2000:]
+        return timeout_outcome(timeout_s, duration)
+    return outcome_from_answer(
+        result.stdout,
+        f"the checker process died without an answer (exit {result.returncode})",
+        duration,
+        result.stderr.decode(errors="replace")[-2000:],
+    )
+
+
+def timeout_outcome(timeout_s: float, duration: float) -> CheckerOutcome:
+    return CheckerOutcome(
+        score=None,
+        error_class="timeout",
+        error=f"the checker did not answer within {timeout_s} s and was killed",
+        duration_s=duration,
+    )
+
+
+def outcome_from_answer(raw: bytes, died: str, duration: float, stderr_tail: str) -> CheckerOutcome:
+    """The runner's JSON answer as an outcome; no answer at all is a crash saying `died`."""
     try:
-        answer = json.loads(result.stdout)
+        answer = json.loads(raw)
     except ValueError:
         return CheckerOutcome(
             score=None,
             error_class="crash",
-            error=f"the checker process died without an answer (exit {result.returncode})",
+            error=died,
             duration_s=duration,
             stderr_tail=stderr_tail,
         )

@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from .apps import AppManifest, missing_app_reason
+
 
 @dataclass(frozen=True)
 class MetricCatalog:
@@ -295,6 +297,8 @@ class TaskContext(BaseModel):
     # Features the slot exposes beyond SlotAccess's core ("terminal_output", "accessibility_tree").
     capabilities: frozenset[str] = frozenset()
     metrics: MetricCatalog | None = None  # None: the checker venv is not built yet
+    # The desktop image's apps (apps.json); None: no image is known, apps are not checked.
+    apps: AppManifest | None = None
     checker: CheckerEnv | None = None  # how checker processes run (None: no checker venv)
     step_timeout_s: float = 60.0
     open_timeout_s: float = 60.0
@@ -623,6 +627,10 @@ def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
 def _support_reason(task: Task, ctx: TaskContext) -> str | None:
     if task.proxy:
         return UNSUPPORTED_STEPS["proxy"]
+    if ctx.apps is not None:
+        reason = missing_app_reason(task, ctx.apps)
+        if reason:
+            return reason
     for step in [*task.config, *task.evaluator.postconfig]:
         reason = _step_reason(step, task, ctx)
         if reason:

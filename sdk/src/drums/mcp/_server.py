@@ -23,6 +23,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import actions
 from .._async_client import AsyncClient, AsyncEnv
+from .._base import validity
 from .._exceptions import DrumsError
 from .._version import __version__
 from ._session import Session
@@ -88,6 +89,21 @@ def _failed(exc: Exception) -> ToolError:
     return ToolError(f"{type(exc).__name__}: {exc}")
 
 
+async def episode_line(env: AsyncEnv) -> str:
+    """The episode's gate verdict after an action, as one line of the tool's result; the action
+    already happened, so a failed gates read is reported, not raised."""
+    try:
+        v = validity(await env.gates())
+    except DrumsError as exc:
+        return f"episode: unknown (gates: {exc})"
+    if v["valid"] is False:
+        failed = ", ".join(v["failed_gates"])
+        return f"episode: invalid (failed gates: {failed}); its score must not be trained on"
+    if v["valid"] is None:
+        return f"episode: pending (gates: {', '.join(v['pending_gates']) or '?'})"
+    return "episode: valid"
+
+
 def build_server(
     connect: Callable[[], AsyncClient],
     *,
@@ -125,6 +141,7 @@ def build_server(
         except (actions.BadAction, DrumsError) as exc:
             raise _failed(exc) from exc
         line = f"{actions.describe(action)} on {env.id} (action {result.actions})"
+        line += "\n" + await episode_line(env)
         if result.output is not None:
             out = result.output
             line += f"\nreturncode {out.returncode}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"

@@ -172,6 +172,12 @@ class Gateway:
         # Envs this gateway made, per host: they hold no Ray resource, so placement subtracts
         # them from Ray's free counts. A restart forgets them (placement only, never routing).
         self.placed: Dict[str, int] = {}
+        from drums.ray._gateway_console import GatewayConsole  # it uses this module's merges
+
+        async def labels() -> List[str]:
+            return [label for label, _ in await self.hosts()]
+
+        self.console = GatewayConsole(token, forward, labels)
 
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -186,6 +192,18 @@ class Gateway:
             if not msg.get("more_body"):
                 break
         headers = dict(scope["headers"])
+        if scope["path"] == "/console" or scope["path"].startswith("/console/"):
+            # The console: its own session cookie, not the bearer token (_gateway_console.py).
+            status, sent, out = await self.console.handle(
+                scope["method"],
+                scope["path"],
+                scope.get("query_string", b"").decode(),
+                headers,
+                body,
+            )
+            await send({"type": "http.response.start", "status": status, "headers": sent})
+            await send({"type": "http.response.body", "body": out})
+            return
         status, ctype, out = await self.handle(
             scope["method"],
             scope["path"],

@@ -80,7 +80,7 @@ function filters() {
 }
 
 function matches(row, f) {
-  for (const k of ["state", "task", "image", "verdict"]) if (f[k] && row[k] !== f[k]) return false;
+  for (const k of ["host", "state", "task", "image", "verdict"]) if (f[k] && row[k] !== f[k]) return false;
   if (f.text) {
     const hay = [row.id, row.task, row.image, ...Object.values(row.labels)].join(" ").toLowerCase();
     if (!hay.includes(f.text)) return false;
@@ -89,6 +89,7 @@ function matches(row, f) {
 }
 
 function fillFacets(facets) {
+  $("f-host-box").hidden = !(facets.host && facets.host.length); // the pool gateway's console
   for (const sel of document.querySelectorAll("select[data-facet]")) {
     const values = facets[sel.dataset.facet] || [];
     const keep = sel.value;
@@ -228,10 +229,74 @@ function bars(title, counts) {
   return box;
 }
 
+// --- charts: the daemon's host history (a sample every few seconds, the last hour) ------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const CHARTS = [
+  { title: "Live slots", unit: "", series: [["slots", "live"], ["quarantined", "quarantined"]] },
+  { title: "Restores / s", unit: "/s", series: [["restores_per_s", "create+reset+fork"]] },
+  { title: "Steps / s", unit: "/s", series: [["steps_per_s", "steps"]] },
+  { title: "Memory available", unit: " MiB", series: [["mem_available_mib", "available"]] },
+  { title: "KSM saved", unit: " MiB", series: [["ksm_saved_mib", "saved"]] },
+  { title: "Spares parked", unit: "", series: [["spares_parked", "parked"]] },
+];
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+  return node;
+}
+
+function num(v, unit) {
+  if (v === null || v === undefined) return "-";
+  const r = Math.abs(v) >= 100 ? Math.round(v) : +v.toFixed(2);
+  return `${r}${unit}`;
+}
+
+// One small line chart: a polyline per series over the samples' time span, y from 0 to max.
+function chart(spec, samples) {
+  const W = 240, H = 70;
+  const box = el("div", { class: "panel chart", "data-chart": spec.series[0][0] });
+  const t0 = samples.length ? samples[0].ts : 0;
+  const t1 = samples.length ? samples[samples.length - 1].ts : 1;
+  const values = samples.flatMap((s) => spec.series.map(([k]) => s[k]).filter((v) => v !== null && v !== undefined));
+  const max = Math.max(1e-9, ...values);
+  const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img" });
+  plot.append(svg("line", { x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: "axis" }));
+  spec.series.forEach(([key], i) => {
+    const pts = samples.filter((s) => s[key] !== null && s[key] !== undefined).map((s) => {
+      const x = t1 > t0 ? ((s.ts - t0) / (t1 - t0)) * W : W;
+      return `${x.toFixed(1)},${(H - 2 - (s[key] / max) * (H - 6)).toFixed(1)}`;
+    });
+    if (pts.length) plot.append(svg("polyline", { points: pts.join(" "), class: `series s${i}`, "data-key": key }));
+  });
+  const last = samples.length ? samples[samples.length - 1] : {};
+  const legend = el("div", { class: "legend" });
+  spec.series.forEach(([key, label], i) => legend.append(
+    el("span", { class: `key s${i}`, text: `${label} ${num(last[key], spec.unit)}` })));
+  const span = samples.length > 1 ? age(t1 - t0) : "-";
+  box.append(el("h3", { text: spec.title }), plot, legend,
+    el("div", { class: "note", text: `max ${num(values.length ? max : null, spec.unit)} · last ${span} · ${samples.length} samples` }));
+  return box;
+}
+
+// Only samples newer than the last one held are asked for: the hour's buffer is sent once.
+const history = { samples: [], size: 720 };
+
+async function chartsTick() {
+  const last = history.samples.length ? history.samples[history.samples.length - 1].ts : null;
+  const body = await getJson(last === null ? "/history" : `/history?since=${last}`);
+  history.size = body.size || history.size;
+  history.samples.push(...body.samples);
+  if (history.samples.length > history.size) history.samples.splice(0, history.samples.length - history.size);
+  $("charts").replaceChildren(...CHARTS.map((c) => chart(c, history.samples)));
+}
+
 const mib = (v) => (v === null || v === undefined ? "-" : `${Math.round(v)} MiB`);
 
 async function hostTick() {
   if (document.hidden || state.slotId || state.elsewhere) return;
+  chartsTick().catch(() => {});
   const { health, metrics } = await getJson("/host");
   const a = health.admission;
   const cps = health.checkpoints;
@@ -319,6 +384,14 @@ async function slotTick() {
   $("act-note").textContent = state.write ? "" : "read-only session: log in with actions on to act";
 }
 
+// An action's outcome stays shown until the next action or slot (the 1 s refresh keeps it).
+function showResult(action, ok, message) {
+  const box = $("act-result");
+  box.className = ok ? "done" : "refused";
+  box.dataset.action = action;
+  box.textContent = ok ? `${action}: done` : `${action} refused: ${message}`;
+}
+
 async function loadTimeline() {
   const id = state.slotId;
   const body = await getJson(`/slots/${id}/timeline`);
@@ -327,6 +400,35 @@ async function loadTimeline() {
     el("td", { text: e.event }), el("td", { text: e.state ?? "-" }),
     el("td", { text: e.episode ?? "-" }), el("td", { text: e.actions ?? "-" }),
     el("td", { text: e.last_action ?? "-" }))));
+}
+
+function episodeRow(e) {
+  const at = e.ts ? new Date(e.ts * 1000).toLocaleTimeString() : "-";
+  const plus = e.offset_s === null || e.offset_s === undefined ? "-" : `+${fmtS(e.offset_s)}`;
+  if (e.kind === "step") {
+    const outcome = e.error ? `refused: ${e.error}` : e.returncode !== null && e.returncode !== undefined ? `exit ${e.returncode}` : "ok";
+    return el("tr", { class: `ep-step${e.error ? " gate-fail" : ""}`, "data-kind": "step", "data-index": e.index },
+      el("td", { text: plus }), el("td", { text: at }), el("td", { text: `step ${e.index}: ${e.action}` }),
+      el("td", { text: e.detail }), el("td", { text: fmtS(e.elapsed_s) }), el("td", { text: outcome }));
+  }
+  if (e.kind === "gate") {
+    const after = e.after_step === null || e.after_step === undefined ? "before any step" : `after step ${e.after_step}`;
+    return el("tr", { class: `ep-gate gate-${e.status}`, "data-kind": "gate", "data-gate": e.gate },
+      el("td", { text: plus }), el("td", { text: at }),
+      el("td", {}, el("i", { class: `light ${e.status}` }), ` gate ${e.gate}`),
+      el("td", { text: JSON.stringify(e.evidence).slice(0, 160) }), el("td", { text: "" }),
+      el("td", { text: `${e.status}, ${after}` }));
+  }
+  return el("tr", { class: "ep-event", "data-kind": "event", "data-event": e.event },
+    el("td", { text: plus }), el("td", { text: at }), el("td", { text: e.event }),
+    el("td", { text: "" }), el("td", { text: "" }), el("td", { text: e.state ?? "" }));
+}
+
+async function loadEpisode() {
+  const body = await getJson(`/slots/${state.slotId}/episode`);
+  $("episode").querySelector("tbody").replaceChildren(...body.entries.map(episodeRow));
+  const kept = body.steps_kept < body.actions ? ` (${body.steps_kept} of its ${body.actions} steps kept since the daemon started)` : "";
+  $("episode-note").textContent = `episode ${body.episode}: ${body.actions} steps${kept}`;
 }
 
 async function frameLoop() {
@@ -364,7 +466,7 @@ async function act(action) {
     method: "POST", credentials: "same-origin", headers: { "X-Drums-Console": "1" },
   });
   const body = await r.json().catch(() => ({}));
-  $("act-note").textContent = r.ok ? `${action}: done` : `${action} refused: ${body.error ? body.error.message : r.status}`;
+  showResult(action, r.ok, body.error ? body.error.message : `HTTP ${r.status}`);
   if (r.ok && action === "destroy") location.hash = "#/";
   else slotTick();
 }
@@ -430,7 +532,11 @@ function route() {
   if (state.slotId && state.slotId !== before) {
     state.frameEtag = "";
     $("frame").removeAttribute("src");
+    $("act-result").textContent = "";
+    $("act-result").className = "";
     $("timeline").querySelector("tbody").replaceChildren();
+    $("episode").querySelector("tbody").replaceChildren();
+    $("episode-note").textContent = "";
     slotTick();
     frameLoop();
   }
@@ -458,7 +564,10 @@ async function main() {
   for (const b of document.querySelectorAll(".actions button")) {
     b.addEventListener("click", () => act(b.dataset.action));
   }
-  $("load-timeline").addEventListener("click", () => loadTimeline().catch(() => {}));
+  $("load-timeline").addEventListener("click", () => {
+    loadEpisode().catch((e) => { $("episode-note").textContent = e.message; });
+    loadTimeline().catch(() => {});
+  });
   window.addEventListener("hashchange", route);
   route();
   every(GRID_EVERY_MS, gridTick);

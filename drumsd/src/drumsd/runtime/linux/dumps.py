@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
-from drumsd.linux import checkpoint_files, criu
+from drumsd.linux import checkpoint_files, criu, procfs
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log
 
@@ -41,9 +41,11 @@ class DumpMixin(RuntimeBase):
         )
         t0 = time.monotonic()
         async with inst.gate.dump():
+            before = await trio.to_thread.run_sync(self._slot_processes, inst)
             done = await self._launcher.run(
                 argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
             )
+            after = await trio.to_thread.run_sync(self._slot_processes, inst)
         dump_s = time.monotonic() - t0
         if done.returncode != 0 or not await trio.to_thread.run_sync(
             checkpoint_files.dump_written, dest
@@ -55,6 +57,27 @@ class DumpMixin(RuntimeBase):
                 f"(exit {done.returncode}): {errors}; is an agent connection or "
                 "a host fd open in the tree?",
             )
+        try:
+            dumped = await trio.to_thread.run_sync(checkpoint_files.dumped_tasks, dest)
+        except (OSError, ValueError) as exc:
+            await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+            raise RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} wrote no readable process tree: {exc}",
+            ) from exc
+        # The template's dump ends its tree (nothing to see after it): only a dump that leaves
+        # the tree running can tell a process it missed from churn around the freeze.
+        missing = criu.missing_from_dump(before, after if leave_running else before, dumped)
+        if missing:
+            await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+            raise RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} does not hold every process of the slot: "
+                f"{', '.join(missing[:8])} ran before and after it but are not in the dump "
+                "(outside its process tree, e.g. joined from the host), and would be lost on "
+                "every restore",
+                missing=missing,
+            )
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         upper_sha = await trio.to_thread.run_sync(tree_sha256, upper)
         meta = {
@@ -65,6 +88,8 @@ class DumpMixin(RuntimeBase):
             "parent": parent,
             "profile": self.config.profile,
             "dump_s": round(dump_s, 3),
+            "processes": len(dumped),
+            "threads": sum(len(t.threads) for t in dumped),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "criu": str(self.config.criu),
         }
@@ -79,6 +104,13 @@ class DumpMixin(RuntimeBase):
         return CheckpointRef(
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
+
+    def _slot_processes(self, inst: _Instance) -> dict[int, str]:
+        """The slot's processes in its own pid namespace (pid there -> comm); {} when gone."""
+        pidns = procfs.namespaces(inst.pid).get("pid")
+        if pidns is None:
+            return {}
+        return procfs.in_pid_namespace(self.driver.pids(inst.cgroups), pidns)
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         inst = self._inst(handle)

@@ -393,9 +393,29 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=d.steps)
     parser.add_argument("--idle-slots", type=int, default=d.idle_slots)
     parser.add_argument("--ksm-wait-s", type=float, default=d.ksm_wait_s)
+    parser.add_argument(
+        "--screenshots",
+        action="store_true",
+        help="only screenshots: plain PNG against cached/scaled/jpeg/webp, move and type steps, "
+        "in one run (--steps rounds; JSON to --out)",
+    )
 
 
 def main_bench(args: argparse.Namespace) -> int:
+    if args.screenshots:
+        from drumsd.bench_screenshots import ShotBenchOptions, main_screenshot_bench
+
+        return main_screenshot_bench(
+            ShotBenchOptions(
+                image=args.image,
+                cache_root=args.cache_root,
+                state_dir=args.state_dir,
+                criu=args.criu,
+                profile="hardened" if args.profile == "both" else args.profile,
+                steps=max(2, args.steps),
+                out=args.out,
+            )
+        )
     profiles = ("hardened", "trusted") if args.profile == "both" else (args.profile,)
 
     def progress(msg: str) -> None:

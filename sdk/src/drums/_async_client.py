@@ -35,11 +35,13 @@ from ._base import (
     BaseClient,
     EnvBase,
     Forked,
+    ShotArg,
     TaskArg,
     action_request,
     gate_verdict,
     instruction_of,
     is_already_gone,
+    shot_options,
     task_ref,
     verify_outcome,
     wire,
@@ -292,16 +294,27 @@ class AsyncEnv(EnvBase):
         """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
         return await self._send(routes.terminal(self.id, self._t))
 
-    async def observe(self) -> Observation:
+    async def observe(
+        self,
+        *,
+        format: Optional[str] = None,
+        quality: Optional[int] = None,
+        width: Optional[int] = None,
+        height: Optional[int] = None,
+    ) -> Observation:
         if self._needs_instruction():
             try:
                 self._instruction = (await self._client.task(self.slot.task_id or "")).instruction
             except NotFound:  # an inline task the daemon does not list by id
                 self._instruction = ""
-        png = await self._send(routes.screenshot(self.id, self._t))
-        return self._observation(png)
+        if format is quality is width is height is None:
+            png = await self._send(routes.screenshot(self.id, self._t))
+            return self._observation(png)
+        options = shot_options(format, quality, width, height)
+        data, content_type = await self._send(routes.screenshot_as(self.id, options, self._t))
+        return self._observation(data, content_type)
 
-    async def step(self, action: ActionArg, *, screenshot: bool = False) -> m.StepResult:
+    async def step(self, action: ActionArg, *, screenshot: ShotArg = False) -> m.StepResult:
         request = action_request(action, screenshot)
         result = await self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions

@@ -93,10 +93,27 @@ def wire(cls: Type[W], **fields: Any) -> W:
         return cls(**fields)
 
 
-def action_request(action: ActionArg, screenshot: bool) -> m.StepRequest:
-    """pyautogui code, an `Action`, or an action dict ({"type": "click", "x": 10, "y": 20})."""
+ShotArg = Union[bool, m.ScreenshotOptions, Mapping[str, Any]]
+
+
+def shot_options(
+    format: Optional[str] = None,
+    quality: Optional[int] = None,
+    width: Optional[int] = None,
+    height: Optional[int] = None,
+) -> m.ScreenshotOptions:
+    return wire(m.ScreenshotOptions, format=format, quality=quality, width=width, height=height)
+
+
+def action_request(action: ActionArg, screenshot: ShotArg) -> m.StepRequest:
+    """pyautogui code, an `Action`, or an action dict ({"type": "click", "x": 10, "y": 20}).
+    `screenshot`: True for a PNG after the step, or options ({"format": "jpeg", "width": 1280})."""
     if isinstance(action, Mapping):
         action = wire(m.Action, **action)
+    if isinstance(screenshot, Mapping):
+        screenshot = wire(m.ScreenshotOptions, **screenshot)
+    if isinstance(screenshot, m.ScreenshotOptions):
+        return wire(m.StepRequest, action=action, screenshot=True, screenshot_options=screenshot)
     return wire(m.StepRequest, action=action, screenshot=screenshot)
 
 
@@ -342,9 +359,10 @@ class EnvBase:
     def _needs_instruction(self) -> bool:
         return self._instruction is None and self.slot.task_id is not None
 
-    def _observation(self, png: bytes) -> Observation:
+    def _observation(self, png: bytes, content_type: str = "image/png") -> Observation:
         return Observation(
             png=png,
+            content_type=content_type,
             meta={
                 "env_id": self.id,
                 "episode": self.slot.episode,

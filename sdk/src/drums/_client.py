@@ -23,11 +23,13 @@ from ._base import (
     BaseClient,
     EnvBase,
     Forked,
+    ShotArg,
     TaskArg,
     action_request,
     gate_verdict,
     instruction_of,
     is_already_gone,
+    shot_options,
     task_ref,
     verify_outcome,
     wire,
@@ -242,19 +244,34 @@ class Env(EnvBase):
         """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
         return self._send(routes.terminal(self.id, self._t))
 
-    def observe(self) -> Observation:
-        """The screenshot now, with the episode's metadata (instruction and more)."""
+    def observe(
+        self,
+        *,
+        format: Optional[str] = None,
+        quality: Optional[int] = None,
+        width: Optional[int] = None,
+        height: Optional[int] = None,
+    ) -> Observation:
+        """The screenshot now, with the episode's metadata (instruction and more). By default a
+        full-size PNG; `format` jpeg or webp (with a `quality`, 1..100) and a `width` and/or
+        `height` have the daemon encode a smaller image (once, in the desktop)."""
         if self._needs_instruction():
             try:
                 self._instruction = self._client.task(self.slot.task_id or "").instruction
             except NotFound:  # an inline task the daemon does not list by id
                 self._instruction = ""
-        png = self._send(routes.screenshot(self.id, self._t))
-        return self._observation(png)
+        if format is quality is width is height is None:
+            png = self._send(routes.screenshot(self.id, self._t))
+            return self._observation(png)
+        options = shot_options(format, quality, width, height)
+        data, content_type = self._send(routes.screenshot_as(self.id, options, self._t))
+        return self._observation(data, content_type)
 
-    def step(self, action: ActionArg, *, screenshot: bool = False) -> m.StepResult:
+    def step(self, action: ActionArg, *, screenshot: ShotArg = False) -> m.StepResult:
         """Run pyautogui code (a str) or an action dict/`Action`. With screenshot=True the result
-        carries the PNG after the step (base64 in `screenshot_png_b64`)."""
+        carries the PNG after the step (base64 in `screenshot_png_b64`); options such as
+        {"format": "jpeg", "quality": 70, "width": 1280} give that image instead (base64 in
+        `screenshot_b64`); `result.screenshot_bytes()` decodes either."""
         request = action_request(action, screenshot)
         result = self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions

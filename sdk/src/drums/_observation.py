@@ -12,13 +12,16 @@ if TYPE_CHECKING:  # Pillow is an optional extra (drums-sdk[image])
 
 @dataclass(frozen=True)
 class Observation:
-    """`png` is the raw screenshot; `image` decodes it with Pillow on first use.
+    """`png` is the raw screenshot (PNG unless another format was asked for: see
+    `content_type`); `image` decodes it with Pillow on first use.
 
     `meta` holds `env_id`, `episode`, `episode_id`, `task_id`, `instruction` and `actions`.
     """
 
     png: bytes
     meta: Dict[str, Any] = field(default_factory=dict)
+    # image/png unless observe() asked for jpeg or webp (then `png` holds those bytes)
+    content_type: str = "image/png"
 
     @property
     def instruction(self) -> str:

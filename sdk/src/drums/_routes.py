@@ -158,6 +158,19 @@ def screenshot(env_id: str, t: Timeouts) -> Call[bytes]:
     return Call("GET", _slot_path(env_id, "/screenshot"), _bytes, t.default_s, env_id=env_id)
 
 
+def _image(response: httpx.Response) -> "tuple[bytes, str]":
+    return response.content, response.headers.get("content-type", "image/png")
+
+
+def screenshot_as(
+    env_id: str, options: m.ScreenshotOptions, t: Timeouts
+) -> "Call[tuple[bytes, str]]":
+    """A screenshot encoded as `options` ask (the daemon refuses bad values with a 400)."""
+    params = {k: str(v) for k, v in options.model_dump(exclude_none=True).items()}
+    path = _slot_path(env_id, "/screenshot")
+    return Call("GET", path, _image, t.default_s, params=params or None, env_id=env_id)
+
+
 def gates(env_id: str, t: Timeouts) -> Call[m.GateReport]:
     path = _slot_path(env_id, "/gates")
     return Call("GET", path, _model(m.GateReport), t.default_s, env_id=env_id)

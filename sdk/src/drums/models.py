@@ -113,11 +113,26 @@ class Action(WireModel):
     timeout_s: Optional[float] = Field(default=None, gt=0, le=600)
 
 
+class ScreenshotOptions(WireModel):
+    """How the daemon encodes a screenshot (in the guest, once): format png (default, lossless),
+    jpeg or webp with a quality (1..100, default 80), scaled to width x height (give one to keep
+    the aspect ratio; at most the screen's size)."""
+
+    format: Optional[str] = Field(default=None, description="png (default), jpeg or webp")
+    quality: Optional[int] = Field(default=None, description="jpeg/webp quality, 1..100")
+    width: Optional[int] = Field(default=None, description="scale to this width (pixels)")
+    height: Optional[int] = Field(default=None, description="scale to this height (pixels)")
+
+
 class StepRequest(WireModel):
     """A step: pyautogui code as a string, or an action object."""
 
     action: Union[str, Action]
     screenshot: bool = Field(default=False, description="also return a PNG (base64) after the step")
+    screenshot_options: Optional[ScreenshotOptions] = Field(
+        default=None,
+        description="format/quality/size of the step's screenshot (implies screenshot=true)",
+    )
 
 
 class CommandOutput(ResponseModel):
@@ -144,7 +159,25 @@ class StepResult(ResponseModel):
     actions: int = Field(description="actions taken in this episode, this one included")
     terminal: Optional[Literal["done", "fail"]] = None
     output: Optional[CommandOutput] = None
-    screenshot_png_b64: Optional[str] = None
+    screenshot_png_b64: Optional[str] = Field(
+        default=None, description="the screenshot, base64, when it is a PNG (the default)"
+    )
+    screenshot_b64: Optional[str] = Field(
+        default=None, description="the screenshot, base64, when a jpeg or webp was asked for"
+    )
+    screenshot_content_type: Optional[str] = None
+    screenshot_width: Optional[int] = None
+    screenshot_height: Optional[int] = None
+    screenshot_cached: Optional[bool] = Field(
+        default=None, description="the screen had not changed since the last grab: no encode"
+    )
+
+    def screenshot_bytes(self) -> Optional[bytes]:
+        """The step's screenshot, decoded from base64 (None without one)."""
+        import base64
+
+        b64 = self.screenshot_png_b64 or self.screenshot_b64
+        return base64.b64decode(b64) if b64 else None
 
 
 # --- slots ------------------------------------------------------------------------------------

@@ -110,7 +110,9 @@ async def _parse_body(route: Route) -> BaseModel | None:
 
 def _to_response(route: Route, reply: Any) -> Response:
     if isinstance(reply, Raw):
-        return Response(reply.body, status=route.status, content_type=reply.content_type)
+        return Response(
+            reply.body, status=route.status, content_type=reply.content_type, headers=reply.headers
+        )
     return Response(reply.model_dump_json(), status=route.status, content_type="application/json")
 
 

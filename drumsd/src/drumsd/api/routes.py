@@ -18,6 +18,7 @@ from drumsd.api import convert
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.core.metrics import prometheus_text
+from drumsd.guest.protocol import SHOT_PARAMS, ProtocolError, ShotSpec, parse_shot
 from drumsd.runtime.supervisor import Supervisor
 
 
@@ -34,6 +35,7 @@ class Raw:
 
     body: bytes | str
     content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 Reply = BaseModel | Raw
@@ -176,17 +178,39 @@ async def reset_slot(ctx: Ctx, slot_id: str, body: BaseModel | None) -> Reply:
 
 async def step(ctx: Ctx, slot_id: str, body: wire.StepRequest) -> Reply:
     out = await ctx.supervisor.step(slot_id, body)
-    png = out.pop("screenshot_png")
+    shot = out.pop("screenshot")
     output = out.pop("output")
-    return wire.StepResult(
-        **out,
-        output=wire.CommandOutput(**output) if output else None,
-        screenshot_png_b64=base64.b64encode(png).decode() if png else None,
-    )
+    extra: dict[str, Any] = {}
+    if shot is not None:
+        b64 = base64.b64encode(shot.data).decode()
+        png = shot.content_type == "image/png"
+        extra = {
+            "screenshot_png_b64" if png else "screenshot_b64": b64,
+            "screenshot_content_type": shot.content_type,
+            "screenshot_width": shot.width,
+            "screenshot_height": shot.height,
+            "screenshot_cached": shot.cached,
+        }
+    return wire.StepResult(**out, output=wire.CommandOutput(**output) if output else None, **extra)
+
+
+def shot_spec(query: dict[str, str]) -> ShotSpec:
+    """Screenshot options from the query string (format, quality, width, height)."""
+    raw = {k: v for k, v in query.items() if k in SHOT_PARAMS}
+    try:
+        return parse_shot(raw)
+    except ProtocolError as exc:
+        raise DrumsdError("invalid_request", exc.message, field=exc.field) from None
 
 
 async def screenshot(ctx: Ctx, slot_id: str) -> Reply:
-    return Raw(await ctx.supervisor.screenshot(slot_id), "image/png")
+    shot = await ctx.supervisor.screenshot(slot_id, shot_spec(ctx.query))
+    headers = {
+        "X-Drums-Screenshot-Width": str(shot.width),
+        "X-Drums-Screenshot-Height": str(shot.height),
+        "X-Drums-Screenshot-Cached": "true" if shot.cached else "false",
+    }
+    return Raw(shot.data, shot.content_type, headers)
 
 
 async def terminal(ctx: Ctx, slot_id: str) -> Reply:
@@ -387,9 +411,15 @@ ROUTES: tuple[Route, ...] = (
         "GET",
         S + "/screenshot",
         "slot_screenshot",
-        "PNG of the desktop",
+        "The desktop as PNG (default), JPEG or WebP, optionally scaled; encoded once in the guest",
         screenshot,
         content_type="image/png",
+        query=(
+            QueryParam("format", "png (default), jpeg (or jpg) or webp", "string"),
+            QueryParam("quality", "jpeg/webp quality, 1..100 (default 80)", "integer"),
+            QueryParam("width", "scale to this width; alone, keeps the aspect ratio", "integer"),
+            QueryParam("height", "scale to this height; alone, keeps the aspect ratio", "integer"),
+        ),
     ),
     Route(
         "GET",

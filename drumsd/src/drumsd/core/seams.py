@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from drumsd.guest.protocol import ShotSpec
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,25 @@ class CommandResult:
 
 
 @dataclass(frozen=True)
+class Screenshot:
+    """An encoded screenshot as the guest made it (passed on to clients unchanged). `cached`:
+    the screen had not changed since the last grab, so the guest returned its earlier encoding."""
+
+    data: bytes
+    content_type: str = "image/png"
+    width: int = 0
+    height: int = 0
+    cached: bool = False
+    grab_s: float = 0.0  # in the guest: reading the screen (and its checksum)
+    encode_s: float = 0.0  # in the guest: scaling and encoding (0 when cached)
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     action_type: str
     elapsed_s: float
     output: CommandResult | None = None
+    screenshot: Screenshot | None = None  # taken right after the action, when one was asked for
 
 
 @dataclass(frozen=True)
@@ -127,9 +145,19 @@ class SlotRuntime(Protocol):
         """Idempotent: no process, mount, cgroup, tmpfs or temp file of the slot remains."""
         ...
 
-    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome: ...
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: ShotSpec | None = None
+    ) -> StepOutcome:
+        """Run one action; with `shot`, the screenshot after it comes in the same round trip."""
+        ...
 
-    async def screenshot(self, handle: SlotHandle) -> bytes: ...
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        """A PNG of the whole screen."""
+        ...
+
+    async def grab(self, handle: SlotHandle, spec: ShotSpec) -> Screenshot:
+        """A screenshot encoded (and scaled) as `spec` asks, once, in the guest."""
+        ...
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         """Dump the running tree (left running) and snapshot the upper layer while frozen."""

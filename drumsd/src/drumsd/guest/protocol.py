@@ -58,10 +58,11 @@ BUTTONS = ("left", "right", "middle")
 class ProtocolError(Exception):
     """A request or reply that breaks the protocol; `code` is one of ERROR_CODES."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.field = field  # the request parameter at fault, when one is
 
 
 # ---------------------------------------------------------------- framing
@@ -366,3 +367,103 @@ def check_timeout(request: dict[str, Any], default: float | None) -> float | Non
     ):
         raise _bad(f"timeout_s must be a number in (0, {MAX_TIMEOUT_S}], got {value!r}")
     return float(value)
+
+
+# ---------------------------------------------------------------- screenshots
+
+SHOT_FORMATS = ("png", "jpeg", "webp")
+SHOT_CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+DEFAULT_SHOT_QUALITY = 80
+MIN_SHOT_SIDE = 16
+
+
+@dataclass(frozen=True)
+class ShotSpec:
+    """How a screenshot is encoded: format, quality (jpeg/webp, 1..100) and the size it is scaled
+    to (None: the screen's own). A width without a height (or the reverse) keeps the aspect ratio.
+    Frozen and hashable: the agent keys its cache of encoded images by it."""
+
+    format: str = "png"
+    quality: int | None = None
+    width: int | None = None
+    height: int | None = None
+
+    @property
+    def content_type(self) -> str:
+        return SHOT_CONTENT_TYPES[self.format]
+
+    def size_for(self, screen_w: int, screen_h: int) -> tuple[int, int]:
+        """The output size for a screen of screen_w x screen_h."""
+        if self.width is None and self.height is None:
+            return screen_w, screen_h
+        if self.width is not None and self.height is not None:
+            return self.width, self.height
+        if self.width is not None:
+            return self.width, max(1, round(screen_h * self.width / screen_w))
+        assert self.height is not None
+        return max(1, round(screen_w * self.height / screen_h)), self.height
+
+    def to_request(self) -> dict[str, Any]:
+        """The fields a request carries (defaults left out, so a plain PNG asks for nothing)."""
+        out: dict[str, Any] = {}
+        if self.format != "png":
+            out["format"] = self.format
+        for name in ("quality", "width", "height"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+PNG_FULL = ShotSpec()
+
+
+def _shot_bad(name: str, message: str) -> ProtocolError:
+    return ProtocolError("invalid_action", f"screenshot: {message}", field=name)
+
+
+def _shot_int(raw: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # query strings arrive as text
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _shot_bad(name, f"{name} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise _shot_bad(name, f"{name}={value} must be within [{lo}, {hi}]")
+    return value
+
+
+SHOT_PARAMS = ("format", "quality", "width", "height")
+
+
+def parse_shot(raw: dict[str, Any] | None) -> ShotSpec:
+    """Validate screenshot options (format, quality, width, height; unknown names refused) and
+    return a ShotSpec, or raise ProtocolError(invalid_action) whose `field` names the bad
+    parameter. Sizes are at most the screen's: scaling is for making images smaller."""
+    if not raw:
+        return PNG_FULL
+    if not isinstance(raw, dict):
+        raise _shot_bad("screenshot", f"options must be an object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(SHOT_PARAMS))
+    if unknown:
+        raise _shot_bad(
+            unknown[0],
+            f"unknown parameter(s) {', '.join(unknown)}; allowed: {', '.join(SHOT_PARAMS)}",
+        )
+    fmt = raw.get("format")
+    fmt = "png" if fmt is None else fmt
+    if isinstance(fmt, str):
+        fmt = {"jpg": "jpeg"}.get(fmt.lower(), fmt.lower())
+    if fmt not in SHOT_FORMATS:
+        raise _shot_bad(
+            "format", f"format={raw.get('format')!r} is not one of {', '.join(SHOT_FORMATS)}"
+        )
+    quality = _shot_int(raw, "quality", 1, 100)
+    if quality is not None and fmt == "png":
+        raise _shot_bad("quality", "quality applies to jpeg and webp, not to png (lossless)")
+    if quality is None and fmt != "png":
+        quality = DEFAULT_SHOT_QUALITY
+    width = _shot_int(raw, "width", MIN_SHOT_SIDE, SCREEN_WIDTH)
+    height = _shot_int(raw, "height", MIN_SHOT_SIDE, SCREEN_HEIGHT)
+    return ShotSpec(fmt, quality, width, height)

@@ -154,6 +154,17 @@ async def screenshot(sock_path: Path, *, timeout: float = 10.0) -> bytes:
     return payload
 
 
+async def grab(
+    sock_path: Path, spec: protocol.ShotSpec, *, timeout: float = 10.0
+) -> tuple[dict[str, Any], bytes]:
+    """A screenshot encoded as `spec` asks: (header with content_type, width, height, cached,
+    grab_s, encode_s; the encoded bytes)."""
+    request: dict[str, Any] = {"op": "screenshot"}
+    if spec != protocol.PNG_FULL:
+        request["shot"] = spec.to_request()
+    return await call(sock_path, request, timeout=timeout)
+
+
 async def read_file(
     sock_path: Path, path: str, *, max_bytes: int | None = None, timeout: float = 30.0
 ) -> bytes:

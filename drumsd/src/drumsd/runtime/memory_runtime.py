@@ -13,7 +13,7 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -22,11 +22,15 @@ from drumsd.core.seams import (
     CommandResult,
     Quiescence,
     RuntimeError_,
+    Screenshot,
     SlotFacts,
     SlotHandle,
     SlotLimits,
     StepOutcome,
 )
+
+if TYPE_CHECKING:
+    from drumsd.guest.protocol import ShotSpec
 
 MOUNTS = ("/ overlay", "/proc proc", "/dev tmpfs", "/tmp tmpfs")
 FAKE_NAMESPACE_BASE = 9_000_000_000  # far from real nsfs inodes (~4026531835)
@@ -173,7 +177,9 @@ class MemoryRuntime:
             event.set()
         self._marker(slot_id).unlink(missing_ok=True)
 
-    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: ShotSpec | None = None
+    ) -> StepOutcome:
         slot = self._slot(handle)
         kind = str(action.get("type", "pyautogui"))
         if kind == "pyautogui" and "raise" in str(action.get("code", "")):
@@ -184,12 +190,32 @@ class MemoryRuntime:
             command = action.get("command")
             text = command if isinstance(command, str) else " ".join(command or [])
             output = CommandResult(0, f"ran: {text}\n", "")
-        return StepOutcome(action_type=kind, elapsed_s=0.0, output=output)
+        screenshot = await self.grab(handle, shot) if shot is not None else None
+        return StepOutcome(kind, 0.0, output, screenshot)
 
     async def screenshot(self, handle: SlotHandle) -> bytes:
         slot = self._slot(handle)
         shade = (slot["actions"] * 37) % 256
         return png(self.screen[0], self.screen[1], (shade, 128, 255 - shade))
+
+    async def grab(self, handle: SlotHandle, spec: ShotSpec) -> Screenshot:
+        """Encoded by the guest's own encoder; `cached` while no action ran since the last
+        grab of this spec (the guest's change check, with the action count as the frame)."""
+        from PIL import Image
+
+        from drumsd.guest.agent import encode
+
+        slot = self._slot(handle)
+        frame = (slot["actions"], spec)
+        cached = slot.get("last_grab") == frame
+        slot["last_grab"] = frame
+        if spec.to_request() == {}:  # the full PNG: the same bytes as screenshot()
+            data = await self.screenshot(handle)
+            return Screenshot(data, spec.content_type, self.screen[0], self.screen[1], cached)
+        shade = (slot["actions"] * 37) % 256
+        image = Image.new("RGB", self.screen, (shade, 128, 255 - shade))
+        data, w, h = encode(image, spec)
+        return Screenshot(data, spec.content_type, w, h, cached)
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         slot = self._slot(handle)

@@ -28,9 +28,12 @@ from drumsd.core.records import (
 )
 from drumsd.core.seams import (
     Quiescence,
+    Screenshot,
     SlotHandle,
 )
 from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_ACTIONS
+from drumsd.guest import protocol
+from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
@@ -46,6 +49,8 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
     sup._check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
+    # Checked before the step runs: a bad one is a 422 and no action.
+    spec = step_shot_spec(req) if req.screenshot or req.screenshot_options is not None else None
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_step(rec)
@@ -53,6 +58,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         started = trio.current_time()
         kind = action["type"]
         output = None
+        shot: Screenshot | None = None
         if kind in TERMINAL_ACTIONS:
             rec.terminal = kind
         elif kind == "wait":
@@ -67,9 +73,11 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
                 timeout_metric="step_timeout",
             ):
                 with trio.fail_after(timeout + 5):  # the guest enforces `timeout`; 5 s margin
-                    outcome = await sup.runtime.step(handle, action)
+                    # The screenshot after it comes in the same round trip to the guest.
+                    outcome = await sup.runtime.step(handle, action, spec)
             if outcome.output is not None:
                 output = dataclasses.asdict(outcome.output)
+            shot = outcome.screenshot
         rec.actions += 1
         rec.last_action = kind
         if kind in TERMINAL_ACTIONS:
@@ -77,10 +85,14 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         else:
             sup._dirty.add(rec.id)
         elapsed = trio.current_time() - started
-        sup._observe("step", slot_id, elapsed)
-        png = None
-        if req.screenshot:
-            png = await screenshot_locked(sup, rec, handle)
+        if shot is not None and spec is not None:
+            in_guest = shot.grab_s + shot.encode_s
+            sup._observe("step", slot_id, max(0.0, elapsed - in_guest))
+            _keep_shot(sup, rec, spec, shot, in_guest)
+        else:
+            sup._observe("step", slot_id, elapsed)
+            if spec is not None:  # wait, done, fail: no guest step to carry it
+                shot = await screenshot_locked(sup, rec, handle, spec)
         return {
             "slot": slot_id,
             "episode": rec.episode,
@@ -89,8 +101,21 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             "actions": rec.actions,
             "terminal": rec.terminal if kind in TERMINAL_ACTIONS else None,
             "output": output,
-            "screenshot_png": png,
+            "screenshot": shot,
         }
+
+
+def step_shot_spec(req: StepRequest) -> ShotSpec:
+    """The screenshot options of a step (checked before the step runs: a bad one is a 400 and
+    no action)."""
+    options = req.screenshot_options
+    raw = options.model_dump(exclude_none=True) if options is not None else None
+    try:
+        return protocol.parse_shot(raw)
+    except protocol.ProtocolError as exc:
+        raise DrumsdError(
+            "invalid_request", exc.message, field=f"screenshot_options.{exc.field}"
+        ) from None
 
 
 def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
@@ -115,21 +140,34 @@ def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
     return action
 
 
-async def screenshot(sup: Supervisor, slot_id: str) -> bytes:
+async def screenshot(
+    sup: Supervisor, slot_id: str, spec: ShotSpec = protocol.PNG_FULL
+) -> Screenshot:
     sup.get_slot(slot_id)
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_observe(rec)
-        return await screenshot_locked(sup, rec, sup._handle(rec))
+        return await screenshot_locked(sup, rec, sup._handle(rec), spec)
 
 
-async def screenshot_locked(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) -> bytes:
+async def screenshot_locked(
+    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, spec: ShotSpec = protocol.PNG_FULL
+) -> Screenshot:
+    """Encoded once, in the guest, as `spec` asks; the bytes go to the client as they are."""
     started = trio.current_time()
     with runtime_failures(sup.metrics, what=f"screenshot of slot {rec.id}", slot_id=rec.id):
-        png = await sup.runtime.screenshot(handle)
-    sup._observe("screenshot", rec.id, trio.current_time() - started)
-    sup.last_screenshot[rec.id] = png
-    return png
+        shot = await sup.runtime.grab(handle, spec)
+    _keep_shot(sup, rec, spec, shot, trio.current_time() - started)
+    return shot
+
+
+def _keep_shot(
+    sup: Supervisor, rec: SlotRecord, spec: ShotSpec, shot: Screenshot, seconds: float
+) -> None:
+    sup._observe("screenshot", rec.id, seconds)
+    if spec == protocol.PNG_FULL:
+        # The console and the slot's archive keep the last full-size PNG.
+        sup.last_screenshot[rec.id] = shot.data
 
 
 async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:

@@ -53,11 +53,13 @@ from drumsd.core.records import (
 )
 from drumsd.core.seams import (
     CheckpointRef,
+    Screenshot,
     SlotHandle,
     SlotLimits,
     SlotRuntime,
 )
 from drumsd.core.spare_pool import PoolStats
+from drumsd.guest.protocol import PNG_FULL, ShotSpec
 from drumsd.linux.host_sampler import read_host_namespaces, sample_host
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime import (
@@ -396,8 +398,8 @@ class Supervisor:
             ),
         )
 
-    async def screenshot(self, slot_id: str) -> bytes:
-        return await ops_episode.screenshot(self, slot_id)
+    async def screenshot(self, slot_id: str, spec: ShotSpec = PNG_FULL) -> Screenshot:
+        return await ops_episode.screenshot(self, slot_id, spec)
 
     async def terminal(self, slot_id: str) -> dict[str, Any]:
         return await ops_episode.terminal(self, slot_id)

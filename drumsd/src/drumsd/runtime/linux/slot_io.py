@@ -15,6 +15,7 @@ from drumsd.core.seams import (
     CommandResult,
     Quiescence,
     RuntimeError_,
+    Screenshot,
     SlotFacts,
     SlotHandle,
     StepOutcome,
@@ -45,21 +46,27 @@ class SlotIOMixin(RuntimeBase):
                 ) from exc
             raise RuntimeError_(_agent_code(exc.code), exc.message, slot=handle.slot_id) from exc
 
-    async def step(self, handle: SlotHandle, action: Mapping[str, Any]) -> StepOutcome:
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: protocol.ShotSpec | None = None
+    ) -> StepOutcome:
         try:
             parsed = protocol.parse_action(dict(action))
         except protocol.ProtocolError as exc:
             raise RuntimeError_("invalid_request", exc.message) from exc
         limit_s = protocol.step_timeout(parsed, None) + 5.0
         t0 = time.monotonic()
-        header, _ = await self._agent(handle, {"op": "step", "action": dict(action)}, limit_s)
+        request: dict[str, Any] = {"op": "step", "action": dict(action)}
+        if shot is not None:
+            request["screenshot"] = shot.to_request() or True
+        header, data = await self._agent(handle, request, limit_s)
         result = header.get("result") or {}
         output = None
         if "rc" in result:
             output = CommandResult(
                 int(result["rc"]), str(result.get("stdout", "")), str(result.get("stderr", ""))
             )
-        return StepOutcome(parsed.type, time.monotonic() - t0, output)
+        screenshot = _screenshot(handle, shot, header, data) if shot is not None else None
+        return StepOutcome(parsed.type, time.monotonic() - t0, output, screenshot)
 
     async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
         """Top-level windows as the guest agent reads them from the X server (id, name,
@@ -70,6 +77,18 @@ class SlotIOMixin(RuntimeBase):
     async def screenshot(self, handle: SlotHandle) -> bytes:
         _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
         return png
+
+    async def grab(
+        self, handle: SlotHandle, spec: protocol.ShotSpec, *, fresh: bool = False
+    ) -> Screenshot:
+        """`fresh`: the guest encodes even an unchanged screen (the benchmark's baseline)."""
+        request: dict[str, Any] = {"op": "screenshot"}
+        if spec != protocol.PNG_FULL:
+            request["shot"] = spec.to_request()
+        if fresh:
+            request["fresh"] = True
+        header, data = await self._agent(handle, request, 15.0)
+        return _screenshot(handle, spec, header, data)
 
     async def exec_user(
         self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
@@ -258,3 +277,25 @@ class SlotIOMixin(RuntimeBase):
             elif trio.current_time() - since >= window_s:
                 return True
         return False
+
+
+def _screenshot(
+    handle: SlotHandle, spec: protocol.ShotSpec, header: dict[str, Any], data: bytes
+) -> Screenshot:
+    if header.get("content_type", "image/png") != spec.content_type:
+        # An agent restored from a checkpoint older than screenshot formats answers PNG.
+        raise RuntimeError_(
+            "runtime_error",
+            f"slot {handle.slot_id}: its guest agent answered {header.get('content_type')} "
+            f"for {spec.format}; the checkpoint predates screenshot formats (rebuild it)",
+            slot=handle.slot_id,
+        )
+    return Screenshot(
+        data,
+        spec.content_type,
+        int(header.get("width") or 0),
+        int(header.get("height") or 0),
+        bool(header.get("cached")),
+        float(header.get("grab_s") or 0.0),
+        float(header.get("encode_s") or 0.0),
+    )

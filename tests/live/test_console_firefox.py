@@ -1,7 +1,8 @@
 """The console in Firefox (Debian's firefox-esr, headless, driven over WebDriver BiDi by
 fixtures/firefox_bidi.py) against a real daemon with two live desktops, each its own root colour:
 log in through the form (real key presses and clicks), one card per slot whose thumbnail loaded
-and is that slot's screen, a slot page with its gates and its screen, no script error in the page,
+and is that slot's screen (and follows it when it changes), a slot page with its gates and its
+screen as the API's screenshot shows it, no script error in the page,
 the session cookie HttpOnly and SameSite=Strict, the token in no request URL, and a browser
 profile without the cookie refused.
 
@@ -81,15 +82,15 @@ def _difference(a: Image.Image, b: Image.Image) -> float:
     return sum(ImageStat.Stat(ImageChops.difference(a, b)).mean) / 3
 
 
-def _shown_thumbnail(tab: Tab, sid: str) -> Image.Image:
-    """The pixels the page shows for this slot's card (its <img> drawn on a canvas)."""
+def _shown(tab: Tab, selector: str) -> Image.Image:
+    """The pixels the page shows in this <img> (drawn on a canvas)."""
     data_url = tab.js(
-        """const img = document.querySelector(`.card[data-slot="${a0}"] img`);
+        """const img = document.querySelector(a0);
         const c = document.createElement("canvas");
         c.width = img.naturalWidth; c.height = img.naturalHeight;
         c.getContext("2d").drawImage(img, 0, 0);
         return c.toDataURL("image/png");""",
-        sid,
+        selector,
     )
     return _png(base64.b64decode(data_url.split(",", 1)[1]))
 
@@ -131,10 +132,21 @@ def test_console_in_firefox(daemon: Daemon, slots: list[str], firefox: Firefox) 
         api_gates = {sid: gates(http, sid) for sid in slots}
     diffs = {}
     for sid, other in (slots, slots[::-1]):
-        shown = _shown_thumbnail(tab, sid)
+        shown = _shown(tab, f'.card[data-slot="{sid}"] img')
         own, theirs = _difference(shown, screens[sid]), _difference(shown, screens[other])
         assert own < 4 and own < theirs / 3, (sid, own, theirs)
         diffs[sid] = (round(own, 2), round(theirs, 1))
+
+    # The grid follows the desktops: a slot's new screen reaches its card within a few refreshes.
+    changed = slots[0]
+    with http_client(daemon) as http:
+        assert execute(http, changed, "xsetroot -solid '#f1c40f'")["output"]["returncode"] == 0
+        screen = _png(scale_png(http.get(f"/v1/slots/{changed}/screenshot").content))
+    assert _difference(screen, screens[changed]) > 30  # the new colour is another screen
+    deadline = time.monotonic() + 15
+    while (d := _difference(_shown(tab, f'.card[data-slot="{changed}"] img'), screen)) >= 4:
+        assert time.monotonic() < deadline, f"card of {changed} still {d:.1f} off its new screen"
+        time.sleep(0.5)
 
     # A slot page: its gates as the daemon reports them, its screen; read-only by default.
     sid = slots[1]
@@ -153,6 +165,10 @@ def test_console_in_firefox(daemon: Daemon, slots: list[str], firefox: Firefox) 
         """const f = document.getElementById('frame');
         return f.dataset.etag && f.complete && f.naturalWidth > 0;""",
     )
+    with http_client(daemon) as http:
+        full = _png(http.get(f"/v1/slots/{sid}/screenshot").content)
+    frame = _shown(tab, "#frame")
+    assert frame.size == full.size and _difference(frame, full) < 4, frame.size
     assert sid in tab.js("return document.getElementById('slot-title').textContent;")
     assert tab.js("return document.getElementById('act-destroy').disabled;") is True
     elapsed = time.monotonic() - started

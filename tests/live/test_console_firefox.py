@@ -14,7 +14,6 @@ of what the live tests need (DRUMS_LIVE=1, root, CRIU, the base image); firefox-
 from __future__ import annotations
 
 import base64
-import io
 import os
 import sys
 import time
@@ -23,13 +22,17 @@ from pathlib import Path
 
 import pytest
 from drumsd.api.console_frames import scale_png
-from PIL import Image, ImageChops, ImageStat
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from firefox_bidi import Firefox, Tab
 from gate_daemons import create, destroy, execute, gates, settled_gates
 from live_daemon import Daemon, http_client
-from test_console_live import daemon  # noqa: F401 - the Chromium test's daemon (same config)
+from test_console_live import (
+    _difference,
+    _png,
+    daemon,  # noqa: F401 - the Chromium test's daemon (same config)
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("DRUMS_CONSOLE_FIREFOX") != "1",
@@ -68,18 +71,6 @@ def firefox(tmp_path: Path) -> Iterator[Firefox]:
         yield ff
     finally:
         ff.close()
-
-
-def _png(data: bytes) -> Image.Image:
-    with Image.open(io.BytesIO(data)) as im:
-        return im.convert("RGB")
-
-
-def _difference(a: Image.Image, b: Image.Image) -> float:
-    """Mean absolute difference per channel, 0..255."""
-    if a.size != b.size:
-        b = b.resize(a.size)
-    return sum(ImageStat.Stat(ImageChops.difference(a, b)).mean) / 3
 
 
 def _shown(tab: Tab, selector: str) -> Image.Image:

@@ -67,8 +67,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    from drumsd.core.config import ConfigError, defaults_json, effective_config_json
-    from drumsd.serve import load_config
+    from drumsd.core.config import defaults_json, effective_config_json
+    from drumsd.serve import load_config_or_report
 
     if args.defaults:
         print(defaults_json())
@@ -76,11 +76,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     if args.path is None:
         print("drumsd check-config: give a config PATH (or --defaults)", file=sys.stderr)
         return 2
-    try:
-        config = load_config(args.path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"{exc.path}: {problem}", file=sys.stderr)
+    config = load_config_or_report(args.path)
+    if config is None:
         return 1
     print(effective_config_json(config))
     return 0

@@ -45,6 +45,17 @@ def load_config(path: Path) -> Config:
     return config_from_text(text, str(path))
 
 
+def load_config_or_report(path: Path, prefix: str = "") -> Config | None:
+    """load_config for a command line: each problem printed to stderr as `path: problem`
+    (after `prefix`), None when the config is refused."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{prefix}{exc.path}: {problem}", file=sys.stderr)
+        return None
+
+
 def read_token(path: Path) -> str:
     """The bearer token, refusing a missing, short or group/other-readable file."""
     try:
@@ -319,11 +330,8 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"drumsd: {exc.path}: {problem}", file=sys.stderr)
+    config = load_config_or_report(config_path, prefix="drumsd: ")
+    if config is None:
         return 2
     if trusted_unhardened:
         config = config.model_copy(update={"profile": "trusted"})

@@ -248,14 +248,10 @@ def main_coverage(args: argparse.Namespace) -> int:
         return 2
     tasks_cfg = TasksConfig()
     if args.config is not None:  # the daemon's own tasks block: its cache, timeouts, verifiers
-        from drumsd.core.config import ConfigError
-        from drumsd.serve import load_config
+        from drumsd.serve import load_config_or_report
 
-        try:
-            config = load_config(args.config)
-        except ConfigError as exc:
-            for problem in exc.problems:
-                print(f"{exc.path}: {problem}", file=sys.stderr)
+        config = load_config_or_report(args.config)
+        if config is None:
             return 1
         tasks_cfg = config.tasks
         args.images_dir = config.images_dir

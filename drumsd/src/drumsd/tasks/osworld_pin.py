@@ -180,14 +180,10 @@ def add_fetch_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main_fetch(args: argparse.Namespace) -> int:
-    from drumsd.core.config import ConfigError
-    from drumsd.serve import load_config
+    from drumsd.serve import load_config_or_report
 
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"{exc.path}: {problem}", file=sys.stderr)
+    config = load_config_or_report(args.config)
+    if config is None:
         return 1
     cfg = config.tasks.osworld
     try:

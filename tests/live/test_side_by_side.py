@@ -1,13 +1,18 @@
-"""Two real drumsd on one host under load, and a kill -9 of one mid-load (issue 14: "two daemons
-run side by side through a load test and a kill -9 of one, and neither touches the other").
+"""Two real drumsd on one host (issue 17; issue 14 findings 4 and 5, and "two daemons run side by
+side through a load test and a kill -9 of one, and neither touches the other"), in one pair of
+daemons: their slots get disjoint host uid ranges, cgroups and mounts; a second serve on a running
+config refuses and touches nothing; a kill -9 of one mid-load leaves the other's clients seeing
+only 200s; the killed one restarted adopts exactly its own slots, with the same uid ranges.
 
-Short by default (DRUMS_LOAD_S, 8 s of load): 4 client threads per daemon, each stepping and
+Short by default (DRUMS_LOAD_S, 8 s of load): 2 client threads per daemon, each stepping and
 screenshotting its own slot. Set DRUMS_LOAD_S=120 for the longer form.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -40,7 +45,7 @@ def hammer(daemon, sid: str, until: float, seen: Counter, stop: threading.Event)
                     return
 
 
-def test_two_daemons_under_load_and_a_kill_9_of_one(tmp_path: Path) -> None:
+def test_two_daemons_side_by_side_under_load_and_a_kill_9_of_one(tmp_path: Path) -> None:
     require_live("base")
     dirs = {name: tmp_path / name for name in ("a", "b")}
     daemons = {name: start_live_daemon(d, spares={"enabled": False}) for name, d in dirs.items()}
@@ -51,6 +56,30 @@ def test_two_daemons_under_load_and_a_kill_9_of_one(tmp_path: Path) -> None:
                 made = [http.post("/v1/slots", json={}) for _ in range(CLIENTS)]
                 assert all(r.status_code == 201 for r in made), [r.text for r in made]
                 slots[name] = [r.json()["id"] for r in made]
+        before = {}
+        for name, daemon in daemons.items():
+            with http_client(daemon) as http:
+                for sid in slots[name]:
+                    before[sid] = host_view(http, sid)
+        groups = {name: {before[s].pids_cgroup.parent for s in slots[name]} for name in slots}
+        assert len(groups["a"]) == len(groups["b"]) == 1 and groups["a"] != groups["b"]
+
+        # A second serve on a's config: refused before it touches a's slots.
+        again = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "drumsd.cli",
+                "serve",
+                "--config",
+                str(dirs["a"] / "drumsd.json"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert again.returncode == 1 and "in use by another drumsd" in again.stderr, again.stderr
+
         seen = {name: Counter() for name in daemons}
         stop_a = threading.Event()
         never = threading.Event()
@@ -84,6 +113,12 @@ def test_two_daemons_under_load_and_a_kill_9_of_one(tmp_path: Path) -> None:
                 assert live == set(slots[name]), (name, live)
                 for sid in slots[name]:
                     views[sid] = (name, host_view(http, sid))
+                    # Adopted, not remade: the same host uid range as before the kill.
+                    assert views[sid][1].uid_base == before[sid].uid_base, sid
+                    step = http.post(
+                        f"/v1/slots/{sid}/step", json={"action": {"type": "wait", "seconds": 0}}
+                    )
+                    assert step.status_code == 200, step.text
         assert len({v.uid_base for _, v in views.values()}) == len(views)
         assert len({v.pids_cgroup for _, v in views.values()}) == len(views)
         for name, view in views.values():

@@ -7,6 +7,7 @@ Each answers in the shape OSWorld's getter gives the metric: a dict, a string, o
 
 from __future__ import annotations
 
+import json
 import posixpath
 import struct
 import xml.etree.ElementTree as ET
@@ -39,6 +40,34 @@ async def vm_screen_size(config: dict[str, Any], env: GetterEnv) -> dict[str, in
     if size is None:
         raise GetterError("vm_screen_size: the slot's screenshot is not a PNG")
     return {"width": size[0], "height": size[1]}
+
+
+# The first client window whose WM_CLASS has the name (case-insensitive), as OSWorld's server
+# looks it up in _NET_CLIENT_LIST; its size from xwininfo. Prints {"width", "height"} or null.
+_WINDOW_SIZE_SCRIPT = r"""
+import json, re, subprocess, sys
+def run(*argv):
+    return subprocess.run(argv, capture_output=True, text=True).stdout
+want = sys.argv[1].lower()
+clients = run("xprop", "-root", "_NET_CLIENT_LIST").split("#", 1)[-1]
+for wid in re.findall(r"0x[0-9a-fA-F]+", clients):
+    classes = re.findall(r'"([^"]*)"', run("xprop", "-id", wid, "WM_CLASS"))
+    if want in [c.lower() for c in classes]:
+        info = run("xwininfo", "-id", wid)
+        size = [re.search(r"%s: +(\d+)" % k, info) for k in ("Width", "Height")]
+        if all(size):
+            print(json.dumps({"width": int(size[0].group(1)), "height": int(size[1].group(1))}))
+            sys.exit(0)
+print("null")
+"""
+
+
+@getter("vm_window_size")
+async def vm_window_size(config: dict[str, Any], env: GetterEnv) -> Any:
+    rc, out, err = await run_python(env, _WINDOW_SIZE_SCRIPT, [str(config["app_class_name"])])
+    if rc != 0:
+        raise GetterError(f"vm_window_size: the window lookup failed ({rc}): {err[-300:]}")
+    return json.loads(out)  # None: no such window (OSWorld's server answers nothing then)
 
 
 def wallpaper_path(gsettings_output: str) -> str | None:

@@ -66,6 +66,14 @@ def test_macys_url_fields() -> None:
     assert chrome.macys_url_fields("https://www.macys.com/", [])["mens_clothing"] is None
 
 
+def test_url_dash_part() -> None:
+    url = "https://www.x.com/store/item-name?id=7"
+    assert chrome.url_dash_part(url, {"partIndex": 4, "returnType": "string"}) == "item-name?id=7"
+    config = {"partIndex": 4, "needDeleteId": True, "returnType": "json", "key": "item"}
+    assert chrome.url_dash_part(url, config) == {"item": "item-name"}
+    assert chrome.url_dash_part(url, {"partIndex": 9, "returnType": "string"}) is None
+
+
 def test_query_fields_renamed_and_split() -> None:
     url = "https://x.org/s?from=SEA&to=NYC,BOS&d=1"
     config = {"parse_keys": ["from", "to"], "replace": {"from": "origin"}, "split_list": True}
@@ -264,6 +272,7 @@ async def test_vlc_config_task_scores_with_osworlds_metric(
     )  # fmt: skip
     slot = DirSlot(tmp_path)
     ctx = venv_ctx.model_copy(update={"user_home": str(slot.home)})
+
     async def score() -> Any:
         return (await evaluate(task, slot, ctx, default_runner(ctx), last_action="DONE")).score
 

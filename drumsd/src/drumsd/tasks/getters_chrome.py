@@ -310,6 +310,29 @@ async def active_tab_url_parse(config: dict[str, Any], env: GetterEnv) -> Any:
     return None if url is None else query_fields(url, config)
 
 
+def url_dash_part(url: str, config: dict[str, Any]) -> Any:
+    """OSWorld's get_url_dashPart: one `/`-separated part of the URL (its query dropped with
+    needDeleteId), as a string or {key: part}; None when the index is out of range."""
+    parts = url.split("/")
+    index = int(config["partIndex"])
+    if index >= len(parts):
+        return None
+    part = parts[index].split("?")[0] if config.get("needDeleteId") else parts[index]
+    if config["returnType"] == "string":
+        return part
+    if config["returnType"] == "json":
+        return {config["key"]: part}
+    raise GetterError(
+        f"url_dashPart: returnType must be 'string' or 'json', not {config['returnType']!r}"
+    )
+
+
+@getter("url_dashPart")
+async def url_dash_part_getter(config: dict[str, Any], env: GetterEnv) -> Any:
+    url = await active_url(config, env)
+    return None if url is None else url_dash_part(url, config)
+
+
 def color_scheme(preferences: Any) -> str:
     """Chrome's appearance mode from its Preferences: "light", "dark" or "system" (OSWorld's
     get_chrome_color_scheme, which its settings-page reader falls back to)."""

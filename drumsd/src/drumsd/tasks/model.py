@@ -551,7 +551,7 @@ SUPPORTED_GETTERS = frozenset(
         *("active_url_from_accessTree", "active_tab_info", "active_tab_html_parse"),
         *("url_path_parse", "chrome_appearance_mode_ui", "vm_screen_size", "vm_wallpaper"),
         *("default_video_player", "vlc_config", "vlc_playing_info", "audio_in_slide"),
-        *("background_image_in_slide", "active_tab_url_parse", "vm_window_size"),
+        *("background_image_in_slide", "active_tab_url_parse", "vm_window_size", "url_dashPart"),
     }
 )
 # The features drums' slots have (RuntimeSlotAccess implements each).

@@ -4,11 +4,7 @@ restored desktops is tests/live/test_getters_live.py."""
 
 from __future__ import annotations
 
-import io
 import json
-import struct
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +14,7 @@ from drumsd.tasks import getters_desktop as desktop
 from drumsd.tasks.evaluate import default_runner, evaluate
 from drumsd.tasks.getters import FileArg, GetterEnv, GetterError, get_value
 from drumsd.tasks.model import SUPPORTED_GETTERS, TaskContext, resolve_task
-from drumsd.tasks.testing import DirSlot, checker_context
+from drumsd.tasks.testing import DirSlot, checker_context, png_image, pptx_with_media
 
 OFFLINE_GETTERS = (
     "vlc_config", "vlc_playing_info", "active_url_from_accessTree", "active_tab_html_parse",
@@ -96,18 +92,8 @@ def test_appearance_mode_from_preferences(prefs: Any, mode: str) -> None:
     assert chrome.color_scheme(prefs) == mode
 
 
-def _png(width: int, height: int) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    rows = zlib.compress(b"".join(b"\x00" + b"\x00" * width for _ in range(height)))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", rows) + chunk(b"IEND", b"")
-
-
 def test_png_size() -> None:
-    assert desktop.png_size(_png(64, 48)) == (64, 48)
+    assert desktop.png_size(png_image(64, 48)) == (64, 48)
     assert desktop.png_size(b"\x89PNG\r\n\x1a\n") is None
 
 
@@ -122,44 +108,9 @@ def test_wallpaper_path_and_default_player_answers() -> None:
 
 # ---- slides: a .pptx laid out as PowerPoint and LibreOffice write one --------------------------
 
-_P = "http://schemas.openxmlformats.org/presentationml/2006/main"
-_A = "http://schemas.openxmlformats.org/drawingml/2006/main"
-_R = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
-_PR = "http://schemas.openxmlformats.org/package/2006/relationships"
-
-
-def _pptx(slides: list[tuple[str, list[tuple[str, str, str, str | None]]]]) -> bytes:
-    """slides: (background rId or "", [(rId, type, target, TargetMode)]) per slide."""
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as z:
-        z.writestr("ppt/media/image1.png", _png(4, 4))
-        z.writestr("ppt/media/media1.wav", b"RIFF....WAVEfmt ")
-        for i, (bg, rels) in enumerate(slides, 1):
-            background = (
-                f'<p:bg><p:bgPr><a:blipFill><a:blip r:embed="{bg}"/></a:blipFill></p:bgPr></p:bg>'
-                if bg
-                else ""
-            )
-            z.writestr(
-                f"ppt/slides/slide{i}.xml",
-                f'<p:sld xmlns:p="{_P}" xmlns:a="{_A}" xmlns:r="{_R}"><p:cSld>{background}'
-                "<p:spTree/></p:cSld></p:sld>",
-            )
-            items = "".join(
-                f'<Relationship Id="{rid}" Type="{_R}/{kind}" Target="{target}"'
-                + (f' TargetMode="{mode}"' if mode else "")
-                + "/>"
-                for rid, kind, target, mode in rels
-            )
-            z.writestr(
-                f"ppt/slides/_rels/slide{i}.xml.rels",
-                f'<Relationships xmlns="{_PR}">{items}</Relationships>',
-            )
-    return out.getvalue()
-
 
 def test_slide_media_embedded_and_external() -> None:
-    pptx = _pptx(
+    pptx = pptx_with_media(
         [
             ("rId2", [("rId1", "slideLayout", "../slideLayouts/slideLayout1.xml", None),
                       ("rId2", "image", "../media/image1.png", None),
@@ -193,7 +144,7 @@ async def test_slide_getters_read_the_presentation_of_the_slot(tmp_path: Path) -
     music.parent.mkdir(parents=True)
     music.write_bytes(b"ID3 external")
     deck.write_bytes(
-        _pptx(
+        pptx_with_media(
             [
                 ("rId2", [("rId2", "image", "../media/image1.png", None)]),
                 ("", [("rId1", "audio", f"file://{music}", "External")]),
@@ -213,7 +164,7 @@ async def test_wallpaper_player_and_screen_size_through_the_slot(tmp_path: Path)
     slot = DirSlot(tmp_path)
     picture = slot.home / "Pictures" / "w.png"
     picture.parent.mkdir(parents=True)
-    picture.write_bytes(_png(8, 8))
+    picture.write_bytes(png_image(8, 8))
     slot.add_fake_command("gsettings", f"echo \"'file://{picture}'\"\n")
     got = await get_value({"type": "vm_wallpaper", "dest": "bg.png"}, _env(slot))
     assert got == FileArg("result0/bg.png", picture.read_bytes())

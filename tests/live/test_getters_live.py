@@ -8,12 +8,15 @@ built from this tree's guest sources with DRUMS_LIVE_IMAGES_DIR, since desktop-i
   server in the slot serves, the input typed into by a click and keystrokes.
 - The terminal a task starts itself (an xterm from a launch step) is the one the terminal route
   and vm_terminal_output read.
+- background_image_in_slide: the image a slide's background fills with, read from the .pptx in
+  the slot (compare_images against the same picture on the Desktop).
 - vm_screen_size, vm_window_size (is_vlc_fullscreen over a fullscreen xterm) and
   default_video_player (check_include_exclude after `xdg-mime default`).
 """
 
 from __future__ import annotations
 
+import base64
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from drumsd.tasks.testing import png_image, pptx_with_media
 from gate_daemons import create, destroy, execute, final, poll, settled_gates, shared_daemon, verify
 from live_daemon import http_client
 
@@ -55,7 +59,7 @@ CHROME_TASK: dict[str, Any] = {
     ],
     "evaluator": {
         "func": ["is_expected_active_tab", "is_expected_active_tab", "check_direct_json_object",
-                 "check_direct_json_object"],
+                 "check_direct_json_object", "exact_match"],
         "result": [
             {"type": "active_url_from_accessTree", "goto_prefix": "http://"},
             {"type": "active_tab_info", "goto_prefix": "http://"},
@@ -63,12 +67,14 @@ CHROME_TASK: dict[str, Any] = {
              "xpathObject": {"//h1": "heading"}},
             {"type": "active_tab_html_parse", "goto_prefix": "http://", "category": "input",
              "inputObject": {"//input[@id='name']": "name"}},
+            {"type": "chrome_appearance_mode_ui"},
         ],
         "expected": [
             {"type": "rule", "rules": {"type": "url", "url": URL_B}},
             {"type": "rule", "rules": {"type": "url", "url": URL_B}},
             {"type": "rule", "rules": {"expected": {"heading": "Page B"}}},
             {"type": "rule", "rules": {"expected": {"name": "Ada"}}},
+            {"type": "rule", "rules": {"expected": "system"}},  # Chromium's default appearance
         ],
     },
 }  # fmt: skip
@@ -195,4 +201,42 @@ def _player_and_fullscreen(http: Any, sid: str) -> None:
 @pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])
 def test_screen_window_and_default_player(office, solved):
     result = _episode(office, DESKTOP_TASK, _player_and_fullscreen if solved else None)
+    assert result["score"] == (1.0 if solved else 0.0), result
+
+
+PICTURE = png_image(64, 64)
+DECK = "/home/user/Desktop/deck.pptx"
+PLAIN_DECK = pptx_with_media([("", [])], image=PICTURE)
+BACKGROUND_DECK = pptx_with_media(
+    [("rId2", [("rId2", "image", "../media/image1.png", None)])], image=PICTURE
+)
+
+
+def _put(path: str, data: bytes) -> str:
+    return f"echo {base64.b64encode(data).decode()} | base64 -d > {path}"
+
+
+SLIDE_TASK: dict[str, Any] = {
+    "id": "drums-getters-slide",
+    "instruction": "Make landscape.png the background of the first slide.",
+    "config": [
+        {"type": "execute", "parameters": {"shell": True, "command": (
+            _put(DECK, PLAIN_DECK) + " && " + _put("/home/user/Desktop/landscape.png", PICTURE))}},
+    ],
+    "evaluator": {
+        "func": "compare_images",
+        "result": {"type": "background_image_in_slide", "ppt_file_path": DECK, "slide_index": 0,
+                   "dest": "bg.png"},
+        "expected": {"type": "vm_file", "path": "/home/user/Desktop/landscape.png",
+                     "dest": "landscape.png"},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])
+def test_slide_background_image(office, solved):
+    def save_deck(http: Any, sid: str) -> None:
+        _ok(execute(http, sid, _put(DECK, BACKGROUND_DECK)))
+
+    result = _episode(office, SLIDE_TASK, save_deck if solved else None)
     assert result["score"] == (1.0 if solved else 0.0), result

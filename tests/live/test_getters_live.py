@@ -16,7 +16,6 @@ built from this tree's guest sources with DRUMS_LIVE_IMAGES_DIR, since desktop-i
 
 from __future__ import annotations
 
-import base64
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.tasks.testing import png_image, pptx_with_media
-from gate_daemons import create, destroy, execute, final, poll, settled_gates, shared_daemon, verify
+from gate_daemons import (
+    create,
+    destroy,
+    execute,
+    final,
+    poll,
+    put_file,
+    settled_gates,
+    shared_daemon,
+    verify,
+)
 from live_daemon import http_client
 
 SITE = "/home/user/Desktop/site"
@@ -206,14 +215,11 @@ def test_screen_window_and_default_player(office, solved):
 
 PICTURE = png_image(64, 64)
 DECK = "/home/user/Desktop/deck.pptx"
+LANDSCAPE = "/home/user/Desktop/landscape.png"
 PLAIN_DECK = pptx_with_media([("", [])], image=PICTURE)
 BACKGROUND_DECK = pptx_with_media(
     [("rId2", [("rId2", "image", "../media/image1.png", None)])], image=PICTURE
 )
-
-
-def _put(path: str, data: bytes) -> str:
-    return f"echo {base64.b64encode(data).decode()} | base64 -d > {path}"
 
 
 SLIDE_TASK: dict[str, Any] = {
@@ -221,13 +227,13 @@ SLIDE_TASK: dict[str, Any] = {
     "instruction": "Make landscape.png the background of the first slide.",
     "config": [
         {"type": "execute", "parameters": {"shell": True, "command": (
-            _put(DECK, PLAIN_DECK) + " && " + _put("/home/user/Desktop/landscape.png", PICTURE))}},
+            put_file(DECK, PLAIN_DECK) + " && " + put_file(LANDSCAPE, PICTURE))}},
     ],
     "evaluator": {
         "func": "compare_images",
         "result": {"type": "background_image_in_slide", "ppt_file_path": DECK, "slide_index": 0,
                    "dest": "bg.png"},
-        "expected": {"type": "vm_file", "path": "/home/user/Desktop/landscape.png",
+        "expected": {"type": "vm_file", "path": LANDSCAPE,
                      "dest": "landscape.png"},
     },
 }  # fmt: skip
@@ -236,7 +242,7 @@ SLIDE_TASK: dict[str, Any] = {
 @pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])
 def test_slide_background_image(office, solved):
     def save_deck(http: Any, sid: str) -> None:
-        _ok(execute(http, sid, _put(DECK, BACKGROUND_DECK)))
+        _ok(execute(http, sid, put_file(DECK, BACKGROUND_DECK)))
 
     result = _episode(office, SLIDE_TASK, save_deck if solved else None)
     assert result["score"] == (1.0 if solved else 0.0), result

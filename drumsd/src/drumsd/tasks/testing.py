@@ -123,16 +123,18 @@ def checker_context(root: Path | None = None) -> TaskContext:
     return context_for_checker(TaskContext(), venv, uid=uid, gid=uid)
 
 
-def png_image(width: int, height: int) -> bytes:
-    """A grey-gradient PNG (not flat: image metrics such as SSIM need some structure)."""
+def png_image(width: int, height: int, slope: tuple[int, int] = (7, 3)) -> bytes:
+    """A grey-gradient PNG (image metrics such as SSIM need some structure; slope (0, 0) is
+    flat black)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         crc = struct.pack(">I", zlib.crc32(kind + data))
         return struct.pack(">I", len(data)) + kind + data + crc
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    dx, dy = slope
     rows = b"".join(
-        b"\x00" + bytes((x * 7 + y * 3) % 256 for x in range(width)) for y in range(height)
+        b"\x00" + bytes((x * dx + y * dy) % 256 for x in range(width)) for y in range(height)
     )
     idat = zlib.compress(rows)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")

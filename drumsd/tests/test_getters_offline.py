@@ -256,3 +256,21 @@ def test_the_cdp_script_compiles() -> None:
     compile(chrome.CDP_SCRIPT, "cdp", "exec")
     compile(desktop._VLC_STATUS_SCRIPT, "vlc", "exec")
     assert json.dumps(chrome._HTML_PARSE_JS)  # a plain string the page evaluates
+
+
+def test_wallpaper_tasks_need_gnomes_background_schema() -> None:
+    from drumsd.tasks.apps import AppManifest
+    from drumsd.tasks.model import support
+
+    task = resolve_task(
+        {"id": "w", "evaluator": {"func": "exact_match",
+                                  "result": {"type": "vm_wallpaper", "dest": "bg.png"},
+                                  "expected": {"type": "rule", "rules": {"expected": 1}}}},
+        [],
+    )  # fmt: skip
+    bare = TaskContext(apps=AppManifest(profile="office", apps=frozenset({"gsettings"})))
+    ok, why = support(task, bare)
+    assert not ok and "'org.gnome.desktop.background'" in (why or "") and "office" in (why or "")
+    schemas = frozenset({"org.gnome.desktop.background"})
+    gnome = TaskContext(apps=AppManifest(profile="osworld", apps=frozenset(), schemas=schemas))
+    assert "schema" not in (support(task, gnome)[1] or "")

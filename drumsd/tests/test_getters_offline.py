@@ -12,7 +12,7 @@ import pytest
 from drumsd.tasks import getters_chrome as chrome
 from drumsd.tasks import getters_desktop as desktop
 from drumsd.tasks.evaluate import default_runner, evaluate
-from drumsd.tasks.getters import FileArg, GetterEnv, GetterError, get_value
+from drumsd.tasks.getters import FileArg, GetterEnv, GetterError, ResultMissing, get_value
 from drumsd.tasks.model import SUPPORTED_GETTERS, TaskContext, resolve_task
 from drumsd.tasks.testing import DirSlot, checker_context, png_image, pptx_with_media
 
@@ -236,11 +236,13 @@ async def test_vlc_config_task_scores_with_osworlds_metric(
     assert await score() == 1.0
 
 
-async def test_vlc_playing_info_is_none_when_vlc_does_not_answer(tmp_path: Path) -> None:
+async def test_vlc_playing_info_is_missing_when_vlc_does_not_answer(tmp_path: Path) -> None:
     slot = DirSlot(tmp_path)
     # Port 9 (discard) on the host's loopback: nothing listens there.
-    env = _env(slot, vlc_http_port=9)
-    assert await get_value({"type": "vlc_playing_info", "dest": "status.xml"}, env) is None
+    config = {"type": "vlc_playing_info", "dest": "status.xml"}
+    with pytest.raises(ResultMissing, match="VLC's HTTP interface did not answer"):
+        await get_value(config, _env(slot, vlc_http_port=9))
+    assert await get_value(config, _env(slot, role="expected", vlc_http_port=9)) is None
 
 
 async def test_devtools_getters_say_chromium_is_not_answering(tmp_path: Path) -> None:

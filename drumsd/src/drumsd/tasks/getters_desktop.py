@@ -146,9 +146,13 @@ except Exception as exc:
 @getter("vlc_playing_info")
 async def vlc_playing_info(config: dict[str, Any], env: GetterEnv) -> Any:
     args = [str(env.ctx.vlc_http_port), env.ctx.vlc_http_password]
-    rc, out, _ = await run_python(env, _VLC_STATUS_SCRIPT, args)
+    rc, out, err = await run_python(env, _VLC_STATUS_SCRIPT, args)
     if rc != 0:
-        return None  # OSWorld: VLC's interface did not answer -> None (the metric scores 0)
+        # OSWorld hands its metric None here, on which is_vlc_playing crashes; VLC not answering
+        # means nothing plays: a missing result, scored 0.
+        if env.role == "result":
+            raise ResultMissing(f"VLC's HTTP interface did not answer: {err.strip()[-200:]}")
+        return None
     return FileArg(env.file_name(config.get("dest", "status.xml")), out.encode())
 
 

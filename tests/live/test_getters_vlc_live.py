@@ -28,7 +28,7 @@ from gate_daemons import (
 from live_daemon import http_client
 
 TONE = "/home/user/Music/tone.wav"
-# A minute of a 440 Hz tone (longer than the test: VLC plays it through verify), written with the stdlib in the slot (no download).
+# A minute of a 440 Hz tone (VLC still plays it at verify), written with the stdlib in the slot.
 WRITE_TONE = (
     'mkdir -p /home/user/Music && python3 -c "import math, struct, wave; '
     f"w = wave.open('{TONE}', 'wb'); w.setnchannels(1); w.setsampwidth(2); w.setframerate(8000); "

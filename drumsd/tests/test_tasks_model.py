@@ -109,8 +109,8 @@ CATALOG = MetricCatalog(
         ({"evaluator": {"func": "compare_image_text", "result": {"type": "rule", "rules": {}}}},
          "easyocr"),
         ({"evaluator": {"func": "nope", "result": {"type": "rule", "rules": {}}}}, "'nope'"),
-        ({"evaluator": {"func": "exact_match", "result": {"type": "vm_wallpaper"}}},
-         "vm_wallpaper"),
+        ({"evaluator": {"func": "exact_match", "result": {"type": "page_info"}}},
+         "page_info"),
         ({"evaluator": {"func": "exact_match", "result": {"type": "googledrive_file"}}},
          "googledrive"),
         ({"config": [{"type": "upload_file", "parameters": {

@@ -56,6 +56,10 @@ def test_tools_drive_a_desktop_and_end_with_the_server(daemon: Daemon) -> None:
             env_id = text(made).split()[1]
             assert [s.id for s in await daemon.aclient().list_envs()] == [env_id]
 
+            # The in-memory runtime has no xterm: the tool says why there is no text.
+            term = await mcp.call_tool("terminal", {})
+            assert term.is_error and f"no terminal text on {env_id}: " in text(term), text(term)
+
             clicked = await mcp.call_tool("click", {"x": 10, "y": 20})
             assert text(clicked).splitlines() == [
                 f"click at (10, 20) on {env_id} (action 1)",

@@ -38,7 +38,7 @@ SOLVE = "mv /home/user/Desktop/todo_list_Jan_1 /home/user/Desktop/todo_list_Jan_
 TOOLS = {
     "desktop_create", "desktop_attach", "desktop_list", "desktop_close", "click",
     "double_click", "right_click", "move", "drag", "scroll", "type", "key", "hotkey", "wait",
-    "execute", "screenshot", "fork", "save", "verify",
+    "execute", "screenshot", "terminal", "fork", "save", "verify",
 }  # fmt: skip
 
 
@@ -148,6 +148,24 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
 
                     ran = await call(s, "execute", command=SOLVE + " && echo renamed")
                     assert "returncode 0" in ran and "renamed" in ran, ran
+
+                    # The xterm's text: typed into it, read back, and the read is no action.
+                    await call(s, "click", x=480, y=300)  # into the xterm
+                    await call(s, "type", text="echo drums-$((6*7))\n")
+                    acted = (await call(s, "wait", seconds=0)).splitlines()[0]
+
+                    async def echoed() -> str:
+                        text = await call(s, "terminal")
+                        return text if "drums-42" in text.split("echo", 1)[-1] else ""
+
+                    deadline = time.monotonic() + 20
+                    while not (text := await echoed()):
+                        assert time.monotonic() < deadline, await call(s, "terminal")
+                        await anyio.sleep(0.3)
+                    assert "echo drums-$((6*7))" in text, text
+                    again = (await call(s, "wait", seconds=0)).splitlines()[0]
+                    count = lambda line: int(line.rsplit("(action ", 1)[1].rstrip(")"))  # noqa: E731
+                    assert count(again) == count(acted) + 1, (acted, again)
 
                     forked = await call(s, "fork", n=1)
                     child = forked.rsplit(": ", 1)[1].strip()

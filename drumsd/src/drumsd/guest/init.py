@@ -211,6 +211,10 @@ class DesktopInit:
             ],
         )
         self.spawn("openbox", ["openbox", "--sm-disable"])
+        # The same printer resources in the server's resource database: every xterm started
+        # later (by a task's setup, a key binding, a shell) prints its text for the daemon too.
+        merge = 'printf "%s\\n" "$@" | xrdb -nocpp -merge'
+        self.spawn("xrdb", ["sh", "-c", merge, "xrdb", *protocol.XTERM_PRINTER_RESOURCES])
         if not self.args.no_xterm:
             # An Xft font: the image has no bitmap fonts (xterm's default "fixed"). The printer
             # resources let the daemon read its text (OSWorld's terminal observation).

@@ -177,10 +177,7 @@ async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
         rec = sup.get_slot(slot_id)
         check_can_observe(rec)
         with runtime_failures(sup.metrics, what=f"terminal of slot {slot_id}", slot_id=slot_id):
-            done = await sup.runtime.exec_user(
-                sup._handle(rec), terminal_text.SCRIPT, terminal_text.TIMEOUT_S
-            )
-        got = terminal_text.parse(done.returncode, done.stdout, done.stderr)
+            got = await terminal_text.read(sup.runtime, sup._handle(rec))
         return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
                 "reason": got.reason}  # fmt: skip
 

@@ -332,13 +332,23 @@ def task_needs(task: Task) -> list[Need]:
     return list(needs.values())
 
 
+# Getters that read GNOME settings (vm_wallpaper: `gsettings get` of the background's picture-uri).
+GETTER_SCHEMAS = {"vm_wallpaper": "org.gnome.desktop.background"}
+
+
 def task_schemas(task: Task) -> list[str]:
-    """The GSettings schemas a task's commands read or write (`gsettings get SCHEMA KEY`)."""
+    """The GSettings schemas a task's commands read or write (`gsettings get SCHEMA KEY`), and
+    the ones its getters read."""
     seen: dict[str, None] = {}
     for command in _commands(task):
         text = " ".join(command) if isinstance(command, list) else command
         for match in _GSETTINGS.finditer(text):
             seen.setdefault(match.group(1), None)
+    for role in (task.evaluator.result, task.evaluator.expected):
+        for getter in role if isinstance(role, list) else [role]:
+            schema = GETTER_SCHEMAS.get(str(getter.get("type"))) if getter else None
+            if schema:
+                seen.setdefault(schema, None)
     return list(seen)
 
 

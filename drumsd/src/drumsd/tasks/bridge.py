@@ -24,11 +24,13 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
+from . import terminal
 from .apps import AppManifest, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
 from .model import (
+    SLOT_FEATURES,
     Task,
     TaskContext,
     TaskError,
@@ -61,6 +63,7 @@ def context_from_config(
         screen_height=cfg.screen_height,
         setup_timeout_s=cfg.setup_timeout_s,
         eval_timeout_s=cfg.eval_timeout_s,
+        capabilities=SLOT_FEATURES,
         **overrides,
     )
     if venv is None:
@@ -130,6 +133,10 @@ class RuntimeSlotAccess:
 
     async def screenshot(self) -> bytes:
         return await self.runtime.screenshot(self.handle)
+
+    async def terminal_output(self) -> str | None:
+        """The slot feature "terminal_output" (vm_terminal_output): None if no xterm prints."""
+        return (await terminal.read(self.runtime, self.handle)).text
 
 
 def is_task_id(ref: str | dict[str, Any]) -> bool:

@@ -21,7 +21,15 @@ from typing import Any
 from drumsd.core.config import TasksConfig
 
 from .apps import AppManifest, manifest_for_root, missing_apps
-from .model import Task, TaskContext, beneath, list_tasks, support, url_file_name
+from .model import (
+    SLOT_FEATURES,
+    Task,
+    TaskContext,
+    beneath,
+    list_tasks,
+    support,
+    url_file_name,
+)
 
 OSWORLD_EXAMPLES = Path("evaluation_examples/examples")
 
@@ -270,6 +278,7 @@ def main_coverage(args: argparse.Namespace) -> int:
         screen_width=tasks_cfg.screen_width,
         screen_height=tasks_cfg.screen_height,
         apps=manifest,
+        capabilities=SLOT_FEATURES,
         metrics=venv.catalog if venv is not None else None,
     )
     passes, apps = coverage(task_root, ctx, args.assume_downloads)

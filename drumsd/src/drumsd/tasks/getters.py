@@ -93,6 +93,11 @@ async def _read(env: GetterEnv, path: str) -> bytes | None:
         raise GetterError(f"reading {path} from the slot took over {env.timeout_s} s") from exc
 
 
+async def run_python(env: GetterEnv, script: str, args: list[str]) -> tuple[int, str, str]:
+    """A stdlib Python script run in the slot as the desktop user (the image's python3)."""
+    return await env.access.exec_user([env.ctx.python_command, "-c", script, *args], env.timeout_s)
+
+
 def _listify(config: dict[str, Any], key: str) -> list[Any]:
     value = config[key]
     return value if isinstance(value, list) else [value]
@@ -185,7 +190,8 @@ async def vm_terminal_output(config: dict[str, Any], env: GetterEnv) -> Any:
     reader = getattr(env.access, "terminal_output", None)
     if "terminal_output" not in env.ctx.capabilities or reader is None:
         raise GetterUnsupported("vm_terminal_output needs the slot feature 'terminal_output'")
-    return await reader()
+    text = await reader()
+    return text.rstrip() if isinstance(text, str) else None  # OSWorld strips the widget's text
 
 
 @getter("accessibility_tree")
@@ -550,3 +556,7 @@ async def get_value(config: dict[str, Any] | None, env: GetterEnv) -> Any:
 
 def command_text(command: list[str] | str) -> str:
     return command if isinstance(command, str) else shlex.join(command)
+
+
+# The getters in their own modules register themselves on import.
+from . import getters_chrome, getters_desktop  # noqa: E402, F401

@@ -292,6 +292,8 @@ class TaskContext(BaseModel):
     )
     chrome_profile_dir: str = "~/.config/chromium"
     devtools_port: int = 1337
+    vlc_http_port: int = 8080  # VLC's HTTP interface (OSWorld's vlc_playing_info), in the slot
+    vlc_http_password: str = "password"
     python_command: str = "python3"
     timezone: str = "UTC"
     # Features the slot exposes beyond SlotAccess's core ("terminal_output", "accessibility_tree").
@@ -545,8 +547,15 @@ SUPPORTED_GETTERS = frozenset(
         "find_unpacked_extension_path",
         "find_installed_extension_name",
         "open_tabs_info",
+        # getters_chrome.py (Chromium's DevTools) and getters_desktop.py
+        *("active_url_from_accessTree", "active_tab_info", "active_tab_html_parse"),
+        *("url_path_parse", "chrome_appearance_mode_ui", "vm_screen_size", "vm_wallpaper"),
+        *("default_video_player", "vlc_config", "vlc_playing_info", "audio_in_slide"),
+        *("background_image_in_slide", "active_tab_url_parse", "vm_window_size", "url_dashPart"),
     }
 )
+# The features drums' slots have (RuntimeSlotAccess implements each).
+SLOT_FEATURES = frozenset({"terminal_output"})
 GETTERS_NEEDING = {
     "vm_terminal_output": "terminal_output",
     "accessibility_tree": "accessibility_tree",

@@ -8,7 +8,11 @@ The live proof on restored desktops uses the runtime's SlotAccess instead.
 
 from __future__ import annotations
 
+import io
 import os
+import struct
+import zipfile
+import zlib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -117,3 +121,55 @@ def checker_context(root: Path | None = None) -> TaskContext:
     venv = trio.run(ensure_checker_venv, root or checker_root())
     uid = 65534 if os.geteuid() == 0 else os.geteuid()
     return context_for_checker(TaskContext(), venv, uid=uid, gid=uid)
+
+
+def png_image(width: int, height: int, slope: tuple[int, int] = (7, 3)) -> bytes:
+    """A grey-gradient PNG (image metrics such as SSIM need some structure; slope (0, 0) is
+    flat black)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    dx, dy = slope
+    rows = b"".join(
+        b"\x00" + bytes((x * dx + y * dy) % 256 for x in range(width)) for y in range(height)
+    )
+    idat = zlib.compress(rows)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+_P = "http://schemas.openxmlformats.org/presentationml/2006/main"
+_A = "http://schemas.openxmlformats.org/drawingml/2006/main"
+_R = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+_PR = "http://schemas.openxmlformats.org/package/2006/relationships"
+Rel = tuple[str, str, str, str | None]  # rId, relationship type, target, TargetMode
+
+
+def pptx_with_media(slides: list[tuple[str, list[Rel]]], image: bytes | None = None) -> bytes:
+    """A .pptx laid out as PowerPoint writes one, with ppt/media/image1.png and media1.wav; per
+    slide (the background's rId or "", its relationships)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("ppt/media/image1.png", image or png_image(4, 4))
+        z.writestr("ppt/media/media1.wav", b"RIFF....WAVEfmt ")
+        for i, (bg, rels) in enumerate(slides, 1):
+            fill = f'<a:blipFill><a:blip r:embed="{bg}"/></a:blipFill>'
+            background = f"<p:bg><p:bgPr>{fill}</p:bgPr></p:bg>" if bg else ""
+            z.writestr(
+                f"ppt/slides/slide{i}.xml",
+                f'<p:sld xmlns:p="{_P}" xmlns:a="{_A}" xmlns:r="{_R}"><p:cSld>{background}'
+                "<p:spTree/></p:cSld></p:sld>",
+            )
+            items = "".join(
+                f'<Relationship Id="{rid}" Type="{_R}/{kind}" Target="{target}"'
+                + (f' TargetMode="{mode}"' if mode else "")
+                + "/>"
+                for rid, kind, target, mode in rels
+            )
+            z.writestr(
+                f"ppt/slides/_rels/slide{i}.xml.rels",
+                f'<Relationships xmlns="{_PR}">{items}</Relationships>',
+            )
+    return out.getvalue()

@@ -253,6 +253,18 @@ def build_server(
         return Image(data=obs.png, format="png")
 
     @server.tool()
+    async def terminal(ctx: Context, env_id: Optional[str] = None) -> str:
+        """The text of the desktop's terminal (the focused or newest xterm: its scrollback and
+        screen); reading it is not an action."""
+        try:
+            got = await (await sessions.of(ctx)).env(env_id).terminal()
+        except (actions.BadAction, DrumsError) as exc:
+            raise _failed(exc) from exc
+        if got.text is None:
+            raise ToolError(f"no terminal text on {got.slot}: {got.reason}")
+        return got.text
+
+    @server.tool()
     async def fork(ctx: Context, n: int = 1, env_id: Optional[str] = None) -> str:
         """N copies of the desktop as it is now (CRIU restores of one checkpoint). The current
         env stays current; name a child by env_id. Children end with this session."""

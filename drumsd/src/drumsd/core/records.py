@@ -6,6 +6,7 @@ may start from a record's current status, and raise a typed error naming the sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -191,3 +192,34 @@ def check_not_destroyed(record: SlotRecord) -> None:
 
 def is_live(record: SlotRecord) -> bool:
     return record.status in LIVE_STATUSES
+
+
+def adoption_problems(
+    meta: Mapping[str, Any], known_images: Mapping[str, str], profile: str
+) -> list[str]:
+    """What keeps a checkpoint dir made elsewhere (its meta.json) from being restored here,
+    beyond its files: the desktop image it was dumped from must be on this host (by sha256,
+    `known_images` maps them to their roots) and it must have been made under this daemon's
+    profile (hardened dumps run in a user namespace, trusted ones without). [] when none."""
+    problems: list[str] = []
+    sha = meta.get("image_sha256")
+    if not isinstance(sha, str) or not sha:
+        problems.append(
+            "meta.json names no image_sha256 (the desktop image the dump was made from)"
+        )
+    elif sha not in known_images:
+        problems.append(
+            f"image {sha[:12]}... that the dump was made from is not on this host (known: "
+            + (", ".join(k[:12] + "..." for k in sorted(known_images)) or "none")
+            + "); build or copy that image first"
+        )
+    made_under = meta.get("profile")
+    if made_under != profile:
+        problems.append(
+            f"meta.json says profile {made_under!r}, this daemon runs {profile!r}: adopt it on "
+            f"a daemon with profile {made_under!r}, or capture the state again here"
+            if made_under
+            else f"meta.json names no profile; this daemon runs {profile!r} (add it if the "
+            "dump was made under that profile)"
+        )
+    return problems

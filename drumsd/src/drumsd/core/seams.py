@@ -213,6 +213,12 @@ class SlotRuntime(Protocol):
         """Cold-boot the image in a slot, wait until drawn and quiescent, dump it."""
         ...
 
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        """What keeps the checkpoint dir at `path` (made elsewhere; `meta` is its meta.json)
+        from being restored by this runtime, e.g. images missing or unreadable; [] when none.
+        Asked before the dir is adopted."""
+        ...
+
     async def adopt(self, handle: SlotHandle) -> bool:
         """After a daemon restart: True if the slot is alive and is the same process tree
         (supervision resumed), False if it is gone (the caller then destroys it)."""

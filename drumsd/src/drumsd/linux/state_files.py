@@ -55,6 +55,21 @@ def read_checkpoint_meta(path: Path) -> dict[str, Any]:
     return json.loads((path / "meta.json").read_text())
 
 
+def known_images(images_dir: Path) -> dict[str, str]:
+    """Every image the builder left under `images_dir`: sha256 -> root."""
+    out: dict[str, str] = {}
+    for meta_path in images_dir.glob("*/image.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+            sha = meta.get("sha256") or meta.get("image_sha256")
+            root = Path(meta.get("root") or meta_path.parent / "root")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(sha, str) and sha and root.is_dir():
+            out[sha] = str(root)
+    return out
+
+
 def find_image(images_dir: Path, name: str) -> tuple[Path, str] | None:
     """(root, sha256) of image `name`: the builder points `<images_dir>/<name>` at the current
     build; else the newest `<name>-*` build."""

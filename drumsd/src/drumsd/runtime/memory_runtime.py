@@ -83,6 +83,7 @@ class MemoryRuntime:
         self.fail_template_builds = 0  # this many make_template calls raise before one succeeds
         self.quiet = True  # False: every slot keeps moving (quiescent waits out its timeout)
         self.fail_captures = 0  # this many captures raise runtime_error before one succeeds
+        self.fail_adopt_check: list[str] = []  # problems checkpoint_problems reports
         self.captures = 0
         self.template_builds = 0
         self._next_pid = 10_000
@@ -333,6 +334,11 @@ class MemoryRuntime:
             image_sha256=image_sha256,
             upper_sha256=hashlib.sha256(checkpoint_id.encode()).hexdigest(),
         )
+
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        # This fake's checkpoints are a meta.json with the id it wrote; a restore reads nothing
+        # else. `fail_adopt_check` plays a runtime that finds the dir's images wanting.
+        return list(self.fail_adopt_check)
 
     async def adopt(self, handle: SlotHandle) -> bool:
         marker = self._marker(handle.slot_id)

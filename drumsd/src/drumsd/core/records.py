@@ -78,6 +78,8 @@ class SlotRecord(Record):
     quarantined_gates: list[str] = Field(default_factory=list)  # failures already acted on
     failure: str | None = None
     handle: dict[str, Any] | None = None  # the runtime's SlotHandle, as JSON
+    number: int | None = None  # from slot_range, kept across resets
+    ports: dict[int, int] = Field(default_factory=dict)  # guest port -> host port (loopback)
     destroyed_at: float | None = None
     verdicts: list[str] = Field(default_factory=list)  # verdict of each finished episode
 

@@ -123,6 +123,16 @@ class RuntimeError_(Exception):
         self.detail = detail
 
 
+class GuestStream(Protocol):
+    """A byte stream to a server in a slot (what trio.SocketStream offers)."""
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
 @runtime_checkable
 class SlotRuntime(Protocol):
     """Every operation on desktops. All methods are trio-async and cancel-safe: a cancelled
@@ -191,6 +201,11 @@ class SlotRuntime(Protocol):
     ) -> CommandResult:
         """Trusted provisioning: run a root-needing task step inside the slot's namespaces,
         never by handing the desktop user root."""
+        ...
+
+    async def connect_guest(self, handle: SlotHandle, port: int) -> GuestStream:
+        """A TCP connection to `port` on the slot's own loopback (its network namespace), for
+        the host port forwarded to it. OSError when nothing listens there."""
         ...
 
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes: ...

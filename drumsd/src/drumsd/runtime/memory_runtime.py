@@ -335,6 +335,11 @@ class MemoryRuntime:
             upper_sha256=hashlib.sha256(checkpoint_id.encode()).hexdigest(),
         )
 
+    async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
+        # This fake's slots share the host's network: a guest port is the host's loopback port.
+        self._slot(handle)
+        return await trio.open_tcp_stream("127.0.0.1", port)
+
     async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
         # This fake's checkpoints are a meta.json with the id it wrote; a restore reads nothing
         # else. `fail_adopt_check` plays a runtime that finds the dir's images wanting.

@@ -43,10 +43,13 @@ class DumpMixin(RuntimeBase):
         t0 = time.monotonic()
         async with inst.gate.dump():
             before = await trio.to_thread.run_sync(self._slot_processes, inst)
+            sampled_s = time.monotonic() - t0
             done = await self._launcher.run(
                 argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
             )
+            t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
+            sampled_s += time.monotonic() - t1
         dump_s = time.monotonic() - t0
         if done.returncode != 0 or not await trio.to_thread.run_sync(
             checkpoint_files.dump_written, dest
@@ -81,6 +84,7 @@ class DumpMixin(RuntimeBase):
             "parent": parent,
             "profile": self.config.profile,
             "dump_s": round(dump_s, 3),
+            "tree_sample_s": round(sampled_s, 4),  # the two samples the dump is checked against
             "processes": len(dumped),
             "threads": sum(len(t.threads) for t in dumped),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -144,6 +144,13 @@ class PortForwards:
                 nursery.start_soon(self._relay, slot_id, client, guest_port)
 
     async def _relay(self, slot_id: str, client: trio.SocketStream, guest_port: int) -> None:
+        # One connection's failure ends that connection only, never the slot's listeners.
+        try:
+            await self._relay_one(slot_id, client, guest_port)
+        except Exception:
+            log.exception("slot=%s relay to guest port %d failed", slot_id, guest_port)
+
+    async def _relay_one(self, slot_id: str, client: trio.SocketStream, guest_port: int) -> None:
         async with client:
             rec = self.sup.slots.get(slot_id)
             if rec is None or rec.handle is None or not is_live(rec):

@@ -625,3 +625,47 @@ async def test_adopting_a_checkpoint_checks_its_image_profile_and_files(api: Api
     api.runtime.fail_adopt_check = []
     r = await c.post("/v1/checkpoints", json={"path": str(cp_dir)})
     assert r.status_code == 201, r.text
+
+
+async def test_adopting_a_checkpoint_of_an_image_with_another_guest_agent_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Both images are on the host, but the template here runs the newer one's guest agent."""
+    import os
+
+    for name, sha, guest, age in (
+        ("base-old", "cd", "1" * 64, 100),
+        ("base-new", "ef", "2" * 64, 0),
+    ):
+        image = tmp_path / "images" / name
+        (image / "root").mkdir(parents=True)
+        (image / "image.json").write_text(json.dumps({"sha256": sha * 32, "guest_sha256": guest}))
+        when = time.time() - age
+        os.utime(image / "image.json", (when, when))
+    images_dir = str(tmp_path / "images")
+    async with open_api(tmp_path, lower=None, image_sha256=None, images_dir=images_dir) as api:
+        assert api.sup.template_status.get("base") == "ready", api.sup.template_status
+        cp_dir = tmp_path / "made-elsewhere"
+        cp_dir.mkdir()
+        (cp_dir / "meta.json").write_text(
+            json.dumps({"image_sha256": "cd" * 32, "profile": "hardened"})
+        )
+        before = set(api.sup.checkpoints)
+        err = error_of(
+            await api.client.post("/v1/checkpoints", json={"path": str(cp_dir)}),
+            422,
+            "invalid_request",
+        )
+        assert (
+            "carries guest agent 111111111111..., this daemon's templates run 222222222222..."
+            in err["message"]
+        )
+        assert set(api.sup.checkpoints) == before
+        (cp_dir / "meta.json").write_text(
+            json.dumps({"image_sha256": "ef" * 32, "profile": "hardened"})
+        )
+        r = await api.client.post("/v1/checkpoints", json={"path": str(cp_dir)})
+        assert r.status_code == 201, r.text
+        assert api.sup.checkpoints[r.json()["id"]].lower == str(
+            tmp_path / "images" / "base-new" / "root"
+        )

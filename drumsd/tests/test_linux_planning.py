@@ -370,3 +370,25 @@ def test_a_checkpoint_dir_to_adopt_needs_its_criu_images(tmp_path: Path) -> None
     assert checkpoint_files.dump_problems(tmp_path / "nothing", meta) == [
         f"{tmp_path / 'nothing' / 'images'} is missing: a checkpoint holds CRIU's images there"
     ]
+
+
+def test_the_dump_check_refuses_a_dump_missing_a_thread_and_names_it() -> None:
+    """What `_dump` raises (and discards the dump for) when a thread that ran throughout is not
+    in pstree.img; a template's dump (not left running) does not judge threads by a sample."""
+    from types import SimpleNamespace
+
+    from drumsd.runtime.linux.dumps import DumpMixin
+
+    inst = SimpleNamespace(iid="i-7")
+    live = {1: procfs.NsProcess("init", {1: 10}), 7: procfs.NsProcess("chromium", {7: 20, 8: 21})}
+    dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7,))]
+    names = ["core-1.img", "core-7.img"]
+    err = DumpMixin._dump_mismatch(inst, live, live, True, dumped, names)
+    assert err is not None and err.code == "runtime_error"
+    assert "thread 8 of process 7 ran before and after it but are not in the dump" in err.message
+    assert err.detail["missing"] == ["thread 8 of process 7"]
+    assert DumpMixin._dump_mismatch(inst, live, {}, False, dumped, names) is None
+    whole = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 8))]
+    assert DumpMixin._dump_mismatch(inst, live, live, True, whole, [*names, "core-8.img"]) is None
+    err = DumpMixin._dump_mismatch(inst, live, live, True, whole, names)
+    assert err is not None and err.detail["missing"] == ["core-8.img"]

@@ -130,6 +130,15 @@ async def test_a_number_whose_host_port_is_busy_is_skipped(tmp_path: Path) -> No
         servers.cancel_scope.cancel()
 
 
+async def test_fork_children_get_distinct_numbers_without_forwarding(tmp_path: Path) -> None:
+    async with open_api(tmp_path, slot_range=[1, 10]) as api:
+        parent = await create(api)
+        r = await api.client.post(f"/v1/slots/{parent['id']}/branch", json={"n": 3})
+        assert r.status_code == 201, r.text
+        numbers = [parent["number"], *(k["number"] for k in r.json()["children"])]
+        assert numbers == [1, 2, 3, 4]
+
+
 async def test_running_out_of_numbers_is_a_clear_429_and_creates_nothing(tmp_path: Path) -> None:
     async with open_api(tmp_path, slot_range=[5, 6]) as api:
         first, second = await create(api), await create(api)

@@ -34,7 +34,8 @@ RELAY_CHUNK = 65536
 class PortForwards:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
-        self._reserved: set[int] = set()  # numbers being assigned (between choice and save)
+        self._reserved: set[int] = set()  # numbers being tried (between choice and bind)
+        self._held: dict[str, int] = {}  # slot -> number, from assign until it is not live
         self._scopes: dict[str, trio.CancelScope] = {}
         self.relayed = 0  # connections relayed into slots, for tests and health
 
@@ -44,7 +45,7 @@ class PortForwards:
             for r in self.sup.slots.values()
             if r.id != rec_id and r.number is not None and is_live(r)
         }
-        return held | self._reserved
+        return held | self._reserved | {n for sid, n in self._held.items() if sid != rec_id}
 
     async def assign(self, rec: SlotRecord) -> None:
         """Give a new slot its number and, with forwarding on, listeners on its host ports (the
@@ -66,6 +67,7 @@ class PortForwards:
             finally:
                 self._reserved.discard(number)
             rec.number, rec.ports = number, ports
+            self._held[rec.id] = number
             if skipped:
                 log.info(
                     "slot=%s number %d; skipped numbers whose ports are busy: %s",
@@ -103,6 +105,7 @@ class PortForwards:
     def saved(self, rec: SlotRecord) -> None:
         """Every slot save: a slot no longer live closes its listeners."""
         if not is_live(rec):
+            self._held.pop(rec.id, None)
             scope = self._scopes.pop(rec.id, None)
             if scope is not None:
                 scope.cancel()

@@ -137,6 +137,10 @@ def nix_type(annotation: Any, metadata: list[Any]) -> str:
         return "types.enum [ " + " ".join(nix_value(a, 0) for a in args) + " ]"
     if origin is list:
         return f"types.listOf ({nix_type(args[0], [])})"
+    if origin is dict:
+        # Nix attribute names are strings; the daemon parses them as the model's key type
+        # (e.g. port numbers) and refuses a key that is not one.
+        return f"types.attrsOf ({nix_type(args[1], [])})"
     if origin is tuple:
         if len(args) != 2 or args[0] is not int or args[1] is not int:
             raise TypeError(f"only tuple[int, int] is supported, not {annotation!r}")

@@ -18,6 +18,10 @@
   pids_max = 1024;
   group_memory_mib = null;
   tmpfs_mib = 1024;
+  slot_range = [ 100 2000 ];
+  port_base = null;
+  guest_port = 5000;
+  extra_ports = { };
   max_concurrent_restores = 4;
   natural_exits = [ ];
   alive_after_s = 5.0;

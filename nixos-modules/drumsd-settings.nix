@@ -91,6 +91,26 @@ in
     default = defaults.tmpfs_mib;
     description = "slot upper + /tmp";
   };
+  slot_range = mkOption {
+    type = types.addCheck (types.listOf types.int) (l: builtins.length l == 2);
+    default = defaults.slot_range;
+    description = "slot numbers N, lowest free first, kept across resets";
+  };
+  port_base = mkOption {
+    type = types.nullOr (types.addCheck types.int (x: x >= 1 && x <= 65535));
+    default = defaults.port_base;
+    description = "slot N's guest_port on the host at 127.0.0.1:port_base+N; null = none";
+  };
+  guest_port = mkOption {
+    type = types.addCheck types.int (x: x >= 1 && x <= 65535);
+    default = defaults.guest_port;
+    description = "the guest server port port_base forwards";
+  };
+  extra_ports = mkOption {
+    type = types.attrsOf (types.addCheck types.int (x: x >= 1 && x <= 65535));
+    default = defaults.extra_ports;
+    description = "more guest ports: guest port -> host base (slot N's at 127.0.0.1:base+N)";
+  };
   max_concurrent_restores = mkOption {
     type = types.addCheck types.int (x: x >= 1 && x <= 256);
     default = defaults.max_concurrent_restores;

@@ -199,9 +199,11 @@ async def test_every_route_answers(api: Api) -> None:
     error_of(await c.delete(f"/v1/checkpoints/{saved.json()['id']}"), 409, "conflict")
     adopt_dir = api.config.state_dir.parent / "outside"
     adopt_dir.mkdir()
-    (adopt_dir / "meta.json").write_text(json.dumps({"upper_sha256": "u"}))
+    meta = {"upper_sha256": "u", "image_sha256": SHA, "profile": "hardened"}
+    (adopt_dir / "meta.json").write_text(json.dumps(meta))
     adopted = await c.post("/v1/checkpoints", json={"path": str(adopt_dir)})
     assert adopted.status_code == 201 and adopted.json()["upper_sha256"] == "u"
+    assert api.sup.checkpoints[adopted.json()["id"]].lower == str(api.config.lower)
     deleted = await c.delete(f"/v1/checkpoints/{adopted.json()['id']}")
     assert deleted.status_code == 200 and adopt_dir.exists(), "adopted dirs are not ours to rm"
 
@@ -586,3 +588,84 @@ async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
         gates = (await api.client.get(f"/v1/slots/{sid}/gates")).json()
         statuses = {g["name"]: g["status"] for g in gates["gates"]}
         assert statuses["alive_after_resume"] == "pass", gates
+
+
+async def test_adopting_a_checkpoint_checks_its_image_profile_and_files(api: Api) -> None:
+    """Each refusal is a 422 naming what is wrong and what to do, and registers nothing."""
+    c = api.client
+    cp_dir = api.config.state_dir.parent / "elsewhere"
+    cp_dir.mkdir()
+
+    async def refused(meta: dict, *needles: str) -> None:
+        (cp_dir / "meta.json").write_text(json.dumps(meta))
+        before = set(api.sup.checkpoints)
+        r = await c.post("/v1/checkpoints", json={"path": str(cp_dir)})
+        body = error_of(r, 422, "invalid_request")
+        for needle in needles:
+            assert needle in body["message"], body["message"]
+        assert "Nothing was registered" in body["message"]
+        assert body["detail"]["problems"]
+        assert set(api.sup.checkpoints) == before
+        listed = (await c.get("/v1/checkpoints")).json()["checkpoints"]
+        assert {cp["id"] for cp in listed} == before
+
+    await refused({"profile": "hardened"}, "names no image_sha256")
+    await refused(
+        {"image_sha256": "cd" * 32, "profile": "hardened"},
+        "cdcdcdcdcdcd... that the dump was made from is not on this host",
+        "build or copy that image first",
+    )
+    await refused(
+        {"image_sha256": SHA, "profile": "trusted"},
+        "profile 'trusted', this daemon runs 'hardened'",
+    )
+    await refused({"image_sha256": SHA}, "names no profile")
+    api.runtime.fail_adopt_check = ["images/pstree.img is missing"]
+    await refused({"image_sha256": SHA, "profile": "hardened"}, "images/pstree.img is missing")
+    api.runtime.fail_adopt_check = []
+    r = await c.post("/v1/checkpoints", json={"path": str(cp_dir)})
+    assert r.status_code == 201, r.text
+
+
+async def test_adopting_a_checkpoint_of_an_image_with_another_guest_agent_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Both images are on the host, but the template here runs the newer one's guest agent."""
+    import os
+
+    for name, sha, guest, age in (
+        ("base-old", "cd", "1" * 64, 100),
+        ("base-new", "ef", "2" * 64, 0),
+    ):
+        image = tmp_path / "images" / name
+        (image / "root").mkdir(parents=True)
+        (image / "image.json").write_text(json.dumps({"sha256": sha * 32, "guest_sha256": guest}))
+        when = time.time() - age
+        os.utime(image / "image.json", (when, when))
+    images_dir = str(tmp_path / "images")
+    async with open_api(tmp_path, lower=None, image_sha256=None, images_dir=images_dir) as api:
+        assert api.sup.template_status.get("base") == "ready", api.sup.template_status
+        cp_dir = tmp_path / "made-elsewhere"
+        cp_dir.mkdir()
+        (cp_dir / "meta.json").write_text(
+            json.dumps({"image_sha256": "cd" * 32, "profile": "hardened"})
+        )
+        before = set(api.sup.checkpoints)
+        err = error_of(
+            await api.client.post("/v1/checkpoints", json={"path": str(cp_dir)}),
+            422,
+            "invalid_request",
+        )
+        assert (
+            "carries guest agent 111111111111..., this daemon's templates run 222222222222..."
+            in err["message"]
+        )
+        assert set(api.sup.checkpoints) == before
+        (cp_dir / "meta.json").write_text(
+            json.dumps({"image_sha256": "ef" * 32, "profile": "hardened"})
+        )
+        r = await api.client.post("/v1/checkpoints", json={"path": str(cp_dir)})
+        assert r.status_code == 201, r.text
+        assert api.sup.checkpoints[r.json()["id"]].lower == str(
+            tmp_path / "images" / "base-new" / "root"
+        )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,127 @@ def test_a_process_seen_around_the_dump_but_not_in_it_is_missing() -> None:
     # 41 exited and 42 started around the freeze (churn); 40 was there throughout
     assert criu.missing_from_dump(before, after, dumped) == ["sleep(40)"]
     assert criu.missing_from_dump({1: "init"}, {1: "init"}, dumped) == []
+
+
+def test_a_thread_that_ran_throughout_the_dump_but_is_not_in_it_is_missing() -> None:
+    dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 8, 9))]
+    # tid -> starttime: 8 and 9 ran throughout; 10 ended and 11 began around the freeze; 12 is a
+    # tid reused by a new thread (another start time), so it is churn too
+    before = {1: {1: 100}, 7: {7: 200, 8: 201, 9: 202, 10: 203, 12: 204}}
+    after = {1: {1: 100}, 7: {7: 200, 8: 201, 9: 202, 11: 205, 12: 300}}
+    assert criu.missing_threads(before, after, dumped) == []
+    short = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 9))]
+    assert criu.missing_threads(before, after, short) == ["thread 8 of process 7"]
+    # a process missing as a whole is the process check's report, not one line per thread
+    assert criu.missing_threads(before, after, [criu.DumpedTask(1, 0, (1,))]) == []
+
+
+def test_a_thread_without_its_core_image_is_named() -> None:
+    dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 8))]
+    names = ["pstree.img", "core-1.img", "core-7.img", "mm-7.img"]
+    assert criu.threads_without_core(dumped, names) == [8]
+    assert criu.threads_without_core(dumped, [*names, "core-8.img"]) == []
+
+
+def test_sampled_threads_of_a_live_process_tell_churn_from_a_miss() -> None:
+    """The sampler on a real process whose thread pool churns between the two samples: threads
+    that ran throughout are checked, the ones that came and went are not."""
+    code = (
+        "import sys, threading, time\n"
+        "stop = threading.Event()\n"
+        "keep = [threading.Thread(target=stop.wait) for _ in range(3)]\n"
+        "[t.start() for t in keep]\n"
+        "print('up', flush=True)\n"
+        "while not stop.is_set():\n"
+        "    t = threading.Thread(target=time.sleep, args=(0.002,)); t.start(); t.join()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "up\n"
+        pidns = procfs.namespaces(child.pid)["pid"]
+        before = procfs.in_pid_namespace([child.pid], pidns)
+        after = procfs.in_pid_namespace([child.pid], pidns)
+    finally:
+        child.kill()
+        child.wait()
+    assert before[child.pid].comm.startswith("python")
+    was, now = before[child.pid].threads, after[child.pid].threads
+    stable = sorted(t for t in was.keys() & now.keys() if was[t] == now[t])
+    assert len(stable) >= 4  # the main thread and the three kept ones
+    every = tuple(sorted(was.keys() | now.keys()))
+    full = [criu.DumpedTask(child.pid, 1, every)]
+    thr_before = {p: s.threads for p, s in before.items()}
+    thr_after = {p: s.threads for p, s in after.items()}
+    assert criu.missing_threads(thr_before, thr_after, full) == []
+    dropped = stable[-1]
+    short = [criu.DumpedTask(child.pid, 1, tuple(t for t in every if t != dropped))]
+    assert criu.missing_threads(thr_before, thr_after, short) == [
+        f"thread {dropped} of process {child.pid}"
+    ]
+
+
+def test_a_checkpoint_dir_to_adopt_needs_its_criu_images(tmp_path: Path) -> None:
+    from drumsd.linux import checkpoint_files
+
+    dest = tmp_path / "cp"
+    images = dest / "images"
+    images.mkdir(parents=True)
+    (dest / "upper").mkdir()
+    (images / "pstree.img").write_bytes(PSTREE)
+    (images / "inventory.img").write_bytes(bytes.fromhex("1943565458594960") + b"\x08\x02")
+    for t in criu.parse_pstree(PSTREE):
+        (images / f"core-{t.pid}.img").write_bytes(b"\x00" * 16)
+    (images / "pages-1.img").write_bytes(b"")  # raw page data may be empty
+    meta = {"processes": 8, "threads": 8}
+    assert checkpoint_files.dump_problems(dest, meta) == []
+
+    assert checkpoint_files.dump_problems(dest, {"processes": 9}) == [
+        "meta.json says processes 9, pstree.img holds 8"
+    ]
+    (images / "core-30.img").unlink()
+    assert checkpoint_files.dump_problems(dest, meta) == [
+        "images/ lacks the core-<tid>.img of threads [30] that pstree.img lists"
+    ]
+    (images / "pstree.img").write_bytes(PSTREE[:-3])
+    (images / "inventory.img").write_bytes(b"\x19C")
+    (dest / "upper").rmdir()
+    problems = checkpoint_files.dump_problems(dest, meta)
+    assert problems[0] == "images/inventory.img is 2 bytes: not a CRIU image"
+    assert "images/pstree.img cannot be read as CRIU's process tree (" in problems[1]
+    assert problems[2] == f"{dest / 'upper'} is missing: a checkpoint holds its upper layer there"
+    (images / "pstree.img").unlink()
+    (images / "inventory.img").unlink()
+    assert checkpoint_files.dump_problems(dest, meta)[:2] == [
+        "images/pstree.img is missing",
+        "images/inventory.img is missing",
+    ]
+    if os.geteuid() != 0:  # root reads a mode-0 file anyway
+        (images / "core-1.img").chmod(0)
+        assert "images/core-1.img is not readable (Permission denied)" in (
+            checkpoint_files.dump_problems(dest, meta)
+        )
+    assert checkpoint_files.dump_problems(tmp_path / "nothing", meta) == [
+        f"{tmp_path / 'nothing' / 'images'} is missing: a checkpoint holds CRIU's images there"
+    ]
+
+
+def test_the_dump_check_refuses_a_dump_missing_a_thread_and_names_it() -> None:
+    """What `_dump` raises (and discards the dump for) when a thread that ran throughout is not
+    in pstree.img; a template's dump (not left running) does not judge threads by a sample."""
+    from types import SimpleNamespace
+
+    from drumsd.runtime.linux.dumps import DumpMixin
+
+    inst = SimpleNamespace(iid="i-7")
+    live = {1: procfs.NsProcess("init", {1: 10}), 7: procfs.NsProcess("chromium", {7: 20, 8: 21})}
+    dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7,))]
+    names = ["core-1.img", "core-7.img"]
+    err = DumpMixin._dump_mismatch(inst, live, live, True, dumped, names)
+    assert err is not None and err.code == "runtime_error"
+    assert "thread 8 of process 7 ran before and after it but are not in the dump" in err.message
+    assert err.detail["missing"] == ["thread 8 of process 7"]
+    assert DumpMixin._dump_mismatch(inst, live, {}, False, dumped, names) is None
+    whole = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 8))]
+    assert DumpMixin._dump_mismatch(inst, live, live, True, whole, [*names, "core-8.img"]) is None
+    err = DumpMixin._dump_mismatch(inst, live, live, True, whole, names)
+    assert err is not None and err.detail["missing"] == ["core-8.img"]

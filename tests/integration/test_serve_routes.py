@@ -85,7 +85,9 @@ def test_every_route_over_http(daemon: Daemon) -> None:
         assert call(c, "GET", C, f"/v1/checkpoints/{saved['id']}").json()["id"] == saved["id"]
         outside = daemon.dir / "outside-cp"
         outside.mkdir()
-        (outside / "meta.json").write_text(json.dumps({"image_sha256": "ab" * 32}))
+        (outside / "meta.json").write_text(
+            json.dumps({"image_sha256": "ab" * 32, "profile": "hardened"})
+        )
         adopted = call(
             c,
             "POST",

@@ -36,6 +36,12 @@ let
         elem = t;
         check = x: builtins.isList x && builtins.all t.check x;
       };
+    attrsOf =
+      t:
+      tag "attrsOf" {
+        elem = t;
+        check = x: builtins.isAttrs x && builtins.all t.check (builtins.attrValues x);
+      };
     addCheck = t: extra: t // { check = x: t.check x && extra x; };
     submodule =
       m:
@@ -54,7 +60,7 @@ let
 
   describe =
     t:
-    if t.kind == "nullOr" || t.kind == "listOf" then
+    if t.kind == "nullOr" || t.kind == "listOf" || t.kind == "attrsOf" then
       "${t.kind} ${describe t.elem}"
     else if t.kind == "enum" then
       "enum ${builtins.toJSON t.values}"

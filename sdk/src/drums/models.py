@@ -224,6 +224,11 @@ class Slot(ResponseModel):
     valid: Optional[bool] = Field(default=None, description="None while gates are pending")
     profile: str = "hardened"
     labels: Dict[str, str] = Field(default_factory=dict)
+    number: Optional[int] = Field(default=None, description="the slot's number (slot_range)")
+    ports: Dict[int, int] = Field(
+        default_factory=dict,
+        description="guest port -> host port on 127.0.0.1 that reaches it (port_base + number)",
+    )
 
 
 class SlotList(ResponseModel):

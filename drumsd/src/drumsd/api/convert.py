@@ -41,6 +41,8 @@ def slot(rec: SlotRecord) -> wire.Slot:
         valid=valid,
         profile=rec.profile,
         labels=rec.labels,
+        number=rec.number if rec.status is not SlotStatus.destroyed else None,
+        ports=rec.ports if rec.status is not SlotStatus.destroyed else {},
     )
 
 

@@ -7,6 +7,7 @@ OS effects and live in `drumsd.serve_checks`.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,17 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PositiveSeconds = Annotated[float, Field(gt=0, le=30 * 86400)]
 # A lease limit: null or 0 turns it off (0 is read as null).
 LeaseSeconds = Annotated[float | None, Field(ge=0, le=30 * 86400)]
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 # Keys an earlier config model had and this one refuses, each with why (docs/runtime.md, "Fields
 # not implemented"). A config that still sets one gets this reason, not a silent default.
 REMOVED_KEYS: dict[str, str] = {
-    "port_base": (
-        "removed: slots have only a loopback interface and no host port forwarding; talk to a "
-        "guest server through the agent (exec/read_file) instead"
-    ),
-    "slot_range": "removed: slot ids are random strings, not numbers from a range",
-    "extra_ports": "not implemented: slots have no host port forwarding",
-    "guest_port": "not implemented: the guest agent is reached over its unix socket, not a port",
     "quiesce.events": (
         "removed: quiescence is sampled from /proc (quiesce.poll_ms); process events are "
         "watched by crash_watch only"
@@ -229,6 +224,22 @@ class Config(Block):
         "admission.min_available_mib, 0 = none",
     )
     tmpfs_mib: int = Field(default=1024, ge=16, le=1_048_576, description="slot upper + /tmp")
+    slot_range: tuple[int, int] = Field(
+        default=(100, 2000), description="slot numbers N, lowest free first, kept across resets"
+    )
+    port_base: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="slot N's guest_port on the host at 127.0.0.1:port_base+N; null = none",
+    )
+    guest_port: int = Field(
+        default=5000, ge=1, le=65535, description="the guest server port port_base forwards"
+    )
+    extra_ports: dict[Port, Port] = Field(
+        default_factory=dict,
+        description="more guest ports: guest port -> host base (slot N's at 127.0.0.1:base+N)",
+    )
     max_concurrent_restores: int = Field(default=4, ge=1, le=256)
     natural_exits: list[str] = Field(
         default_factory=list, description="process names whose exit is expected"
@@ -300,6 +311,35 @@ class Config(Block):
         ):
             raise ValueError("must be 64 lowercase hex characters (a sha256)")
         return value
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> Config:
+        lo, hi = self.slot_range
+        if not 0 <= lo <= hi:
+            raise ValueError(f"slot_range {[lo, hi]} must be [low, high] with 0 <= low <= high")
+        bases = {f"extra_ports[{g}]": b for g, b in self.extra_ports.items()}
+        if self.port_base is not None:
+            bases = {"port_base": self.port_base, **bases}
+        elif bases:
+            raise ValueError("extra_ports needs port_base (forwarding is off without it)")
+        if self.guest_port in self.extra_ports:
+            raise ValueError(f"extra_ports repeats guest_port {self.guest_port}")
+        spans = []
+        for name, base in bases.items():
+            if base + hi > 65535:
+                raise ValueError(
+                    f"{name} {base} + slot_range {[lo, hi]} gives host ports {base + lo}-"
+                    f"{base + hi}, outside 1-65535; lower it or narrow slot_range"
+                )
+            spans.append((base + lo, base + hi, name))
+        spans.sort()
+        for (a_lo, a_hi, a), (b_lo, b_hi, b) in itertools.pairwise(spans):
+            if b_lo <= a_hi:
+                raise ValueError(
+                    f"host ports of {a} ({a_lo}-{a_hi}) and {b} ({b_lo}-{b_hi}) overlap; space "
+                    "the bases at least the width of slot_range apart"
+                )
+        return self
 
     @model_validator(mode="after")
     def _remote_needs_consent(self) -> Config:

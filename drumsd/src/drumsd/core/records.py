@@ -6,6 +6,8 @@ may start from a record's current status, and raise a typed error naming the sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -77,6 +79,8 @@ class SlotRecord(Record):
     quarantined_gates: list[str] = Field(default_factory=list)  # failures already acted on
     failure: str | None = None
     handle: dict[str, Any] | None = None  # the runtime's SlotHandle, as JSON
+    number: int | None = None  # from slot_range, kept across resets
+    ports: dict[int, int] = Field(default_factory=dict)  # guest port -> host port (loopback)
     destroyed_at: float | None = None
     verdicts: list[str] = Field(default_factory=list)  # verdict of each finished episode
 
@@ -191,3 +195,57 @@ def check_not_destroyed(record: SlotRecord) -> None:
 
 def is_live(record: SlotRecord) -> bool:
     return record.status in LIVE_STATUSES
+
+
+@dataclass(frozen=True)
+class KnownImage:
+    """A desktop image on this host: its root, and the hash of the guest agent sources it was
+    built with (image.json's guest_sha256; None when unknown, e.g. a configured `lower`)."""
+
+    root: str
+    guest_key: str | None = None
+
+
+def adoption_problems(
+    meta: Mapping[str, Any],
+    known_images: Mapping[str, KnownImage],
+    profile: str,
+    template_guest_keys: set[str],
+) -> list[str]:
+    """What keeps a checkpoint dir made elsewhere (its meta.json) from being restored here,
+    beyond its files: the desktop image it was dumped from must be on this host (by sha256,
+    `known_images`); that image's guest agent must be the one this daemon's templates run
+    (`template_guest_keys`, when known: an older agent may not speak the daemon's protocol);
+    and it must have been made under this daemon's profile (hardened dumps run in a user
+    namespace, trusted ones without). [] when none."""
+    problems: list[str] = []
+    sha = meta.get("image_sha256")
+    if not isinstance(sha, str) or not sha:
+        problems.append(
+            "meta.json names no image_sha256 (the desktop image the dump was made from)"
+        )
+    elif sha not in known_images:
+        problems.append(
+            f"image {sha[:12]}... that the dump was made from is not on this host (known: "
+            + (", ".join(k[:12] + "..." for k in sorted(known_images)) or "none")
+            + "); build or copy that image first"
+        )
+    else:
+        guest = known_images[sha].guest_key
+        if guest and template_guest_keys and guest not in template_guest_keys:
+            problems.append(
+                f"image {sha[:12]}... carries guest agent {guest[:12]}..., this daemon's "
+                "templates run "
+                + ", ".join(sorted(k[:12] + "..." for k in template_guest_keys))
+                + ": capture the state again from a desktop of the current image"
+            )
+    made_under = meta.get("profile")
+    if made_under != profile:
+        problems.append(
+            f"meta.json says profile {made_under!r}, this daemon runs {profile!r}: adopt it on "
+            f"a daemon with profile {made_under!r}, or capture the state again here"
+            if made_under
+            else f"meta.json names no profile; this daemon runs {profile!r} (add it if the "
+            "dump was made under that profile)"
+        )
+    return problems

@@ -123,6 +123,16 @@ class RuntimeError_(Exception):
         self.detail = detail
 
 
+class GuestStream(Protocol):
+    """A byte stream to a server in a slot (what trio.SocketStream offers)."""
+
+    async def send_all(self, data: bytes) -> None: ...
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
 @runtime_checkable
 class SlotRuntime(Protocol):
     """Every operation on desktops. All methods are trio-async and cancel-safe: a cancelled
@@ -193,6 +203,11 @@ class SlotRuntime(Protocol):
         never by handing the desktop user root."""
         ...
 
+    async def connect_guest(self, handle: SlotHandle, port: int) -> GuestStream:
+        """A TCP connection to `port` on the slot's own loopback (its network namespace), for
+        the host port forwarded to it. OSError when nothing listens there."""
+        ...
+
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes: ...
 
     async def write_file(
@@ -211,6 +226,12 @@ class SlotRuntime(Protocol):
         self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path
     ) -> CheckpointRef:
         """Cold-boot the image in a slot, wait until drawn and quiescent, dump it."""
+        ...
+
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        """What keeps the checkpoint dir at `path` (made elsewhere; `meta` is its meta.json)
+        from being restored by this runtime, e.g. images missing or unreadable; [] when none.
+        Asked before the dir is adopted."""
         ...
 
     async def adopt(self, handle: SlotHandle) -> bool:

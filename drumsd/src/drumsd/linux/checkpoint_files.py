@@ -42,6 +42,11 @@ def dumped_tasks(dest: Path) -> list[criu.DumpedTask]:
     return criu.parse_pstree((dest / "images" / "pstree.img").read_bytes())
 
 
+def image_names(dest: Path) -> list[str]:
+    """The file names in a dump's images dir."""
+    return sorted(p.name for p in (dest / "images").iterdir())
+
+
 def finish_dump(script: Path) -> None:
     script.unlink()
 
@@ -54,3 +59,57 @@ def update_meta(dest: Path, **fields: Any) -> None:
     meta = json.loads((dest / "meta.json").read_text())
     meta.update(fields)
     write_meta(dest, meta)
+
+
+# inventory.img starts with CRIU's two 4-byte magics (the image set's, then its own); page
+# images are raw and may be empty, so other images are only read, not measured.
+_IMAGE_MAGIC_LEN = 8
+
+
+def dump_problems(dest: Path, meta: dict[str, Any]) -> list[str]:
+    """What keeps `dest` from being restored as a CRIU checkpoint of this layout, checked before
+    it is adopted: images/ with pstree.img, inventory.img and each listed thread's
+    core-<tid>.img, every image readable, the process and thread counts meta.json states, and
+    upper/. [] when it looks restorable."""
+    images = dest / "images"
+    if not images.is_dir():
+        return [f"{images} is missing: a checkpoint holds CRIU's images there"]
+    problems: list[str] = []
+    try:
+        names = image_names(dest)
+    except OSError as exc:
+        return [f"{images} cannot be listed ({exc.strerror})"]
+    for name in names:
+        if not name.endswith(".img"):
+            continue
+        try:
+            with (images / name).open("rb") as f:
+                head = f.read(_IMAGE_MAGIC_LEN)
+        except OSError as exc:
+            problems.append(f"images/{name} is not readable ({exc.strerror})")
+            continue
+        if name == "inventory.img" and len(head) < _IMAGE_MAGIC_LEN:
+            problems.append(f"images/inventory.img is {len(head)} bytes: not a CRIU image")
+    for required in ("pstree.img", "inventory.img"):
+        if required not in names:
+            problems.append(f"images/{required} is missing")
+    tasks: list[criu.DumpedTask] = []
+    if "pstree.img" in names:
+        try:
+            tasks = dumped_tasks(dest)
+        except (OSError, ValueError) as exc:
+            problems.append(f"images/pstree.img cannot be read as CRIU's process tree ({exc})")
+    if tasks:
+        coreless = criu.threads_without_core(tasks, names)
+        if coreless:
+            problems.append(
+                f"images/ lacks the core-<tid>.img of threads {coreless[:8]} that pstree.img lists"
+            )
+        threads = sum(len(t.threads) for t in tasks)
+        for key, found in (("processes", len(tasks)), ("threads", threads)):
+            stated = meta.get(key)
+            if isinstance(stated, int) and stated != found:
+                problems.append(f"meta.json says {key} {stated}, pstree.img holds {found}")
+    if not (dest / "upper").is_dir():
+        problems.append(f"{dest / 'upper'} is missing: a checkpoint holds its upper layer there")
+    return problems

@@ -185,3 +185,29 @@ def missing_from_dump(
     held = {t.pid for t in dumped}
     stable = before.keys() & after.keys()
     return [f"{before[pid]}({pid})" for pid in sorted(stable - held)]
+
+
+def missing_threads(
+    before: Mapping[int, Mapping[int, int]],
+    after: Mapping[int, Mapping[int, int]],
+    dumped: Sequence[DumpedTask],
+) -> list[str]:
+    """Threads (namespace pid -> {tid: starttime}) that ran throughout the dump, seen with the
+    same tid and start time just before and just after it, that the dump does not hold under
+    their process. A thread born or ended around the freeze is churn (Chromium's and LibreOffice's
+    thread pools come and go), not a miss; a process missing as a whole is `missing_from_dump`'s
+    report."""
+    held = {t.pid: set(t.threads) for t in dumped}
+    out: list[str] = []
+    for pid in sorted(before.keys() & after.keys() & held.keys()):
+        was, now = before[pid], after[pid]
+        stable = {tid for tid in was.keys() & now.keys() if was[tid] == now[tid]}
+        out += [f"thread {tid} of process {pid}" for tid in sorted(stable - held[pid])]
+    return out
+
+
+def threads_without_core(dumped: Sequence[DumpedTask], images: Sequence[str]) -> list[int]:
+    """Threads pstree.img lists whose register state (core-<tid>.img) is not among `images`
+    (file names): a restore of such a dump fails or loses the thread."""
+    names = set(images)
+    return [tid for t in dumped for tid in t.threads if f"core-{tid}.img" not in names]

@@ -109,21 +109,69 @@ def moving(
     return out
 
 
-def in_pid_namespace(pids: Iterable[int], pidns: int) -> dict[int, str]:
+@dataclass(frozen=True)
+class NsProcess:
+    """A process as its pid namespace sees it: comm, and its threads (tid there -> starttime, so
+    a tid reused by a new thread is a different thread)."""
+
+    comm: str
+    threads: dict[int, int]
+
+
+def _ns_id(status: str) -> tuple[int, str] | None:
+    """The last NSpid value (the id inside the innermost pid namespace) and Name of a status."""
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    nspid = fields.get("NSpid", "").split()
+    return (int(nspid[-1]), fields.get("Name", "?").strip()) if nspid else None
+
+
+def _read(path: str) -> bytes:
+    # unbuffered, one read: /proc files are generated per read and fit in a page
+    with open(path, "rb", buffering=0) as f:
+        return f.read(8192)
+
+
+def _ns_threads(pid: int) -> dict[int, int]:
+    """Each thread of `pid` by its tid in the innermost pid namespace -> starttime. Two small
+    reads per thread (status for NSpid, stat for the start time), parsed without building
+    dicts: a Chromium desktop has ~100 threads and this runs twice around every dump."""
+    threads: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return threads
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            status = _read(f"{base}/status")
+            stat = _read(f"{base}/stat")
+        except OSError:
+            continue  # the thread ended between listing and reading: churn
+        at = status.find(b"\nNSpid:")
+        if at < 0:
+            continue
+        line = status[at + 7 : status.find(b"\n", at + 7)]
+        fields = stat.rpartition(b")")[2].split()
+        try:
+            threads[int(line.split()[-1])] = int(fields[19])
+        except (ValueError, IndexError):
+            continue
+    return threads
+
+
+def in_pid_namespace(pids: Iterable[int], pidns: int) -> dict[int, NsProcess]:
     """The processes among `pids` that live in the pid namespace whose nsfs inode is `pidns`, by
-    their pid inside it (the last NSpid value, as CRIU records them) -> comm."""
-    out: dict[int, str] = {}
+    their pid inside it (the last NSpid value, as CRIU records them), with their threads."""
+    out: dict[int, NsProcess] = {}
     for pid in pids:
         try:
             if os.stat(f"/proc/{pid}/ns/pid").st_ino != pidns:
                 continue
-            status = Path(f"/proc/{pid}/status").read_text()
+            ident = _ns_id(Path(f"/proc/{pid}/status").read_text())
         except OSError:
             continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        nspid = fields.get("NSpid", "").split()
-        if nspid:
-            out[int(nspid[-1])] = fields.get("Name", "?").strip()
+        if ident is not None:
+            out[ident[0]] = NsProcess(ident[1], _ns_threads(pid))
     return out
 
 

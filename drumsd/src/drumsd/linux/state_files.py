@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from drumsd.core.records import KnownImage
 from drumsd.linux.host_sampler import read_space
 
 MIB = 1024 * 1024
@@ -53,6 +54,22 @@ def file_size(path: Path) -> int | None:
 def read_checkpoint_meta(path: Path) -> dict[str, Any]:
     """`<path>/meta.json` of a checkpoint dir to adopt. Raises OSError or ValueError (bad JSON)."""
     return json.loads((path / "meta.json").read_text())
+
+
+def known_images(images_dir: Path) -> dict[str, KnownImage]:
+    """Every image the builder left under `images_dir`, by sha256."""
+    out: dict[str, KnownImage] = {}
+    for meta_path in images_dir.glob("*/image.json"):
+        try:
+            meta = json.loads(meta_path.read_text())
+            sha = meta.get("sha256") or meta.get("image_sha256")
+            root = Path(meta.get("root") or meta_path.parent / "root")
+            guest = meta.get("guest_sha256")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(sha, str) and sha and root.is_dir():
+            out[sha] = KnownImage(str(root), guest if isinstance(guest, str) else None)
+    return out
 
 
 def find_image(images_dir: Path, name: str) -> tuple[Path, str] | None:

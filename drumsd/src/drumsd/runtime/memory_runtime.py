@@ -83,6 +83,7 @@ class MemoryRuntime:
         self.fail_template_builds = 0  # this many make_template calls raise before one succeeds
         self.quiet = True  # False: every slot keeps moving (quiescent waits out its timeout)
         self.fail_captures = 0  # this many captures raise runtime_error before one succeeds
+        self.fail_adopt_check: list[str] = []  # problems checkpoint_problems reports
         self.captures = 0
         self.template_builds = 0
         self._next_pid = 10_000
@@ -333,6 +334,16 @@ class MemoryRuntime:
             image_sha256=image_sha256,
             upper_sha256=hashlib.sha256(checkpoint_id.encode()).hexdigest(),
         )
+
+    async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
+        # This fake's slots share the host's network: a guest port is the host's loopback port.
+        self._slot(handle)
+        return await trio.open_tcp_stream("127.0.0.1", port)
+
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        # This fake's checkpoints are a meta.json with the id it wrote; a restore reads nothing
+        # else. `fail_adopt_check` plays a runtime that finds the dir's images wanting.
+        return list(self.fail_adopt_check)
 
     async def adopt(self, handle: SlotHandle) -> bool:
         marker = self._marker(handle.slot_id)

@@ -19,7 +19,9 @@ from drumsd.core.leases import (
 from drumsd.core.records import (
     CheckpointKind,
     CheckpointRecord,
+    KnownImage,
     SlotStatus,
+    adoption_problems,
     is_live,
 )
 from drumsd.linux import state_files
@@ -99,6 +101,17 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
         ) from None
     if not isinstance(meta, dict):
         raise DrumsdError("invalid_request", f"{path}/meta.json must be an object")
+    images, served = await known_images(sup)
+    problems = adoption_problems(meta, images, sup.config.profile, served)
+    problems += await sup.runtime.checkpoint_problems(path, meta)
+    if problems:
+        raise DrumsdError(
+            "invalid_request",
+            f"refused to adopt {path}: " + "; ".join(problems) + ". Nothing was registered; "
+            "fix the dir (or make it again with a capture) and retry",
+            field="path",
+            problems=problems,
+        )
     kind = CheckpointKind(req.kind)
     now = sup.clock()
     lease = state_lease(sup.config, kind, None, None)
@@ -110,15 +123,32 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
         idle_timeout_s=lease.idle_timeout_s,
         ttl_s=lease.ttl_s,
         dir=str(path),
-        lower=str(meta.get("lower", "")),
+        # the image's root on this host, wherever it was on the host that made the dump
+        lower=images[meta["image_sha256"]].root,
         image=req.image or meta.get("image"),
-        image_sha256=str(meta.get("image_sha256", "")),
+        image_sha256=meta["image_sha256"],
         upper_sha256=meta.get("upper_sha256"),
         profile=sup.config.profile,
         ready=True,
     )
     sup._save_checkpoint(cp, "adopted")
     return cp
+
+
+async def known_images(sup: Supervisor) -> tuple[dict[str, KnownImage], set[str]]:
+    """The desktop images on this host a checkpoint may have been made from (the builder's,
+    the configured `lower`, those of the template checkpoints built here), and the guest keys of
+    the images this daemon's templates were built from."""
+    found = await trio.to_thread.run_sync(state_files.known_images, sup.config.images_dir)
+    if sup.config.lower is not None and sup.config.image_sha256:
+        found.setdefault(sup.config.image_sha256, KnownImage(str(sup.config.lower)))
+    served: set[str] = set()
+    for cp in sup.checkpoints.values():
+        if cp.kind is CheckpointKind.template and cp.ready and cp.image_sha256 and cp.lower:
+            image = found.setdefault(cp.image_sha256, KnownImage(cp.lower))
+            if image.guest_key:
+                served.add(image.guest_key)
+    return found, served
 
 
 def check_not_deleting(cp: CheckpointRecord) -> None:

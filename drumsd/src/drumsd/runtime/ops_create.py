@@ -60,6 +60,7 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
         sup._save_checkpoint(cp, "used")
     started = trio.current_time()
     async with sup._lock(rec.id):
+        await sup.ports.assign(rec)
         sup._save_slot(rec, "created")  # before any work: a crash now is reconciled
         await sup.store.durable()
         handle = await restore_new(sup, rec, cp)

@@ -273,8 +273,17 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
                 task_id=rec.task_id,
                 task=rec.task,
             )
-            sup._save_slot(child, "created")
             children.append(child)
+        try:
+            for child in children:
+                await sup.ports.assign(child)
+        except BaseException:
+            for child in children:  # numbers not yet saved are free again; listeners close
+                child.status = SlotStatus.destroyed
+                sup.ports.saved(child)
+            raise
+        for child in children:
+            sup._save_slot(child, "created")
         source.last_used_at = now
         sup._save_checkpoint(source, "used")
         await sup.store.durable()  # the children's records before their restores

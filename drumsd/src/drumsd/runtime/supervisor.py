@@ -73,6 +73,7 @@ from drumsd.runtime import (
 )
 from drumsd.runtime.gate_evidence import GateEvidence
 from drumsd.runtime.handles import handle_from_json, handle_to_json
+from drumsd.runtime.ports import PortForwards
 from drumsd.runtime.services import (
     ServiceHealth,
     admission,
@@ -144,6 +145,7 @@ class Supervisor:
         self._pending_state_mib = 0.0  # dumps admitted and still being written to state_dir
         self._charged_mib: dict[str, float] = {}  # slot -> memory charged to its cgroup, last read
         self._nursery: trio.Nursery | None = None
+        self.ports = PortForwards(self)
         self._forgotten_bytes = 0
         # Warm spares (a Linux runtime extra): checkpoints with a pool, what claims looked like.
         self.pool_stats: dict[str, PoolStats] = {}
@@ -161,6 +163,7 @@ class Supervisor:
             self._nursery = nursery
             await nursery.start(self.store.run)
             await self.reconcile()
+            await self.ports.reopen()
             await self.sample_now()
             await nursery.start(partial(admission.run, self))
             await nursery.start(partial(reaper.run, self))
@@ -204,6 +207,7 @@ class Supervisor:
     # --- persistence ----------------------------------------------------------------------------
 
     def _save_slot(self, rec: SlotRecord, event: str, *, file: bool = True) -> None:
+        self.ports.saved(rec)
         rec.rev += 1
         self.slots[rec.id] = rec
         self.store.save("slot", rec.model_dump(mode="json"), event, self.clock(), file=file)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -42,10 +43,13 @@ class DumpMixin(RuntimeBase):
         t0 = time.monotonic()
         async with inst.gate.dump():
             before = await trio.to_thread.run_sync(self._slot_processes, inst)
+            sampled_s = time.monotonic() - t0
             done = await self._launcher.run(
                 argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
             )
+            t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
+            sampled_s += time.monotonic() - t1
         dump_s = time.monotonic() - t0
         if done.returncode != 0 or not await trio.to_thread.run_sync(
             checkpoint_files.dump_written, dest
@@ -59,25 +63,17 @@ class DumpMixin(RuntimeBase):
             )
         try:
             dumped = await trio.to_thread.run_sync(checkpoint_files.dumped_tasks, dest)
+            image_names = await trio.to_thread.run_sync(checkpoint_files.image_names, dest)
         except (OSError, ValueError) as exc:
             await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             raise RuntimeError_(
                 "runtime_error",
                 f"criu dump of instance {inst.iid} wrote no readable process tree: {exc}",
             ) from exc
-        # The template's dump ends its tree (nothing to see after it): only a dump that leaves
-        # the tree running can tell a process it missed from churn around the freeze.
-        missing = criu.missing_from_dump(before, after if leave_running else before, dumped)
-        if missing:
+        problem = self._dump_mismatch(inst, before, after, leave_running, dumped, image_names)
+        if problem is not None:
             await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
-            raise RuntimeError_(
-                "runtime_error",
-                f"criu dump of instance {inst.iid} does not hold every process of the slot: "
-                f"{', '.join(missing[:8])} ran before and after it but are not in the dump "
-                "(outside its process tree, e.g. joined from the host), and would be lost on "
-                "every restore",
-                missing=missing,
-            )
+            raise problem
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         upper_sha = await trio.to_thread.run_sync(tree_sha256, upper)
         meta = {
@@ -88,6 +84,7 @@ class DumpMixin(RuntimeBase):
             "parent": parent,
             "profile": self.config.profile,
             "dump_s": round(dump_s, 3),
+            "tree_sample_s": round(sampled_s, 4),  # the two samples the dump is checked against
             "processes": len(dumped),
             "threads": sum(len(t.threads) for t in dumped),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -105,12 +102,59 @@ class DumpMixin(RuntimeBase):
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
 
-    def _slot_processes(self, inst: _Instance) -> dict[int, str]:
-        """The slot's processes in its own pid namespace (pid there -> comm); {} when gone."""
+    def _slot_processes(self, inst: _Instance) -> dict[int, procfs.NsProcess]:
+        """The slot's processes in its own pid namespace (pid there -> comm and threads); {}
+        when gone."""
         pidns = procfs.namespaces(inst.pid).get("pid")
         if pidns is None:
             return {}
         return procfs.in_pid_namespace(self.driver.pids(inst.cgroups), pidns)
+
+    @staticmethod
+    def _dump_mismatch(
+        inst: _Instance,
+        before: dict[int, procfs.NsProcess],
+        after: dict[int, procfs.NsProcess],
+        leave_running: bool,
+        dumped: list[criu.DumpedTask],
+        image_names: list[str],
+    ) -> RuntimeError_ | None:
+        """The dump checked against the tree: same processes and threads (those that ran
+        throughout it), each thread with its registers. None when it holds them all."""
+        # The template's dump ends its tree (nothing to see after it): only a dump that leaves
+        # the tree running can tell a process or thread it missed from churn around the freeze.
+        # Threads churn far more than processes (thread pools), so a template's dump checks
+        # processes against the sample before it and threads only against its own images.
+        comms = {pid: p.comm for pid, p in before.items()}
+        later = {pid: p.comm for pid, p in after.items()} if leave_running else comms
+        missing = criu.missing_from_dump(comms, later, dumped)
+        if leave_running:
+            missing += criu.missing_threads(
+                {pid: p.threads for pid, p in before.items()},
+                {pid: p.threads for pid, p in after.items()},
+                dumped,
+            )
+        if missing:
+            return RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} does not hold every process and thread of "
+                f"the slot: {', '.join(missing[:8])} ran before and after it but are not in the "
+                "dump (outside its process tree, e.g. joined from the host), and would be lost "
+                "on every restore",
+                missing=missing,
+            )
+        coreless = criu.threads_without_core(dumped, image_names)
+        if coreless:
+            return RuntimeError_(
+                "runtime_error",
+                f"criu dump of instance {inst.iid} lists threads {coreless[:8]} in pstree.img "
+                "without their core-<tid>.img: the dump is incomplete and cannot be restored",
+                missing=[f"core-{tid}.img" for tid in coreless],
+            )
+        return None
+
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        return await trio.to_thread.run_sync(checkpoint_files.dump_problems, path, meta)
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         inst = self._inst(handle)

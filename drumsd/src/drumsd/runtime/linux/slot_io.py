@@ -21,7 +21,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import beneath, procfs
+from drumsd.linux import beneath, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
@@ -145,6 +145,17 @@ class SlotIOMixin(RuntimeBase):
         self, handle: SlotHandle, command: str, timeout_s: float
     ) -> CommandResult:
         return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
+
+    async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
+        inst = self._inst(handle)
+        raw = await trio.to_thread.run_sync(syscalls.socket_in_netns, inst.pid)
+        sock = trio.socket.from_stdlib_socket(raw)
+        try:
+            await sock.connect(("127.0.0.1", port))
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketStream(sock)
 
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
         # From the host side, beneath the slot's root: no process in the slot (the desktop user

@@ -14,41 +14,37 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from drumsd.linux import procfs
-from live_daemon import Daemon, http_client, start_live_daemon, stop_and_clean
+from live_daemon import Daemon, http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, init_pid, poll
+from gate_daemons import (
+    OFFICE_DEVTOOLS,
+    OFFICE_GUEST_PORT,
+    OFFICE_PORT_BASE,
+    create,
+    destroy,
+    execute,
+    init_pid,
+    office_daemon,
+    poll,
+    state_dir_of,
+)
 
-PORT_BASE = 43000  # slot N's guest_port on 43000+N, Chromium's DevTools (1337) on 43200+N
-GUEST_PORT = 8765
-DEVTOOLS = 1337
+PORT_BASE = OFFICE_PORT_BASE  # slot N's guest_port on 43000+N, DevTools (1337) on 43200+N
+GUEST_PORT = OFFICE_GUEST_PORT
+DEVTOOLS = OFFICE_DEVTOOLS
 
 
 @pytest.fixture(scope="module")
-def office() -> Iterator[tuple[Daemon, Path]]:
-    state = Path(tempfile.mkdtemp(prefix="drums-h-first-", dir="/run"))
-    state.chmod(0o755)
-    tmp = Path(tempfile.mkdtemp(prefix="drums-h-first-"))
-    daemon = start_live_daemon(
-        tmp,
-        image="office",
-        state_dir=str(state),
-        slot_range=[0, 99],
-        port_base=PORT_BASE,
-        guest_port=GUEST_PORT,
-        extra_ports={str(DEVTOOLS): PORT_BASE + 200},
-    )
-    try:
-        yield daemon, state
-    finally:
-        stop_and_clean(daemon, state, tmp)
+def office() -> tuple[Daemon, Path]:
+    daemon = office_daemon()  # the session's office daemon, slots numbered and ports forwarded
+    return daemon, state_dir_of("office")
 
 
 def start_apps(http: httpx.Client, sid: str) -> None:
@@ -89,9 +85,17 @@ def test_an_office_desktop_with_chromium_dumps_with_every_thread(office) -> None
         sid = create(http)["id"]
         try:
             start_apps(http, sid)
-            procs, threads, sample_s = slot_sample(state, sid)
+            # The apps start their thread pools a moment after their processes (seen: 17
+            # processes with 30 threads right after start): wait for the pools to be there.
+            seen: list[tuple[int, int, float]] = []
+
+            def pools_up() -> bool:
+                seen.append(slot_sample(state, sid))
+                return seen[-1][1] > 2 * seen[-1][0]
+
+            poll(f"slot {sid}: the apps' thread pools", pools_up, limit_s=60, every_s=1.0)
+            procs, threads, sample_s = seen[-1]
             print(f"slot tree: {procs} processes, {threads} threads; one sample {sample_s:.4f}s")
-            assert threads > 2 * procs, (procs, threads)  # the thread pools are there
             dumps = []
             for _ in range(3):
                 r = http.post(f"/v1/slots/{sid}/capture", json={})

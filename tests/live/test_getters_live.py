@@ -29,10 +29,10 @@ from gate_daemons import (
     destroy,
     execute,
     final,
+    office_daemon,
     poll,
     put_file,
     settled_gates,
-    shared_daemon,
     verify,
 )
 from live_daemon import http_client
@@ -120,7 +120,7 @@ DESKTOP_TASK: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def office():
-    return shared_daemon("getters", image="office", eval_timeout_s=60.0)
+    return office_daemon()
 
 
 def _step(http: Any, sid: str, action: dict[str, Any]) -> dict[str, Any]:

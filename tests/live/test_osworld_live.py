@@ -21,6 +21,7 @@ from gate_daemons import (
     destroy,
     execute,
     final,
+    office_daemon,
     settled_gates,
     shared_daemon,
     verify,
@@ -103,9 +104,7 @@ def base():
 
 @pytest.fixture(scope="module")
 def office():
-    # Office checkers import desktop-env's metrics and their libraries in a fresh process: on a
-    # loaded host of this kind that took over 10 s once (check_config_status), so 60 s here.
-    return shared_daemon("office", image="office", eval_timeout_s=60.0)
+    return office_daemon()
 
 
 def _episode(daemon, task: str, command: str | None, last: str | None) -> dict:

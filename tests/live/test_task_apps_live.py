@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import OSWORLD, shared_daemon
+from gate_daemons import OSWORLD, office_daemon
 from live_daemon import http_client
 
 VSCODE = "276cc624-87ea-4f08-ab93-f770e3790175"
@@ -25,7 +25,7 @@ GIMP_UNDO = "7b7617bd-57cc-468e-9c91-40c4ec2bcb3d"
 @pytest.fixture(scope="module")
 def office():
     assert OSWORLD.is_dir(), f"the shared OSWorld tasks are expected at {OSWORLD}"
-    return shared_daemon("office", image="office", eval_timeout_s=60.0)
+    return office_daemon()
 
 
 def test_tasks_name_the_app_the_image_lacks(office) -> None:

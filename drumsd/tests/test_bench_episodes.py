@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-
-from drumsd import bench_episodes as be
 from drumsd.cli import build_parser
 from drumsd.core.config import Config
+
+from drumsd import bench_episodes as be
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_task_mix_names_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(be.BenchError, match="starting with zzz"):
         be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path, tasks=("zzz",)))
     (tmp_path / "b.json").write_text("[1]")
-    with pytest.raises(be.BenchError, match="b.json is not an OSWorld-format task"):
+    with pytest.raises(be.BenchError, match=r"b\.json is not an OSWorld-format task"):
         be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path))
 
 

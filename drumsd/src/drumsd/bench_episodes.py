@@ -16,9 +16,6 @@ plus its slots' processes, which other load on the host does not touch), and val
 hour; ratios against the drums path. Prints a table and writes JSON.
 """
 
-# Small /proc reads and the daemon's process handling stay inline; the bench is a client.
-# ruff: noqa: ASYNC240
-
 from __future__ import annotations
 
 import argparse
@@ -479,7 +476,7 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     return r
 
 
-async def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
+def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     """Cold boots of the image until its desktop is drawn and settled, wall and host CPU each."""
     import trio
 
@@ -492,8 +489,10 @@ async def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str,
     state = opts.state_root / "boot"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
-    walls, cpus = [], []
-    try:
+    walls: list[float] = []
+    cpus: list[float] = []
+
+    async def boot_all() -> None:
         async with open_linux_runtime(LinuxRuntimeConfig(state_dir=state, criu=opts.criu)) as rt:
             await rt.sweep([])
             for i in range(opts.cold_boots):
@@ -505,7 +504,9 @@ async def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str,
                 walls.append(boot_s + max(0.0, time.monotonic() - t0 - QUIET_WINDOW_S))
                 cpus.append(host_busy_s() - c0)
                 await rt.dispose_instance(inst)
-                await trio.sleep(0)
+
+    try:
+        trio.run(boot_all)
     finally:
         for m in sorted(mounts.mounts_under(state), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True, check=False)
@@ -637,8 +638,6 @@ def render_table(res: dict[str, Any]) -> str:
 
 
 def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
-    import trio
-
     if os.geteuid() != 0:
         raise BenchError("drumsd bench episodes runs real desktops: run it as root")
     tasks = task_mix(opts)
@@ -658,7 +657,7 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
     paths["features off"] = run_path("features-off", features_off(), tasks, opts, progress)
     if not opts.skip_boot and opts.cold_boots > 0:
         bg = background_rate(opts.background_s)
-        boot = trio.run(cold_boots, opts, progress)
+        boot = cold_boots(opts, progress)
         paths["boot per episode"] = boot_path(boot, paths["features off"], bg)
     results["paths"] = paths
     results["ratios"] = ratios(paths)

@@ -57,7 +57,9 @@ def test_scripted_steps_only_move_and_scroll() -> None:
     assert kinds == {"move", "scroll"}
 
 
-def _path(create: float, verify: float, host_cpu: float, wall: float, valid: int) -> dict:
+def _path(
+    create: float, verify: float, host_cpu: float, wall: float, valid: int, own: float | None
+) -> dict:
     eps = [
         {
             "task": "t",
@@ -68,7 +70,6 @@ def _path(create: float, verify: float, host_cpu: float, wall: float, valid: int
             "destroy_s": 0.05,
             "wall_s": create + verify + 0.2,
             "valid": i < valid,
-            "slot_cpu_s": 0.5,
         }
         for i in range(4)
     ]
@@ -80,18 +81,18 @@ def _path(create: float, verify: float, host_cpu: float, wall: float, valid: int
             "wall_s": wall,
             "host_cpu_s": host_cpu,
             "background_cpu_per_s": 0.5,
-            "daemon_cpu_s": 2.0,
+            "daemon_cpu_s": own,
         },
     }
     return be.summarize_path(r, be.EpisodeBenchOptions())
 
 
 def test_summaries_ratios_and_table() -> None:
-    on = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4)
-    off = _path(create=1.5, verify=2.0, host_cpu=22.0, wall=12.0, valid=3)
+    on = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=2.0)
+    off = _path(create=1.5, verify=2.0, host_cpu=22.0, wall=12.0, valid=3, own=8.0)
     # host 6 CPU-s less 0.5/s of background over 4 s = 4 CPU-s over 4 episodes
     assert on["cpu_per_episode_s"]["host_less_background"] == 1.0
-    assert on["cpu_per_episode_s"]["daemon_and_slots"] == pytest.approx((2.0 + 4 * 0.5) / 4)
+    assert on["cpu_per_episode_s"]["own"] == 0.5
     assert on["valid_episodes_per_hour"] == 3600.0
     assert off["valid_episodes"] == 3
     boot = {"cold_boot_s": be.stats([10.0]), "cold_boot_host_cpu_s": be.stats([12.0])}
@@ -101,7 +102,12 @@ def test_summaries_ratios_and_table() -> None:
     rs = be.ratios(paths)
     assert rs["features off"]["create_p50"] == 3.0
     assert rs["features off"]["verify_p50"] == 10.0
-    assert rs["features off"]["cpu_per_episode"] == 4.0
+    assert rs["features off"]["cpu_per_episode"] == 4.0  # the own account: 2.0 / 0.5
+    # No own account of those boots: host against host ((12 - 5) + 4 over drums' 1.0)
+    assert rs["boot per episode"]["cpu_per_episode"] == 11.0
+    # Without an own account (no cgroup v1 cpuacct) the host figure stands in.
+    bare = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=None)
+    assert be.episode_cpu(bare) == 1.0
     table = be.render_table({"paths": paths, "ratios": rs})
     assert "boot per episode" in table and "verify p50" in table and "4/4" in table
 

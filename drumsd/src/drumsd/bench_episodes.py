@@ -85,14 +85,47 @@ def host_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / TICK
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU of a process and of the children it has reaped (utime+stime+cutime+cstime)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    after = raw.rsplit(")", 1)[1].split()
-    return sum(int(v) for v in after[11:15]) / TICK
+class CpuAccount:
+    """A cgroup v1 cpuacct group that a daemon (or this process) and everything it starts stay
+    in: drumsd moves slots into its own cpu, memory, freezer ... groups but not cpuacct, and CRIU
+    restores with --manage-cgroups=ignore, so the desktops, their setup commands and the
+    checkers are charged here, exited ones included. Other load on the host is not."""
+
+    def __init__(self, name: str) -> None:
+        self.dir: Path | None = None
+        root = _cpuacct_root()
+        if root is not None:
+            self.dir = root / f"drums-bench-{name}-{os.getpid()}"
+            self.dir.mkdir(exist_ok=True)
+
+    def join(self, pid: int = 0) -> None:
+        """Move `pid` (0: the calling process) into the group; safe in a preexec_fn."""
+        if self.dir is not None:
+            (self.dir / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def leave(self, pid: int = 0) -> None:
+        if self.dir is not None:
+            (self.dir.parent / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def usage_s(self) -> float | None:
+        if self.dir is None:
+            return None
+        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
+
+    def remove(self) -> None:
+        if self.dir is not None:
+            try:
+                self.dir.rmdir()
+            except OSError:
+                pass  # still holds a straggler; an empty group costs nothing
+
+
+def _cpuacct_root() -> Path | None:
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and "cpuacct" in parts[3].split(","):
+            return Path(parts[1])
+    return None
 
 
 def background_rate(seconds: float) -> float:
@@ -151,6 +184,7 @@ class BenchDaemon:
     token: str = ""
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=Path)
+    account: CpuAccount | None = None
 
     @classmethod
     def configure(
@@ -194,12 +228,14 @@ class BenchDaemon:
         config_path = self.dir / "drumsd.json"
         config_path.write_text(json.dumps(self.config, indent=1))
         t0 = time.monotonic()
+        self.account = CpuAccount(self.name)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "drumsd.cli", "serve", "--config", str(config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=self.account.join,  # before exec: nothing it starts escapes
             )
         deadline = t0 + template_limit_s
         image = self.config["default_image"]
@@ -231,8 +267,10 @@ class BenchDaemon:
         except OSError:
             return ""
 
-    def cpu_s(self) -> float:
-        return process_cpu_s(self.proc.pid) if self.proc is not None else 0.0
+    def cpu_s(self) -> float | None:
+        """CPU of the daemon, its slots, their setup and its checkers so far (None: no cgroup
+        v1 cpuacct on this host)."""
+        return self.account.usage_s() if self.account is not None else None
 
     def stop(self, keep_logs: bool) -> None:
         """Destroy what is left, stop the daemon (SIGTERM, then SIGKILL after 60 s), unmount
@@ -257,6 +295,8 @@ class BenchDaemon:
                 self.proc.wait(timeout=10)
         for target in sorted(mounts.mounts_under(self.dir), reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+        if self.account is not None:
+            self.account.remove()
         if keep_logs:
             shutil.rmtree(self.dir / "state", ignore_errors=True)
         else:
@@ -323,7 +363,6 @@ def run_episode(client: Any, task_id: str, steps: int) -> dict[str, Any]:
         rec["valid"] = bool(result.valid and result.verdict == "valid")
         rec["score"] = result.score
         rec["audit_flags"] = list(result.audit.flags)
-        rec["slot_cpu_s"] = env.metrics().cpu_s
     except Exception as exc:  # an episode that fails counts as not valid, with its reason
         rec["valid"] = False
         rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -421,12 +460,12 @@ def run_path(
         host0, own0, t0 = host_busy_s(), daemon.cpu_s(), time.monotonic()
         eps = run_episodes(daemon, tasks, opts)
         wall = time.monotonic() - t0
-        host_cpu, own_cpu = host_busy_s() - host0, daemon.cpu_s() - own0
+        host_cpu, own1 = host_busy_s() - host0, daemon.cpu_s()
         result["episodes_phase"] = {
             "wall_s": round(wall, 2),
             "host_cpu_s": round(host_cpu, 2),
             "background_cpu_per_s": round(bg, 3),
-            "daemon_cpu_s": round(own_cpu, 2),
+            "daemon_cpu_s": None if own0 is None or own1 is None else round(own1 - own0, 2),
             "loadavg_end": os.getloadavg(),
         }
         result["episodes"] = eps
@@ -454,7 +493,7 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     phase = r["episodes_phase"]
     n = max(1, len(eps))
     host_net = max(0.0, phase["host_cpu_s"] - phase["background_cpu_per_s"] * phase["wall_s"])
-    slot_cpu = sum(e.get("slot_cpu_s") or 0.0 for e in eps)
+    own = phase["daemon_cpu_s"]
     r["create_s"] = stats([e["create_s"] for e in eps])
     r["step_screenshot_s"] = stats([s for e in eps for s in e["steps_s"]])
     r["verify_s"] = stats([e["verify_s"] for e in ok])
@@ -466,14 +505,23 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     r["cpu_per_episode_s"] = {
         "host": round(phase["host_cpu_s"] / n, 3),
         "host_less_background": round(host_net / n, 3),
-        "daemon_and_slots": round((phase["daemon_cpu_s"] + slot_cpu) / n, 3),
+        "own": None if own is None else round(own / n, 3),
     }
     r["valid_episodes_per_hour"] = round(valid / phase["wall_s"] * 3600, 1)
-    # What the host could sustain if CPU were the bound: all its CPUs over the CPU per episode.
-    per = r["cpu_per_episode_s"]["host_less_background"]
+    # What the host could sustain if CPU were the bound: all its CPUs over the CPU per episode
+    # (the daemon's own account where there is one: other load on the host does not enter it).
+    per = episode_cpu(r)
     cpus = os.cpu_count() or 1
     r["cpu_bound_episodes_per_hour"] = round(cpus * 3600 / per * valid / n, 1) if per else None
     return r
+
+
+def episode_cpu(path: dict[str, Any]) -> float | None:
+    """CPU-seconds per episode: the daemon's own account where the host has one, else the
+    host's /proc/stat delta less its background rate."""
+    cpu = path["cpu_per_episode_s"]
+    own = cpu.get("own")
+    return own if own is not None else cpu.get("host_less_background")
 
 
 def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
@@ -491,27 +539,39 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     state.mkdir(parents=True)
     walls: list[float] = []
     cpus: list[float] = []
+    owns: list[float] = []
+    account = CpuAccount("boot")
 
     async def boot_all() -> None:
         async with open_linux_runtime(LinuxRuntimeConfig(state_dir=state, criu=opts.criu)) as rt:
             await rt.sweep([])
             for i in range(opts.cold_boots):
                 progress(f"[boot per episode] cold boot {i + 1}/{opts.cold_boots} ...")
-                c0 = host_busy_s()
+                c0, own0 = host_busy_s(), account.usage_s()
                 inst, boot_s = await rt.cold_boot(image.root.resolve(), "bench:episode-boot")
                 t0 = time.monotonic()
                 await rt.wait_instance_quiet(inst, QUIET_WINDOW_S, 120.0)
                 walls.append(boot_s + max(0.0, time.monotonic() - t0 - QUIET_WINDOW_S))
                 cpus.append(host_busy_s() - c0)
+                own1 = account.usage_s()
+                if own0 is not None and own1 is not None:
+                    owns.append(own1 - own0)
                 await rt.dispose_instance(inst)
 
+    account.join()  # the boots' processes are this one's children: charged to the account
     try:
         trio.run(boot_all)
     finally:
+        account.leave()
+        account.remove()
         for m in sorted(mounts.mounts_under(state), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True, check=False)
         shutil.rmtree(state, ignore_errors=True)
-    return {"cold_boot_s": stats(walls), "cold_boot_host_cpu_s": stats(cpus)}
+    return {
+        "cold_boot_s": stats(walls),
+        "cold_boot_host_cpu_s": stats(cpus),
+        "cold_boot_own_cpu_s": stats(owns),
+    }
 
 
 def boot_path(boot: dict[str, Any], off: dict[str, Any], background: float) -> dict[str, Any]:
@@ -522,19 +582,36 @@ def boot_path(boot: dict[str, Any], off: dict[str, Any], background: float) -> d
     setup = max(0.0, off["create_s"]["p50"] - off["bare_create_s"]["p50"])
     rest = off["episode_wall_s"]["p50"] - off["create_s"]["p50"]  # steps, gates, verify, destroy
     wall = boot_wall + setup + rest
-    boot_cpu = max(0.0, boot["cold_boot_host_cpu_s"]["p50"] - background * boot_wall)
-    cpu = boot_cpu + off["cpu_per_episode_s"]["host_less_background"]
-    cpus = os.cpu_count() or 1
-    valid_frac = off["valid_episodes"] / max(1, len(off["episodes"]))
-    return {
+    host_cpu = max(0.0, boot["cold_boot_host_cpu_s"]["p50"] - background * boot_wall)
+    host_cpu += off["cpu_per_episode_s"]["host_less_background"]
+    own_boot = boot.get("cold_boot_own_cpu_s", {}).get("p50")
+    own_off = off["cpu_per_episode_s"].get("own")
+    own = None if own_boot is None or own_off is None else own_boot + own_off
+    path: dict[str, Any] = {
         **boot,
         "create_s": {"p50": round(boot_wall + setup, 3)},
         "task_reset_s": {"p50": round(boot_wall + setup, 3)},
         "episode_wall_s": {"p50": round(wall, 3)},
-        "cpu_per_episode_s": {"host_less_background": round(cpu, 3)},
-        "cpu_bound_episodes_per_hour": round(cpus * 3600 / cpu * valid_frac, 1),
+        "cpu_per_episode_s": {
+            "host_less_background": round(host_cpu, 3),
+            "own": None if own is None else round(own, 3),
+        },
+    }
+    cpu = episode_cpu(path)
+    cpus = os.cpu_count() or 1
+    valid_frac = off["valid_episodes"] / max(1, len(off["episodes"]))
+    return {
+        **path,
+        "cpu_bound_episodes_per_hour": round(cpus * 3600 / cpu * valid_frac, 1) if cpu else None,
         "derived_from": "cold boots of this run + the features-off path's setup/steps/verify",
     }
+
+
+def cpu_ratio(path: dict[str, Any], ref: dict[str, Any]) -> float | None:
+    """CPU per episode of `path` over `ref`, like for like: both own accounts, else both host."""
+    a, b = path["cpu_per_episode_s"], ref["cpu_per_episode_s"]
+    key = "own" if a.get("own") is not None and b.get("own") is not None else "host_less_background"
+    return round(a[key] / b[key], 2) if a.get(key) and b.get(key) else None
 
 
 def ratios(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -556,10 +633,7 @@ def ratios(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None
             "verify_p50": ratio(
                 p.get("verify_s", {}).get("p50"), ref.get("verify_s", {}).get("p50")
             ),
-            "cpu_per_episode": ratio(
-                p["cpu_per_episode_s"]["host_less_background"],
-                ref["cpu_per_episode_s"]["host_less_background"],
-            ),
+            "cpu_per_episode": cpu_ratio(p, ref),
             "cpu_bound_episodes_per_hour (drums / this)": ratio(
                 ref["cpu_bound_episodes_per_hour"], p["cpu_bound_episodes_per_hour"]
             ),
@@ -596,7 +670,7 @@ def render_table(res: dict[str, Any]) -> str:
         rows.append((label, [cell(paths[n], key, stat, unit, 1000.0) for n in names]))
     for label, key in (
         ("CPU-s / episode (host, less bg)", "host_less_background"),
-        ("CPU-s / episode (daemon + slots)", "daemon_and_slots"),
+        ("CPU-s / episode (own account)", "own"),
     ):
         vals = [paths[n]["cpu_per_episode_s"].get(key) for n in names]
         rows.append((label, ["-" if v is None else f"{v:.2f}" for v in vals]))

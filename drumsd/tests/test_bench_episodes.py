@@ -82,6 +82,7 @@ def _path(
             "host_cpu_s": host_cpu,
             "background_cpu_per_s": 0.5,
             "daemon_cpu_s": own,
+            "loadavg_end": (1.0, 1.0, 1.0),
         },
     }
     return be.summarize_path(r, be.EpisodeBenchOptions())
@@ -120,3 +121,25 @@ def test_command_line_refuses_nonsense_counts(capsys: pytest.CaptureFixture[str]
     assert "--episodes must be at least 1" in capsys.readouterr().err
     # `drumsd bench` without the subcommand is still the restore bench
     assert parser.parse_args(["bench", "--image", "office"]).func.__name__ == "main_bench"
+
+
+def test_a_host_that_other_load_saturates_gives_no_host_figure() -> None:
+    import os
+
+    busy = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=2.0)
+    assert busy["host_saturated"] is False
+    r = {
+        "episodes": busy["episodes"],
+        "bare_create_s": be.stats([0.1]),
+        "episodes_phase": {
+            "wall_s": 4.0,
+            "host_cpu_s": 8.0,
+            "background_cpu_per_s": float(os.cpu_count() or 1),
+            "daemon_cpu_s": 2.0,
+            "loadavg_end": (9.0, 9.0, 9.0),
+        },
+    }
+    full = be.summarize_path(r, be.EpisodeBenchOptions())
+    assert full["host_saturated"] is True
+    assert full["cpu_per_episode_s"]["host_less_background"] is None
+    assert be.episode_cpu(full) == 0.5  # the own account still stands

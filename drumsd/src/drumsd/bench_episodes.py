@@ -137,6 +137,9 @@ def background_rate(seconds: float) -> float:
     return (host_busy_s() - b0) / (time.monotonic() - t0)
 
 
+SATURATED = 0.9  # background CPU per second, as a share of the host's CPUs
+
+
 def stats(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
@@ -493,6 +496,9 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     phase = r["episodes_phase"]
     n = max(1, len(eps))
     host_net = max(0.0, phase["host_cpu_s"] - phase["background_cpu_per_s"] * phase["wall_s"])
+    # A host that other load already kept busy has no margin to see ours in: no host figure.
+    saturated = phase["background_cpu_per_s"] >= SATURATED * (os.cpu_count() or 1)
+    r["host_saturated"] = saturated
     own = phase["daemon_cpu_s"]
     r["create_s"] = stats([e["create_s"] for e in eps])
     r["step_screenshot_s"] = stats([s for e in eps for s in e["steps_s"]])
@@ -504,7 +510,7 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     r["errors"] = [e["error"] for e in eps if "error" in e]
     r["cpu_per_episode_s"] = {
         "host": round(phase["host_cpu_s"] / n, 3),
-        "host_less_background": round(host_net / n, 3),
+        "host_less_background": None if saturated else round(host_net / n, 3),
         "own": None if own is None else round(own / n, 3),
     }
     r["valid_episodes_per_hour"] = round(valid / phase["wall_s"] * 3600, 1)
@@ -582,8 +588,11 @@ def boot_path(boot: dict[str, Any], off: dict[str, Any], background: float) -> d
     setup = max(0.0, off["create_s"]["p50"] - off["bare_create_s"]["p50"])
     rest = off["episode_wall_s"]["p50"] - off["create_s"]["p50"]  # steps, gates, verify, destroy
     wall = boot_wall + setup + rest
-    host_cpu = max(0.0, boot["cold_boot_host_cpu_s"]["p50"] - background * boot_wall)
-    host_cpu += off["cpu_per_episode_s"]["host_less_background"]
+    off_host = off["cpu_per_episode_s"]["host_less_background"]
+    host_cpu = None
+    if off_host is not None and background < SATURATED * (os.cpu_count() or 1):
+        host_cpu = max(0.0, boot["cold_boot_host_cpu_s"]["p50"] - background * boot_wall)
+        host_cpu += off_host
     own_boot = boot.get("cold_boot_own_cpu_s", {}).get("p50")
     own_off = off["cpu_per_episode_s"].get("own")
     own = None if own_boot is None or own_off is None else own_boot + own_off
@@ -593,7 +602,7 @@ def boot_path(boot: dict[str, Any], off: dict[str, Any], background: float) -> d
         "task_reset_s": {"p50": round(boot_wall + setup, 3)},
         "episode_wall_s": {"p50": round(wall, 3)},
         "cpu_per_episode_s": {
-            "host_less_background": round(host_cpu, 3),
+            "host_less_background": None if host_cpu is None else round(host_cpu, 3),
             "own": None if own is None else round(own, 3),
         },
     }
@@ -703,6 +712,14 @@ def render_table(res: dict[str, Any]) -> str:
     lines = [head, "-" * len(head)]
     lines += [f"{label:<{w}}" + "".join(f"  {c:>{cw}}" for c in cells) for label, cells in rows]
     lines.append("")
+    for n in names:
+        phase = paths[n].get("episodes_phase")
+        if phase:
+            note = " (saturated: no host figure)" if paths[n].get("host_saturated") else ""
+            lines.append(
+                f"{n}: host busy {phase['background_cpu_per_s']:.2f} CPU/s before the episodes"
+                f"{note}, load average after {phase['loadavg_end'][0]:.1f}"
+            )
     lines.append("ratios against drums (x times drums):")
     for name, rs in res["ratios"].items():
         lines.append(

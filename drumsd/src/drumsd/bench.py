@@ -361,12 +361,18 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
     return results
 
 
+def add_host_args(parser: argparse.ArgumentParser, image: str, image_help: str) -> None:
+    """The image and the host's CRIU and image cache, as every bench takes them."""
+    d = BenchOptions()
+    parser.add_argument("--image", default=image, help=image_help)
+    parser.add_argument("--cache-root", type=Path, default=d.cache_root)
+    parser.add_argument("--criu", type=Path, default=d.criu)
+
+
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     d = BenchOptions()
-    parser.add_argument("--image", default=d.image, help="image profile or directory")
-    parser.add_argument("--cache-root", type=Path, default=d.cache_root)
+    add_host_args(parser, d.image, "image profile or directory")
     parser.add_argument("--state-dir", type=Path, default=d.state_dir)
-    parser.add_argument("--criu", type=Path, default=d.criu)
     parser.add_argument(
         "--profile",
         choices=("hardened", "trusted", "both"),

@@ -31,11 +31,11 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench import Progress, percentile
+from drumsd.bench import Progress, add_host_args, percentile
 
 
 @dataclass(frozen=True)
@@ -758,9 +758,7 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
 
 def add_episode_args(parser: argparse.ArgumentParser) -> None:
     d = EpisodeBenchOptions()
-    parser.add_argument("--image", default=d.image, help="image profile (default office)")
-    parser.add_argument("--cache-root", type=Path, default=d.cache_root)
-    parser.add_argument("--criu", type=Path, default=d.criu)
+    add_host_args(parser, d.image, "image profile (default office)")
     parser.add_argument(
         "--tasks-dir",
         type=Path,
@@ -797,23 +795,10 @@ def main_episode_bench(args: argparse.Namespace) -> int:
     if args.task_resets < 0 or args.cold_boots < 0:
         print("drumsd bench episodes: --task-resets and --cold-boots are >= 0", file=sys.stderr)
         return 2
-    opts = EpisodeBenchOptions(
-        image=args.image,
-        cache_root=args.cache_root,
-        criu=args.criu,
-        tasks_dir=args.tasks_dir,
-        tasks=tuple(args.task),
-        episodes=args.episodes,
-        concurrency=args.concurrency,
-        steps=args.steps,
-        task_resets=args.task_resets,
-        cold_boots=args.cold_boots,
-        skip_boot=args.skip_boot,
-        alive_after_s=args.alive_after_s,
-        state_root=args.state_root,
-        out=args.out,
-        keep_logs=args.keep_logs,
-    )
+    # Every option of the command line is a field of the same name (the mix: --task).
+    names = {f.name for f in fields(EpisodeBenchOptions)}
+    values = {k: v for k, v in vars(args).items() if k in names}
+    opts = EpisodeBenchOptions(**values, tasks=tuple(args.task))
 
     def progress(msg: str) -> None:
         print(f"bench episodes: {msg}", file=sys.stderr, flush=True)

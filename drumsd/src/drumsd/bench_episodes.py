@@ -443,6 +443,7 @@ def run_path(
 ) -> dict[str, Any]:
     daemon = BenchDaemon.configure(name, opts, overrides)
     result: dict[str, Any] = {"config_overrides": overrides}
+    ok = False
     try:
         progress(f"[{name}] daemon start + template of {opts.image} ...")
         result["template_ready_s"] = round(daemon.start(), 2)
@@ -475,11 +476,12 @@ def run_path(
         if opts.task_resets > 0:
             progress(f"[{name}] task reset x{opts.task_resets} per task ...")
             result["task_reset_s"] = stats(run_task_resets(daemon, tasks, opts))
-    except Exception:
-        progress(f"[{name}] failed; daemon log {daemon.log_path}")
-        daemon.stop(keep_logs=True)
-        raise
-    daemon.stop(keep_logs=opts.keep_logs)
+        ok = True
+    finally:
+        # Ctrl-C included: the daemon and its desktops never outlive the bench.
+        if not ok:
+            progress(f"[{name}] failed; daemon log kept: {daemon.log_path}")
+        daemon.stop(keep_logs=opts.keep_logs or not ok)
     return summarize_path(result, opts)
 
 

@@ -63,7 +63,7 @@ class EpisodeBenchOptions:
     concurrency: int = 2
     steps: int = 20
     task_resets: int = 3  # per task, per path
-    cold_boots: int = 2
+    cold_boots: int = 3  # office boots vary (1.2 s to 6 s seen): a median of 3
     skip_boot: bool = False
     alive_after_s: float = 1.0
     background_s: float = 3.0

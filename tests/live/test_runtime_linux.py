@@ -279,9 +279,21 @@ async def test_warm_spares_are_pristine_and_claimed(state_dir, template) -> None
         original = await _screen(rt, h)
         await _type_into_xterm(rt, h, "echo spare")
         await _screen_changes_from(rt, h, original)
+        old = h
         h = await rt.reset(h, template, LIMITS)
         assert h.extra["spare"] is True
         assert await _screen(rt, h) == original
+        # The claim names its slot in the instance's owner record (what a sweep after a crash
+        # reads), times its steps, and the old tree, killed after the thaw, goes all the same.
+        from drumsd.linux.procfs import is_same_process
+        from drumsd.linux.slot_fs import read_owner
+
+        assert read_owner(Path(h.root).parent) == "slot:live-s"
+        phases = h.extra["phases"]
+        assert {"claim_owner", "claim_thaw", "claim_agent", "parked_s"} <= phases.keys(), phases
+        with trio.fail_after(30):
+            while _leftovers(state_dir, old) or is_same_process(old.init_pid, old.init_starttime):
+                await trio.sleep(0.1)
         await rt.drop_spares(template.id)
         assert rt.spare_counts().get(template.id, 0) == 0
         await rt.destroy("live-s")

@@ -33,6 +33,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
 
     add_bench_args(bench)
     bench.set_defaults(func=main_bench)
+    bench_sub = bench.add_subparsers(dest="bench_mode", metavar="{episodes}")
+    episodes = bench_sub.add_parser(
+        "episodes",
+        help="whole episodes on a task mix: drums beside its features off and a boot per "
+        "episode (table + JSON)",
+    )
+    from drumsd.bench_episodes import add_episode_args, main_episode_bench
+
+    add_episode_args(episodes)
+    episodes.set_defaults(func=main_episode_bench)
 
     tasks = sub.add_parser("tasks", help="task sets: what this host can run")
     tasks_sub = tasks.add_subparsers(dest="tasks_command", required=True)

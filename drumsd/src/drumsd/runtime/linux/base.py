@@ -218,6 +218,7 @@ class RuntimeBase:
         self._spares: dict[str, list[_Instance]] = {}
         self._spare_refs: dict[str, tuple[CheckpointRef, SlotLimits]] = {}
         self._spare_wakeup = trio.Event()
+        self._refill_running = False  # a spare refill restore is under way
         # Control-plane sizing (drumsd.core.spare_pool): spares wanted per checkpoint (capped by
         # spares_per_checkpoint) and whether admission control lets refills start right now.
         self._spare_targets: dict[str, int] = {}

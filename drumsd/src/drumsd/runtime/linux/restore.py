@@ -241,11 +241,14 @@ class RestoreMixin(RuntimeBase):
     ) -> SlotHandle:
         self._check_lower(checkpoint)
         old = self._slots.pop(handle.slot_id, None)
-        if old is not None:
-            await self._dispose(old, background=self.config.async_kill)
         try:
+            # A warm spare is claimed before the old tree is killed: killing a desktop (its
+            # exit_mmap, the teardown thread) beside the thaw was the rest of a claim's tail.
             inst = await self._claim_spare(handle.slot_id, checkpoint, limits)
             spare = inst is not None
+            if old is not None:
+                await self._dispose(old, background=self.config.async_kill or spare)
+                old = None
             if inst is None:
                 prepared = self._warm.pop(handle.slot_id, None)
                 inst = await self._restore_instance(
@@ -253,6 +256,8 @@ class RestoreMixin(RuntimeBase):
                 )
         except BaseException:
             with self._cleanup_scope():
+                if old is not None:
+                    await self._dispose(old, background=False)
                 await self._drop_warm(handle.slot_id)
             raise
         self._slots[handle.slot_id] = inst

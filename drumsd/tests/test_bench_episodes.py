@@ -1,0 +1,145 @@
+"""Pure parts of `drumsd bench episodes`: the feature switches, the task mix, the summaries,
+ratios and the table, and the command line's refusals. The run itself is live (root, CRIU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from drumsd.cli import build_parser
+from drumsd.core.config import Config
+
+from drumsd import bench_episodes as be
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_features_off_is_a_valid_config_block_that_turns_every_switch_off() -> None:
+    off = be.features_off()
+    assert off["tasks"]["resident_checkers"] is False
+    # Every switch names a real config field: the daemon would refuse an unknown key.
+    Config.model_validate({"token_file": "/t", **off})
+    for feature in be.FEATURES:
+        assert feature.off, feature
+
+
+def test_merge_config_merges_blocks_and_leaves_the_base_alone() -> None:
+    base = {"tasks": {"dirs": ["/a"]}, "alive_after_s": 1.0}
+    out = be.merge_config(base, {"tasks": {"resident_checkers": False}}, {"alive_after_s": 2.0})
+    assert out == {"tasks": {"dirs": ["/a"], "resident_checkers": False}, "alive_after_s": 2.0}
+    assert base == {"tasks": {"dirs": ["/a"]}, "alive_after_s": 1.0}
+
+
+def test_task_mix_reads_the_example_tasks_one_per_app() -> None:
+    opts = be.EpisodeBenchOptions(tasks_dir=REPO / "examples" / "tasks")
+    ids = be.task_mix(opts)
+    assert len(ids) == 6
+    files = be.task_mix(be.EpisodeBenchOptions(tasks_dir=opts.tasks_dir, tasks=("0f2c5a61",)))
+    assert files == [i for i in ids if i.startswith("0f2c5a61")]
+
+
+def test_task_mix_names_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(be.BenchError, match="no task directory"):
+        be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path / "nope"))
+    with pytest.raises(be.BenchError, match="holds no task JSON"):
+        be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path))
+    (tmp_path / "a.json").write_text(json.dumps({"id": "abc"}))
+    with pytest.raises(be.BenchError, match="starting with zzz"):
+        be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path, tasks=("zzz",)))
+    (tmp_path / "b.json").write_text("[1]")
+    with pytest.raises(be.BenchError, match=r"b\.json is not an OSWorld-format task"):
+        be.task_mix(be.EpisodeBenchOptions(tasks_dir=tmp_path))
+
+
+def test_scripted_steps_only_move_and_scroll() -> None:
+    kinds = {be.scripted_action(i)["type"] for i in range(20)}
+    assert kinds == {"move", "scroll"}
+
+
+def _path(
+    create: float, verify: float, host_cpu: float, wall: float, valid: int, own: float | None
+) -> dict:
+    eps = [
+        {
+            "task": "t",
+            "create_s": create,
+            "steps_s": [0.02, 0.03],
+            "gates_wait_s": 0.1,
+            "verify_s": verify,
+            "destroy_s": 0.05,
+            "wall_s": create + verify + 0.2,
+            "valid": i < valid,
+        }
+        for i in range(4)
+    ]
+    r = {
+        "episodes": eps,
+        "bare_create_s": be.stats([0.1]),
+        "task_reset_s": be.stats([create]),
+        "episodes_phase": {
+            "wall_s": wall,
+            "host_cpu_s": host_cpu,
+            "background_cpu_per_s": 0.5,
+            "daemon_cpu_s": own,
+            "loadavg_end": (1.0, 1.0, 1.0),
+        },
+    }
+    return be.summarize_path(r, be.EpisodeBenchOptions())
+
+
+def test_summaries_ratios_and_table() -> None:
+    on = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=2.0)
+    off = _path(create=1.5, verify=2.0, host_cpu=22.0, wall=12.0, valid=3, own=8.0)
+    # host 6 CPU-s less 0.5/s of background over 4 s = 4 CPU-s over 4 episodes
+    assert on["cpu_per_episode_s"]["host_less_background"] == 1.0
+    assert on["cpu_per_episode_s"]["own"] == 0.5
+    assert on["valid_episodes_per_hour"] == 3600.0
+    assert off["valid_episodes"] == 3
+    boot = {"cold_boot_s": be.stats([10.0]), "cold_boot_host_cpu_s": be.stats([12.0])}
+    paths = {"drums": on, "features off": off, "boot per episode": be.boot_path(boot, off, 0.5)}
+    # boot: 10 s + setup (1.5 - 0.1) + the rest of the off episode (its wall less its create)
+    assert paths["boot per episode"]["episode_wall_s"]["p50"] == pytest.approx(10 + 1.4 + 2.2)
+    rs = be.ratios(paths)
+    assert rs["features off"]["create_p50"] == 3.0
+    assert rs["features off"]["verify_p50"] == 10.0
+    assert rs["features off"]["cpu_per_episode"] == 4.0  # the own account: 2.0 / 0.5
+    # No own account of those boots: host against host ((12 - 5) + 4 over drums' 1.0)
+    assert rs["boot per episode"]["cpu_per_episode"] == 11.0
+    # Without an own account (no cgroup v1 cpuacct) the host figure stands in.
+    bare = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=None)
+    assert be.episode_cpu(bare) == 1.0
+    table = be.render_table({"paths": paths, "ratios": rs})
+    assert "boot per episode" in table and "verify p50" in table and "4/4" in table
+
+
+def test_command_line_refuses_nonsense_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    parser, _ = build_parser()
+    args = parser.parse_args(["bench", "episodes", "--episodes", "0"])
+    assert args.func is be.main_episode_bench
+    assert be.main_episode_bench(args) == 2
+    assert "--episodes must be at least 1" in capsys.readouterr().err
+    # `drumsd bench` without the subcommand is still the restore bench
+    assert parser.parse_args(["bench", "--image", "office"]).func.__name__ == "main_bench"
+
+
+def test_a_host_that_other_load_saturates_gives_no_host_figure() -> None:
+    import os
+
+    busy = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=2.0)
+    assert busy["host_saturated"] is False
+    r = {
+        "episodes": busy["episodes"],
+        "bare_create_s": be.stats([0.1]),
+        "episodes_phase": {
+            "wall_s": 4.0,
+            "host_cpu_s": 8.0,
+            "background_cpu_per_s": float(os.cpu_count() or 1),
+            "daemon_cpu_s": 2.0,
+            "loadavg_end": (9.0, 9.0, 9.0),
+        },
+    }
+    full = be.summarize_path(r, be.EpisodeBenchOptions())
+    assert full["host_saturated"] is True
+    assert full["cpu_per_episode_s"]["host_less_background"] is None
+    assert be.episode_cpu(full) == 0.5  # the own account still stands

@@ -1,0 +1,53 @@
+"""`drumsd bench episodes` end to end, kept short: one episode of the files task per path on the
+base image, through two real daemons it starts itself. Every episode must be valid, the own CPU
+account must have charged the desktops and the checkers (not zero), and the daemons must leave
+nothing under the state root. DRUMS_LIVE=1 (root, CRIU, the base image). Slow: two template
+builds (about a minute)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from live_daemon import mounts_under, require_live
+
+REPO = Path(__file__).resolve().parents[2]
+FILES_TASK = "0f2c5a61"  # examples/tasks/files.json
+
+
+@pytest.mark.slow
+def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
+    require_live("base")
+    state_root = Path(f"/run/drums-bench-episodes-test-{tmp_path.name}")
+    out = tmp_path / "episodes.json"
+    argv = [sys.executable, "-m", "drumsd.cli", "bench", "episodes", "--image", "base"]
+    argv += ["--task", FILES_TASK, "--episodes", "2", "--steps", "3", "--task-resets", "1"]
+    argv += ["--skip-boot", "--state-root", str(state_root), "--out", str(out)]
+    try:
+        done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
+        leftovers = [str(p) for p in state_root.glob("*/state/*")]
+        mounted = mounts_under(state_root)
+    finally:
+        if not mounts_under(state_root):
+            shutil.rmtree(state_root, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "verify p50" in done.stdout and "features off" in done.stdout, done.stdout
+    result = json.loads(out.read_text())
+    paths = result["paths"]
+    assert set(paths) == {"drums", "features off"}
+    for name, path in paths.items():
+        assert path["valid_episodes"] == 2, (name, path["episodes"])
+        assert path["errors"] == [], (name, path["errors"])
+        own = path["cpu_per_episode_s"]["own"]
+        assert own is not None and own > 0.05, (name, path["cpu_per_episode_s"])
+        assert path["task_reset_s"]["n"] == 1, path["task_reset_s"]
+    assert result["features"] == [
+        {"name": "resident_checkers", "off": {"tasks": {"resident_checkers": False}}}
+    ]
+    assert paths["features off"]["config_overrides"] == {"tasks": {"resident_checkers": False}}
+    assert mounted == []
+    assert leftovers == []

@@ -322,3 +322,18 @@ async def test_a_task_checkpoint_named_as_the_state_is_a_cached_episode(tmp_path
         assert slot["task_setup"] == "cached" and slot["task_id"] == "tk-files"
         r = await api.client.post(f"/v1/slots/{slot['id']}/reset")
         assert r.json()["task_setup"] == "cached" and api.runtime.execs == 1
+
+
+async def test_a_tree_that_never_goes_quiet_is_not_waited_for_every_episode(
+    tmp_path: Path,
+) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, quiesce={"timeout_s": 0.2}) as api:
+        _bridge(api, tmp_path)
+        api.runtime.quiet = False
+        first = await create(api, task=_task())
+        assert first["task_setup"] == "replayed" and await _task_checkpoints(api) == []
+        waits = [c for c in api.runtime.calls if c[0] == "quiescent"]
+        assert waits, "the capture did not wait for a quiet tree"
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert [c for c in api.runtime.calls if c[0] == "quiescent"] == waits  # not tried again

@@ -43,6 +43,9 @@ log = logging.getLogger("drumsd.supervisor")
 # Sources a task setup may be cached on: a fork's prefork lives for seconds, a task checkpoint
 # is already a setup's result.
 CACHEABLE_SOURCES = (CheckpointKind.template, CheckpointKind.saved)
+# After a refused capture (a tree that never goes quiet would cost every episode
+# quiesce.timeout_s), the same key is not tried again for this long.
+CAPTURE_RETRY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,9 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
         return
     if find_task_checkpoint(sup.checkpoints.values(), plan.key) is not None:
         return  # another slot captured it meanwhile
+    refused_at = sup.task_capture_refused.get(plan.key)
+    if refused_at is not None and trio.current_time() - refused_at < CAPTURE_RETRY_S:
+        return
     cache = setup_cache(sup)
     assert cache is not None
     mib = sup.config.admission.capture_mib
@@ -176,13 +182,16 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
             before_ready=partial(keep_run_files, cache, rec.id),
         )
     except DrumsdError as exc:
+        sup.task_capture_refused[plan.key] = trio.current_time()
         log.warning(
-            "slot=%s task=%s no task checkpoint (the next episode replays setup): %s",
+            "slot=%s task=%s no task checkpoint (episodes replay setup; tried again after "
+            f"{CAPTURE_RETRY_S:g} s): %s",
             rec.id,
             rec.task_id,
             exc.message,
         )
         return
+    sup.task_capture_refused.pop(plan.key, None)
     cp.task_source = plan.source.id
     sup._save_checkpoint(cp, "task checkpoint")
     log.info("slot=%s task=%s task checkpoint %s captured", rec.id, rec.task_id, cp.id)

@@ -337,3 +337,32 @@ async def test_a_tree_that_never_goes_quiet_is_not_waited_for_every_episode(
         second = await create(api, task=_task())
         assert second["task_setup"] == "replayed" and api.runtime.execs == 2
         assert [c for c in api.runtime.calls if c[0] == "quiescent"] == waits  # not tried again
+
+
+def test_a_snapshots_hash_and_manifest_are_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every episode start of a task checkpoint judged state_hash from a fresh walk and hash of
+    its immutable upper snapshot; now once per snapshot directory (inode, mtime)."""
+    from drumsd.runtime import gate_evidence as ge
+
+    snap = tmp_path / "cp" / "upper"
+    (snap / "home").mkdir(parents=True)
+    (snap / "home" / "a.txt").write_text("a")
+    reads: list[Path] = []
+    real = ge.snapshot_facts
+    monkeypatch.setattr(ge, "snapshot_facts", lambda p, v: reads.append(p) or real(p, v))
+    evidence = ge.GateEvidence(volatile=())
+    first = evidence.snapshot(snap)
+    assert evidence.snapshot(snap) == first and reads == [snap]
+    assert first is not None and first[0] == ge._tree_sha256(snap)
+    live = tmp_path / "live"
+    (live / "home").mkdir(parents=True)
+    (live / "home" / "a.txt").write_text("a")
+    assert ge.state_hash_evidence(live, snap, (), None, first)["upper_sha256"] == first[0]
+    (live / "home" / "a.txt").write_text("changed")
+    assert ge.state_hash_evidence(live, snap, (), None, first)["upper_diff"]["changed"]
+    (snap / "new").write_text("n")  # a rewritten snapshot dir (another mtime) is read again
+    os.utime(snap, ns=(7, 7))
+    assert evidence.snapshot(snap) != first and len(reads) == 2
+    assert evidence.snapshot(tmp_path / "missing") is None

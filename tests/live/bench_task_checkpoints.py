@@ -6,7 +6,9 @@ For each task, two variants go through the same daemon one after the other:
   checkpoint, a first reset restores it (which turns on its warm spares), then the timed rounds;
 - replayed: the same task with `"drums": {"cache_setup": false}`: its setup steps run every
   episode (today's path, and what a daemon with task_checkpoints.enabled=false does).
-Timed through the SDK, as a trainer calls it: `env.reset()` on one env, N times, and
+and, as the floor both compare with, a bare desktop of the same image (no task): its reset and
+create are the restore path alone (spare claim, start gates), which task checkpoints cannot
+beat. Timed through the SDK, as a trainer calls it: `env.reset()` on one env, N times, and
 `client.create(task=...)` N times (each env destroyed after, not timed). Between rounds the
 bench waits `--pause` seconds, the agent's episode, during which the spare pool refills.
 
@@ -65,12 +67,13 @@ def wait_spare(client: Any, checkpoint: str, limit_s: float = 60.0) -> float:
 
 
 def run_variant(
-    client: Any, task: dict[str, Any], rounds: int, pause: float, want: str
+    client: Any, task: dict[str, Any] | None, rounds: int, pause: float, want: str | None
 ) -> dict[str, Any]:
     resets: list[float] = []
     creates: list[float] = []
     setups: set[str | None] = set()
-    with client.create(task=task) as env:  # the first: replays (and captures when cached)
+    source: dict[str, Any] = {"task": task} if task is not None else {"image": "office"}
+    with client.create(**source) as env:  # the first: replays (and captures when cached)
         first_setup = env.slot.task_setup
         env.reset()  # a cached variant's first restore: its spares start here
         checkpoint = env.slot.checkpoint
@@ -84,7 +87,7 @@ def run_variant(
     for _ in range(rounds):
         time.sleep(pause)
         t0 = time.monotonic()
-        env = client.create(task=task)
+        env = client.create(**source)
         creates.append(time.monotonic() - t0)
         setups.add(env.slot.task_setup)
         env.close()
@@ -113,6 +116,10 @@ def main() -> int:
     results: dict[str, Any] = {}
     try:
         with drums.connect(daemon.url, token=daemon.token) as client:
+            results["bare"] = {
+                "task": None,
+                "bare": run_variant(client, None, opts.rounds, opts.pause, None),
+            }
             for path in paths:
                 task = json.loads(path.read_text())
                 never = copy.deepcopy(task)
@@ -128,7 +135,12 @@ def main() -> int:
         f"{'task / figure (same run)':<40}{'cached p50':>11}{'p99':>8}"
         f"{'replayed p50':>14}{'p99':>8}{'ratio p50':>11}"
     )
+    for what in ("reset", "create"):
+        b = results["bare"]["bare"][what]
+        print(f"{'bare desktop (no task) ' + what:<40}{b['p50']:>11.3f}{b['p99']:>8.3f}")
     for name, r in results.items():
+        if name == "bare":
+            continue
         for what in ("reset", "create"):
             c, p = r["cached"][what], r["replayed"][what]
             r[f"ratio_{what}_p50"] = p["p50"] / c["p50"]

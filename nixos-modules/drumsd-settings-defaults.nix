@@ -100,6 +100,13 @@
     pages_to_scan = 1000;
     sleep_millisecs = 20;
   };
+  task_checkpoints = {
+    enabled = true;
+    max_mib = 4096.0;
+    idle_timeout_s = 3600.0;
+    ttl_s = null;
+    spares = true;
+  };
   drain_timeout_s = 10.0;
   gate_refresh_s = 3.0;
   step_timeout_s = 120.0;

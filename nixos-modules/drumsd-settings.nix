@@ -493,6 +493,40 @@ in
       };
     };
   };
+  task_checkpoints = mkOption {
+    description = "Task checkpoints: a task's setup captured once, restored by its later creates and resets.";
+    default = { };
+    type = types.submodule {
+      freeformType = jsonFormat.type;
+      options = {
+        enabled = mkOption {
+          type = types.bool;
+          default = defaults.task_checkpoints.enabled;
+          description = "capture a task's first setup and restore it for later episodes";
+        };
+        max_mib = mkOption {
+          type = types.nullOr (types.addCheck types.number (x: x > 0));
+          default = defaults.task_checkpoints.max_mib;
+          description = "state_dir MiB they may hold (LRU beyond; null = no cap)";
+        };
+        idle_timeout_s = mkOption {
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
+          default = defaults.task_checkpoints.idle_timeout_s;
+          description = "drumsd setting `task_checkpoints.idle_timeout_s`";
+        };
+        ttl_s = mkOption {
+          type = types.nullOr (types.addCheck types.number (x: x >= 0 && x <= 2592000));
+          default = defaults.task_checkpoints.ttl_s;
+          description = "drumsd setting `task_checkpoints.ttl_s`";
+        };
+        spares = mkOption {
+          type = types.bool;
+          default = defaults.task_checkpoints.spares;
+          description = "warm spares of a task checkpoint once a later episode uses it";
+        };
+      };
+    };
+  };
   drain_timeout_s = mkOption {
     type = types.addCheck types.number (x: x > 0 && x <= 600);
     default = defaults.drain_timeout_s;

@@ -215,6 +215,11 @@ class Slot(ResponseModel):
     episode_id: Optional[str] = None
     parent: Optional[str] = None
     task_id: Optional[str] = None
+    task_setup: Optional[Literal["cached", "replayed"]] = Field(
+        default=None,
+        description="how this episode's task setup was done: restored from the task's "
+        "checkpoint (cached) or its steps run (replayed); None without a task",
+    )
     created_at: datetime
     last_used_at: datetime
     expires_at: Optional[datetime] = None
@@ -274,6 +279,7 @@ class CheckpointKind(str, Enum):
     template = "template"
     saved = "saved"
     prefork = "prefork"
+    task = "task"  # a task's setup, captured once and restored by later episodes of the task
 
 
 class Checkpoint(ResponseModel):

@@ -32,6 +32,7 @@ def slot(rec: SlotRecord) -> wire.Slot:
         episode_id=rec.episode_id or None,
         parent=rec.parent,
         task_id=rec.task_id,
+        task_setup=rec.task_setup,
         created_at=at(rec.created_at),
         last_used_at=at(rec.last_used_at),
         expires_at=ts(record_expires_at(rec)) if rec.status is not SlotStatus.destroyed else None,

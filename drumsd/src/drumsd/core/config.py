@@ -187,6 +187,22 @@ class SparesConfig(Block):
     )
 
 
+class TaskCheckpointsConfig(Block):
+    """Task checkpoints: a task's setup captured once, restored by its later creates and resets."""
+
+    enabled: bool = Field(
+        default=True, description="capture a task's first setup and restore it for later episodes"
+    )
+    max_mib: float | None = Field(
+        default=4096.0, gt=0, description="state_dir MiB they may hold (LRU beyond; null = no cap)"
+    )
+    idle_timeout_s: LeaseSeconds = 3600.0
+    ttl_s: LeaseSeconds = None
+    spares: bool = Field(
+        default=True, description="warm spares of a task checkpoint once a later episode uses it"
+    )
+
+
 class KsmConfig(Block):
     """Kernel same-page merging across slots (a cross-slot timing side channel: one tenant)."""
 
@@ -265,6 +281,7 @@ class Config(Block):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     spares: SparesConfig = Field(default_factory=SparesConfig)
     ksm: KsmConfig = Field(default_factory=KsmConfig)
+    task_checkpoints: TaskCheckpointsConfig = Field(default_factory=TaskCheckpointsConfig)
     drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
     gate_refresh_s: float = Field(
         default=3.0, gt=0, le=600, description="how often live slots' running gates are judged"

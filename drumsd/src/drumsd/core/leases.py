@@ -37,6 +37,12 @@ def state_lease(
     if kind is CheckpointKind.prefork:
         # A prefork is only worth reusing while young; it never outlives prefork_max_age_s.
         return Lease(idle_timeout_s or config.prefork_max_age_s, config.prefork_max_age_s)
+    if kind is CheckpointKind.task:
+        tc = config.task_checkpoints
+        return Lease(
+            idle_timeout_s=idle_timeout_s or tc.idle_timeout_s,
+            ttl_s=ttl_s if ttl_s is not None else tc.ttl_s,
+        )
     return Lease(
         idle_timeout_s=idle_timeout_s or config.lease.state_idle_timeout_s,
         ttl_s=ttl_s if ttl_s is not None else config.lease.state_ttl_s,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,7 @@ class CheckpointKind(StrEnum):
     template = "template"
     saved = "saved"
     prefork = "prefork"
+    task = "task"  # a task's setup done on a source checkpoint (core/task_checkpoints.py)
 
 
 class Record(BaseModel):
@@ -73,6 +74,11 @@ class SlotRecord(Record):
     terminal: str | None = None  # done | fail, the episode's terminal action
     task_id: str | None = None
     task: dict[str, Any] | None = None
+    # Task checkpoints: the checkpoint the task's setup runs on (rec.checkpoint is the task
+    # checkpoint while an episode restored one), and whether this episode's setup was
+    # "cached" (restored) or "replayed" (its steps ran); None without a task.
+    task_source: str | None = None
+    task_setup: Literal["cached", "replayed"] | None = None
     gates: list[GateEntry] = Field(default_factory=list)
     baseline: dict[str, Any] = Field(default_factory=dict)  # facts at episode start
     quarantine_reason: str | None = None
@@ -97,6 +103,8 @@ class CheckpointRecord(Record):
     source_actions: int | None = None  # the slot's action count when dumped (prefork reuse)
     task_id: str | None = None
     task: dict[str, Any] | None = None
+    task_key: str | None = None  # a task checkpoint's key (core/task_checkpoints.py)
+    task_source: str | None = None  # the checkpoint a task checkpoint's setup ran on
     profile: str = "hardened"
     size_mib: float = 0.0
     ready: bool = False  # false until the dump finished; unready ones are cleaned on start

@@ -35,11 +35,19 @@ def _tree_sha256(root: Path) -> str:
     return trees.tree_sha256(root)
 
 
+SnapshotFacts = tuple[str, dict[str, str]]  # a snapshot's tree hash and its upper manifest
+
+
+def snapshot_facts(snapshot: Path, volatile: Sequence[str]) -> SnapshotFacts:
+    return _tree_sha256(snapshot), ev.upper_manifest(snapshot, volatile)
+
+
 def state_hash_evidence(
     live_upper: Path,
     snapshot: Path,
     volatile: Sequence[str] = ev.VOLATILE_UPPER,
     written_since: float | None = None,
+    known: SnapshotFacts | None = None,
 ) -> dict[str, Any]:
     """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc.
 
@@ -53,9 +61,9 @@ def state_hash_evidence(
         return {"upper_unreadable": f"checkpoint snapshot {snapshot} is missing"}
     if not live_upper.is_dir():
         return {"upper_unreadable": f"slot upper {live_upper} is missing"}
-    snapshot_sha = _tree_sha256(snapshot)
+    snapshot_sha, snapshot_manifest = known or snapshot_facts(snapshot, volatile)
     live = ev.upper_manifest(live_upper, volatile)
-    diff = ev.manifest_diff(live, ev.upper_manifest(snapshot, volatile))
+    diff = ev.manifest_diff(live, snapshot_manifest)
     written: list[str] = []
     if written_since is not None:
         diff, written = ev.split_written_since(diff, live_upper, written_since)
@@ -95,12 +103,35 @@ def lock_evidence(pids: Sequence[int], init_pid: int, uid_base: int | None) -> d
     return {"lock_applied": applied, "lock": detail}
 
 
+SNAPSHOTS_KEPT = 64
+
+
 class GateEvidence:
-    """Reads the evidence; stateless apart from the expected mount table (same for every slot)."""
+    """Reads the evidence; keeps the expected mount table (same for every slot) and the facts of
+    checkpoint snapshots it has read. A checkpoint's upper snapshot is written once, by its dump,
+    and only copied from after: its hash and manifest are read once (per directory inode and
+    mtime), not at every episode start (0.2-0.3 s of a reset for an office task checkpoint's
+    260-entry upper, measured here). The live upper is still walked every time."""
 
     def __init__(self, volatile: Sequence[str] = ev.VOLATILE_UPPER) -> None:
         self.volatile = tuple(volatile)
         self.expected_mounts = ev.expected_slot_mounts()
+        self._snapshots: dict[tuple[str, int, int], SnapshotFacts] = {}
+
+    def snapshot(self, snapshot: Path) -> SnapshotFacts | None:
+        """The snapshot's facts, read once; None when it cannot be read (the caller reports)."""
+        try:
+            st = snapshot.stat()
+        except OSError:
+            return None
+        key = (str(snapshot), st.st_ino, st.st_mtime_ns)
+        known = self._snapshots.get(key)
+        if known is None:
+            known = snapshot_facts(snapshot, self.volatile)
+            while len(self._snapshots) >= SNAPSHOTS_KEPT:
+                self._snapshots.pop(next(iter(self._snapshots)), None)
+            self._snapshots[key] = known
+        return known
 
     def read(
         self,
@@ -123,5 +154,8 @@ class GateEvidence:
         if profile == "hardened" and facts.get("alive"):
             out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
         if snapshot is not None:
-            out.update(state_hash_evidence(handle.upper, snapshot, self.volatile, written_since))
+            known = self.snapshot(snapshot) if snapshot.is_dir() else None
+            out.update(
+                state_hash_evidence(handle.upper, snapshot, self.volatile, written_since, known)
+            )
         return out

@@ -77,7 +77,9 @@ def template_for(sup: Supervisor, image: str) -> CheckpointRecord | None:
 
 
 def referenced_checkpoints(sup: Supervisor) -> set[str]:
-    return {s.checkpoint for s in sup.slots.values() if is_live(s) or s.status is SlotStatus.failed}
+    """What live (or failed) slots restore from, and the sources their task setups run on."""
+    held = [s for s in sup.slots.values() if is_live(s) or s.status is SlotStatus.failed]
+    return {s.checkpoint for s in held} | {s.task_source for s in held if s.task_source}
 
 
 async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointRecord:

@@ -27,6 +27,7 @@ from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import new_id
 from drumsd.runtime.ops_checkpoints import resolve_source
+from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_create
 from drumsd.runtime.teardown import destroy_locked, discard
 
 if TYPE_CHECKING:
@@ -37,9 +38,12 @@ log = logging.getLogger("drumsd.supervisor")
 
 async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     sup._check_open()
-    cp = resolve_source(sup, req)
+    source = resolve_source(sup, req)
     sup._check_state_space("create")
     sup._admit("create", sup.slot_cost_mib())
+    # On a task: its task checkpoint, when one is ready, is what the slot restores.
+    plan = await plan_create(sup, source, req.task)
+    cp = plan.restore if plan is not None else source
     now = sup.clock()
     lease = slot_lease(sup.config, req.idle_timeout_s, req.ttl_s)
     rec = SlotRecord(
@@ -54,6 +58,7 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
         labels=dict(req.labels),
         task_id=cp.task_id,
         task=cp.task,
+        task_source=plan.source.id if plan is not None and plan.source is not None else None,
     )
     if cp.kind is not CheckpointKind.template:
         cp.last_used_at = now
@@ -66,8 +71,12 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
         handle = await restore_new(sup, rec, cp)
         await begin_episode(sup, rec, handle, "ready")
         sup._observe("create", rec.id, trio.current_time() - started)
-        if req.task is not None:
+        if plan is not None and plan.cached:
+            await load_cached(sup, rec, handle, cp, destroy_on_error=True)
+        elif req.task is not None:
             await load_task_locked(sup, rec, handle, req.task, destroy_on_error=True)
+            if plan is not None:
+                await capture_after_setup(sup, rec, plan)
     return rec
 
 
@@ -111,6 +120,7 @@ async def load_task_locked(
         raise
     rec.task_id = info.id
     rec.task = task_json
+    rec.task_setup = "replayed"
     sup._save_slot(rec, "task_loaded")
     sup._observe("task_setup", rec.id, trio.current_time() - started)
     return info

@@ -211,6 +211,7 @@ async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -
         rec = sup.get_slot(slot_id)
         check_can_step(rec)
         started = trio.current_time()
+        rec.task_source = rec.checkpoint  # this setup runs on the slot's state: resets replay it
         info = await load_task_locked(sup, rec, sup._handle(rec), task)
         return {"slot": slot_id, "task": info, "setup_s": trio.current_time() - started}
 

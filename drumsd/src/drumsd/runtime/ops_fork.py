@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,10 +97,16 @@ async def dump(
     kind: CheckpointKind,
     idle_timeout_s: float | None,
     ttl_s: float | None,
+    *,
+    task_key: str | None = None,
+    before_ready: Callable[[CheckpointRecord], Awaitable[None]] | None = None,
 ) -> CheckpointRecord:
+    """Dump the slot into a new checkpoint of `kind`. A saved state and a task checkpoint wait
+    for a quiet tree first; `before_ready` adds files to the checkpoint dir before it is usable
+    (a task checkpoint's run files)."""
     handle = sup._handle(rec)
     now = sup.clock()
-    prefix = {"saved": "st", "prefork": "pf", "template": "tpl"}[kind.value]
+    prefix = {"saved": "st", "prefork": "pf", "template": "tpl", "task": "tk"}[kind.value]
     cp_id = new_id(prefix)
     dest = sup.config.state_dir / "checkpoints" / cp_id
     source = sup.checkpoints.get(rec.checkpoint)
@@ -119,6 +126,7 @@ async def dump(
         source_actions=rec.actions,
         task_id=rec.task_id,
         task=rec.task,
+        task_key=task_key,
         profile=rec.profile,
     )
     sup._save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
@@ -131,8 +139,15 @@ async def dump(
         with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
             try:
                 ref = await quiet_capture(
-                    sup, rec, handle, cp_id, dest, wait_quiet=kind is CheckpointKind.saved
+                    sup,
+                    rec,
+                    handle,
+                    cp_id,
+                    dest,
+                    wait_quiet=kind in (CheckpointKind.saved, CheckpointKind.task),
                 )
+                if before_ready is not None:
+                    await before_ready(cp)
             except BaseException:
                 with trio.CancelScope(shield=True):
                     rec.status = SlotStatus.ready
@@ -152,7 +167,7 @@ async def dump(
     if kind is CheckpointKind.prefork:
         enable_spares(sup, cp)  # a prefork is captured to be branched: make that a thaw
     sup._observe(
-        "capture" if kind is CheckpointKind.saved else "prefork",
+        {"saved": "capture", "task": "task_checkpoint"}.get(kind.value, "prefork"),
         rec.id,
         trio.current_time() - started,
     )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from drumsd.core.records import (
+    CheckpointKind,
     SlotRecord,
     SlotStatus,
     check_can_reset,
@@ -16,6 +17,7 @@ from drumsd.core.records import (
 from drumsd.runtime.episodes import begin_episode, finish_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
+from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_reset
 from drumsd.runtime.teardown import destroy_locked
 
 if TYPE_CHECKING:
@@ -31,6 +33,15 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
         rec = sup.get_slot(slot_id)
         check_can_reset(rec)
         cp = sup.get_checkpoint(rec.checkpoint)
+        # On a task: its task checkpoint when one is ready, else its source (setup replays).
+        plan = await plan_reset(sup, rec, cp) if rec.task is not None else None
+        if plan is not None:
+            cp = plan.restore
+            rec.checkpoint = cp.id
+            rec.task_source = plan.source.id if plan.source is not None else rec.task_source
+        if cp.kind is CheckpointKind.task:
+            cp.last_used_at = sup.clock()  # task checkpoints are reaped least recently used
+            sup._save_checkpoint(cp, "used")
         old = sup._handle(rec)
         finish_episode(sup, rec)
         # Busy in memory only: after a crash mid-reset the journal still names the old tree,
@@ -47,8 +58,12 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
                 raise
         await begin_episode(sup, rec, handle, "reset", file=False)
         sup._observe("reset", slot_id, trio.current_time() - started)
-        if rec.task is not None and rec.status is SlotStatus.ready:
+        if plan is not None and plan.cached and rec.status is SlotStatus.ready:
+            await load_cached(sup, rec, handle, cp)
+        elif rec.task is not None and rec.status is SlotStatus.ready:
             await load_task_locked(sup, rec, handle, rec.task)
+            if plan is not None:
+                await capture_after_setup(sup, rec, plan)
     return rec
 
 

@@ -151,6 +151,9 @@ class Supervisor:
         self.pool_stats: dict[str, PoolStats] = {}
         self._pool_since: dict[str, float] = {}
         self._pool_targets: dict[str, int] = {}
+        # Task checkpoint keys whose capture was refused (not quiet, no space): trio time, so
+        # the next episodes replay without waiting for a quiet tree again for a while.
+        self.task_capture_refused: dict[str, float] = {}
         # Background services by name: liveness and last error, for /v1/health.
         self.services: dict[str, ServiceHealth] = {}
 

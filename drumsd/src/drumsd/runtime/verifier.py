@@ -6,6 +6,7 @@ the reward audit. Until a bridge is wired in, the placeholders answer "no task l
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from drums.models import TaskInfo, VerifyResult
@@ -13,6 +14,7 @@ from drums.models import TaskInfo, VerifyResult
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import SlotHandle
+from drumsd.core.task_checkpoints import SetupFingerprint
 
 
 @runtime_checkable
@@ -40,6 +42,33 @@ class TaskCatalog(Protocol):
 
     def forget_slot(self, slot_id: str) -> None:
         """The slot is destroyed: drop what its episodes left (task-run dirs)."""
+        ...
+
+
+@runtime_checkable
+class TaskSetupCache(Protocol):
+    """What a task catalog offers for task checkpoints (runtime/ops_task_checkpoints.py)."""
+
+    async def setup_fingerprint(
+        self, task: str | dict[str, Any], *, enabled: bool
+    ) -> SetupFingerprint:
+        """Everything the task's setup depends on but its source checkpoint; DrumsdError
+        (not_found, invalid_request) when the task cannot be resolved."""
+        ...
+
+    async def keep_run_files(self, slot_id: str, checkpoint_dir: Path) -> None:
+        """Copy what the slot's setup left on the host (its run dir) into the checkpoint dir."""
+        ...
+
+    async def load_cached(
+        self,
+        slot_record: SlotRecord,
+        handle: SlotHandle,
+        task_json: dict[str, Any],
+        checkpoint_dir: Path,
+    ) -> TaskInfo:
+        """A new episode restored from a task checkpoint: the task's info, and the slot's run
+        dir as the setup left it (from the checkpoint dir); no setup step runs."""
         ...
 
 

@@ -23,6 +23,7 @@ from drumsd.core.config import TasksConfig
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
+from drumsd.core.task_checkpoints import SetupFingerprint
 
 from . import terminal
 from .apps import AppManifest, manifest_for_root
@@ -42,6 +43,7 @@ from .model import (
     task_support_table,
 )
 from .setup import SetupError, WindowInfo, run_setup
+from .setup_cache import FileHashes, restore_run_files, save_run_files, setup_fingerprint
 
 log = logging.getLogger("drumsd.tasks.bridge")
 
@@ -211,6 +213,7 @@ class TaskBridge:
         self._manifests: dict[str, AppManifest] = {}  # image root -> its apps
         # What /v1/health reports under `tasks` (the image's apps, where OSWorld's tasks are).
         self.status: dict[str, Any] = {}
+        self.file_hashes = FileHashes()  # the setup files of task checkpoint keys
 
     def checker_health(self) -> dict[str, Any]:
         """How checker calls run, for /v1/health's pools.checkers."""
@@ -298,6 +301,40 @@ class TaskBridge:
             code = "timeout" if timed_out else "setup_failed"
             raise DrumsdError(code, f"setup of task {resolved.id} failed: {exc}") from exc
         return info, resolved.model_dump(mode="json", exclude_none=True)
+
+    # ---- task checkpoints (the TaskSetupCache seam; the work is in setup_cache.py) ----------
+
+    async def setup_fingerprint(
+        self, task: str | dict[str, Any], *, enabled: bool
+    ) -> SetupFingerprint:
+        resolved = await trio.to_thread.run_sync(lookup_task, task, self.ctx.task_dirs)
+
+        def read() -> SetupFingerprint:
+            return setup_fingerprint(resolved, self.ctx, self.file_hashes, enabled=enabled)
+
+        try:
+            return await trio.to_thread.run_sync(read)
+        except TaskError as exc:
+            raise DrumsdError("invalid_request", str(exc)) from exc
+
+    async def keep_run_files(self, slot_id: str, checkpoint_dir: Path) -> None:
+        run_dir = self._run_dir(slot_id)
+        await trio.to_thread.run_sync(save_run_files, run_dir, checkpoint_dir)
+
+    async def load_cached(
+        self,
+        slot_record: SlotRecord,
+        handle: SlotHandle,
+        task_json: dict[str, Any],
+        checkpoint_dir: Path,
+    ) -> TaskInfo:
+        resolved = resolve_task(task_json, [])
+
+        def prepare() -> None:
+            restore_run_files(checkpoint_dir, self._run_dir(slot_record.id, fresh=True))
+
+        await trio.to_thread.run_sync(prepare)
+        return task_info(resolved, self.ctx)
 
     async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> WireVerifyResult:
         if slot_record.task is None:

@@ -17,6 +17,7 @@ from drumsd.core.leases import (
 from drumsd.core.retention import files_to_delete
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
+from drumsd.runtime.ops_task_checkpoints import reap_over_cap
 from drumsd.runtime.services import guarded_loop
 from drumsd.runtime.store import snapshot_of
 
@@ -49,6 +50,7 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
     for cp, reason in expired_checkpoints(list(sup.checkpoints.values()), referenced, now):
         await delete_checkpoint_record(sup, cp, f"lease: {reason}")
         done["checkpoints"].append(cp.id)
+    done["checkpoints"] += await reap_over_cap(sup)  # task checkpoints past their MiB cap
     for rec in stale_tombstones(list(sup.slots.values()), now):
         sup.slots.pop(rec.id, None)
         sup._locks.pop(rec.id, None)

@@ -1,0 +1,132 @@
+"""Task checkpoints, the pure part: the key a task's setup is cached under, which setups may be
+cached at all, which cached ones to reap when they outgrow their cap.
+
+A task checkpoint is the desktop right after a task's setup ran on a source checkpoint (a
+template or a saved state), captured once; later creates and resets of the same task restore it
+instead of replaying the setup. Its key must change whenever anything the setup depends on does:
+the source (its id and hashes), the task's JSON, the bytes of every host file the setup copies
+in, and the values its placeholders and commands are filled with (screen size, password, user
+home, the browser and python commands).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from drumsd.core.records import CheckpointKind, CheckpointRecord
+
+# Bumped when what a key covers changes, so keys of an older daemon never match.
+KEY_VERSION = 1
+
+# Setup step types whose result must not be reused by another episode, and why. Decided by
+# type: the rest (commands, app launches, files from the cache or assets, window actions) give
+# the same desktop every time they run on the same source.
+PER_EPISODE_STEPS: Mapping[str, str] = {
+    "update_browse_history": "time-dependent: its visit times count back from the episode's start",
+    "chrome_open_tabs": "network: the tabs load their pages when the setup runs",
+}
+
+
+@dataclass(frozen=True)
+class SetupFingerprint:
+    """Everything a task's setup depends on besides its source checkpoint, as the task bridge
+    read it: `files` maps each host file the setup reads to the sha256 of its bytes."""
+
+    task_id: str
+    task_json: Mapping[str, Any]
+    files: Mapping[str, str]
+    context: Mapping[str, Any]
+    cacheable: bool
+    reason: str | None = None  # why the setup must run per episode (cacheable False)
+
+
+def source_identity(cp: CheckpointRecord) -> dict[str, Any]:
+    """What names the desktop a setup starts from: a rebuilt template or another saved state
+    is another source, even of the same image."""
+    return {
+        "id": cp.id,
+        "kind": cp.kind.value,
+        "image": cp.image,
+        "image_sha256": cp.image_sha256,
+        "upper_sha256": cp.upper_sha256,
+        "profile": cp.profile,
+    }
+
+
+def task_checkpoint_key(source: Mapping[str, Any], fp: SetupFingerprint) -> str:
+    """sha256 over the source, the task's JSON, the setup's file hashes and its context, in a
+    canonical JSON form (sorted keys, so a dict's order does not change the key)."""
+    doc = {
+        "v": KEY_VERSION,
+        "source": dict(source),
+        "task": fp.task_json,
+        "files": dict(fp.files),
+        "context": dict(fp.context),
+    }
+    blob = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def setup_cacheable(
+    step_types: Iterable[str], task_option: Any, *, enabled: bool = True
+) -> tuple[bool, str | None]:
+    """(cacheable, why not). `task_option` is the task's `drums.cache_setup` (None when the
+    task does not say); `enabled` the daemon's `task_checkpoints.enabled`."""
+    if not enabled:
+        return False, "task checkpoints are off on this daemon (task_checkpoints.enabled)"
+    if task_option is False:
+        return False, "the task opts out (drums.cache_setup is false)"
+    types = list(step_types)
+    if not types:
+        return False, "the task has no setup steps: its episode is its source's restore"
+    for kind in types:
+        why = PER_EPISODE_STEPS.get(kind)
+        if why is not None and task_option is not True:
+            return False, f"setup step {kind!r} must run per episode ({why})"
+    return True, None
+
+
+def check_cache_option(value: Any) -> str | None:
+    """A problem with a task's `drums.cache_setup`, or None: it is a bool when given."""
+    if value is None or isinstance(value, bool):
+        return None
+    return f"drums.cache_setup must be true or false, not {value!r}"
+
+
+def find_task_checkpoint(
+    checkpoints: Iterable[CheckpointRecord], key: str
+) -> CheckpointRecord | None:
+    """The newest ready task checkpoint under `key` that is not being deleted."""
+    found = [
+        cp
+        for cp in checkpoints
+        if cp.kind is CheckpointKind.task
+        and cp.task_key == key
+        and cp.ready
+        and not cp.delete_when_unused
+    ]
+    return max(found, key=lambda c: c.created_at) if found else None
+
+
+def task_checkpoints_over_cap(
+    checkpoints: Iterable[CheckpointRecord], referenced: set[str], cap_mib: float | None
+) -> list[tuple[CheckpointRecord, str]]:
+    """Least recently used task checkpoints to delete so the rest fit under `cap_mib` (None:
+    no cap). One a live slot restores from is never chosen; it still counts towards the total."""
+    if cap_mib is None:
+        return []
+    mine = [cp for cp in checkpoints if cp.kind is CheckpointKind.task and cp.ready]
+    total = sum(cp.size_mib for cp in mine)
+    out: list[tuple[CheckpointRecord, str]] = []
+    for cp in sorted(mine, key=lambda c: (c.last_used_at, c.created_at)):
+        if total <= cap_mib:
+            break
+        if cp.id in referenced:
+            continue
+        out.append((cp, f"task checkpoints over task_checkpoints.max_mib={cap_mib:g} (LRU)"))
+        total -= cp.size_mib
+    return out

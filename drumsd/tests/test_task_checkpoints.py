@@ -1,0 +1,368 @@
+"""Task checkpoints: the key (every input changes it), which setups may be cached, the LRU cap,
+and creates and resets on a task through the API over the in-memory runtime with the real task
+bridge (the first setup replays and is captured; later episodes restore it and run no step)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drumsd.core.records import CheckpointKind, CheckpointRecord
+from drumsd.core.task_checkpoints import (
+    PER_EPISODE_STEPS,
+    SetupFingerprint,
+    find_task_checkpoint,
+    setup_cacheable,
+    source_identity,
+    task_checkpoint_key,
+    task_checkpoints_over_cap,
+)
+from drumsd.runtime.memory_runtime import MemoryRuntime
+from drumsd.tasks.bridge import TaskBridge
+from drumsd.tasks.model import Task, TaskContext
+from drumsd.tasks.setup_cache import FileHashes, setup_fingerprint
+from test_api_app import create, error_of, open_api, wait_valid
+
+# ---- the key (pure) --------------------------------------------------------------------------
+
+
+def _cp(**kw: Any) -> CheckpointRecord:
+    base: dict[str, Any] = {
+        "id": "tpl-1",
+        "kind": CheckpointKind.template,
+        "created_at": 1.0,
+        "last_used_at": 1.0,
+        "dir": "/x",
+        "image": "office",
+        "image_sha256": "a" * 64,
+        "upper_sha256": "b" * 64,
+    }
+    return CheckpointRecord(**{**base, **kw})
+
+
+def _fp(**kw: Any) -> SetupFingerprint:
+    base: dict[str, Any] = {
+        "task_id": "t1",
+        "task_json": {"id": "t1", "config": [{"type": "launch", "parameters": {"command": "x"}}]},
+        "files": {"/cache/t1/a.xlsx": "1" * 64},
+        "context": {"placeholders": {"{SCREEN_WIDTH}": "1920"}, "user_home": "/home/user"},
+        "cacheable": True,
+    }
+    return SetupFingerprint(**{**base, **kw})
+
+
+BASE_KEY = task_checkpoint_key(source_identity(_cp()), _fp())
+
+
+@pytest.mark.parametrize(
+    ("source", "fp"),
+    [
+        (_cp(id="tpl-2"), _fp()),  # a rebuilt template
+        (_cp(image_sha256="c" * 64), _fp()),  # another image
+        (_cp(upper_sha256="d" * 64), _fp()),
+        (_cp(kind=CheckpointKind.saved), _fp()),
+        (_cp(image="base"), _fp()),
+        (_cp(profile="trusted"), _fp()),
+        (_cp(), _fp(task_json={"id": "t1", "config": []})),  # the task's JSON
+        (_cp(), _fp(files={"/cache/t1/a.xlsx": "2" * 64})),  # a file's bytes
+        (_cp(), _fp(files={"/cache/t1/a.xlsx": "1" * 64, "/cache/t1/b": "3" * 64})),
+        (_cp(), _fp(files={})),
+        (_cp(), _fp(context={"placeholders": {"{SCREEN_WIDTH}": "1280"}})),  # screen size
+        (_cp(), _fp(context={"placeholders": {"{SCREEN_WIDTH}": "1920"}, "user_home": "/h"})),
+    ],
+)
+def test_every_input_changes_the_key(source: CheckpointRecord, fp: SetupFingerprint) -> None:
+    assert task_checkpoint_key(source_identity(source), fp) != BASE_KEY
+
+
+def test_the_key_does_not_depend_on_dict_order() -> None:
+    fp = _fp()
+    shuffled = _fp(task_json=dict(reversed(list(fp.task_json.items()))))
+    assert task_checkpoint_key(source_identity(_cp()), shuffled) == BASE_KEY
+    assert len(BASE_KEY) == 64
+
+
+def test_which_setups_may_be_cached() -> None:
+    assert setup_cacheable(["execute", "launch", "open", "drums_files"], None) == (True, None)
+    ok, why = setup_cacheable(["launch"], False)
+    assert not ok and "drums.cache_setup is false" in (why or "")
+    ok, why = setup_cacheable(["launch"], None, enabled=False)
+    assert not ok and "task_checkpoints.enabled" in (why or "")
+    ok, why = setup_cacheable([], None)
+    assert not ok and "no setup steps" in (why or "")
+    for kind, reason in PER_EPISODE_STEPS.items():
+        ok, why = setup_cacheable(["launch", kind], None)
+        assert not ok and kind in (why or "") and reason in (why or "")
+        # A task that says its setup may be cached overrides the guess by step type.
+        assert setup_cacheable(["launch", kind], True) == (True, None)
+
+
+def test_task_checkpoints_over_the_cap_go_least_recently_used_first() -> None:
+    def tk(i: str, used: float, mib: float) -> CheckpointRecord:
+        return _cp(id=i, kind=CheckpointKind.task, last_used_at=used, size_mib=mib, ready=True)
+
+    cps = [tk("old", 1, 100), tk("mid", 2, 100), tk("new", 3, 100), _cp(size_mib=500, ready=True)]
+    assert task_checkpoints_over_cap(cps, set(), None) == []
+    assert task_checkpoints_over_cap(cps, set(), 300) == []
+    assert [c.id for c, _ in task_checkpoints_over_cap(cps, set(), 150)] == ["old", "mid"]
+    # One a live slot restores is kept (and still counts): the next oldest goes instead.
+    doomed = task_checkpoints_over_cap(cps, {"old"}, 150)
+    assert [c.id for c, _ in doomed] == ["mid", "new"]
+    assert "task_checkpoints.max_mib=150" in doomed[0][1]
+
+
+def test_find_takes_the_newest_ready_one_under_the_key() -> None:
+    a = _cp(id="a", kind=CheckpointKind.task, task_key="k", ready=True, created_at=1)
+    b = _cp(id="b", kind=CheckpointKind.task, task_key="k", ready=True, created_at=2)
+    unready = _cp(id="c", kind=CheckpointKind.task, task_key="k", ready=False, created_at=3)
+    going = _cp(id="d", kind=CheckpointKind.task, task_key="k", ready=True, created_at=4)
+    going.delete_when_unused = True
+    other = _cp(id="e", kind=CheckpointKind.task, task_key="x", ready=True, created_at=5)
+    found = find_task_checkpoint([a, b, unready, going, other], "k")
+    assert found is not None and found.id == "b"
+    assert find_task_checkpoint([a], "nope") is None
+
+
+# ---- the fingerprint reads the setup's files -------------------------------------------------
+
+
+def _task(task_id: str = "tk-files", **extra: Any) -> dict[str, Any]:
+    return {
+        "id": task_id,
+        "instruction": "x",
+        "config": [
+            {
+                "type": "drums_files",
+                "parameters": {"files": [{"src": "in.txt", "path": "~/in.txt"}]},
+            },
+            {
+                "type": "execute",
+                "parameters": {"command": ["python", "-c", "print(1)"], "stdout": "setup.out"},
+            },
+        ],
+        "evaluator": {"func": "infeasible"},
+        **extra,
+    }
+
+
+def _assets(tmp: Path, task_id: str = "tk-files", text: str = "one") -> Path:
+    root = tmp / "assets"
+    (root / task_id).mkdir(parents=True, exist_ok=True)
+    (root / task_id / "in.txt").write_text(text)
+    return root
+
+
+def test_the_fingerprint_follows_the_bytes_of_the_setups_files(tmp_path: Path) -> None:
+    ctx = TaskContext(assets_dir=_assets(tmp_path))
+    task = Task.model_validate(_task())
+    hashes = FileHashes()
+    first = setup_fingerprint(task, ctx, hashes)
+    assert first.cacheable and list(first.files) == [str(tmp_path / "assets/tk-files/in.txt")]
+    assert setup_fingerprint(task, ctx, hashes) == first
+    path = tmp_path / "assets/tk-files/in.txt"
+    path.write_text("two")
+    os.utime(path, ns=(1, 1))  # another mtime: the remembered hash is not reused
+    assert setup_fingerprint(task, ctx, hashes).files != first.files
+    wider = setup_fingerprint(task, ctx.model_copy(update={"screen_width": 1280}), hashes)
+    assert wider.context != first.context
+
+
+# ---- creates and resets through the API ------------------------------------------------------
+
+
+class CountingRuntime(MemoryRuntime):
+    """The in-memory runtime, counting the commands setup steps run in slots."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.execs = 0
+
+    async def exec_user(self, handle, command, timeout_s):  # type: ignore[no-untyped-def]
+        self.execs += 1
+        done = await super().exec_user(handle, command, timeout_s)
+        return type(done)(done.returncode, f"ran in {handle.slot_id}\n", done.stderr)
+
+
+def _bridge(api, tmp: Path, text: str = "one") -> TaskBridge:  # type: ignore[no-untyped-def]
+    bridge = TaskBridge(
+        TaskContext(assets_dir=_assets(tmp, text=text)), api.runtime, run_root=tmp / "runs"
+    )
+    api.sup.tasks = bridge
+    return bridge
+
+
+async def _task_checkpoints(api) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    r = await api.client.get("/v1/checkpoints")
+    assert r.status_code == 200, r.text
+    return [c for c in r.json()["checkpoints"] if c["kind"] == "task"]
+
+
+async def test_a_tasks_first_setup_is_captured_and_later_episodes_restore_it(
+    tmp_path: Path,
+) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        assert first["task_setup"] == "replayed" and first["task_id"] == "tk-files"
+        assert api.runtime.execs == 1
+        tcps = await _task_checkpoints(api)
+        assert len(tcps) == 1 and tcps[0]["task_id"] == "tk-files"
+        assert first["checkpoint"] != tcps[0]["id"]  # this episode ran on the template
+        setup_out = (tmp_path / "runs" / first["id"] / "setup.out").read_text()
+        assert setup_out == f"ran in {first['id']}\n"
+
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "cached" and second["task_id"] == "tk-files"
+        assert second["checkpoint"] == tcps[0]["id"]
+        assert api.runtime.execs == 1  # no setup step ran
+        # The setup's host-side output (a checker may read it) came with the checkpoint.
+        assert (tmp_path / "runs" / second["id"] / "setup.out").read_text() == setup_out
+        gates = await wait_valid(api, second["id"])
+        assert gates["valid"] is True, gates
+        state_hash = next(g for g in gates["gates"] if g["name"] == "state_hash")
+        assert state_hash["status"] == "pass", state_hash
+
+        r = await api.client.post(f"/v1/slots/{first['id']}/reset")
+        assert r.status_code == 200, r.text
+        assert r.json()["task_setup"] == "cached" and r.json()["checkpoint"] == tcps[0]["id"]
+        assert r.json()["task_id"] == "tk-files" and api.runtime.execs == 1
+        assert (tmp_path / "runs" / first["id"] / "setup.out").read_text() == setup_out
+        assert len(await _task_checkpoints(api)) == 1
+        rec = api.sup.slots[first["id"]]
+        assert rec.task_source is not None and api.sup.checkpoints[rec.task_source].kind.value == (
+            "template"
+        )
+
+
+async def test_a_changed_asset_is_a_new_setup(tmp_path: Path) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime) as api:
+        _bridge(api, tmp_path)
+        slot = await create(api, task=_task())
+        asset = tmp_path / "assets/tk-files/in.txt"
+        asset.write_text("changed")
+        os.utime(asset, ns=(5, 5))
+        r = await api.client.post(f"/v1/slots/{slot['id']}/reset")
+        assert r.json()["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert len(await _task_checkpoints(api)) == 2
+        again = await create(api, task=_task())
+        assert again["task_setup"] == "cached" and api.runtime.execs == 2
+
+
+@pytest.mark.parametrize("how", ["task_opts_out", "per_episode_step", "daemon_off"])
+async def test_setups_that_must_run_per_episode_are_replayed(tmp_path: Path, how: str) -> None:
+    task = _task()
+    cfg: dict[str, Any] = {}
+    if how == "task_opts_out":
+        task["drums"] = {"cache_setup": False}
+    elif how == "per_episode_step":
+        task["config"].append(
+            {"type": "update_browse_history", "parameters": {"history": []}},
+        )
+    else:
+        cfg["task_checkpoints"] = {"enabled": False}
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, **cfg) as api:
+        _bridge(api, tmp_path)
+        if how == "per_episode_step":  # the step itself needs a History file in the slot
+            (tmp_path / "hist").mkdir()
+            api.sup.tasks.ctx = api.sup.tasks.ctx.model_copy(
+                update={"cache_dir": tmp_path / "hist"}
+            )
+            _empty_history(tmp_path / "hist" / "history_empty.sqlite")
+        slot = await create(api, task=task)
+        assert slot["task_setup"] == "replayed"
+        r = await api.client.post(f"/v1/slots/{slot['id']}/reset")
+        assert r.status_code == 200, r.text
+        assert r.json()["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert await _task_checkpoints(api) == []
+
+
+def _empty_history(path: Path) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    conn.execute(
+        "CREATE TABLE urls (id INTEGER PRIMARY KEY, url, title, visit_count,"
+        " typed_count, last_visit_time, hidden)"
+    )
+    conn.execute(
+        "CREATE TABLE visits (id INTEGER PRIMARY KEY, url, visit_time, from_visit,"
+        " transition, segment_id, visit_duration)"
+    )
+    conn.commit()
+    conn.close()
+
+
+async def test_a_cache_setup_that_is_not_a_bool_is_refused_naming_it(tmp_path: Path) -> None:
+    async with open_api(tmp_path) as api:
+        _bridge(api, tmp_path)
+        r = await api.client.post("/v1/slots", json={"task": _task(drums={"cache_setup": "no"})})
+        err = error_of(r, 422, "invalid_request")
+        assert "drums.cache_setup must be true or false" in err["message"], err
+
+
+async def test_task_checkpoints_past_their_cap_are_reaped(tmp_path: Path) -> None:
+    async with open_api(tmp_path, task_checkpoints={"max_mib": 1e-9}) as api:
+        _bridge(api, tmp_path)
+        slot = await create(api, task=_task())
+        assert slot["task_setup"] == "replayed"
+        # Captured, then over the cap at once (it is not what a live slot restores): deleted.
+        assert await _task_checkpoints(api) == []
+        again = await create(api, task=_task())
+        assert again["task_setup"] == "replayed"
+
+
+async def test_a_task_checkpoint_named_as_the_state_is_a_cached_episode(tmp_path: Path) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime) as api:
+        _bridge(api, tmp_path)
+        await create(api, task=_task())
+        (tcp,) = await _task_checkpoints(api)
+        slot = await create(api, from_state=tcp["id"])
+        assert slot["task_setup"] == "cached" and slot["task_id"] == "tk-files"
+        r = await api.client.post(f"/v1/slots/{slot['id']}/reset")
+        assert r.json()["task_setup"] == "cached" and api.runtime.execs == 1
+
+
+async def test_a_tree_that_never_goes_quiet_is_not_waited_for_every_episode(
+    tmp_path: Path,
+) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, quiesce={"timeout_s": 0.2}) as api:
+        _bridge(api, tmp_path)
+        api.runtime.quiet = False
+        first = await create(api, task=_task())
+        assert first["task_setup"] == "replayed" and await _task_checkpoints(api) == []
+        waits = [c for c in api.runtime.calls if c[0] == "quiescent"]
+        assert waits, "the capture did not wait for a quiet tree"
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert [c for c in api.runtime.calls if c[0] == "quiescent"] == waits  # not tried again
+
+
+def test_a_snapshots_hash_and_manifest_are_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every episode start of a task checkpoint judged state_hash from a fresh walk and hash of
+    its immutable upper snapshot; now once per snapshot directory (inode, mtime)."""
+    from drumsd.runtime import gate_evidence as ge
+
+    snap = tmp_path / "cp" / "upper"
+    (snap / "home").mkdir(parents=True)
+    (snap / "home" / "a.txt").write_text("a")
+    reads: list[Path] = []
+    real = ge.snapshot_facts
+    monkeypatch.setattr(ge, "snapshot_facts", lambda p, v: reads.append(p) or real(p, v))
+    evidence = ge.GateEvidence(volatile=())
+    first = evidence.snapshot(snap)
+    assert evidence.snapshot(snap) == first and reads == [snap]
+    assert first is not None and first[0] == ge._tree_sha256(snap)
+    live = tmp_path / "live"
+    (live / "home").mkdir(parents=True)
+    (live / "home" / "a.txt").write_text("a")
+    assert ge.state_hash_evidence(live, snap, (), None, first)["upper_sha256"] == first[0]
+    (live / "home" / "a.txt").write_text("changed")
+    assert ge.state_hash_evidence(live, snap, (), None, first)["upper_diff"]["changed"]
+    (snap / "new").write_text("n")  # a rewritten snapshot dir (another mtime) is read again
+    os.utime(snap, ns=(7, 7))
+    assert evidence.snapshot(snap) != first and len(reads) == 2
+    assert evidence.snapshot(tmp_path / "missing") is None

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_features_off_is_a_valid_config_block_that_turns_every_switch_off() -> None:
     off = be.features_off()
     assert off["tasks"]["resident_checkers"] is False
+    assert off["task_checkpoints"]["enabled"] is False
     # Every switch names a real config field: the daemon would refuse an unknown key.
     Config.model_validate({"token_file": "/t", **off})
     for feature in be.FEATURES:

@@ -49,6 +49,7 @@ class FeatureSwitch:
 # One line per feature: the `features off` daemon applies every `off` block (merged per block).
 FEATURES: tuple[FeatureSwitch, ...] = (
     FeatureSwitch("resident_checkers", {"tasks": {"resident_checkers": False}}),
+    FeatureSwitch("task_checkpoints", {"task_checkpoints": {"enabled": False}}),
 )
 
 

@@ -24,7 +24,8 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 
-from .apps import AppManifest, manifest_for_root
+from . import accessibility
+from .apps import AppManifest, features, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
@@ -51,6 +52,8 @@ def context_from_config(
     cfg: TasksConfig, venv: CheckerVenv | None, **overrides: Any
 ) -> TaskContext:
     """The task context for the daemon's `tasks` config block (the config model owns defaults)."""
+    if "apps" in overrides and "capabilities" not in overrides:
+        overrides["capabilities"] = features(overrides["apps"])
     ctx = TaskContext(
         task_dirs=list(cfg.dirs),
         cache_dir=cfg.cache_dir,
@@ -130,6 +133,16 @@ class RuntimeSlotAccess:
 
     async def screenshot(self) -> bytes:
         return await self.runtime.screenshot(self.handle)
+
+    async def accessibility_tree(self) -> str:
+        """OSWorld's accessibility_tree getter: the XML, or an error the getter reports."""
+        done = await self.runtime.exec_user(
+            self.handle, accessibility.ARGV, accessibility.TIMEOUT_S
+        )
+        got = accessibility.parse(done.returncode, done.stdout, done.stderr)
+        if got.xml is None:
+            raise RuntimeError(got.reason)
+        return got.xml
 
 
 def is_task_id(ref: str | dict[str, Any]) -> bool:
@@ -220,7 +233,9 @@ class TaskBridge:
         root = str(lower[0])
         if root not in self._manifests:
             self._manifests[root] = manifest_for_root(Path(root))
-        return self.ctx.model_copy(update={"apps": self._manifests[root]})
+        manifest = self._manifests[root]
+        caps = self.ctx.capabilities | features(manifest)
+        return self.ctx.model_copy(update={"apps": manifest, "capabilities": caps})
 
     @property
     def run_root(self) -> Path:

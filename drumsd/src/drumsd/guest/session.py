@@ -1,0 +1,93 @@
+"""The desktop session desktop-init starts: chosen by the image's etc/drums/session file.
+
+An image names its session in one line (`osworld`); without the file a slot runs the `openbox`
+session (openbox and the printing xterm, as every image before profiles had sessions). A session
+is the environment every session process and every command the agent runs sees, and the programs
+started after Xvfb and the session bus. Kept apart from the image's package layer so changing a
+session rebuilds no packages, only the image's guest files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SESSION_FILE = "/etc/drums/session"
+DEFAULT = "openbox"
+AT_SPI_BUS_LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    # Merged into the session environment; a None value removes the variable.
+    env: dict[str, str | None] = field(default_factory=dict)
+    # (log name, argv), started in order after Xvfb and the session D-Bus.
+    programs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The xterm whose printer the terminal-output getter reads.
+    xterm: bool = True
+
+
+# What OSWorld's Ubuntu session sets, and what makes GTK and GL run on Xvfb without a GPU.
+_GNOME_ENV: dict[str, str | None] = {
+    "XDG_CURRENT_DESKTOP": "GNOME",
+    "XDG_SESSION_DESKTOP": "gnome",
+    "XDG_SESSION_TYPE": "x11",
+    "DESKTOP_SESSION": "gnome",
+    "LIBGL_ALWAYS_SOFTWARE": "1",
+    "GSK_RENDERER": "cairo",  # GTK4 (Files, Settings): no GL context to keep per window
+    "NO_AT_BRIDGE": None,  # the accessibility tree is the point here
+}
+# The accessibility bus: at-spi-bus-launcher runs its own dbus-daemon and registers it on the
+# session bus as org.a11y.Bus; the registry is activated on that bus by the first toolkit that
+# registers (metacity, a GTK app), so both are in the tree the template checkpoint dumps.
+_A11Y_BUS = ("at-spi-bus", (AT_SPI_BUS_LAUNCHER, "--launch-immediately"))
+
+SESSIONS: dict[str, Session] = {
+    "openbox": Session(
+        "openbox",
+        env={"NO_AT_BRIDGE": "1"},  # no accessibility bus: one process less, nothing lost here
+        programs=(("openbox", ("openbox", "--sm-disable")),),
+    ),
+    # The checkpointable GNOME look-alike (gnome-shell itself cannot be dumped: docs/image.md).
+    "osworld": Session(
+        "osworld",
+        env=_GNOME_ENV,
+        programs=(
+            _A11Y_BUS,
+            ("metacity", ("metacity", "--replace")),
+            ("wallpaper", ("hsetroot", "-solid", "#2c001e")),
+            ("top-bar", ("tint2", "-c", "/etc/xdg/tint2/drums-top.tint2rc")),
+            ("dock", ("tint2", "-c", "/etc/xdg/tint2/drums-dock.tint2rc")),
+        ),
+        xterm=False,
+    ),
+    # GNOME Shell in X11 mode on llvmpipe, as OSWorld's VM runs it.
+    "gnome-shell": Session(
+        "gnome-shell",
+        env=_GNOME_ENV,
+        programs=(_A11Y_BUS, ("gnome-shell", ("gnome-shell", "--x11", "--replace"))),
+        xterm=False,
+    ),
+}
+
+
+def read_session(path: str = SESSION_FILE) -> Session:
+    """The session the image names, or the default one when it names none. An unknown name
+    falls back to the default too: a desktop that boots beats a slot that never gets ready."""
+    try:
+        name = Path(path).read_text().strip()
+    except OSError:
+        name = ""
+    return SESSIONS.get(name or DEFAULT, SESSIONS[DEFAULT])
+
+
+def apply_env(env: dict[str, str], session: Session) -> dict[str, str]:
+    """`env` with the session's variables set (and those it maps to None removed)."""
+    out = dict(env)
+    for key, value in session.env.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out

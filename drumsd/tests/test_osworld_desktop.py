@@ -89,7 +89,7 @@ class _FakeAtspi:
         self.desktop = desktop
         self.timeout: tuple[int, int] | None = None
 
-    def StateType(self, value: int) -> _Enum:  # noqa: N802 - gi's name
+    def StateType(self, value: int) -> _Enum:  # gi spells it so
         return _Enum(self.names[value])
 
     def set_timeout(self, call_ms: int, startup_ms: int) -> None:

@@ -9,6 +9,7 @@ Prints one line per app (window found, seconds until it showed) and writes <dir>
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ from live_daemon import http_client, start_live_daemon, stop_and_clean
 APPS: dict[str, tuple[str, str]] = {
     "desktop": ("true", ""),
     "files": ("nautilus --new-window /home/user", "org.gnome.Nautilus"),
-    "terminal": ("gnome-terminal", "gnome-terminal-server"),
+    "terminal": ("gnome-terminal", "gnome-terminal"),
     "text-editor": ("gedit", "gedit"),
     "chrome": ("google-chrome about:blank", "chromium"),
     "thunderbird": ("thunderbird", "thunderbird"),
@@ -30,15 +31,15 @@ APPS: dict[str, tuple[str, str]] = {
     "writer": ("libreoffice --writer --norestore", "libreoffice"),
     "impress": ("libreoffice --impress --norestore", "libreoffice"),
     "gimp": ("gimp", "gimp"),
-    "settings": ("gnome-control-center", "gnome-control-center"),
 }
 SETTLE_S = 4.0  # after the window maps: let the app finish drawing its first frame
 
 
-def step(http, sid: str, command: str, timeout: float = 30) -> dict:
-    action = {"type": "execute", "command": command, "timeout": timeout}
+def step(http, sid: str, command: str) -> dict:
+    action = {"type": "execute", "command": command}
     r = http.post(f"/v1/slots/{sid}/step", json={"action": action})
-    r.raise_for_status()
+    if r.status_code != 200:
+        raise RuntimeError(f"step {command!r} on {sid}: {r.status_code} {r.text}")
     return r.json()
 
 
@@ -64,14 +65,19 @@ def shoot(http, name: str, command: str, wm_class: str, out: Path) -> str:
 
 
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/images")
-    out.mkdir(parents=True, exist_ok=True)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, nargs="?", default=Path("docs/images"))
+    parser.add_argument("--image", default="osworld")
+    parser.add_argument("--app", action="append", choices=sorted(APPS), help="default: all")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="drums-osworld-shots-"))
-    daemon = start_live_daemon(tmp, image="osworld")
+    daemon = start_live_daemon(tmp, image=args.image)
     try:
         with http_client(daemon, timeout=180) as http:
-            for name, (command, wm_class) in APPS.items():
-                print(shoot(http, name, command, wm_class, out), flush=True)
+            for name in args.app or APPS:
+                command, wm_class = APPS[name]
+                print(shoot(http, name, command, wm_class, args.out), flush=True)
     finally:
         stop_and_clean(daemon, tmp)
     return 0

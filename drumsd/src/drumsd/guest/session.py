@@ -3,8 +3,9 @@
 An image names its session in one line (`osworld`); without the file a slot runs the `openbox`
 session (openbox and the printing xterm, as every image before profiles had sessions). A session
 is the environment every session process and every command the agent runs sees, and the programs
-started after Xvfb and the session bus. Kept apart from the image's package layer so changing a
-session rebuilds no packages, only the image's guest files.
+started after Xvfb and the session bus; their config files are in session_files/. Kept apart from
+the image's package layer so changing a session rebuilds no packages, only the image's guest
+files.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SESSION_FILE = "/etc/drums/session"
+# The sessions' own config files (panels, a bus config), as the image holds the guest package.
+FILES = "/opt/drums/guest/drums_guest/session_files"
 DEFAULT = "openbox"
 AT_SPI_BUS_LAUNCHER = "/usr/libexec/at-spi-bus-launcher"
 
@@ -57,16 +60,28 @@ SESSIONS: dict[str, Session] = {
             _A11Y_BUS,
             ("metacity", ("metacity", "--replace")),
             ("wallpaper", ("hsetroot", "-solid", "#2c001e")),
-            ("top-bar", ("tint2", "-c", "/etc/xdg/tint2/drums-top.tint2rc")),
-            ("dock", ("tint2", "-c", "/etc/xdg/tint2/drums-dock.tint2rc")),
+            ("top-bar", ("tint2", "-c", f"{FILES}/osworld-top.tint2rc")),
+            ("dock", ("tint2", "-c", f"{FILES}/osworld-dock.tint2rc")),
         ),
         xterm=False,
     ),
     # GNOME Shell in X11 mode on llvmpipe, as OSWorld's VM runs it.
     "gnome-shell": Session(
         "gnome-shell",
-        env=_GNOME_ENV,
-        programs=(_A11Y_BUS, ("gnome-shell", ("gnome-shell", "--x11", "--replace"))),
+        env={**_GNOME_ENV, "DBUS_SYSTEM_BUS_ADDRESS": "unix:path=/run/user/1000/system_bus"},
+        programs=(
+            (
+                "system-bus",
+                (
+                    "dbus-daemon",
+                    f"--config-file={FILES}/system-bus.conf",
+                    "--nofork",
+                    "--nopidfile",
+                ),
+            ),
+            _A11Y_BUS,
+            ("gnome-shell", ("gnome-shell", "--x11", "--replace")),
+        ),
         xterm=False,
     ),
 }

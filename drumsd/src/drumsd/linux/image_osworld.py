@@ -1,7 +1,7 @@
 """The `osworld` image profile: the closest Debian 12 gets to OSWorld's Ubuntu 22.04 GNOME VM.
 
 Its package list, the files that make it look and behave like that desktop (GSettings defaults:
-the Yaru theme, the dock's apps, accessibility on; the GTK and panel configs) and the setup run in
+the Yaru theme, the dock's apps, accessibility on; the GTK config) and the setup run in
 the chroot after them (compile the schemas). Which session a slot of it runs (a GNOME-like top bar
 and dock over metacity, AT-SPI's buses) is the guest's `session` module's, chosen by the
 `etc/drums/session` file written here, so changing the session rebuilds no package layer.
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from drumsd.linux.image import Profile
 
-# Packages, by what they are for. Everything comes from bookworm main: no Ubuntu font (non-free
+# Packages, by what they are for (the session's panels and bus configs are the guest's:
+# guest/session_files). Everything comes from bookworm main: no Ubuntu font (non-free
 # in Debian) and no VS Code (Microsoft's .deb needs the network; the app manifest records it
 # absent).
 DESKTOP = (
@@ -107,102 +108,19 @@ gtk-font-name=Cantarell 11
 gtk-application-prefer-dark-theme=0
 """
 
-# Ubuntu 22.04's top bar: "Activities" on the left, the clock in the middle, on black.
-TINT2_TOP = """\
-# drums osworld image: the top bar
-rounded = 0
-border_width = 0
-background_color = #000000 100
-border_color = #000000 0
-rounded = 4
-border_width = 0
-background_color = #ffffff 18
-border_color = #000000 0
-panel_items = PFCF
-panel_size = 100% 32
-panel_margin = 0 0
-panel_padding = 8 0 8
-panel_background_id = 1
-panel_position = top center horizontal
-panel_layer = top
-panel_dock = 0
-strut_policy = follow_size
-wm_menu = 0
-font_shadow = 0
-button = new
-button_text = Activities
-button_font = Cantarell Bold 11
-button_font_color = #ffffff 100
-button_padding = 10 4
-button_background_id = 0
-button_lclick_command = xdotool key super
-time1_format = %b %-d  %H:%M
-time1_font = Cantarell Bold 11
-clock_font_color = #ffffff 100
-clock_padding = 8 4
-clock_background_id = 0
-"""
-
-# Ubuntu's dock: the favourites and running apps, down the left edge.
-TINT2_DOCK = """\
-# drums osworld image: the dock
-rounded = 0
-border_width = 0
-background_color = #1d1d1d 92
-border_color = #000000 0
-rounded = 6
-border_width = 0
-background_color = #ffffff 22
-border_color = #000000 0
-panel_items = LT
-panel_size = 100% 64
-panel_margin = 0 0
-panel_padding = 6 8 6
-panel_background_id = 1
-panel_position = center left vertical
-panel_layer = top
-panel_dock = 0
-strut_policy = follow_size
-wm_menu = 0
-launcher_padding = 0 4 4
-launcher_background_id = 0
-launcher_icon_size = 48
-launcher_icon_theme = Yaru
-launcher_item_app = /usr/share/applications/chromium.desktop
-launcher_item_app = /usr/share/applications/thunderbird.desktop
-launcher_item_app = /usr/share/applications/vlc.desktop
-launcher_item_app = /usr/share/applications/libreoffice-writer.desktop
-launcher_item_app = /usr/share/applications/libreoffice-calc.desktop
-launcher_item_app = /usr/share/applications/libreoffice-impress.desktop
-launcher_item_app = /usr/share/applications/gimp.desktop
-launcher_item_app = /usr/share/applications/org.gnome.Nautilus.desktop
-launcher_item_app = /usr/share/applications/org.gnome.Terminal.desktop
-taskbar_mode = single_desktop
-taskbar_padding = 0 4 4
-taskbar_background_id = 0
-task_text = 0
-task_icon = 1
-task_centered = 1
-task_maximum_size = 56 56
-task_padding = 4 4 4
-task_background_id = 0
-task_active_background_id = 2
-mouse_left = toggle_iconify
-"""
-
 FILES: dict[str, tuple[int, str]] = {
     "etc/drums/session": (0o644, "osworld\n"),
     "usr/share/glib-2.0/schemas/90_drums-osworld.gschema.override": (0o644, SCHEMA_OVERRIDE),
     "etc/gtk-3.0/settings.ini": (0o644, GTK3_SETTINGS),
-    "etc/xdg/tint2/drums-top.tint2rc": (0o644, TINT2_TOP),
-    "etc/xdg/tint2/drums-dock.tint2rc": (0o644, TINT2_DOCK),
 }
 
-# Run in the chroot after FILES: the override above only counts once compiled, and OSWorld's
-# tasks open a terminal with x-terminal-emulator or gnome-terminal alike.
+# Run in the chroot after FILES: the override above only counts once compiled; OSWorld's tasks
+# open a terminal with x-terminal-emulator or gnome-terminal alike; and what package scripts left
+# in /run/systemd (seats, sessions) would tell GNOME that logind runs, which no slot has.
 SETUP = (
     "glib-compile-schemas /usr/share/glib-2.0/schemas; "
-    "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper"
+    "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper; "
+    "rm -rf /run/systemd"
 )
 
 

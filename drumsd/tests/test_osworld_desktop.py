@@ -62,7 +62,16 @@ def test_the_session_follows_the_image_file(tmp_path: Path) -> None:
     osw = session.read_session(str(marker))
     assert osw.name == "osworld" and not osw.xterm
     names = [name for name, _ in osw.programs]
-    assert names[0] == "at-spi-bus" and "metacity" in names and "dock" in names
+    # The buses before the Shell: it connects to both as it starts.
+    assert names == ["system-bus", "at-spi-bus", "gnome-shell"]
+    assert osw.env["DBUS_SYSTEM_BUS_ADDRESS"] == f"unix:path={session.SYSTEM_BUS}"
+    panels = session.SESSIONS["osworld-panels"]
+    assert [n for n, _ in panels.programs][:2] == ["at-spi-bus", "metacity"]
+    for _, argv in (*osw.programs, *panels.programs):  # every config file named is shipped
+        for arg in " ".join(argv).replace("=", " ").split():
+            if arg.startswith(session.FILES):
+                rel = arg.removeprefix(session.FILES + "/").rstrip(";")
+                assert (Path(session.__file__).parent / "session_files" / rel).is_file(), arg
     env = session.apply_env({"NO_AT_BRIDGE": "1", "HOME": "/home/user"}, osw)
     assert "NO_AT_BRIDGE" not in env and env["XDG_CURRENT_DESKTOP"] == "GNOME"
     marker.write_text("no-such-session\n")

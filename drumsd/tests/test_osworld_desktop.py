@@ -138,7 +138,7 @@ class _Node:
         return type("S", (), {"get_states": lambda _s: self.states})()
 
     def get_attributes(self) -> dict[str, str]:
-        return {"toolkit": "gtk"}
+        return {"toolkit": "gtk", "odd key": "x"}
 
     def get_component_iface(self) -> Any:
         box = self.box
@@ -166,7 +166,7 @@ class _Node:
 
 def test_the_dump_writes_osworlds_xml() -> None:
     button = _Node("OK", "push button", [1, 2], box=_Box(10, 20, 80, 30))
-    entry = _Node("", "text", [1, 3], text="hello\ufffc world")
+    entry = _Node("bad\x07name", "text", [1, 3], text="hello\ufffc world\x1b[0m\x00")
     hung = _Node("", "frame", fail=True)
     app = _Node("gedit", "application", [1], [_Node("Doc", "frame", [1, 2], [button, entry]), hung])
     fake = _FakeAtspi(_Node("main", "desktop frame", children=[app]))
@@ -181,8 +181,10 @@ def test_the_dump_writes_osworlds_xml() -> None:
     st, cp, attr = a11y.NS["st"], a11y.NS["cp"], a11y.NS["attr"]
     assert ok.get(f"{{{st}}}showing") == "true" and ok.get(f"{{{cp}}}screencoord") == "(10, 20)"
     assert ok.get(f"{{{cp}}}size") == "(80, 30)" and ok.get(f"{{{attr}}}toolkit") == "gtk"
+    assert ok.get(f"{{{attr}}}odd_key") == "x"  # an attribute name XML can hold
     text = gedit.find("frame/text")
-    assert text is not None and text.text == "hello world"
+    # Control characters (a terminal's escape sequences, a NUL) cannot be in XML: dropped.
+    assert text is not None and text.text == "hello world[0m" and text.get("name") == "badname"
     assert text.get(f"{{{st}}}multi_line") == "true" and text.get(f"{{{cp}}}size") is None
     assert 'xmlns:st="https://accessibility.ubuntu.example.org/ns/state"' in xml
 

@@ -14,6 +14,7 @@ as OSWorld's are, so a spreadsheet's million cells stay out.
 
 from __future__ import annotations
 
+import re
 import sys
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -34,6 +35,9 @@ MAX_NODES = 20000  # a bound on the whole walk: one app with a huge tree cannot 
 # Per AT-SPI call (ms): an application that does not answer is skipped, not waited on.
 CALL_TIMEOUT_MS = 1500
 STATE_PREFIX = "ATSPI_STATE_"
+# What XML 1.0 cannot hold (control characters, lone surrogates, U+FFFE/U+FFFF): apps put them
+# in names and text (a terminal's buffer, a document), and ElementTree writes them unescaped.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _q(prefix: str, name: str) -> str:
@@ -51,9 +55,21 @@ def state_name(value_name: str) -> str:
     return value_name.removeprefix(STATE_PREFIX).lower()
 
 
+def xml_safe(value: str) -> str:
+    """`value` without the characters an XML document cannot contain."""
+    return _NOT_XML.sub("", value)
+
+
+def xml_name(key: str) -> str:
+    """An attribute name from a toolkit's attribute or action name (which may hold spaces)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", key)
+    return name if name[:1].isalpha() or name[:1] == "_" else f"_{name}"
+
+
 def clean_text(text: str) -> str:
-    """Drop the object-replacement and replacement characters, as OSWorld does."""
-    return text.replace("\ufffc", "").replace("\ufffd", "")
+    """Drop the object-replacement and replacement characters, as OSWorld does, and what XML
+    cannot hold."""
+    return xml_safe(text.replace("\ufffc", "").replace("\ufffd", ""))
 
 
 class Walker:
@@ -71,7 +87,7 @@ class Walker:
             role = acc.get_role_name() or ""
         except Exception:  # a dead or hung application: leave it out
             return None
-        attrib: dict[str, str] = {"name": name}
+        attrib: dict[str, str] = {"name": xml_safe(name)}
         try:
             states = acc.get_state_set().get_states()
         except Exception:
@@ -86,7 +102,7 @@ class Walker:
             attributes = {}
         for key, value in attributes.items():
             if key:
-                attrib[_q("attr", key)] = str(value)
+                attrib[_q("attr", xml_name(key))] = xml_safe(str(value))
         if attrib.get(_q("st", "visible")) == "true" and attrib.get(_q("st", "showing")) == "true":
             try:
                 comp = acc.get_component_iface()
@@ -114,8 +130,9 @@ class Walker:
             for i in range(act.get_n_actions() if act is not None else 0):
                 action = act.get_action_name(i)
                 if action:
-                    attrib[_q("act", f"{action}_desc")] = act.get_action_description(i) or ""
-                    attrib[_q("act", f"{action}_kb")] = act.get_key_binding(i) or ""
+                    desc, kb = act.get_action_description(i) or "", act.get_key_binding(i) or ""
+                    attrib[_q("act", xml_name(f"{action}_desc"))] = xml_safe(desc)
+                    attrib[_q("act", xml_name(f"{action}_kb"))] = xml_safe(kb)
         except Exception:
             pass
         element = ET.Element(tag_of(role), attrib)

@@ -111,6 +111,7 @@ class FakeDaemon:
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/screenshot"), self.screenshot),
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/gates"), self.gates),
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/terminal"), self.terminal),
+            ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/accessibility"), self.accessibility),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/capture"), self.capture),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/prefork"), self.prefork),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/branch"), self.branch),
@@ -400,6 +401,12 @@ class FakeDaemon:
     def terminal(self, sid: str, **_: Any) -> m.TerminalOutput:
         rec = self.live(sid)
         return m.TerminalOutput(slot=sid, episode=rec.slot.episode, reason="the fake has no xterm")
+
+    def accessibility(self, sid: str, **_: Any) -> m.AccessibilityTree:
+        rec = self.live(sid)
+        return m.AccessibilityTree(
+            slot=sid, episode=rec.slot.episode, reason="the fake runs no AT-SPI"
+        )
 
     def gates(self, sid: str, **_: Any) -> m.GateReport:
         rec = self.live(sid)

@@ -54,9 +54,18 @@ def test_the_constructor_matches_osworlds_parameters() -> None:
     assert set(VM_ONLY) <= {name for name, _ in OSWORLD_INIT_PARAMS}
 
 
-def test_an_accessibility_tree_is_refused_clearly() -> None:
-    with pytest.raises(ValueError, match="do not provide an accessibility tree yet"):
-        DesktopEnv(require_a11y_tree=True)
+def test_require_a11y_tree_on_a_desktop_without_one_fails_the_reset_clearly(
+    daemon: Daemon,
+) -> None:
+    """The test daemon's desktops run no AT-SPI: asking for the tree names the env, the reason
+    and what to use instead (the real tree is proven live on the osworld image,
+    tests/live/test_osworld_image_live.py)."""
+    with daemon.client() as client, DesktopEnv(client=client, require_a11y_tree=True) as env:
+        with pytest.raises(ValueError, match=r"has no accessibility tree.*image='osworld'"):
+            env.reset()
+        assert env.env is not None
+        answer = env.env.accessibility_tree()
+        assert answer.tree is None and answer.reason and answer.slot == env.env.id
 
 
 def test_require_terminal_asks_the_daemon_and_says_none_without_an_xterm(daemon: Daemon) -> None:

@@ -17,14 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from gate_daemons import (
     OSWORLD,
-    create,
-    destroy,
-    execute,
-    final,
+    episode,
     office_daemon,
-    settled_gates,
     shared_daemon,
-    verify,
 )
 from live_daemon import http_client
 
@@ -107,29 +102,9 @@ def office():
     return office_daemon()
 
 
-def _episode(daemon, task: str, command: str | None, last: str | None) -> dict:
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            if command is not None:
-                out = execute(http, sid, command)
-                assert out["output"]["returncode"] == 0, out
-            if last is not None:
-                final(http, sid, last)
-            settled_gates(http, sid)
-            r = verify(http, sid)
-            assert r.status_code == 200, r.text
-            result = r.json()
-        finally:
-            destroy(http, sid)
-    assert result["valid"] is True and result["verdict"] == "valid", result
-    assert result["checker_error"] is None, result
-    return result
-
-
 @pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])
 def test_rename_directory_task(base, solved):
-    result = _episode(
+    result = episode(
         base, RENAME, SOLUTIONS[RENAME] if solved else None, "done" if solved else None
     )
     assert result["score"] == (1.0 if solved else 0.0), result
@@ -140,7 +115,7 @@ def test_rename_directory_task(base, solved):
     ("last", "score"), [("fail", 1.0), ("done", 0.0), (None, 0.0)], ids=["fail", "done", "nothing"]
 )
 def test_infeasible_task_scores_only_a_final_fail(base, last, score):
-    result = _episode(base, INFEASIBLE, None, last)
+    result = episode(base, INFEASIBLE, None, last)
     assert result["score"] == score, result
     assert result["last_action"] == last
 
@@ -161,7 +136,7 @@ OFFICE_CASES = [
 
 @pytest.mark.parametrize(("task", "solved"), OFFICE_CASES)
 def test_office_settings_tasks(office, task, solved):
-    result = _episode(office, task, SOLUTIONS[task] if solved else None, "done" if solved else None)
+    result = episode(office, task, SOLUTIONS[task] if solved else None, "done" if solved else None)
     assert result["score"] == (1.0 if solved else 0.0), result
 
 

@@ -294,6 +294,10 @@ class AsyncEnv(EnvBase):
         """The desktop's terminal text (its xterm's scrollback and screen); not an action."""
         return await self._send(routes.terminal(self.id, self._t))
 
+    async def accessibility_tree(self) -> m.AccessibilityTree:
+        """The desktop's accessibility tree in OSWorld's XML (AT-SPI); not an action."""
+        return await self._send(routes.accessibility_tree(self.id, self._t))
+
     async def observe(
         self,
         *,

@@ -181,6 +181,11 @@ def terminal(env_id: str, t: Timeouts) -> Call[m.TerminalOutput]:
     return Call("GET", path, _model(m.TerminalOutput), t.default_s, env_id=env_id)
 
 
+def accessibility_tree(env_id: str, t: Timeouts) -> Call[m.AccessibilityTree]:
+    path = _slot_path(env_id, "/accessibility")
+    return Call("GET", path, _model(m.AccessibilityTree), t.default_s, env_id=env_id)
+
+
 def capture(env_id: str, body: m.CaptureRequest, t: Timeouts) -> Call[m.Checkpoint]:
     path = _slot_path(env_id, "/capture")
     return Call("POST", path, _model(m.Checkpoint), t.restore_s, json=_body(body), env_id=env_id)

@@ -151,6 +151,17 @@ class TerminalOutput(ResponseModel):
     reason: Optional[str] = None
 
 
+class AccessibilityTree(ResponseModel):
+    slot: str
+    episode: int
+    tree: Optional[str] = Field(
+        default=None,
+        description="the AT-SPI tree in OSWorld's XML (a desktop-frame root); None when the "
+        "desktop has none",
+    )
+    reason: Optional[str] = None
+
+
 class StepResult(ResponseModel):
     slot: str
     episode: int

@@ -8,13 +8,15 @@ is a CRIU restore instead of a VM revert.
     env.close()
 
 The constructor takes OSWorld's parameters by the same names, order and defaults (recorded in
-OSWORLD_INIT_PARAMS and checked by a test), with two deliberate differences: the desktop has no
-accessibility tree, so `require_a11y_tree` defaults to False and True is refused with a clear
-error instead of handing the agent None. `require_terminal=True` puts the desktop xterm's text
-(scrollback and screen) in obs["terminal"], read without counting as an action. VM-only
-arguments (provider_name, region, path_to_vm, snapshot_name, headless, os_type, enable_proxy,
-cache_dir) are accepted and ignored: there is no VM. Every env this makes is destroyed on close(),
-when the process exits (atexit) and on Ctrl-C (the SDK's client cleanup).
+OSWORLD_INIT_PARAMS and checked by a test), with two deliberate differences: only desktops whose
+session runs AT-SPI (the `osworld` image) have an accessibility tree, so `require_a11y_tree`
+defaults to False; True puts the tree (OSWorld's XML) in obs["accessibility_tree"] and, on a
+desktop without one, fails the reset with the reason instead of handing the agent None.
+`require_terminal=True` puts the desktop xterm's text (scrollback and screen) in obs["terminal"],
+read without counting as an action. VM-only arguments (provider_name, region, path_to_vm,
+snapshot_name, headless, os_type, enable_proxy, cache_dir) are accepted and ignored: there is no
+VM. Every env this makes is destroyed on close(), when the process exits (atexit) and on Ctrl-C
+(the SDK's client cleanup).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ OSWORLD_INIT_PARAMS: Tuple[Tuple[str, Any], ...] = (
 # Where drums differs from those defaults, and why.
 DEFAULT_DIFFERENCES = {
     "provider_name": "drums: there is no VM provider",
-    "require_a11y_tree": "no accessibility-tree getter on drums desktops yet",
+    "require_a11y_tree": "only the osworld image's desktop runs AT-SPI (an accessibility tree)",
 }
 VM_ONLY = ("provider_name", "region", "path_to_vm", "snapshot_name", "headless", "os_type",
            "enable_proxy", "cache_dir")  # fmt: skip
@@ -130,12 +132,6 @@ class DesktopEnv:
     ) -> None:
         if action_space not in ("computer_13", "pyautogui"):
             raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
-        if require_a11y_tree:
-            raise ValueError(
-                "drums desktops do not provide an accessibility tree yet (no AT-SPI in the "
-                "images); use a screenshot observation (require_a11y_tree=False), e.g. OSWorld's "
-                "--observation_type screenshot"
-            )
         self.action_space = action_space
         self.screen_size = screen_size
         self.require_a11y_tree = require_a11y_tree
@@ -183,11 +179,20 @@ class DesktopEnv:
         obs = env.observe()
         return {
             "screenshot": obs.png,
-            # drums has no accessibility tree getter yet: None, as OSWorld gives when not asked
-            "accessibility_tree": None,
+            "accessibility_tree": self._a11y_tree(env) if self.require_a11y_tree else None,
             "terminal": env.terminal().text if self.require_terminal else None,
             "instruction": self.instruction or obs.instruction,
         }
+
+    def _a11y_tree(self, env: _client.Env) -> str:
+        got = env.accessibility_tree()
+        if got.tree is None:
+            raise ValueError(
+                f"require_a11y_tree=True, but env {env.id} has no accessibility tree: "
+                f"{got.reason}; use image='osworld' (its session runs AT-SPI) or a screenshot "
+                "observation (require_a11y_tree=False)"
+            )
+        return got.tree
 
     def step(
         self, action: Union[str, Dict[str, Any]], pause: float = 2

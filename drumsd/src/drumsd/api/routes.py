@@ -217,6 +217,10 @@ async def terminal(ctx: Ctx, slot_id: str) -> Reply:
     return wire.TerminalOutput(**await ctx.supervisor.terminal(slot_id))
 
 
+async def accessibility(ctx: Ctx, slot_id: str) -> Reply:
+    return wire.AccessibilityTree(**await ctx.supervisor.accessibility_tree(slot_id))
+
+
 async def gates(ctx: Ctx, slot_id: str) -> Reply:
     return convert.gate_report(await ctx.supervisor.gate_report(slot_id))
 
@@ -428,6 +432,14 @@ ROUTES: tuple[Route, ...] = (
         "The desktop's terminal text (OSWorld's terminal observation); not an action",
         terminal,
         response=wire.TerminalOutput,
+    ),
+    Route(
+        "GET",
+        S + "/accessibility",
+        "slot_accessibility",
+        "The desktop's accessibility tree in OSWorld's XML (AT-SPI); not an action",
+        accessibility,
+        response=wire.AccessibilityTree,
     ),
     Route(
         "GET",

@@ -1,9 +1,10 @@
 """desktop-init: pid 1 of a slot. Starts the desktop session as the desktop user, then reaps.
 
 Run as root after the runtime's stage 1 (pivot_root, /dev, /proc). It starts, as uid 1000 with
-HOME=/home/user and DISPLAY=:0: Xvfb, a session D-Bus, openbox, an xterm, any `--app` commands and
-the guest agent; writes /run/drums/ready once the agent answers; then reaps every orphan and
-restarts the agent if it dies. Outside a pid namespace it makes itself a child subreaper instead.
+HOME=/home/user and DISPLAY=:0: Xvfb, a session D-Bus, the image's session (session.py: openbox
+and an xterm by default), any `--app` commands and the guest agent; writes /run/drums/ready once
+the agent answers; then reaps every orphan and restarts the agent if it dies. Outside a pid
+namespace it makes itself a child subreaper instead.
 
 As root it locks every process it starts (seccomp.py: no_new_privs, empty bounding set, the
 filter) and, once the session runs, itself (keeping only seccomp.INIT_KEEPS). It binds the agent's
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import protocol, seccomp
+from . import protocol, seccomp, session
 
 PR_SET_CHILD_SUBREAPER = 36
 SCREEN = f"{protocol.SCREEN_WIDTH}x{protocol.SCREEN_HEIGHT}x24"
@@ -106,13 +107,14 @@ class DesktopInit:
             "LANG": "C.UTF-8",
             "XDG_RUNTIME_DIR": runtime_dir,
             "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
-            "NO_AT_BRIDGE": "1",  # no accessibility bus: one process less, nothing lost here
             "DRUMS_AGENT_SOCK": str(self.run_dir / "agent.sock"),
             # Xvfb runs without -auth (it is reachable only inside the slot). python-xlib still
             # reads an authority file and prints a warning into every client's stdout when it has
             # no entry, so the file holds one entry that matches no display.
             "XAUTHORITY": str(self.run_dir / "Xauthority"),
         }
+        self.session = session.read_session(args.session_file)
+        self.env = session.apply_env(self.env, self.session)
 
     # ------------------------------------------------ setup
 
@@ -210,12 +212,13 @@ class DesktopInit:
                 f"--address={self.env['DBUS_SESSION_BUS_ADDRESS']}",
             ],
         )
-        self.spawn("openbox", ["openbox", "--sm-disable"])
+        for name, argv in self.session.programs:
+            self.spawn(name, list(argv))
         # The same printer resources in the server's resource database: every xterm started
         # later (by a task's setup, a key binding, a shell) prints its text for the daemon too.
         merge = 'printf "%s\\n" "$@" | xrdb -nocpp -merge'
         self.spawn("xrdb", ["sh", "-c", merge, "xrdb", *protocol.XTERM_PRINTER_RESOURCES])
-        if not self.args.no_xterm:
+        if self.session.xterm and not self.args.no_xterm:
             # An Xft font: the image has no bitmap fonts (xterm's default "fixed"). The printer
             # resources let the daemon read its text (OSWorld's terminal observation).
             printer = [a for r in protocol.XTERM_PRINTER_RESOURCES for a in ("-xrm", r)]
@@ -398,5 +401,6 @@ def main(argv: list[str] | None = None) -> int:
         help="shell command to start in the session (repeatable)",
     )
     parser.add_argument("--no-xterm", action="store_true")
+    parser.add_argument("--session-file", default=session.SESSION_FILE)
     parser.add_argument("--no-cursor", action="store_true")
     return DesktopInit(parser.parse_args(argv)).serve()

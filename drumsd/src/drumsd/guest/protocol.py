@@ -26,6 +26,8 @@ XTERM_PRINTER_RESOURCES = (
     "XTerm*printAttributes: 0",
     "XTerm*printerAutoClose: true",
 )
+# The accessibility-tree dump (a11y.py), as the image holds the guest package.
+A11Y_SCRIPT = "/opt/drums/guest/drums_guest/a11y.py"
 SCREEN_WIDTH = 1920
 SCREEN_HEIGHT = 1080
 MAX_REQUEST_BYTES = 1 << 20

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drumsd.linux import image_osworld
 from drumsd.linux.mounts import DEVICES
 from drumsd.tasks.apps import APPS, probe_apps
 from drumsd.tasks.apps import read_manifest as read_app_manifest
@@ -53,6 +54,9 @@ class Profile:
     pip: tuple[str, ...] = ()
     # Extra files (path in image -> (mode, content)) that belong to the package layer.
     files: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # A shell script run in the chroot after the files are written (compile schemas, pick
+    # alternatives).
+    setup: str = ""
 
 
 BASE_PACKAGES: tuple[str, ...] = (
@@ -169,6 +173,7 @@ PROFILES: dict[str, Profile] = {
         },
     ),
 }
+PROFILES["osworld"] = image_osworld.profile(PROFILES["office"])
 
 
 class ImageBuildError(RuntimeError):
@@ -199,6 +204,8 @@ def layer_key(profile: Profile) -> str:
         "files": {k: [m, c] for k, (m, c) in sorted(profile.files.items())},
         "user": [DESKTOP_USER, DESKTOP_UID],
     }
+    if profile.setup:  # only when set, so the keys of profiles without one stay as they were
+        spec["setup"] = profile.setup
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -454,6 +461,8 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -
     _run(_in_chroot(root, user_script), progress, f"desktop user {DESKTOP_USER} and cleanup")
     for rel, (mode, content) in profile.files.items():
         _write(root, rel, content, mode)
+    if profile.setup:
+        _run(_in_chroot(root, profile.setup), progress, f"{profile.name} setup")
     _write(root, "etc/resolv.conf", "")  # the slot has no network; no host resolver leaks in
     _write(root, "etc/hostname", "drums\n")
     _write(root, "etc/machine-id", "")

@@ -37,6 +37,7 @@ from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
+from drumsd.tasks import accessibility as a11y
 from drumsd.tasks import terminal as terminal_text
 
 if TYPE_CHECKING:
@@ -180,6 +181,19 @@ async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
             got = await terminal_text.read(sup.runtime, sup._handle(rec))
         return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
                 "reason": got.reason}  # fmt: skip
+
+
+async def accessibility_tree(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+    """The desktop's accessibility tree in OSWorld's XML (its a11y observation); not an action."""
+    sup.get_slot(slot_id)
+    async with sup._lock(slot_id):
+        rec = sup.get_slot(slot_id)
+        check_can_observe(rec)
+        what = f"accessibility tree of slot {slot_id}"
+        with runtime_failures(sup.metrics, what=what, slot_id=slot_id):
+            done = await sup.runtime.exec_user(sup._handle(rec), a11y.ARGV, a11y.TIMEOUT_S)
+        got = a11y.parse(done.returncode, done.stdout, done.stderr)
+        return {"slot": slot_id, "episode": rec.episode, "tree": got.xml, "reason": got.reason}
 
 
 async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:

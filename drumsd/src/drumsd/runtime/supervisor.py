@@ -411,6 +411,9 @@ class Supervisor:
     async def terminal(self, slot_id: str) -> dict[str, Any]:
         return await ops_episode.terminal(self, slot_id)
 
+    async def accessibility_tree(self, slot_id: str) -> dict[str, Any]:
+        return await ops_episode.accessibility_tree(self, slot_id)
+
     async def quiescent(self, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
         return await ops_episode.quiescent(self, slot_id, req)
 

@@ -82,10 +82,23 @@ APPS: dict[str, App] = {
             files=("usr/lib/x86_64-linux-gnu/gio/modules/libdconfsettings.so",),
         ),
         App("dconf", "dconf", commands=("dconf",)),
+        # AT-SPI's bus launcher and the bindings the guest's tree dump reads it with (an image
+        # whose session starts the bus: the osworld profile).
+        App(
+            "accessibility",
+            "the AT-SPI accessibility bus and its Python bindings",
+            files=(
+                "usr/libexec/at-spi-bus-launcher",
+                "usr/lib/python3/dist-packages/pyatspi/__init__.py",
+            ),
+        ),
     )
 }
-# gsettings needs both its command and the dconf backend (without it, settings do not persist).
-ALL_FILES_NEEDED = frozenset({"gsettings"})
+# gsettings needs both its command and the dconf backend (without it, settings do not persist);
+# the accessibility tree needs both the bus and the bindings.
+ALL_FILES_NEEDED = frozenset({"gsettings", "accessibility"})
+# Slot features (model.GETTERS_NEEDING) an image gives by having an app.
+FEATURES = {"accessibility": "accessibility_tree"}
 # A manifest probed with another table than this one is stale (re-probed, never trusted).
 TABLE_KEY = hashlib.sha256(
     json.dumps(
@@ -209,8 +222,8 @@ def probe_apps(root: Path, profile: str = "") -> AppManifest:
         hit_cmd = next((rel for rel in commands if _exists(root, rel)), None)
         hit_file = next((rel for rel in app.files if _exists(root, rel)), None)
         if app.name in ALL_FILES_NEEDED:
-            if hit_cmd and (hit_file or not app.files):
-                found[app.name] = hit_cmd
+            if (hit_cmd or not app.commands) and all(_exists(root, f) for f in app.files):
+                found[app.name] = hit_cmd or app.files[0]
         elif hit_cmd or hit_file:
             found[app.name] = hit_cmd or hit_file or ""
     schema_dir = root / SCHEMA_DIR
@@ -229,6 +242,13 @@ def _schema_ids(path: Path) -> Iterator[str]:
     except OSError:
         return
     yield from re.findall(r"<schema\b[^>]*\bid=\"([^\"]+)\"", text)
+
+
+def features(manifest: AppManifest | None) -> frozenset[str]:
+    """The slot features an image's apps give (no manifest: none known)."""
+    if manifest is None:
+        return frozenset()
+    return frozenset(f for app, f in FEATURES.items() if app in manifest.apps)
 
 
 def write_manifest(image_dir: Path, manifest: AppManifest) -> Path:

@@ -25,8 +25,8 @@ from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 from drumsd.core.task_checkpoints import SetupFingerprint
 
-from . import terminal
-from .apps import AppManifest, manifest_for_root
+from . import accessibility, terminal
+from .apps import AppManifest, features, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
@@ -55,6 +55,8 @@ def context_from_config(
     cfg: TasksConfig, venv: CheckerVenv | None, **overrides: Any
 ) -> TaskContext:
     """The task context for the daemon's `tasks` config block (the config model owns defaults)."""
+    # What every slot gives, plus what the image's apps give (AT-SPI: the accessibility tree).
+    overrides.setdefault("capabilities", SLOT_FEATURES | features(overrides.get("apps")))
     ctx = TaskContext(
         task_dirs=list(cfg.dirs),
         cache_dir=cfg.cache_dir,
@@ -65,7 +67,6 @@ def context_from_config(
         screen_height=cfg.screen_height,
         setup_timeout_s=cfg.setup_timeout_s,
         eval_timeout_s=cfg.eval_timeout_s,
-        capabilities=SLOT_FEATURES,
         **overrides,
     )
     if venv is None:
@@ -139,6 +140,16 @@ class RuntimeSlotAccess:
     async def terminal_output(self) -> str | None:
         """The slot feature "terminal_output" (vm_terminal_output): None if no xterm prints."""
         return (await terminal.read(self.runtime, self.handle)).text
+
+    async def accessibility_tree(self) -> str:
+        """OSWorld's accessibility_tree getter: the XML, or an error the getter reports."""
+        done = await self.runtime.exec_user(
+            self.handle, accessibility.ARGV, accessibility.TIMEOUT_S
+        )
+        got = accessibility.parse(done.returncode, done.stdout, done.stderr)
+        if got.xml is None:
+            raise RuntimeError(got.reason)
+        return got.xml
 
 
 def is_task_id(ref: str | dict[str, Any]) -> bool:
@@ -230,7 +241,9 @@ class TaskBridge:
         root = str(lower[0])
         if root not in self._manifests:
             self._manifests[root] = manifest_for_root(Path(root))
-        return self.ctx.model_copy(update={"apps": self._manifests[root]})
+        manifest = self._manifests[root]
+        caps = self.ctx.capabilities | features(manifest)
+        return self.ctx.model_copy(update={"apps": manifest, "capabilities": caps})
 
     @property
     def run_root(self) -> Path:

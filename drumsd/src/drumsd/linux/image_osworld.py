@@ -1,0 +1,142 @@
+"""The `osworld` image profile: the closest Debian 12 gets to OSWorld's Ubuntu 22.04 GNOME VM.
+
+Its package list, the files that make it look and behave like that desktop (GSettings defaults:
+the Yaru theme, the dock's apps, accessibility on; the GTK config) and the setup run in
+the chroot after them (compile the schemas). Which session a slot of it runs (a GNOME-like top bar
+and dock over metacity, AT-SPI's buses) is the guest's `session` module's, chosen by the
+`etc/drums/session` file written here, so changing the session rebuilds no package layer.
+docs/image.md says what it has, what differs from OSWorld's Ubuntu and what CRIU cannot dump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from drumsd.linux.image import Profile
+
+# Packages, by what they are for (the session's panels and bus configs are the guest's:
+# guest/session_files). Everything comes from bookworm main: no Ubuntu font (non-free
+# in Debian) and no VS Code (Microsoft's .deb needs the network; the app manifest records it
+# absent).
+DESKTOP = (
+    # GNOME Shell and its dock extension: installed so it can be tried under CRIU (docs/image.md
+    # records what happened); the default session is the checkpointable one below.
+    "gnome-shell",
+    "gnome-shell-extension-dashtodock",
+    "libgl1-mesa-dri",  # llvmpipe: software GL for gnome-shell and GTK4 on Xvfb
+    # The session slots run: metacity (GNOME's X11 window manager) with two tint2 panels drawn
+    # as Ubuntu's top bar and left dock, gnome-settings-daemon's schemas for the settings tasks.
+    "metacity",
+    "tint2",
+    "hsetroot",
+    "gnome-settings-daemon",
+    "gnome-settings-daemon-common",
+    "gsettings-desktop-schemas",
+    "gnome-control-center",
+    "dconf-service",
+    "nautilus",
+    "gnome-terminal",
+    "gedit",
+    "yaru-theme-gtk",
+    "yaru-theme-icon",
+    "yaru-theme-gnome-shell",
+    "adwaita-icon-theme",
+    "fonts-cantarell",
+    "fonts-noto-core",
+    "fonts-noto-color-emoji",
+    "xdg-utils",
+    "bc",  # a settings task's checker pipes into bc
+    # Accessibility: the AT-SPI buses and the reader the guest's a11y dump uses.
+    "at-spi2-core",
+    "python3-pyatspi",
+    "gir1.2-atspi-2.0",
+)
+APPS = (
+    "libreoffice-calc",
+    "libreoffice-writer",
+    "libreoffice-impress",
+    "libreoffice-gtk3",  # the GTK VCL: Yaru look and an AT-SPI tree (the x11 VCL has neither)
+    "fonts-liberation2",
+    "chromium",
+    "gimp",
+    "thunderbird",
+    "vlc",
+)
+
+# GSettings defaults of OSWorld's Ubuntu that Debian's schemas do not have. toolkit-accessibility
+# makes the AT-SPI bus report itself enabled, which Chromium and LibreOffice wait for.
+SCHEMA_OVERRIDE = """\
+[org.gnome.desktop.interface]
+gtk-theme='Yaru'
+icon-theme='Yaru'
+cursor-theme='Yaru'
+font-name='Cantarell 11'
+document-font-name='Cantarell 11'
+monospace-font-name='DejaVu Sans Mono 11'
+toolkit-accessibility=true
+enable-hot-corners=false
+
+[org.gnome.desktop.wm.preferences]
+button-layout=':minimize,maximize,close'
+theme='Yaru'
+
+[org.gnome.desktop.background]
+picture-options='none'
+primary-color='#2c001e'
+color-shading-type='solid'
+
+[org.gnome.shell]
+favorite-apps=['chromium.desktop', 'thunderbird.desktop', 'vlc.desktop', \
+'libreoffice-writer.desktop', 'libreoffice-calc.desktop', 'libreoffice-impress.desktop', \
+'gimp.desktop', 'org.gnome.Nautilus.desktop', 'org.gnome.Terminal.desktop']
+enabled-extensions=['dash-to-dock@micxgx.gmail.com']
+
+[org.gnome.metacity.theme]
+type='gtk'
+"""
+
+# GTK reads these when no settings daemon publishes XSETTINGS (the checkpointable session runs
+# none: gsd-xsettings needs gnome-session).
+GTK3_SETTINGS = """\
+[Settings]
+gtk-theme-name=Yaru
+gtk-icon-theme-name=Yaru
+gtk-cursor-theme-name=Yaru
+gtk-font-name=Cantarell 11
+gtk-application-prefer-dark-theme=0
+"""
+
+FILES: dict[str, tuple[int, str]] = {
+    "etc/drums/session": (0o644, "osworld\n"),
+    "usr/share/glib-2.0/schemas/90_drums-osworld.gschema.override": (0o644, SCHEMA_OVERRIDE),
+    "etc/gtk-3.0/settings.ini": (0o644, GTK3_SETTINGS),
+}
+
+# Run in the chroot after FILES: the override above only counts once compiled; OSWorld's tasks
+# open a terminal with x-terminal-emulator or gnome-terminal alike; and what package scripts left
+# in /run/systemd (seats, sessions) would tell GNOME that logind runs, which no slot has.
+SETUP = (
+    "glib-compile-schemas /usr/share/glib-2.0/schemas; "
+    "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper; "
+    "rm -rf /run/systemd"
+)
+
+
+def profile(office: Profile) -> Profile:
+    """The osworld profile: office's base, pip packages and files (the google-chrome wrapper,
+    LibreOffice and Chromium defaults) plus the GNOME desktop and the apps above."""
+    packages = [p for p in office.packages if p not in DROPPED_FROM_OFFICE]
+    return dataclasses.replace(
+        office,
+        name="osworld",
+        packages=(*packages, *DESKTOP, *APPS),
+        pip=office.pip,
+        files={**office.files, **FILES},
+        setup=SETUP,
+    )
+
+
+# office's lightweight stand-ins that GNOME's own apps replace here.
+DROPPED_FROM_OFFICE = frozenset({"openbox", "pcmanfm", "mousepad"})

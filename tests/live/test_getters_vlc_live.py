@@ -2,15 +2,27 @@
 GNOME's schemas), through the API: vlc_playing_info (VLC's HTTP interface in the slot,
 is_vlc_playing) and vlc_config (vlcrc, check_qt_minimal_view), each 1 after a scripted solution and
 0 when nothing is done; vm_wallpaper (gsettings' picture-uri, compare_images) 1.0 after the
-wallpaper is set and low (a flat picture) before. DRUMS_LIVE=1 (root, CRIU, the osworld image)."""
+wallpaper is set and low (a flat picture) before.
+
+Opt-in with the other osworld image tests: DRUMS_LIVE_OSWORLD=1 after `bash scripts/setup.sh
+osworld` (the image's package layer takes 9-15 min to build, more than CI's budget allows)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+if os.environ.get("DRUMS_LIVE_OSWORLD") != "1":
+    pytest.skip(
+        "the osworld image tests are opt-in: DRUMS_LIVE_OSWORLD=1 after "
+        "`bash scripts/setup.sh osworld`",
+        allow_module_level=True,
+    )
+os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, never skips
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.tasks.testing import png_image
@@ -73,7 +85,7 @@ CONFIG_TASK: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def osworld():
-    return shared_daemon("getters-vlc", image="osworld", eval_timeout_s=60.0)
+    return shared_daemon("osworld", image="osworld", eval_timeout_s=60.0)  # as the image test
 
 
 def _status(http: Any, sid: str, query: str = "") -> str:

@@ -2,11 +2,13 @@
 base image, through two real daemons it starts itself. Every episode must be valid, the own CPU
 account must have charged the desktops and the checkers (not zero), and the daemons must leave
 nothing under the state root. DRUMS_LIVE=1 (root, CRIU, the base image). Slow: two template
-builds (about a minute)."""
+builds (83-101 s here), so opt-in to keep CI in its budget: DRUMS_BENCH_EPISODES=1; the bench's
+pure parts (paths, feature switches, the table, the CPU account) are unit tests in CI."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +22,10 @@ FILES_TASK = "0f2c5a61"  # examples/tasks/files.json
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("DRUMS_BENCH_EPISODES") != "1",
+    reason="opt-in (two template builds): DRUMS_BENCH_EPISODES=1",
+)
 def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
     require_live("base")
     state_root = Path(f"/run/drums-bench-episodes-test-{tmp_path.name}")

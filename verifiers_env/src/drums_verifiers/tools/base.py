@@ -15,6 +15,7 @@ from mcp_types import CallToolResult, ImageContent, TextContent
 
 from drums_verifiers import actions, desktop
 from drums_verifiers.config import DesktopToolsConfig
+from drums_verifiers.profile import profile_mark
 from drums_verifiers.state import DrumsState
 
 log = logging.getLogger("drums_verifiers.tools")
@@ -32,6 +33,17 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         super().__init__(config)
         self._client: Any = None
         self._envs: dict[str, Any] = {}
+
+    async def _pull_state(self) -> Any:
+        profile_mark("tool", "pull_start")
+        state = await super()._pull_state()
+        profile_mark("tool", "pull_end")
+        return state
+
+    async def _push_state(self, before: bytes) -> None:
+        profile_mark("tool", "push_start")
+        await super()._push_state(before)
+        profile_mark("tool", "push_end")
 
     async def _env(self) -> Any:
         env_id = self.state.env_id
@@ -74,6 +86,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         try:
             env = await self._env()
             result = await desktop.step(env, action, screenshot=screenshot)
+            profile_mark("tool", "stepped", action=action["type"])
         except Exception as exc:
             if desktop.is_drums_error(exc) and desktop.error_code(exc) in RECOVERABLE_CODES:
                 return text_result(f"error: the desktop refused the action: {exc}", error=True)
@@ -100,6 +113,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
             except Exception as exc:
                 return self.failed(exc, "screenshot")
         state.tool_s.append(time.monotonic() - started)
+        profile_mark("tool", "built")
         return CallToolResult(content=content)
 
     def failed(self, exc: Exception, during: str) -> CallToolResult:

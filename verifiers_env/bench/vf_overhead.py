@@ -176,8 +176,11 @@ def run_vf_eval(
         "tool_desktop_s": [round(x, 4) for x in t.get("tool_calls", [])],
         "tool_round_trip_s": [round(x, 4) for x in gaps],
         "segments_median_s": {k: median([r[k] for r in per_call if k in r]) for k in labels},
+        "segments_s": per_call,
+        "segments_calls": {k: sum(1 for r in per_call if k in r) for k in labels},
         "screenshot_chars": [m.get("image_chars") for m in marks.get("mcp_end", [])],
         "verify_s": t.get("verify", []),
+        "close_s": next((m["close_s"] for m in marks.get("closed", [])), None),
         "vf_setup_s": span("setup"),
         "vf_agent_s": span("agent"),
         "vf_finalize_s": span("finalize"),
@@ -225,6 +228,27 @@ def run_sdk(
     return out
 
 
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several rounds of one variant as one: the lists joined, the single values listed (the
+    table shows medians); the per-call segments recomputed over every call."""
+    if len(results) == 1:
+        return results[0]
+    out: dict[str, Any] = {"rounds": len(results)}
+    for key, value in results[0].items():
+        if isinstance(value, list):
+            out[key] = [x for r in results for x in r.get(key) or []]
+        elif isinstance(value, int | float) or value is None:
+            out[key] = [r.get(key) for r in results if r.get(key) is not None]
+        elif key != "segments_median_s":
+            out[key] = value
+    per_call = [row for r in results for row in r.get("segments_s", [])]
+    if per_call:
+        labels = [label for _, label in CHAIN if label and any(label in c for c in per_call)]
+        out["segments_median_s"] = {k: median([c[k] for c in per_call if k in c]) for k in labels}
+        out["segments_calls"] = {k: sum(1 for c in per_call if k in c) for k in labels}
+    return out
+
+
 def med(v: Any) -> Any:
     return median(v) if isinstance(v, list) else v
 
@@ -261,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
         type=json.loads,
         help='screenshot options for a second SDK step, e.g. \'{"format": "jpeg"}\'',
     )
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the variants N times")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "vf-overhead.json")
     args = parser.parse_args(argv)
     harnesses = args.harness or ["null"]
@@ -273,24 +298,32 @@ def main(argv: list[str] | None = None) -> None:
         osworld = REPO.parent / "shared" / "osworld"
         live = start_live_daemon(work / "d", image="base", tasks={"dirs": [str(osworld)]})
         args.url, args.token_file = live.url, live.dir / "token"
-    runs: dict[str, dict[str, Any]] = {}
+    rounds: list[tuple[str, dict[str, Any]]] = []
+    sdks: list[dict[str, Any]] = []
     try:
-        for harness in harnesses:
-            if args.before_src:
-                runs[f"before/{harness}"] = run_vf_eval(
+        # Rounds alternate the variants (and the SDK) so that each sees the same foreign load.
+        for r in range(args.rounds):
+            for harness in harnesses:
+                if args.before_src:
+                    rounds.append((f"before/{harness}", run_vf_eval(
+                        args.url, args.token_file, args.task, args.clicks,
+                        work / f"before-{harness}-{r}", harness=harness, src=args.before_src,
+                    )))  # fmt: skip
+                rounds.append((f"after/{harness}" if args.before_src else harness, run_vf_eval(
                     args.url, args.token_file, args.task, args.clicks,
-                    work / f"before-{harness}", harness=harness, src=args.before_src,
-                )  # fmt: skip
-            runs[f"after/{harness}" if args.before_src else harness] = run_vf_eval(
-                args.url, args.token_file, args.task, args.clicks, work / f"after-{harness}",
-                harness=harness, flags=args.flags.split(),
-            )  # fmt: skip
-        sdk = run_sdk(args.url, args.token_file, args.task, args.clicks, args.sdk_shot)
+                    work / f"after-{harness}-{r}", harness=harness, flags=args.flags.split(),
+                )))  # fmt: skip
+            sdks.append(run_sdk(args.url, args.token_file, args.task, args.clicks, args.sdk_shot))
     finally:
         if live is not None:
             from live_daemon import stop_and_clean
 
             stop_and_clean(live, work / "d" / "state")
+    raw = args.out.with_suffix(".rounds.json")  # kept whatever the report below does
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps({"rounds": rounds, "sdk": sdks}, indent=1) + "\n")
+    runs = {name: pooled([v for n, v in rounds if n == name]) for name, _ in rounds}
+    sdk = pooled(sdks)
     base = median(sdk["step_screenshot_s"])
     ratios = {
         name: round(med(vf["tool_round_trip_s"]) / base, 3) if base else None
@@ -313,15 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     print_table(
         ["what (seconds, median of the calls)", *names, "SDK alone"],
         [
-            row("create (incl. task setup)", "create_s", sdk["create_s"]),
-            row("validity wait", "wait_valid_s", sdk["wait_valid_s"]),
-            row("first screenshot", "first_screenshot_s", sdk["first_screenshot_s"]),
+            row("create (incl. task setup)", "create_s", med(sdk["create_s"])),
+            row("validity wait", "wait_valid_s", med(sdk["wait_valid_s"])),
+            row("first screenshot", "first_screenshot_s", med(sdk["first_screenshot_s"])),
             row("tool call, round trip", "tool_round_trip_s", base),
             row("tool call, on the desktop", "tool_desktop_s", base),
             row("SDK step with --sdk-shot options", None, med(sdk.get("step_shot_options_s"))),
             row("SDK step, then observe", None, med(sdk["step_then_observe_s"])),
             row("verify", "verify_s", med(sdk["verify_s"])),
-            row("close", None, sdk["close_s"]),
+            row("close", "close_s", med(sdk["close_s"])),
             row("vf-eval setup span", "vf_setup_s"),
             row("vf-eval agent span", "vf_agent_s"),
             row("vf-eval wall", "wall_s"),
@@ -330,10 +363,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     print()
     labels = [label for _, label in CHAIN if label]
+
+    def cell(v: dict[str, Any], label: str) -> str | None:
+        value, calls = v["segments_median_s"].get(label), v["segments_calls"].get(label)
+        if value is None:
+            return None
+        return f"{value} ({calls})" if calls != max(v["segments_calls"].values()) else str(value)
+
     print_table(
         ["one tool call's path (seconds, median)", *names],
         [
-            (label, [v["segments_median_s"].get(label) for v in runs.values()])
+            (label, [cell(v, label) for v in runs.values()])
             for label in labels
             if any(label in v["segments_median_s"] for v in runs.values())
         ],

@@ -9,6 +9,7 @@ and the rest of the package talks about desktops, not HTTP.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import logging
 import struct
@@ -161,6 +162,12 @@ def screenshot_b64(result: Any) -> tuple[str, str] | None:
     if data:
         return data, str(field(result, "screenshot_content_type") or "image/png")
     return None
+
+
+def screenshot_bytes(result: Any) -> bytes | None:
+    """The screenshot a `step(..., screenshot=...)` result carries, decoded."""
+    shot = screenshot_b64(result)
+    return base64.b64decode(shot[0]) if shot else None
 
 
 async def verify(env: Any, timeout_s: float) -> Any:

@@ -62,6 +62,11 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         return self._shared if self._shared is not None else super().state
 
     def _with_state(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not self._state_channel()[0]:
+            # no per-rollout channel in this process's environment (a shared server gets each
+            # rollout's in the request): keep verifiers' pull and push around every call
+            return super()._with_state(fn)
+
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             async with self._calls:  # one call at a time: each sees the last one's state

@@ -162,6 +162,50 @@ def test_null_harness_sees_every_screenshot(fake_host, policy, tmp_path):
     assert [sum(r["images"]) for r in requests] == [1, 2, 3, 4]
 
 
+def test_scaled_jpeg_screenshots_come_from_the_daemon(fake_host, policy, tmp_path):
+    """screenshot_scale / screenshot_format: the daemon scales and encodes (the step asks for
+    it), the model sees jpegs of half the screen, its coordinates map back to the screen."""
+    write_tasks(tmp_path / "tasks", ["solve"])
+    episodes = vf_eval(
+        fake_host,
+        policy,
+        tmp_path / "out",
+        tmp_path / "tasks",
+        "--env.taskset.task.screenshot-scale",
+        "0.5",
+        "--env.taskset.task.screenshot-format",
+        "jpeg",
+    )
+    trace = by_task(episodes)["solve"][0]
+    assert trace["ok"] and trace["rewards"]["task_success"]["score"] == 1.0, error_text(trace)
+    requests = [r for r in policy.requests if r["script"] == "solve"]
+    assert [r["image_types"] for r in requests][-1] == ["image/jpeg"] * 4, requests
+    counters = fake_host.stats()["counters"]
+    assert counters.get("step_shots_jpeg") == 3 and "step_shots_png" not in counters, counters
+    (slot,) = [s for s in fake_host.daemon.slots.values() if s.task and s.task["id"] == "solve"]
+    assert slot.actions[0] == {"type": "click", "x": 100, "y": 80}, slot.actions  # (50, 40) x 2
+
+
+@pytest.mark.parametrize("max_turns", [None, 2])
+def test_an_episode_without_done_keeps_its_tally(fake_host, policy, tmp_path, max_turns):
+    """The tool server pushes the rollout state behind each result: an episode that ends with
+    the model falling silent, or at the turn budget, still reaches finalize with every action
+    and tool-call timing."""
+    write_tasks(tmp_path / "tasks", ["wander"])
+    extra = ["--env.taskset.task.max-turns", str(max_turns)] if max_turns else []
+    episodes = vf_eval(fake_host, policy, tmp_path / "out", tmp_path / "tasks", *extra)
+    trace = by_task(episodes)["wander"][0]
+    drums = trace["info"]["drums"]
+    if max_turns:
+        assert trace["stop_condition"] == "turn_budget", trace["stop_condition"]
+        assert drums["actions"] == {"click": 1, "type": 1}, drums
+    else:
+        assert drums["actions"] == {"click": 2, "type": 1}, drums
+    assert len(drums["timings"]["tool_calls"]) == sum(drums["actions"].values()), drums
+    assert trace["ok"] and trace["rewards"]["task_success"]["score"] == 0.0, error_text(trace)
+    assert_nothing_left(fake_host)
+
+
 @pytest.mark.parametrize(
     ("style", "task", "actions"),
     [

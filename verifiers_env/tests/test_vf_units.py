@@ -252,3 +252,14 @@ def test_taskset_without_a_source_says_what_to_set():
 
     with pytest.raises(TasksetLoadError, match=r"--env\.taskset\.task-dir"):
         list(drums_verifiers.DrumsTaskset(DrumsTasksetConfig(id="drums-verifiers")))
+
+
+def test_shot_options_ask_the_daemon_for_what_the_model_sees():
+    assert actions.shot_options([1920, 1080], 1.0) is True  # a full PNG: nothing to ask
+    assert actions.shot_options([1920, 1080], 0.5) == {"width": 960, "height": 540}
+    assert actions.shot_options([1920, 1080], 1.0, "jpeg", 70) == {"format": "jpeg", "quality": 70}
+    assert actions.shot_options((192, 108), 0.33, "webp") == {
+        "width": 63,
+        "height": 36,
+        "format": "webp",
+    }

@@ -63,6 +63,10 @@ TASKS: dict[str, dict[str, Any]] = {
         "instruction": "[policy:scalecua] Type 42.",
         "fake": {"expect": {"type": "type", "text": "42"}},
     },
+    "wander": {  # the policy acts, then stops talking: the episode ends without done/fail
+        "instruction": "[policy:wander] Look around.",
+        "fake": {"expect": {"type": "type", "text": "42"}},
+    },
 }
 
 SCRIPTS: dict[str, list[dict[str, Any]]] = {
@@ -75,6 +79,11 @@ SCRIPTS: dict[str, list[dict[str, Any]]] = {
     "probe": [
         {"tool": "computer_click", "arguments": {"x": 10, "y": 10}},
         {"tool": "computer_done", "arguments": {}},
+    ],
+    "wander": [
+        {"tool": "computer_click", "arguments": {"x": 30, "y": 20}},
+        {"tool": "computer_type", "arguments": {"text": "7"}},
+        {"tool": "computer_click", "arguments": {"x": 40, "y": 20}},
     ],
     "child": [
         {"tool": "computer_type", "arguments": {"text": "42"}},

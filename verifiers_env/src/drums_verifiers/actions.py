@@ -53,6 +53,7 @@ __all__ = [
     "scalecua_action",
     "scroll",
     "shell",
+    "shot_options",
     "split_keys",
     "type_text",
     "wait",
@@ -200,3 +201,24 @@ def scale_png(png: bytes, scale: float) -> bytes:
         out = io.BytesIO()
         image.convert("RGB").resize(size).save(out, format="PNG")
         return out.getvalue()
+
+
+def shot_options(
+    screen: list[int] | tuple[int, int],
+    scale: float,
+    fmt: str = "png",
+    quality: int | None = None,
+) -> bool | dict[str, Any]:
+    """The daemon's screenshot options for what the model sees: the screen times `scale` (the
+    size `scale_png` gives, so the coordinate mapping is the same) in `fmt`; True (a PNG of the
+    whole screen, nothing to ask) when that is all."""
+    options: dict[str, Any] = {}
+    if scale != 1.0:
+        width, height = screen
+        options["width"] = max(1, round(width * scale))
+        options["height"] = max(1, round(height * scale))
+    if fmt != "png":
+        options["format"] = fmt
+        if quality is not None:
+            options["quality"] = quality
+    return options or True

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # bundled ahead of this module in the generated script
     from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
+    from drums_verifiers.profile import profile_mark
     from drums_verifiers.visual_window import apply_visual_window
 
 MODEL_TRANSPORT_ERROR_EXIT_CODE = 97  # verifiers' code for "the model connection failed"
@@ -64,6 +65,13 @@ async def complete(client: Any, model: str, messages: list, tools: list) -> dict
     return out
 
 
+def image_chars(content: Any) -> int:
+    """Characters of image data URLs in a tool result (what the screenshot costs the wire)."""
+    if not isinstance(content, list):
+        return 0
+    return sum(len(p.get("image_url", {}).get("url", "")) for p in content if isinstance(p, dict))
+
+
 async def main() -> None:
     import httpx
     from openai import APIConnectionError, AsyncOpenAI
@@ -88,10 +96,12 @@ async def main() -> None:
             )
         for _ in range(args.max_steps):
             request = apply_visual_window(messages, args.visual_window)
+            profile_mark("chat", "request_start")
             try:
                 reply = await complete(client, args.model, request, tools)
             except APIConnectionError as exc:
                 raise SystemExit(MODEL_TRANSPORT_ERROR_EXIT_CODE) from exc
+            profile_mark("chat", "reply")
             messages.append(reply)
             calls = reply.get("tool_calls") or []
             if not calls:
@@ -103,7 +113,9 @@ async def main() -> None:
                     if name not in dispatch:
                         content: Any = f"error: unknown tool {name!r}"
                     else:
+                        profile_mark("chat", "mcp_start", tool=name)
                         content = await call_mcp(servers, dispatch, name, arguments)
+                        profile_mark("chat", "mcp_end", image_chars=image_chars(content))
                 except json.JSONDecodeError as exc:
                     content = f"error: tool arguments are not JSON ({exc})"
                 except Exception as exc:

@@ -17,6 +17,7 @@ from pydantic_config import BaseConfig
 from drums_verifiers.daemon import Daemon, resolve_daemon
 
 ToolStyle = Literal["drums", "scalecua", "hybrid"]
+ScreenshotFormat = Literal["png", "jpeg", "webp"]
 TOKEN_HINT = "set --env.taskset.task.daemon.token-file (env.taskset.task.daemon.token_file)"
 
 
@@ -50,6 +51,8 @@ class DesktopToolsConfig(vf.ToolsetConfig):
     screenshot_scale: float = Field(1.0, gt=0, le=1)
     """Screenshots are resized by this factor before the model sees them; the model's
     coordinates are mapped back to screen pixels by the same factor."""
+    screenshot_format: ScreenshotFormat = "png"
+    screenshot_quality: int | None = Field(None, ge=1, le=100)
     step_timeout_s: float = Field(60.0, gt=0)
     shell_timeout_s: float = Field(60.0, gt=0, le=600)
 
@@ -62,6 +65,11 @@ class DrumsTaskConfig(vf.TaskConfig):
     max_turns: int = Field(30, ge=1)
     """The rollout stops after this many model turns (a `@vf.stop`)."""
     screenshot_scale: float = Field(1.0, gt=0, le=1)
+    screenshot_format: ScreenshotFormat = "png"
+    """What the tool results' screenshots are: png (lossless), or jpeg / webp (fewer bytes
+    through the harness and into the model's context). The daemon encodes and scales them."""
+    screenshot_quality: int | None = Field(None, ge=1, le=100)
+    """jpeg / webp quality; unset takes the daemon's default (80)."""
     wait_valid_timeout_s: float = Field(120.0, gt=0)
     verify_timeout_s: float = Field(300.0, gt=0)
     idle_timeout_s: float = Field(900.0, gt=0)
@@ -70,7 +78,10 @@ class DrumsTaskConfig(vf.TaskConfig):
 
     def tools_config(self) -> DesktopToolsConfig:
         return DesktopToolsConfig(
-            daemon=self.daemon.pinned(), screenshot_scale=self.screenshot_scale
+            daemon=self.daemon.pinned(),
+            screenshot_scale=self.screenshot_scale,
+            screenshot_format=self.screenshot_format,
+            screenshot_quality=self.screenshot_quality,
         )
 
 

@@ -74,8 +74,10 @@ def png_size(png: bytes) -> tuple[int, int]:
 @dataclass
 class Observation:
     png: bytes
+    """The screenshot's bytes: a PNG unless screenshot options asked for another format."""
     instruction: str
     meta: dict[str, Any]
+    content_type: str = "image/png"
 
 
 async def open_client(daemon: DaemonConfig | Daemon, hint: str = TOKEN_HINT) -> Any:
@@ -126,26 +128,46 @@ async def wait_valid(env: Any, timeout_s: float) -> Any:
     return await resolve(env.wait_valid(timeout=timeout_s))
 
 
-async def observe(env: Any) -> Observation:
-    obs = await resolve(env.observe())
+async def observe(env: Any, shot: dict[str, Any] | None = None) -> Observation:
+    """The screen; `shot` (screenshot options: format, quality, width, height) has the daemon
+    encode and scale it, then `Observation.content_type` says the format."""
+    obs = await resolve(env.observe(**shot) if shot else env.observe())
     meta = dict(getattr(obs, "meta", None) or {})
     if not isinstance(meta, dict):  # a pydantic model
         meta = meta.model_dump()
-    return Observation(png=obs.png, instruction=str(meta.get("instruction") or ""), meta=meta)
+    return Observation(
+        png=obs.png,
+        instruction=str(meta.get("instruction") or ""),
+        meta=meta,
+        content_type=str(getattr(obs, "content_type", None) or "image/png"),
+    )
 
 
-async def step(env: Any, action: str | dict[str, Any], screenshot: bool = False) -> Any:
-    """One action; with `screenshot` the daemon returns the screen after it in the same call
-    (`screenshot_png(result)`), one round trip instead of a step and a screenshot."""
+async def step(env: Any, action: str | dict[str, Any], screenshot: bool | dict = False) -> Any:
+    """One action; with `screenshot` (True, or screenshot options) the daemon returns the screen
+    after it in the same call (`screenshot_b64(result)`): one round trip, not a step and a
+    screenshot."""
     if screenshot:
-        return await resolve(env.step(action, screenshot=True))
+        return await resolve(env.step(action, screenshot=screenshot))
     return await resolve(env.step(action))
 
 
-def screenshot_png(result: Any) -> bytes | None:
-    """The PNG a `step(..., screenshot=True)` result carries, if it carries one."""
-    data = field(result, "screenshot_png_b64")
-    return base64.b64decode(data) if data else None
+def screenshot_b64(result: Any) -> tuple[str, str] | None:
+    """The screenshot a `step(..., screenshot=...)` result carries, still base64 (the model's
+    tool result carries base64 too: no decode and re-encode), and its content type."""
+    png = field(result, "screenshot_png_b64")
+    if png:
+        return png, "image/png"
+    data = field(result, "screenshot_b64")
+    if data:
+        return data, str(field(result, "screenshot_content_type") or "image/png")
+    return None
+
+
+def screenshot_bytes(result: Any) -> bytes | None:
+    """The screenshot a `step(..., screenshot=...)` result carries, decoded."""
+    shot = screenshot_b64(result)
+    return base64.b64decode(shot[0]) if shot else None
 
 
 async def verify(env: Any, timeout_s: float) -> Any:

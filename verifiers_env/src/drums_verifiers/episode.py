@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from verifiers.v1.utils.aio import run_shielded
 
 from drums_verifiers import desktop
 from drums_verifiers.config import DaemonConfig
+from drums_verifiers.profile import profile_mark
 
 log = logging.getLogger("drums_verifiers.episode")
 CLOSE_TIMEOUT_S = 30.0
@@ -73,9 +75,13 @@ class EpisodeDesktops:
             return
         self.closed = True
         for env in reversed(self._owned):
+            started = time.monotonic()
             try:
                 await asyncio.wait_for(desktop.close_env(env), CLOSE_TIMEOUT_S)
-                log.info("closed env=%s", desktop.env_id(env))
+                close_s = round(time.monotonic() - started, 4)
+                log.info("closed env=%s in %.3f s", desktop.env_id(env), close_s)
+                # after the traces and records are written: the overhead bench reads it here
+                profile_mark("episode", "closed", env=desktop.env_id(env), close_s=close_s)
             except Exception:
                 log.warning(
                     "closing env=%s failed; its idle lease will reap it",

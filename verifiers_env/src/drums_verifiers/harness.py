@@ -14,7 +14,7 @@ from pydantic import Field
 from verifiers.v1.harnesses.utils import mcp as vf_mcp
 from verifiers.v1.harnesses.utils.launch import launch_chat_program
 
-from drums_verifiers import chat_program, visual_window
+from drums_verifiers import chat_program, profile, visual_window
 
 HEADER = (
     '# /// script\n# requires-python = ">=3.10"\n'
@@ -25,7 +25,7 @@ HEADER = (
 
 def program_source() -> str:
     """The standalone script: verifiers' MCP client helpers, the window, then the loop."""
-    parts = [inspect.getsource(m) for m in (vf_mcp, visual_window, chat_program)]
+    parts = [inspect.getsource(m) for m in (vf_mcp, profile, visual_window, chat_program)]
     return HEADER + "\n".join(parts)
 
 

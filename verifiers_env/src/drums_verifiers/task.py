@@ -20,7 +20,7 @@ from typing import Any
 import verifiers.v1 as vf
 
 from drums_verifiers import desktop, verdict
-from drums_verifiers.actions import scale_png
+from drums_verifiers.actions import shot_options
 from drums_verifiers.config import DrumsTaskConfig
 from drums_verifiers.episode import SEAT, owner_for, release_private
 from drums_verifiers.state import DrumsState
@@ -62,11 +62,13 @@ SYSTEM_PROMPTS = {
 }
 
 
-def png_data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
+def png_data_url(png: bytes, content_type: str = "image/png") -> str:
+    return f"data:{content_type};base64," + base64.b64encode(png).decode()
 
 
-def opening_prompt(instruction: str, png: bytes, shown: tuple[int, int]) -> list[vf.Message]:
+def opening_prompt(
+    instruction: str, png: bytes, shown: tuple[int, int], content_type: str = "image/png"
+) -> list[vf.Message]:
     text = (
         f"{instruction}\n\nThe screenshot below is {shown[0]}x{shown[1]} pixels; "
         "give coordinates in that space."
@@ -75,7 +77,9 @@ def opening_prompt(instruction: str, png: bytes, shown: tuple[int, int]) -> list
         vf.UserMessage(
             content=[
                 vf.TextContentPart(text=text),
-                vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url=png_data_url(png))),
+                vf.ImageUrlContentPart(
+                    image_url=vf.ImageUrlSource(url=png_data_url(png, content_type))
+                ),
             ]
         )
     ]
@@ -156,9 +160,16 @@ class DrumsTask(vf.Task[DrumsTaskData, DrumsState, DrumsTaskConfig]):
         trace.info["drums"] = base.to_info()
         width, height = desktop.png_size(obs.png)
         state.screen = [width, height]
-        shown = scale_png(obs.png, cfg.screenshot_scale)
+        # What the model sees, as the tool servers will show it (the daemon scales/encodes).
+        shot = shot_options(
+            state.screen, cfg.screenshot_scale, cfg.screenshot_format, cfg.screenshot_quality
+        )
+        shown, shown_size = obs, (width, height)
+        if isinstance(shot, dict):
+            shown = await desktop.observe(env, shot)
+            shown_size = (shot.get("width", width), shot.get("height", height))
         instruction = obs.instruction or self.data.instruction
-        prompt = opening_prompt(instruction, shown, desktop.png_size(shown))
+        prompt = opening_prompt(instruction, shown.png, shown_size, shown.content_type)
         trace.task.data = trace.task.data.model_copy(update={"prompt": prompt})
         log.info("rollout=%s env=%s ready (%dx%d)", trace.id, state.env_id, width, height)
 

@@ -183,12 +183,17 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
         except actions.BadAction as exc:
             return f"error: {exc}", None, False
         try:
+            png = None
             if action is not None:
-                self.env.step(action)
+                final = action["type"] in ("done", "fail")
+                # the screen after the action comes with the step: one daemon round trip
+                result = self.env.step(action, screenshot=not final)
                 self.action_counts[action["type"]] = self.action_counts.get(action["type"], 0) + 1
-                if action["type"] in ("done", "fail"):
+                if final:
                     return action["type"], None, True
-            png = self.env.observe().png
+                png = desktop.screenshot_bytes(result)
+            if png is None:
+                png = self.env.observe().png
         except Exception as exc:
             if not desktop.is_drums_error(exc):
                 raise

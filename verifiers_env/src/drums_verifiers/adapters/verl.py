@@ -112,13 +112,19 @@ class DrumsComputerTool(BaseTool):
         except actions.BadAction as exc:
             return ToolResponse(text=f"error: {exc}"), 0.0, {"bad_action": 1}
         try:
+            png = None
             if action is not None:
-                await desktop.step(traj.env, action)
+                final = action["type"] in ("done", "fail")
+                # the screen after the action comes with the step: one daemon round trip
+                result = await desktop.step(traj.env, action, screenshot=not final)
                 traj.counts[action["type"]] = traj.counts.get(action["type"], 0) + 1
-                if action["type"] in ("done", "fail"):
+                if final:
                     traj.terminal = action["type"]
                     return ToolResponse(text=action["type"]), await self.score(traj), {}
-            png = actions.scale_png((await desktop.observe(traj.env)).png, self.scale)
+                png = desktop.screenshot_bytes(result)
+            if png is None:
+                png = (await desktop.observe(traj.env)).png
+            png = actions.scale_png(png, self.scale)
         except Exception as exc:
             if not desktop.is_drums_error(exc):
                 raise

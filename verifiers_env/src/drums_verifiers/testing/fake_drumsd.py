@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import json
 import re
 import struct
@@ -62,6 +63,27 @@ def canned_png(shade: int, size: tuple[int, int] = PNG_SIZE) -> bytes:
         + chunk(b"IDAT", zlib.compress(raw, 6))
         + chunk(b"IEND", b"")
     )
+
+
+def canned_shot(shade: int, options: dict[str, Any] | None) -> tuple[bytes, str]:
+    """The canned screen as screenshot options ask (format, quality, width, height), with its
+    content type; like the daemon, one of width/height keeps the aspect ratio."""
+    options = options or {}
+    width, height = options.get("width"), options.get("height")
+    if width and not height:
+        height = max(1, round(PNG_SIZE[1] * int(width) / PNG_SIZE[0]))
+    if height and not width:
+        width = max(1, round(PNG_SIZE[0] * int(height) / PNG_SIZE[1]))
+    png = canned_png(shade, (int(width), int(height)) if width else PNG_SIZE)
+    fmt = str(options.get("format") or "png").lower().replace("jpg", "jpeg")
+    if fmt == "png":
+        return png, "image/png"
+    from PIL import Image  # only for jpeg/webp, which a test asks for explicitly
+
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(png)) as image:
+        image.save(out, format=fmt.upper(), quality=int(options.get("quality") or 80))
+    return out.getvalue(), f"image/{fmt}"
 
 
 def now_iso() -> str:
@@ -350,7 +372,8 @@ class FakeDaemon:
             case "GET", ["v1", "slots", sid, "screenshot"]:
                 slot = self.slot(sid)
                 self.count("screenshots")
-                return 200, canned_png(len(slot.actions)), "png"
+                data, content_type = canned_shot(len(slot.actions), query)
+                return 200, data, content_type
             case "GET", ["v1", "slots", sid, "gates"]:
                 return 200, self.gate_report(self.slot(sid)), "json"
             case "POST", ["v1", "slots", sid, "quiescent"]:
@@ -454,8 +477,15 @@ class FakeDaemon:
             "terminal": action["type"] if action["type"] in ("done", "fail") else None,
             "output": output,
         }
-        if body.get("screenshot"):
-            result["screenshot_png_b64"] = base64.b64encode(canned_png(len(slot.actions))).decode()
+        options = body.get("screenshot_options")
+        if body.get("screenshot") or options:
+            data, content_type = canned_shot(len(slot.actions), options)
+            encoded = base64.b64encode(data).decode()
+            if content_type == "image/png":
+                result["screenshot_png_b64"] = encoded
+            else:
+                result["screenshot_b64"], result["screenshot_content_type"] = encoded, content_type
+            self.count("step_shots_" + content_type.removeprefix("image/"))
         return result
 
     def branch(self, parent: FakeSlot, body: dict[str, Any]) -> dict[str, Any]:
@@ -517,11 +547,10 @@ class FakeDrumsd:
                 return
 
             def _send(self, status: int, payload: Any, kind: str) -> None:
-                data = payload if kind == "png" else json.dumps(payload).encode()
+                image = kind.startswith("image/")
+                data = payload if image else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header(
-                    "content-type", "image/png" if kind == "png" else "application/json"
-                )
+                self.send_header("content-type", kind if image else "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -47,6 +47,19 @@ def count_images(message: dict[str, Any]) -> int:
     return sum(1 for p in content if isinstance(p, dict) and p.get("type") == "image_url")
 
 
+def image_types(message: dict[str, Any]) -> list[str]:
+    """The media type of each image part (from its data URL), e.g. ["image/png"]."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    urls = [
+        str((p.get("image_url") or {}).get("url", ""))
+        for p in content
+        if isinstance(p, dict) and p.get("type") == "image_url"
+    ]
+    return [u[5:].split(";", 1)[0] if u.startswith("data:") else "url" for u in urls]
+
+
 def choose_script(messages: list[dict[str, Any]], scripts: dict[str, list]) -> str:
     for message in messages:
         if message.get("role") == "user":
@@ -165,6 +178,7 @@ class MockPolicy:
             "script": choose_script(messages, self.scripts),
             "messages": len(messages),
             "images": [count_images(m) for m in messages],
+            "image_types": [t for m in messages for t in image_types(m)],
             "roles": [m.get("role") for m in messages],
             "tools": [t.get("function", {}).get("name") for t in body.get("tools") or []],
         }

@@ -304,6 +304,93 @@ def _pings(client: Any) -> bool:
         return False
 
 
+SKYRL_EPISODE = """
+import json, ray
+ray.init(address=ADDRESS, log_to_driver=False)
+
+@ray.remote(num_cpus=0)
+def episode():  # in a Ray worker, as skyrl-train's generator runs its envs
+    from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv
+
+    env = DrumsSkyRLEnv({"daemon_url": "ray://"}, {"drums_task": TASK, "max_turns": 3})
+    prompt, _ = env.init([])
+    made = {"id": env.env.id, "host": env.env.host, "image": len(prompt[-1]["content"]) == 2}
+    call = '<tool_call>{"name": "computer", "arguments": %s}</tool_call>'
+    first = env.step(call % '{"action": "wait", "seconds": 0}')
+    last = env.step(call % '{"action": "fail"}')
+    return {**made, "first_done": first["done"], "reward": last["reward"], "done": last["done"],
+            "valid": last["metadata"]["drums_valid"], "released": env.client is None}
+
+print("RESULT " + json.dumps(ray.get(episode.remote())), flush=True)
+"""
+
+VERL_EPISODE = """
+import asyncio, json, ray
+ray.init(address=ADDRESS, log_to_driver=False)
+from drums_verifiers.adapters.verl import DrumsComputerTool
+
+async def main():
+    tool = DrumsComputerTool({"type": "native", "daemon_url": "ray://"})
+    handle, _ = await tool.create(create_kwargs={"drums_task": TASK})
+    shot, _, _ = await tool.execute(handle, {"action": "wait", "seconds": 0})
+    env = next(iter(tool.trajectories.values())).env
+    made = {"id": env.id, "host": env.host, "image": bool(shot.image)}
+    said, reward, _ = await tool.execute(handle, {"action": "fail"})
+    await tool.release(handle)
+    return {**made, "said": said.text, "reward": reward, "released": not tool.trajectories}
+
+print("RESULT " + json.dumps(asyncio.run(main())), flush=True)
+"""
+
+
+def test_skyrl_env_and_verl_tool_in_ray_mode(hosts: dict[str, Any]) -> None:
+    """`daemon_url: ray://` and nothing else: a SkyRL env (in a Ray worker) and a verl tool
+    (a driver in verl's own venv) each play the infeasible task on the cluster's pool: the
+    opening screenshot, a step, a final FAIL scored 1 by the host's checker, the desktop
+    destroyed at the end, nothing left on any host."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verifiers_env" / "tests"))
+    from trainer_checks import REPO, trainer_venv
+
+    head = f"ADDRESS = {hosts['cluster'].address!r}\nTASK = {INFEASIBLE!r}\n"
+    paths = os.pathsep.join(str(REPO / p) for p in ("sdk/src", "verifiers_env/src"))
+    runs = {
+        "skyrl": ([sys.executable], SKYRL_EPISODE, os.environ.copy()),
+        "verl": (
+            [str(trainer_venv("verl") / "bin" / "python")],
+            VERL_EPISODE,
+            {**os.environ, "PYTHONPATH": paths},
+        ),
+    }
+    procs = {
+        name: subprocess.Popen(
+            [*python, "-c", head + script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, (python, script, env) in runs.items()
+    }
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=240)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, f"{name}: rc {proc.returncode}\n{err[-3000:]}"
+        results[name] = json.loads(lines[-1].removeprefix("RESULT "))
+    skyrl, verl = results["skyrl"], results["verl"]
+    assert skyrl["image"] and not skyrl["first_done"], skyrl
+    ended = (skyrl["done"], skyrl["reward"], skyrl["valid"], skyrl["released"])
+    assert ended == (True, 1.0, True, True), skyrl
+    assert verl["image"], verl
+    assert (verl["said"], verl["reward"], verl["released"]) == ("fail", 1.0, True), verl
+    for made in (skyrl, verl):
+        assert made["host"] in hosts["daemons"]
+    for daemon in hosts["daemons"].values():
+        assert live_ids(daemon) == set()
+
+
 @pytest.mark.skipif(os.environ.get("DRUMS_POOL_BENCH") != "1", reason="opt-in: DRUMS_POOL_BENCH=1")
 def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
     """The pool path (this process's agent on the node) against the direct SDK, same run, same
@@ -334,17 +421,44 @@ def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
     try:
         with Pool(queue_timeout_s=10) as pool:  # a closed env's seat frees within ms
             pool.create().close()  # the agents are warm (once per process and node)
-            d_env, p_env = direct.create(), pool.create()
-            assert p_env.host == "h1"  # the freest: both paths on the same daemon
-            steps: dict[str, list[float]] = {"direct": [], "pool": []}
-            for _ in range(60):  # interleaved, so a load change on the host hits both alike
+            via = Pool(local_calls=False)  # every call through the agent, as from another node
+            d_env, p_env, a_env = direct.create(), pool.create(), via.create()
+            # The freest host for both: all three paths on the same daemon, h1 (this node).
+            assert p_env.host == a_env.host == "h1"
+            assert p_env.direct is not None and a_env.direct is None
+            steps: dict[str, list[float]] = {"direct": [], "pool": [], "pool via agent": []}
+            legs: dict[str, list[float]] = {"in": [], "daemon": [], "back": [], "null": []}
+            action = {"type": "wait", "seconds": 0}
+            sizes = []
+            for _ in range(60):  # interleaved, so a load change on the host hits all alike
                 for name, env in (("direct", d_env), ("pool", p_env)):
-                    action = {"type": "wait", "seconds": 0}
                     steps[name].append(timed(lambda: env.step(action, screenshot=True)))  # noqa: B023
+                t0 = time.time()
+                ref = a_env.agent.call_stamped.remote(
+                    a_env.id, "step", (action,), {"screenshot": True}
+                )
+                reply, t1, t2 = ray.get(ref)
+                t3 = time.time()
+                assert reply[0] == "ok" and reply[1].screenshot_png_b64
+                steps["pool via agent"].append(t3 - t0)
+                legs["in"].append(t1 - t0)
+                legs["daemon"].append(t2 - t1)
+                legs["back"].append(t3 - t2)
+                legs["null"].append(timed(lambda: ray.get(a_env.agent.ready.remote())))
+                sizes.append(len(reply[1].screenshot_png_b64))
             for name, times in steps.items():
                 rows[f"step+screenshot {name}"] = summary(times)
+            for leg, times in legs.items():
+                rows[f"agent step leg: {leg}"] = summary(times)
+            rows["agent step leg: in"]["what"] = "caller's .remote() to the agent's method starting"
+            rows["agent step leg: daemon"]["what"] = "Env.step in the agent (HTTP + parse)"
+            rows["agent step leg: back"]["what"] = "reply serialized, sent, ray.get returns"
+            rows["agent step leg: null"]["what"] = "round trip of an empty actor call"
+            rows["step screenshot size"] = {"b64_bytes_p50": int(statistics.median(sizes))}
             d_env.close()
             p_env.close()
+            a_env.close()
+            via.close()
             for name, make in (("direct", direct.create), ("pool", pool.create)):
                 times, verifies = [], []
                 for last in ("fail", "done", "fail", "done"):
@@ -388,9 +502,15 @@ def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
     finally:
         for client in clients.values():
             client.close()
-    for what in ("step+screenshot", "create", "verify", "episode"):
-        d, p = rows[f"{what} direct"]["p50_ms"], rows[f"{what} pool"]["p50_ms"]
-        rows[f"{what}: pool - direct"] = {
+    for what, pool_path in (
+        ("step+screenshot", "pool"),
+        ("step+screenshot", "pool via agent"),
+        ("create", "pool"),
+        ("verify", "pool"),
+        ("episode", "pool"),
+    ):
+        d, p = rows[f"{what} direct"]["p50_ms"], rows[f"{what} {pool_path}"]["p50_ms"]
+        rows[f"{what}: {pool_path} - direct"] = {
             "added_p50_ms": round(p - d, 1),
             "ratio_p50": round(p / d, 3),
         }

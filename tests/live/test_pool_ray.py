@@ -304,89 +304,52 @@ def _pings(client: Any) -> bool:
         return False
 
 
-SKYRL_EPISODE = """
-import json, ray
-ray.init(address=ADDRESS, log_to_driver=False)
-
-@ray.remote(num_cpus=0)
-def episode():  # in a Ray worker, as skyrl-train's generator runs its envs
-    from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv
-
-    env = DrumsSkyRLEnv({"daemon_url": "ray://"}, {"drums_task": TASK, "max_turns": 3})
-    prompt, _ = env.init([])
-    made = {"id": env.env.id, "host": env.env.host, "image": len(prompt[-1]["content"]) == 2}
-    call = '<tool_call>{"name": "computer", "arguments": %s}</tool_call>'
-    first = env.step(call % '{"action": "wait", "seconds": 0}')
-    last = env.step(call % '{"action": "fail"}')
-    return {**made, "first_done": first["done"], "reward": last["reward"], "done": last["done"],
-            "valid": last["metadata"]["drums_valid"], "released": env.client is None}
-
-print("RESULT " + json.dumps(ray.get(episode.remote())), flush=True)
-"""
-
-VERL_EPISODE = """
-import asyncio, json, ray
-ray.init(address=ADDRESS, log_to_driver=False)
-from drums_verifiers.adapters.verl import DrumsComputerTool
-
-async def main():
-    tool = DrumsComputerTool({"type": "native", "daemon_url": "ray://"})
-    handle, _ = await tool.create(create_kwargs={"drums_task": TASK})
-    shot, _, _ = await tool.execute(handle, {"action": "wait", "seconds": 0})
-    env = next(iter(tool.trajectories.values())).env
-    made = {"id": env.id, "host": env.host, "image": bool(shot.image)}
-    said, reward, _ = await tool.execute(handle, {"action": "fail"})
-    await tool.release(handle)
-    return {**made, "said": said.text, "reward": reward, "released": not tool.trajectories}
-
-print("RESULT " + json.dumps(asyncio.run(main())), flush=True)
-"""
-
-
 def test_skyrl_env_and_verl_tool_in_ray_mode(hosts: dict[str, Any]) -> None:
-    """`daemon_url: ray://` and nothing else: a SkyRL env (in a Ray worker) and a verl tool
-    (a driver in verl's own venv) each play the infeasible task on the cluster's pool: the
-    opening screenshot, a step, a final FAIL scored 1 by the host's checker, the desktop
-    destroyed at the end, nothing left on any host."""
+    """`daemon_url: ray://` and nothing else (tests/live/pool_episodes.py): a verl tool in a
+    driver started from verl's own venv and a SkyRL env in this test's process (a Ray driver)
+    each play the infeasible task on the cluster's pool: the opening screenshot, a step, a final
+    FAIL scored 1 by the host's checker, the desktop closed, nothing left on any host.
+    DRUMS_POOL_LONG=1 also runs the SkyRL env inside a Ray worker, as skyrl-train does (a new
+    worker, its imports and its agents: slow on a loaded host, so not in CI)."""
     import json
+
+    from pool_episodes import skyrl_episode
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "verifiers_env" / "tests"))
     from trainer_checks import REPO, trainer_venv
 
-    head = f"ADDRESS = {hosts['cluster'].address!r}\nTASK = {INFEASIBLE!r}\n"
+    here = Path(__file__).resolve().parent
     paths = os.pathsep.join(str(REPO / p) for p in ("sdk/src", "verifiers_env/src"))
-    runs = {
-        "skyrl": ([sys.executable], SKYRL_EPISODE, os.environ.copy()),
-        "verl": (
-            [str(trainer_venv("verl") / "bin" / "python")],
-            VERL_EPISODE,
-            {**os.environ, "PYTHONPATH": paths},
-        ),
-    }
-    procs = {
-        name: subprocess.Popen(
-            [*python, "-c", head + script],
+    drivers = {"verl": (trainer_venv("verl") / "bin" / "python", {"PYTHONPATH": paths})}
+    if LONG_FORM:
+        drivers["skyrl-worker"] = (Path(sys.executable), {})
+    started = time.monotonic()
+    address = hosts["cluster"].address
+    procs = {}
+    for name, (python, env) in drivers.items():
+        argv = [str(python), str(here / "pool_episodes.py"), address, INFEASIBLE, name]
+        procs[name] = subprocess.Popen(
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env={**os.environ, **env},
         )
-        for name, (python, script, env) in runs.items()
-    }
-    results = {}
+    results = {"skyrl": skyrl_episode(INFEASIBLE)}  # while verl's driver imports verl
+    print(f"skyrl in this driver, ray mode: {time.monotonic() - started:.1f}s")
     for name, proc in procs.items():
-        out, err = proc.communicate(timeout=240)
+        out, err = proc.communicate(timeout=300)
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
         assert proc.returncode == 0 and lines, f"{name}: rc {proc.returncode}\n{err[-3000:]}"
         results[name] = json.loads(lines[-1].removeprefix("RESULT "))
-    skyrl, verl = results["skyrl"], results["verl"]
-    assert skyrl["image"] and not skyrl["first_done"], skyrl
-    ended = (skyrl["done"], skyrl["reward"], skyrl["valid"], skyrl["released"])
-    assert ended == (True, 1.0, True, True), skyrl
-    assert verl["image"], verl
-    assert (verl["said"], verl["reward"], verl["released"]) == ("fail", 1.0, True), verl
-    for made in (skyrl, verl):
-        assert made["host"] in hosts["daemons"]
+        print(f"{name} driver, ray mode: {time.monotonic() - started:.1f}s to its exit")
+    for name, made in results.items():
+        assert made["host"] in hosts["daemons"] and made["image"], (name, made)
+        if name == "verl":
+            assert (made["said"], made["reward"], made["released"]) == ("fail", 1.0, True), made
+        else:
+            ended = (made["first_done"], made["done"], made["reward"], made["valid"])
+            assert ended == (False, True, 1.0, True) and made["released"], (name, made)
     for daemon in hosts["daemons"].values():
         assert live_ids(daemon) == set()
 

@@ -398,8 +398,10 @@ def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
             legs: dict[str, list[float]] = {"in": [], "daemon": [], "back": [], "null": []}
             action = {"type": "wait", "seconds": 0}
             sizes = []
-            for _ in range(60):  # interleaved, so a load change on the host hits all alike
-                for name, env in (("direct", d_env), ("pool", p_env)):
+            # Interleaved, so a load change on the host hits all alike, in turns (whichever path
+            # steps right after another on the same daemon may wait for its leftover work).
+            for i in range(60):
+                for name, env in (("direct", d_env), ("pool", p_env))[:: 1 if i % 2 else -1]:
                     steps[name].append(timed(lambda: env.step(action, screenshot=True)))  # noqa: B023
                 t0 = time.time()
                 ref = a_env.agent.call_stamped.remote(

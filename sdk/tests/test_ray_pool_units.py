@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,6 +198,7 @@ async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None
 class _FakeEnv:
     def __init__(self, env_id: str, closed: list[str]) -> None:
         self.id = env_id
+        self.slot = f"slot {env_id}"
         self._closed = closed
 
     def observe(self) -> str:
@@ -231,7 +233,8 @@ def test_one_agent_holds_many_envs_and_its_lease_names_them_all(
         files = list(lease_dir("h1").glob("*.json"))
         return [] if not files else sorted(json.loads(files[0].read_text()))
 
-    assert agent.create({})[0] == "ok" and agent.create({})[0] == "ok"
+    assert agent.create({}) == ("ok", {"id": "s-1", "pid": os.getpid(), "slot": "slot s-1"})
+    assert agent.create({})[0] == "ok"
     assert lease() == ["s-1", "s-2"]  # the keeper would destroy both if this process died
     assert agent.call("s-2", "observe", (), {}) == ("ok", "screen of s-2")
     status, fields = agent.call("s-9", "observe", (), {})
@@ -240,3 +243,94 @@ def test_one_agent_holds_many_envs_and_its_lease_names_them_all(
     assert lease() == ["s-2"]
     agent.close("s-2")
     assert list(lease_dir("h1").glob("*.json")) == []  # nothing held, no lease left
+
+
+def _bare_pool(node_id: str = "n1", local_calls: bool = True) -> Any:
+    from drums.ray._pool import Pool
+
+    pool = Pool.__new__(Pool)  # no Ray: only what PoolEnv and _direct read
+    pool._down, pool._envs, pool.down_ttl_s = {}, {}, 30.0
+    pool.local_calls, pool._node_id = local_calls, node_id
+    return pool
+
+
+class _NoAgent:
+    """An agent that must not be called: the env is on this process's node."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"agent.{name} called for a local env")
+
+
+def test_a_local_env_is_called_directly_and_fails_as_through_its_agent() -> None:
+    from drums import ConnectionFailed, EnvGone
+    from drums.ray._pool import HostDown, PoolEnv
+
+    class Direct:
+        def step(self, action: Any, *, screenshot: bool = False) -> Any:
+            return ("stepped", action, screenshot)
+
+        def observe(self) -> Any:
+            raise ConnectionFailed("GET /v1/slots/s-1/screenshot: cannot reach drumsd")
+
+        def gates(self) -> Any:
+            raise EnvGone("env s-1 is gone", env_id="s-1")
+
+    pool = _bare_pool()
+    env = PoolEnv(pool, _NoAgent(), "s-1", HostSlot("n1", "h1", 2, 1), None, Direct())
+    assert env.step("x", screenshot=True) == ("stepped", "x", True)
+    with pytest.raises(EnvGone):
+        env.gates()
+    assert pool._down_now() == []
+    with pytest.raises(HostDown) as caught:
+        env.observe()
+    assert caught.value.code == "host_down" and caught.value.detail["host"] == "h1"
+    assert pool._down_now() == ["h1"]  # new creates skip it, as when the agent says so
+
+
+def test_only_an_env_on_this_node_gets_a_direct_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drums import models as m
+    from drums.ray import _pool
+
+    monkeypatch.setenv("DRUMS_POOL_DIR", str(tmp_path))
+    monkeypatch.setattr(_pool, "_LOCAL", {})
+    (tmp_path / "token").write_text("t" * 40)
+    write_host(HostEntry("h1", "http://127.0.0.1:9", str(tmp_path / "token")), tmp_path)
+    slot = m.Slot.model_validate(
+        {"id": "s-1", "state": "ready", "checkpoint": "base", "created_at": 0.0,
+         "last_used_at": 0.0, "idle_timeout_s": 900.0}
+    )  # fmt: skip
+    here, there = HostSlot("n1", "h1", 2, 1), HostSlot("n2", "h2", 2, 1)
+    direct = _bare_pool()._direct(here, slot)
+    assert direct is not None and direct.id == "s-1" and not direct.owned
+    assert _bare_pool()._direct(there, slot) is None
+    assert _bare_pool(local_calls=False)._direct(here, slot) is None
+    # A host of this node that this process cannot reach (not registered here): the agent.
+    assert _bare_pool()._direct(HostSlot("n1", "h9", 2, 1), slot) is None
+
+
+def test_the_async_pool_env_runs_each_call_in_a_thread() -> None:
+    import threading
+
+    import anyio
+
+    from drums.ray._async import AsyncPoolEnv
+
+    main = threading.get_ident()
+
+    class Env:
+        id, host, closed = "s-1", "h1", False
+
+        def step(self, action: Any, *, screenshot: bool = False) -> Any:
+            return (action, screenshot, threading.get_ident() != main)
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def run() -> Any:
+        async with AsyncPoolEnv(Env()) as env:  # type: ignore[arg-type]
+            return await env.step("x", screenshot=True), env.env
+
+    stepped, inner = anyio.run(run)
+    assert stepped == ("x", True, True) and inner.closed

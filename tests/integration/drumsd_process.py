@@ -97,7 +97,12 @@ class Daemon:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        raise AssertionError(f"drumsd did not answer in {limit_s}s:\n{self.log()}")
+        log = self.log()
+        try:
+            self.stop()  # a daemon that did not answer in time is not left running
+        except subprocess.TimeoutExpired:
+            pass  # stop() killed it
+        raise AssertionError(f"drumsd did not answer in {limit_s}s:\n{log}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path else ""

@@ -71,8 +71,11 @@ def live_config(tmp: Path, port: int, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def start_live_daemon(tmp: Path, *, image: str = "base", **overrides: Any) -> Daemon:
-    """Start the daemon and wait until the template checkpoint of `image` is ready."""
+def start_live_daemon(
+    tmp: Path, *, image: str = "base", start_limit_s: float = 60, **overrides: Any
+) -> Daemon:
+    """Start the daemon (answering within `start_limit_s`) and wait until the template
+    checkpoint of `image` is ready."""
     require_live(image)
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -80,7 +83,9 @@ def start_live_daemon(tmp: Path, *, image: str = "base", **overrides: Any) -> Da
     config_path = tmp / "drumsd.json"
     overrides.setdefault("default_image", image)
     config_path.write_text(json.dumps(live_config(tmp, port, **overrides)))
-    daemon = Daemon(tmp, config_path, token, f"http://127.0.0.1:{port}").start(limit_s=60)
+    daemon = Daemon(tmp, config_path, token, f"http://127.0.0.1:{port}").start(
+        limit_s=start_limit_s
+    )
     wait_template(daemon, image)
     return daemon
 

@@ -136,3 +136,23 @@ def test_tools_do_not_import_the_task_module() -> None:
         assert (
             "drums_verifiers.task" not in text and "from drums_verifiers import task" not in text
         ), path.name
+
+
+def test_ray_mode_needs_no_token_and_refuses_an_address(tmp_path: Path) -> None:
+    absent = {"DRUMS_TOKEN_FILE": str(tmp_path / "absent")}
+    for daemon in (
+        resolve_daemon("ray://", environ=absent),
+        resolve_daemon(environ={**absent, "DRUMS_URL": "ray://"}),
+    ):
+        assert daemon.ray and daemon.url == "ray://" and daemon.missing is None
+        assert "ray mode" in daemon.describe()
+    assert not resolve_daemon("http://127.0.0.1:9002", environ=absent).ray
+    with pytest.raises(DaemonSettingsError, match="ray mode is exactly 'ray://'"):
+        resolve_daemon("ray://head:10001", environ=absent)
+    with pytest.raises(DaemonSettingsError, match="DRUMS_URL is 'ray://x'"):
+        resolve_daemon(environ={"DRUMS_URL": "ray://x"})
+
+
+def test_the_verifiers_env_refuses_ray_mode_and_names_the_gateway() -> None:
+    with pytest.raises(DaemonSettingsError, match="drums pool serve"):
+        DaemonConfig(url="ray://").resolve()

@@ -14,7 +14,7 @@ import verifiers.v1 as vf
 from pydantic import Field
 from pydantic_config import BaseConfig
 
-from drums_verifiers.daemon import Daemon, resolve_daemon
+from drums_verifiers.daemon import Daemon, DaemonSettingsError, resolve_daemon
 
 ToolStyle = Literal["drums", "scalecua", "hybrid"]
 ScreenshotFormat = Literal["png", "jpeg", "webp"]
@@ -30,7 +30,18 @@ class DaemonConfig(BaseConfig):
     token_file: Path | None = None
 
     def resolve(self, announce: bool = True) -> Daemon:
-        return resolve_daemon(url=self.url, token_file=self.token_file, announce=announce)
+        daemon = resolve_daemon(url=self.url, token_file=self.token_file, announce=False)
+        if daemon.ray:
+            # Each rollout's tool servers attach to its env by id from their own processes,
+            # which a Ray pool's envs (held by the rollout's actors) cannot serve.
+            raise DaemonSettingsError(
+                f"the verifiers env does not run in a Ray job, so ray mode ({daemon.url}) does "
+                "not apply: set daemon.url (or DRUMS_URL) to the pool's gateway, the URL of "
+                "`drums pool serve`, and daemon.token_file to its token"
+            )
+        if announce:
+            daemon.announce()
+        return daemon
 
     def check_token_file(self) -> None:
         """Fail early, naming the setting, instead of deep inside the SDK."""

@@ -6,6 +6,10 @@ first, else DRUMS_URL / DRUMS_TOKEN_FILE / DRUMS_TOKEN, else the defaults (http:
 adds where each one came from, the first log line that says so, and a clear error naming the
 setting to change when there is no token. It imports neither verifiers nor a trainer, so every
 adapter can call `resolve_daemon`.
+
+The URL `ray://` (a `daemon_url`, or DRUMS_URL) is the pool's ray mode, for code running inside
+a Ray job (SkyRL's envs, verl's tools): envs come from `drums.ray`'s pool over every drums host
+of the cluster, and no token is needed here (each host's agent reads its own node's token).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from drums import Secret
 from drums._config import DEFAULT_TOKEN_FILE, DEFAULT_URL, resolve_settings
 
 log = logging.getLogger("drums_verifiers.daemon")
+RAY_URL = "ray://"
+"""The daemon URL of ray mode: the pool of the Ray cluster this process runs in."""
 _announced: set[str] = set()
 _announce_lock = threading.Lock()
 
@@ -45,7 +51,14 @@ class Daemon:
     missing: str | None = None
     """Why there is no token, when there is none."""
 
+    @property
+    def ray(self) -> bool:
+        """Ray mode: envs come from drums.ray's pool, each host's agent holding its token."""
+        return self.url == RAY_URL
+
     def describe(self) -> str:
+        if self.ray:
+            return f"the drums pool of this Ray cluster (ray mode, from {self.url_source})"
         token = self.token_source if self.token is not None else f"none ({self.missing})"
         return f"drumsd {self.url} (from {self.url_source}), token from {token}"
 
@@ -60,13 +73,19 @@ class Daemon:
         )
 
     def aconnect(self, hint: str = "", **kwargs: Any) -> Any:
-        """An SDK AsyncClient on this daemon (the caller owns and closes it)."""
+        """An SDK AsyncClient on this daemon, or in ray mode the pool's AsyncPool (the caller
+        owns and closes it; `kwargs` go to the SDK client, or to the pool in ray mode)."""
+        if self.ray:
+            return _ray_pool().aconnect(**kwargs)
         import drums
 
         return drums.aconnect(url=self.url, token=self.require_token(hint), **kwargs)
 
     def connect(self, hint: str = "", **kwargs: Any) -> Any:
-        """An SDK sync Client on this daemon (the caller owns and closes it)."""
+        """An SDK sync Client on this daemon, or in ray mode the pool (`drums.ray.Pool`, the
+        same create / close surface); the caller owns and closes it."""
+        if self.ray:
+            return _ray_pool().connect(**kwargs)
         import drums
 
         return drums.connect(url=self.url, token=self.require_token(hint), **kwargs)
@@ -79,6 +98,31 @@ class Daemon:
                 return
             _announced.add(line)
         log.info("%s", line)
+
+
+def _ray_pool() -> Any:
+    try:
+        import drums.ray
+    except ImportError as exc:
+        raise DaemonSettingsError(
+            f"the daemon URL {RAY_URL} (ray mode) needs drums.ray: `pip install drums-sdk[ray]` "
+            f"in this job's environment ({exc})"
+        ) from None
+    return drums.ray
+
+
+def _ray_url(url: str, source: str) -> str | None:
+    """RAY_URL if `url` asks for ray mode; a `ray://` with anything after it is refused (Ray
+    Client addresses are not supported: the pool runs inside the Ray job)."""
+    if not url.lower().startswith("ray:"):
+        return None
+    if url.lower().rstrip("/") != "ray:":
+        raise DaemonSettingsError(
+            f"{source} is {url!r}: ray mode is exactly {RAY_URL!r} (the pool of the Ray cluster "
+            "this job runs in; set RAY_ADDRESS to name another cluster). For a process outside "
+            "Ray, use the pool's gateway URL (`drums pool serve`)"
+        )
+    return RAY_URL
 
 
 def _unreadable(path: Path) -> str:
@@ -104,11 +148,17 @@ def resolve_daemon(
     url = url or None
     token = token or None
     token_file = token_file or None
+    chosen = url or env.get("DRUMS_URL") or ""
+    url_source = "config" if url else "DRUMS_URL" if env.get("DRUMS_URL") else "default"
+    if _ray_url(chosen, "daemon_url" if url else url_source) is not None:
+        pool = Daemon(RAY_URL, url_source, None, "each host's own (ray mode)", None)
+        if announce:
+            pool.announce()
+        return pool
     if token is None and token_file is not None:
         # An explicit file beats DRUMS_TOKEN from the environment.
         env = {k: v for k, v in env.items() if k != "DRUMS_TOKEN"}
     settings = resolve_settings(url, token, token_file, environ=env)
-    url_source = "config" if url else "DRUMS_URL" if env.get("DRUMS_URL") else "default"
     path: Path | None = None
     missing: str | None = None
     if token is not None:
@@ -172,6 +222,7 @@ class DaemonSettings:
 __all__ = [
     "DEFAULT_TOKEN_FILE",
     "DEFAULT_URL",
+    "RAY_URL",
     "Daemon",
     "DaemonSettings",
     "DaemonSettingsError",

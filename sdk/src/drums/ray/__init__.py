@@ -6,9 +6,13 @@
             with env.fork(4) as children: ...           # children on the parent's host
             result = env.verify()
 
+Async code (verl's agent loops): `async with drums.ray.aconnect() as pool: await pool.create()`.
 A host joins with `drums pool join --address HEAD:PORT` (see docs/pool.md).
 """
 
+from ._async import AsyncPool as AsyncPool
+from ._async import AsyncPoolEnv as AsyncPoolEnv
+from ._async import aconnect as aconnect
 from ._placement import HostSlot as HostSlot
 from ._pool import HostDown as HostDown
 from ._pool import Pool as Pool

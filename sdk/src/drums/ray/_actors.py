@@ -88,7 +88,7 @@ class HostAgent:
             with self._lock:
                 self.envs[env.id] = env
             self._lease()
-            return {"id": env.id, "pid": os.getpid()}
+            return {"id": env.id, "pid": os.getpid(), "slot": env.slot}
 
         return _reply(run)
 
@@ -96,6 +96,15 @@ class HostAgent:
         self, env_id: str, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]
     ) -> Reply:
         return _reply(lambda: getattr(self._env(env_id), method)(*args, **kwargs))
+
+    def call_stamped(
+        self, env_id: str, method: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Tuple[Reply, float, float]:
+        """`call`, with the wall-clock times (time.time) it started and ended here: the pool's
+        benchmark splits a call into the way in, the daemon's work and the way back."""
+        started = time.time()
+        reply = self.call(env_id, method, args, kwargs)
+        return reply, started, time.time()
 
     def branch(
         self, env_id: str, n: int, idle_timeout_s: Optional[float], ttl_s: Optional[float]
@@ -124,6 +133,7 @@ class HostAgent:
             self._lease()
             return {
                 "children": ids,
+                "slots": list(result.children),
                 "state": state,
                 "kept_before": kept_before,
                 "elapsed_s": result.elapsed_s,

@@ -1,10 +1,15 @@
 """`drums.ray.connect()`: the pool client. Same surface as `drums.connect()`, over every drums
 host in the Ray cluster. Each env lives in this process's `HostAgent` on its host's node (one
 warm actor per node, reused) and holds one `drums_desktops` through a placement group pinned to
-that node, so every client's placement sees it; hosts are chosen by most free desktops."""
+that node, so every client's placement sees it; hosts are chosen by most free desktops.
+
+An env whose host is this process's own node is called directly (this process's client of
+that node's loopback drumsd, the agent still owning the env): a step then costs what it costs
+through the plain SDK. Envs on other nodes are called through their agent (one Ray call)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -21,12 +26,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from .. import _exceptions as errors
 from .. import models as m
 from .._base import Forked
+from .._client import Client, Env
 from .._exceptions import DrumsError, Overloaded
 from .._observation import Observation
-from ._actors import HostAgent, Keeper, Reply
+from ._actors import HostAgent, Keeper, Reply, connect_host, error_fields
 from ._placement import DESKTOPS, HostSlot, choose_host, hosts_from_nodes
 
 SEAT_WAIT_S = 5.0  # how long Ray may take to place a desktop it showed as free
+log = logging.getLogger("drums.ray")
 
 
 class HostDown(DrumsError):
@@ -60,13 +67,24 @@ def _raise(fields: Dict[str, Any]) -> None:
 class PoolEnv:
     """An env on some host of the pool: the methods of `drums.Env`, through its host's agent."""
 
-    def __init__(self, pool: Pool, agent: Any, env_id: str, host: HostSlot, seat: Any) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        agent: Any,
+        env_id: str,
+        host: HostSlot,
+        seat: Any,
+        direct: Optional[Env] = None,
+    ) -> None:
         self.pool = pool
         self.agent = agent
         self.id = env_id
         self.host = host.label
         self.node_id = host.node_id
         self.seat = seat  # the placement group holding this env's drums_desktops
+        # This process's own handle (not owning: the agent owns the env) when the host's drumsd
+        # is on this process's node: calls then skip Ray. None: every call goes to the agent.
+        self.direct = direct
         self.closed = False
 
     def __repr__(self) -> str:
@@ -76,6 +94,11 @@ class PoolEnv:
         return self.pool._get(ref, self.host, self.node_id, env_id=self.id)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self.direct is not None:
+            try:
+                return getattr(self.direct, method)(*args, **kwargs)
+            except DrumsError as exc:  # the same errors as through the agent (host_down ...)
+                self.pool._failed(error_fields(exc), self.host)
         return self._get(self.agent.call.remote(self.id, method, args, kwargs))
 
     def refresh(self) -> m.Slot:
@@ -145,8 +168,9 @@ class PoolEnv:
         made: Dict[str, Any] = {}
         try:
             made = self._get(self.agent.branch.remote(self.id, n, idle_timeout_s, ttl_s))
-            for env_id, seat in zip(made["children"], seats):
-                children.append(PoolEnv(self.pool, self.agent, env_id, host, seat))
+            for env_id, slot, seat in zip(made["children"], made["slots"], seats):
+                direct = self.pool._direct(host, slot) if self.direct is not None else None
+                children.append(PoolEnv(self.pool, self.agent, env_id, host, seat, direct))
             seats = seats[len(children) :]
             yield Forked(children, made["state"], made["elapsed_s"])
         finally:
@@ -185,6 +209,17 @@ class PoolEnv:
 # create reuses a warm actor instead of starting a Ray worker.
 _AGENTS: Dict[Tuple[str, str], Any] = {}
 _AGENTS_LOCK = threading.Lock()
+# This process's own client of each host on its node, by label (None: that host's drumsd is not
+# reachable from this process, e.g. its token file is not readable here; its agent is used).
+_LOCAL: Dict[str, Optional[Client]] = {}
+
+
+def _local_client(label: str) -> Optional[Client]:
+    try:
+        return connect_host(label)
+    except (LookupError, OSError, DrumsError) as exc:
+        log.info("host %s: calls go through its agent (no local client: %s)", label, exc)
+        return None
 
 
 class Pool:
@@ -198,6 +233,7 @@ class Pool:
         call_timeout_s: float = 600.0,
         down_ttl_s: float = 30.0,
         warm: bool = True,
+        local_calls: bool = True,
     ) -> None:
         if not ray.is_initialized():
             ray.init(address="auto", log_to_driver=False)
@@ -205,6 +241,8 @@ class Pool:
         self.retry_after_s = retry_after_s
         self.call_timeout_s = call_timeout_s
         self.down_ttl_s = down_ttl_s
+        self.local_calls = local_calls
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._envs: Dict[str, PoolEnv] = {}
         self._down: Dict[str, float] = {}
         self._state_hosts: Dict[str, str] = {}
@@ -265,6 +303,17 @@ class Pool:
                 ).remote(host.label)
         return agent
 
+    def _direct(self, host: HostSlot, slot: m.Slot) -> Optional[Env]:
+        """A handle on `slot` through this process's client of `host`, if `host` is this
+        process's node (and `local_calls`); None otherwise."""
+        if not self.local_calls or host.node_id != self._node_id:
+            return None
+        with _AGENTS_LOCK:
+            if host.label not in _LOCAL:
+                _LOCAL[host.label] = _local_client(host.label)
+            client = _LOCAL[host.label]
+        return None if client is None else Env(client, slot, owned=False)
+
     def _forget_agent(self, node_id: str) -> None:
         with _AGENTS_LOCK:
             for key in [k for k in _AGENTS if k[1] == node_id]:
@@ -304,11 +353,15 @@ class Pool:
         except ray.exceptions.GetTimeoutError:
             raise errors.Timeout(f"no answer from the agent on {label}", env_id=env_id) from None
         if reply[0] == "err":
-            if reply[1]["code"] == "host_down":
-                self._mark_down(label)
-                reply[1]["detail"] = {**(reply[1]["detail"] or {}), "host": label}
-            _raise(reply[1])
+            self._failed(reply[1], label)
         return reply[1]
+
+    def _failed(self, fields: Dict[str, Any], label: str) -> None:
+        """Raise the error a host's call answered (a host_down marks the host down)."""
+        if fields["code"] == "host_down":
+            self._mark_down(label)
+            fields["detail"] = {**(fields["detail"] or {}), "host": label}
+        _raise(fields)
 
     # --- envs -------------------------------------------------------------------------------
 
@@ -370,7 +423,7 @@ class Pool:
             except BaseException:
                 remove_placement_group(seat)
                 raise
-            env = PoolEnv(self, agent, made["id"], host, seat)
+            env = PoolEnv(self, agent, made["id"], host, seat, self._direct(host, made["slot"]))
             self._envs[env.id] = env
             return env
 

@@ -36,6 +36,7 @@
     window_s = 1.0;
     timeout_s = 30.0;
     poll_ms = 50;
+    events = true;
     max_attempts = 3;
   };
   admission = {

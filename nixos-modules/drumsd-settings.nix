@@ -182,6 +182,11 @@ in
           default = defaults.quiesce.poll_ms;
           description = "sampling interval";
         };
+        events = mkOption {
+          type = types.bool;
+          default = defaults.quiesce.events;
+          description = "kernel process events prove the window (a process that starts and ends between two samples counts); false: the samples alone";
+        };
         max_attempts = mkOption {
           type = types.addCheck types.int (x: x >= 1 && x <= 20);
           default = defaults.quiesce.max_attempts;

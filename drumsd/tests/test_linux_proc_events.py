@@ -211,3 +211,37 @@ def test_open_from_another_network_namespace_says_why() -> None:
     )
     assert out.stdout.startswith("REFUSED"), out
     assert "network namespace" in out.stdout and "crash_watch = false" in out.stdout
+
+
+def test_tree_moves_counts_the_trees_processes_not_its_threads_or_strangers() -> None:
+    from drumsd.linux.proc_events import Exec, Exit, Fork, Overrun, tree_moves
+
+    tree = {10, 11}
+    events = [
+        Fork(parent_pid=11, parent_tgid=11, child_pid=12, child_tgid=11),  # a thread: no
+        Fork(parent_pid=99, parent_tgid=99, child_pid=100, child_tgid=100),  # a stranger: no
+        Fork(parent_pid=10, parent_tgid=10, child_pid=20, child_tgid=20),  # the tree forks
+        Exec(pid=20, tgid=20),  # the new child execs: it joined the tree
+        Exit(pid=21, tgid=20, exit_code=0, exit_signal=-1, parent_pid=10, parent_tgid=10),
+        Exit(pid=20, tgid=20, exit_code=0, exit_signal=17, parent_pid=10, parent_tgid=10),
+        Exit(pid=100, tgid=100, exit_code=0, exit_signal=17, parent_pid=99, parent_tgid=99),
+    ]
+    assert tree_moves(events, tree) == ["10 forked 20", "20 exec'd", "20 exited"]
+    assert tree_moves(events[:2], tree) == []  # threads and strangers: still quiet
+    assert tree_moves([Overrun()], tree) == ["process events overran (some were lost)"]
+    assert tree == {10, 11}  # the caller's set is not changed
+
+
+def test_a_quiesce_socket_sees_a_short_lived_child_that_exits_0() -> None:
+    from drumsd.linux.proc_events import QUIESCE_EVENTS, ProcEventsSocket, tree_moves
+
+    if os.geteuid() != 0:
+        pytest.skip("process events need root here")
+    sock = ProcEventsSocket.open(events=QUIESCE_EVENTS)
+    try:
+        subprocess.run(["true"], check=True)  # lives for a moment and exits 0
+        time.sleep(0.2)
+        moves = tree_moves(sock.read_ready(), {os.getpid()})
+    finally:
+        sock.close()
+    assert any("forked" in m for m in moves) and any("exited" in m for m in moves), moves

@@ -211,3 +211,37 @@ def test_quiescent_and_a_capture_refused_while_a_process_keeps_forking(trusted_s
             http.delete(f"/v1/checkpoints/{r.json()['id']}")
         finally:
             destroy(http, sid)
+
+
+# A child that lives for microseconds every 0.3 s: a sample of the tree every 50 ms never sees
+# it (the tree's shape holds still), only the kernel's fork and exit events do (quiesce.events).
+BLINK = (
+    "python3 -c 'import os, time\n"
+    'open("/tmp/blink.pid", "w").write(str(os.getpid()))\n'
+    "while True:\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0: os._exit(0)\n"
+    "    os.waitpid(pid, 0); time.sleep(0.3)' >/dev/null 2>&1 &"
+)
+
+
+def test_a_process_that_forks_between_samples_is_not_quiescent(trusted_small):
+    with http_client(trusted_small) as http:
+        sid = create(http)["id"]
+        try:
+            execute(http, sid, BLINK)
+            poll(
+                "the blinking loop runs",
+                lambda: execute(http, sid, "cat /tmp/blink.pid")["output"]["returncode"] == 0,
+                limit_s=20,
+            )
+            r = http.post(f"/v1/slots/{sid}/quiescent", json={"window_s": 1, "timeout_s": 4})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["quiescent"] is False, body
+            assert any(m.startswith("process events: ") for m in body["moving"]), body
+            execute(http, sid, "kill $(cat /tmp/blink.pid)")
+            r = http.post(f"/v1/slots/{sid}/quiescent", json={"window_s": 1, "timeout_s": 20})
+            assert r.status_code == 200 and r.json()["quiescent"] is True, r.text
+        finally:
+            destroy(http, sid)

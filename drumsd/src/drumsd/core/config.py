@@ -22,10 +22,6 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 # Keys an earlier config model had and this one refuses, each with why (docs/runtime.md, "Fields
 # not implemented"). A config that still sets one gets this reason, not a silent default.
 REMOVED_KEYS: dict[str, str] = {
-    "quiesce.events": (
-        "removed: quiescence is sampled from /proc (quiesce.poll_ms); process events are "
-        "watched by crash_watch only"
-    ),
     "quiesce.confirm_s": "not implemented: quiesce.window_s is the one quiet period",
 }
 
@@ -42,6 +38,11 @@ class QuiesceConfig(Block):
     window_s: float = Field(default=1.0, gt=0, le=60, description="no activity for this long")
     timeout_s: float = Field(default=30.0, gt=0, le=600, description="give up after this long")
     poll_ms: int = Field(default=50, ge=5, le=5000, description="sampling interval")
+    events: bool = Field(
+        default=True,
+        description="kernel process events prove the window (a process that starts and ends "
+        "between two samples counts); false: the samples alone",
+    )
     max_attempts: int = Field(
         default=3, ge=1, le=20, description="capture tries (quiet window + dump) before 409"
     )

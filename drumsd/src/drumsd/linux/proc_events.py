@@ -17,7 +17,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 NETLINK_CONNECTOR = 11
@@ -72,6 +72,11 @@ CRASH_SIGNALS = frozenset(
 # What drumsd subscribes to when the kernel can filter: exits only when nonzero, so the ordinary
 # exit-0 of every host process never wakes the daemon. Forks and execs still come for all.
 SUBSCRIBED_EVENTS = PROC_EVENT_FORK | PROC_EVENT_EXEC | PROC_EVENT_COMM | PROC_EVENT_NONZERO_EXIT
+
+
+# What a quiescence wait subscribes to: every fork, exec and exit (exit 0 included: a short-lived
+# process that starts and ends between two samples of the tree must still count as movement).
+QUIESCE_EVENTS = PROC_EVENT_FORK | PROC_EVENT_EXEC | PROC_EVENT_EXIT
 
 
 class ProcEventsError(RuntimeError):
@@ -239,8 +244,9 @@ class ProcEventsSocket:
         self.filtered = filtered
 
     @classmethod
-    def open(cls, ack_timeout_s: float = 1.0) -> ProcEventsSocket:
-        """Open, bind and subscribe; raise ProcEventsError saying why when it cannot."""
+    def open(cls, ack_timeout_s: float = 1.0, events: int = SUBSCRIBED_EVENTS) -> ProcEventsSocket:
+        """Open, bind and subscribe (to `events` where the kernel filters; to all where it does
+        not); raise ProcEventsError saying why when it cannot."""
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
         except OSError as exc:
@@ -258,7 +264,7 @@ class ProcEventsSocket:
             # The filtered form first. A kernel that filters also filters out its own Ack (the
             # Ack is event 0, in no mask), and one before 6.6 ignores the form silently, so the
             # proof that it took is an event of a child we start.
-            sock.send(subscribe_message(PROC_CN_MCAST_LISTEN, SUBSCRIBED_EVENTS))
+            sock.send(subscribe_message(PROC_CN_MCAST_LISTEN, events))
             filtered = _sees_own_fork(sock, ack_timeout_s)
             if not filtered:
                 sock.send(subscribe_message(PROC_CN_MCAST_LISTEN, None))
@@ -365,3 +371,23 @@ def _sees_own_fork(sock: socket.socket, timeout_s: float) -> bool:
         )
     finally:
         child.wait()
+
+
+def tree_moves(events: Iterable[Event | Overrun], pids: Iterable[int]) -> list[str]:
+    """What the process tree of `pids` (host tgids) did, by kernel process events, in order: a
+    process of the tree forked a new process (that child joins the tree), exec'd, or a process
+    of the tree ended. Threads starting or ending are not movement (thread pools churn, and CRIU
+    freezes them); an overrun is, since events were lost."""
+    tree = set(pids)
+    moved: list[str] = []
+    for ev in events:
+        if isinstance(ev, Overrun):
+            moved.append("process events overran (some were lost)")
+        elif isinstance(ev, Fork) and not ev.is_thread and ev.parent_tgid in tree:
+            tree.add(ev.child_tgid)
+            moved.append(f"{ev.parent_tgid} forked {ev.child_tgid}")
+        elif isinstance(ev, Exec) and ev.tgid in tree:
+            moved.append(f"{ev.tgid} exec'd")
+        elif isinstance(ev, Exit) and ev.is_leader and ev.tgid in tree:
+            moved.append(f"{ev.tgid} exited")
+    return moved

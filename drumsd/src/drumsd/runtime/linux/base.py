@@ -75,6 +75,7 @@ class LinuxRuntimeConfig:
     quiesce_window_s: float = 1.0
     quiesce_timeout_s: float = 30.0
     quiesce_poll_ms: int = 50
+    quiesce_events: bool = True
     # Bound of every shielded teardown (kill, reap, cgroups, mounts): below the supervisor's
     # 120 s around destroy, so a wedged kill or umount cannot hold a request past its deadline.
     # The teardown thread is abandoned, not stopped: it still finishes the cleanup behind it.
@@ -104,6 +105,7 @@ class LinuxRuntimeConfig:
             quiesce_window_s=cfg.quiesce.window_s,
             quiesce_timeout_s=cfg.quiesce.timeout_s,
             quiesce_poll_ms=cfg.quiesce.poll_ms,
+            quiesce_events=cfg.quiesce.events,
             profile=cfg.profile,
         )
 

@@ -21,11 +21,11 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import beneath, procfs, syscalls
+from drumsd.linux import beneath, proc_events, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
-from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance
+from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance, _log
 
 
 class SlotIOMixin(RuntimeBase):
@@ -257,21 +257,47 @@ class SlotIOMixin(RuntimeBase):
         def shape() -> dict[tuple[int, int], tuple[str, str]]:
             return procfs.tree_shape(self.driver.pids(inst.cgroups))
 
-        deadline = trio.current_time() + timeout_s
-        since = trio.current_time()
-        last = await trio.to_thread.run_sync(shape)
-        moved: list[str] = procfs.moving(last, last)
-        if window_s <= 0 and not moved:
-            return Quiescence(True)  # a fork's check: nothing in D or Z right now
-        while trio.current_time() < deadline:
-            await trio.sleep(poll_ms / 1000)
-            now = await trio.to_thread.run_sync(shape)
-            if now != last or any(state for _, state in now.values()):
-                moved = procfs.moving(last, now)
-                last, since = now, trio.current_time()
-            elif trio.current_time() - since >= window_s:
-                return Quiescence(True)
-        return Quiescence(False, tuple(moved[:12]))
+        # quiesce.events: the kernel's process events prove the window, so a process that starts
+        # and ends between two samples counts too; the samples still catch D and Z states.
+        events = await self._quiesce_events(handle.slot_id) if window_s > 0 else None
+        try:
+            deadline = trio.current_time() + timeout_s
+            since = trio.current_time()
+            last = await trio.to_thread.run_sync(shape)
+            moved: list[str] = procfs.moving(last, last)
+            if window_s <= 0 and not moved:
+                return Quiescence(True)  # a fork's check: nothing in D or Z right now
+            while trio.current_time() < deadline:
+                await trio.sleep(poll_ms / 1000)
+                now = await trio.to_thread.run_sync(shape)
+                seen: list[str] = []
+                if events is not None:
+                    tree = {pid for pid, _ in last} | {pid for pid, _ in now}
+                    got = await trio.to_thread.run_sync(events.read_ready)
+                    seen = proc_events.tree_moves(got, tree)
+                if now != last or any(state for _, state in now.values()) or seen:
+                    moved = procfs.moving(last, now) or [f"process events: {m}" for m in seen]
+                    last, since = now, trio.current_time()
+                elif trio.current_time() - since >= window_s:
+                    return Quiescence(True)
+            return Quiescence(False, tuple(moved[:12]))
+        finally:
+            if events is not None:
+                await trio.to_thread.run_sync(events.close)
+
+    async def _quiesce_events(self, slot_id: str) -> proc_events.ProcEventsSocket | None:
+        """A socket on the kernel's process events for one quiet wait (quiesce.events), or None
+        (off, or the connector cannot be opened: then the samples alone decide, and the log says
+        so)."""
+        if not self.config.quiesce_events:
+            return None
+        try:
+            return await trio.to_thread.run_sync(
+                lambda: proc_events.ProcEventsSocket.open(events=proc_events.QUIESCE_EVENTS)
+            )
+        except proc_events.ProcEventsError as exc:
+            _log("quiesce_events_unavailable", slot=slot_id, error=exc)
+            return None
 
     async def _quiescent(
         self, inst: _Instance, window_s: float, timeout_s: float, poll_ms: int

@@ -28,6 +28,7 @@ from .apps import AppManifest, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
+from .host_support import support, task_support_table
 from .model import (
     Task,
     TaskContext,
@@ -36,8 +37,6 @@ from .model import (
     iter_task_files,
     load_task_file,
     resolve_task,
-    support,
-    task_support_table,
 )
 from .setup import SetupError, WindowInfo, run_setup
 

@@ -9,6 +9,7 @@ slow         marked by hand on the few long ones (the OpenAPI fuzzer, the task-s
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         ):
             continue  # e.g. the guest on a real desktop, a trainer run in its own venv
         item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built (every imported module, ~600k objects) out of the garbage
+    collector's reach: drumsd's tests collect garbage after each test (drumsd/tests/conftest.py),
+    and a full collection over those objects cost ~0.4 s of CPU per test, most of the fast
+    tier's time. Frozen, a collection scans only what the tests made since."""
+    gc.collect()
+    gc.freeze()

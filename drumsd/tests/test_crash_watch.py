@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -194,6 +195,91 @@ async def test_a_watch_that_breaks_says_so_and_does_not_take_the_daemon_down() -
     assert watch.health()["error"].startswith("crash watch stopped")
 
 
+class QueuedSocket:
+    """A connector socket fed by the test: readable while events are queued."""
+
+    def __init__(self) -> None:
+        self.ends = socket.socketpair()
+        self.queued: list[pe.Event | pe.Overrun] = []
+        self.filtered = True
+
+    def push(self, *events: pe.Event | pe.Overrun) -> None:
+        self.queued.extend(events)
+        self.ends[1].send(b"x")
+
+    def fileno(self) -> int:
+        return self.ends[0].fileno()
+
+    def read_ready(self) -> list:
+        try:
+            self.ends[0].recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        events, self.queued = self.queued, []
+        return events
+
+    def close(self) -> None:
+        for end in self.ends:
+            end.close()
+
+
+class ThreadNotingReader(FakeReader):
+    """Notes the thread of every /proc read the watch makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[tuple[str, int]] = []
+
+    def _note(self, what: str) -> None:
+        self.threads.append((what, threading.get_ident()))
+
+    def cgroup(self, pid: int) -> str | None:
+        self._note("cgroup")
+        return super().cgroup(pid)
+
+    def comm(self, pid: int) -> str | None:
+        self._note("comm")
+        return super().comm(pid)
+
+    def procs(self, path: str) -> list[int]:
+        self._note("procs")
+        return super().procs(path)
+
+    def exists(self, pid: int) -> bool:
+        self._note("exists")
+        return super().exists(pid)
+
+    def mountinfo(self) -> str:
+        self._note("mountinfo")
+        return MOUNTINFO
+
+
+async def test_the_watch_reads_proc_off_the_event_loop_thread() -> None:
+    """track, an exec lookup, an overrun's resync, the periodic resync and prune all read
+    /proc: every one of those reads runs in a worker thread, never on trio's."""
+    reader = ThreadNotingReader()
+    reader.members["/sys/fs/cgroup/pids/drums/x/cgroup.procs"] = [100]
+    reader.comms.update({100: "init", 130: "soffice.bin"})
+    reader.cgroups[130] = proc_cgroup("/drums/x")
+    reader.alive.add(100)
+    sock = QueuedSocket()
+    watch = CrashWatch(resync_s=0.01, prune_s=0.01, reader=reader, open_socket=lambda: sock)  # type: ignore[arg-type, return-value]
+    loop_thread = threading.get_ident()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch.run)
+        await watch.track("x", {"pids": "/sys/fs/cgroup/pids/drums/x"})
+        assert watch.ledger.owner == {100: "x"} and watch.ledger.comm[100] == "init"
+        sock.push(pe.Exec(130, 130), pe.Overrun())
+        await wait_for(lambda: watch.ledger.owner.get(130) == "x")
+        assert watch.ledger.comm[130] == "soffice.bin" and watch.ledger.overruns == 1
+        await wait_for(lambda: 130 not in watch.ledger.owner)  # gone twice: pruned
+        nursery.cancel_scope.cancel()
+    kinds = {what for what, _ in reader.threads}
+    assert kinds == {"mountinfo", "procs", "comm", "cgroup", "exists"}, kinds
+    on_loop = [what for what, thread in reader.threads if thread == loop_thread]
+    assert on_loop == [], f"/proc reads on the trio thread: {on_loop}"
+
+
 # -- live --------------------------------------------------------------------------------------
 
 needs_root_v1 = pytest.mark.skipif(
@@ -313,9 +399,9 @@ async def test_live_only_the_crash_counts_and_only_for_its_slot(cgroups) -> None
         )
         shell_b = await Shell.start(b, "true; sh -c 'kill -KILL $$'; echo kill $?; sh -c 'exit 3';")
         shell_x = await Shell.start(barrier, "sh -c 'kill -SEGV $$';")
-        watch.track("a", a)
-        watch.track("b", b)
-        watch.track("barrier", barrier)
+        await watch.track("a", a)
+        await watch.track("b", b)
+        await watch.track("barrier", barrier)
         assert watch.ledger.owner.get(shell_a.proc.pid) == "a"  # seeded from cgroup.procs
         await shell_a.go()
         await shell_b.go()
@@ -350,7 +436,7 @@ async def test_live_process_that_joins_and_execs_after_track_is_seen_at_exec(cgr
     watch = CrashWatch(resync_s=3600)  # no resync: only the exec lookup can place it
     async with trio.open_nursery() as nursery:
         await nursery.start(watch.run)
-        watch.track("s", d)
+        await watch.track("s", d)
         # Exec-helper style: join, then exec a program that crashes a little later.
         helper = await trio.lowlevel.open_process(
             ["sh", "-c", f'{join(d)}exec sh -c "sleep 0.3; kill -SEGV \\$\\$"']
@@ -371,7 +457,7 @@ async def test_live_process_that_joins_without_exec_is_claimed_by_resync(cgroups
     watch = CrashWatch(resync_s=0.2)
     async with trio.open_nursery() as nursery:
         await nursery.start(watch.run)
-        watch.track("s", d)
+        await watch.track("s", d)
         shell = await Shell.start(d, "sh -c 'kill -BUS $$';")
         await wait_for(lambda: watch.ledger.owner.get(shell.proc.pid) == "s")
         await shell.go()

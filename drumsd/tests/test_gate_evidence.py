@@ -207,7 +207,7 @@ class FakeWatch:
         self.available = True
         self.error = None
 
-    def track(self, slot_id: str, dirs: dict[str, str]) -> None:
+    async def track(self, slot_id: str, dirs: dict[str, str]) -> None:
         self.tracked[slot_id] = dirs
 
     def untrack(self, slot_id: str) -> None:
@@ -289,7 +289,7 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         assert watch.untracked == [rec.id]
 
         # A slot the watch cannot follow never passes no_app_crash unobserved.
-        def refuse(slot_id: str, dirs: dict[str, str]) -> None:
+        async def refuse(slot_id: str, dirs: dict[str, str]) -> None:
             raise ValueError("no mounted v1 controller")
 
         watch.track = refuse  # type: ignore[method-assign]

@@ -13,7 +13,8 @@ from drumsd.tasks import getters_chrome as chrome
 from drumsd.tasks import getters_desktop as desktop
 from drumsd.tasks.evaluate import default_runner, evaluate
 from drumsd.tasks.getters import FileArg, GetterEnv, GetterError, ResultMissing, get_value
-from drumsd.tasks.model import SUPPORTED_GETTERS, TaskContext, resolve_task
+from drumsd.tasks.host_support import SUPPORTED_GETTERS
+from drumsd.tasks.model import TaskContext, resolve_task
 from drumsd.tasks.testing import DirSlot, checker_context, png_image, pptx_with_media
 
 OFFLINE_GETTERS = (

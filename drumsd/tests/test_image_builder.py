@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from drumsd.linux import image
+from drumsd.linux import image, image_manifest, image_profiles
 
 
 def test_layer_key_ignores_package_order_and_duplicates() -> None:
-    base = image.PROFILES["base"]
+    base = image_profiles.PROFILES["base"]
     shuffled = dataclasses.replace(base, packages=(*reversed(base.packages), "xterm"))
     assert image.layer_key(shuffled) == image.layer_key(base)
     more = dataclasses.replace(base, packages=(*base.packages, "gedit"))
@@ -19,7 +19,7 @@ def test_layer_key_ignores_package_order_and_duplicates() -> None:
 
 
 def test_profiles() -> None:
-    base, office = image.PROFILES["base"], image.PROFILES["office"]
+    base, office = image_profiles.PROFILES["base"], image_profiles.PROFILES["office"]
     assert {"xvfb", "openbox", "python-is-python3", "python3-tk"} <= set(base.packages)
     assert set(base.packages) < set(office.packages)
     assert "chromium" in office.packages
@@ -54,8 +54,9 @@ def test_manifest_is_deterministic_and_sees_content_mode_and_links(tmp_path: Pat
     a, b = tmp_path / "a", tmp_path / "b"
     make_tree(a)
     make_tree(b)
-    sha_a = image.write_manifest(a, tmp_path / "a.tsv")
-    assert image.write_manifest(b, tmp_path / "b.tsv") == sha_a  # mtimes differ, hash does not
+    sha_a = image_manifest.write_manifest(a, tmp_path / "a.tsv")
+    # mtimes differ, the hash does not
+    assert image_manifest.write_manifest(b, tmp_path / "b.tsv") == sha_a
     lines = (tmp_path / "a.tsv").read_text().splitlines()
     assert [line.split("\t")[0] for line in lines] == [
         "bin",
@@ -68,14 +69,14 @@ def test_manifest_is_deterministic_and_sees_content_mode_and_links(tmp_path: Pat
     assert lines[1].split("\t")[-1] == "tool"
 
     (b / "etc" / "hostname").write_text("other\n")
-    assert image.write_manifest(b, tmp_path / "b.tsv") != sha_a
+    assert image_manifest.write_manifest(b, tmp_path / "b.tsv") != sha_a
     make_tree(c := tmp_path / "c")
     (c / "bin" / "tool").chmod(0o700)
-    assert image.write_manifest(c, tmp_path / "c.tsv") != sha_a
+    assert image_manifest.write_manifest(c, tmp_path / "c.tsv") != sha_a
     make_tree(d := tmp_path / "d")
     (d / "bin" / "alias").unlink()
     (d / "bin" / "alias").symlink_to("hardlink")
-    assert image.write_manifest(d, tmp_path / "d.tsv") != sha_a
+    assert image_manifest.write_manifest(d, tmp_path / "d.tsv") != sha_a
 
 
 def fake_build(images: Path, name: str, layer: str) -> Path:

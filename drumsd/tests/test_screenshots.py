@@ -8,7 +8,7 @@ import io
 import zlib
 
 import pytest
-from drumsd.guest import agent
+from drumsd.guest import screen
 from drumsd.guest.protocol import PNG_FULL, ProtocolError, ShotSpec, parse_shot
 from PIL import Image
 from test_api_app import Api, create, error_of, open_api
@@ -89,12 +89,12 @@ def desktop(width: int = 1920, height: int = 1080) -> Image.Image:
 def test_encode_gives_the_format_and_size_asked_for(
     spec: ShotSpec, pil_format: str, size: tuple[int, int]
 ) -> None:
-    data, w, h = agent.encode(desktop(), spec)
+    data, w, h = screen.encode(desktop(), spec)
     decoded = Image.open(io.BytesIO(data))
     assert decoded.format == pil_format and decoded.size == size == (w, h)
 
 
-class FakeX(agent.Screen):
+class FakeX(screen.Screen):
     """The agent's Screen with the X grab replaced by an image the test changes."""
 
     def __init__(self) -> None:

@@ -103,6 +103,7 @@ def upper_with(tmp_path: Path, files: dict[str, bytes]) -> Path:
     return upper
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_a_clean_valid_episode_is_trusted(venv_ctx: TaskContext, tmp_path: Path) -> None:
     scope = {"roots": ["/home/user"], "allow": ["/home/user/Desktop/out.txt"]}
     task, slot, ctx = setup_case(venv_ctx, tmp_path, scope=scope)
@@ -128,6 +129,7 @@ async def test_nondeterministic(venv_ctx: TaskContext, tmp_path: Path, shared_st
     assert "nondeterministic" in result.audit.flags and result.trusted is False
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_checker_timeout(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task, slot, ctx = setup_case(venv_ctx, tmp_path, check="hangs", check_alt=None)
     result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
@@ -164,6 +166,7 @@ async def test_scope_violation(venv_ctx: TaskContext, tmp_path: Path) -> None:
     assert result.audit.scope.violations == ["/home/user/.bashrc"]
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_osworld_task_scope_unchecked(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = find_task("e0df059f-28a6-4169-924f-b9623e7184cc", [SHARED])
     slot = DirSlot(tmp_path)

@@ -72,6 +72,7 @@ def test_bridge_fits_the_supervisor_seams(venv_ctx: TaskContext, tmp_path: Path)
     assert isinstance(bridge, TaskCatalog) and isinstance(bridge, Verifier)
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_load_then_verify_e0df059f(venv_ctx: TaskContext, tmp_path: Path) -> None:
     slot = DirSlot(tmp_path / "slot")
     ctx = venv_ctx.model_copy(update={"user_home": str(slot.home), "task_dirs": [SHARED]})

@@ -16,6 +16,9 @@ from drumsd.tasks.getters import FileArg, XlsxLastRow
 from drumsd.tasks.model import TaskContext
 from drumsd.tasks.testing import checker_context
 
+# Every test here runs the checker program in the real checker venv: real processes.
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="session")
 def ctx() -> TaskContext:

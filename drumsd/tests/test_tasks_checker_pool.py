@@ -109,6 +109,7 @@ CALLS = [
 ]
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_worker_scores_as_fresh_processes_do(ctx: TaskContext, pool: CheckerPool) -> None:
     assert ctx.checker is not None
     for func, args, options in CALLS:
@@ -221,6 +222,7 @@ async def _a_crashing_child_is_a_crash_and_the_worker_serves_on(
     assert again.score == 1.0 and pool.figures.replaced == 0
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_a_killed_worker_is_replaced_and_the_next_call_works(pool: CheckerPool) -> None:
     call = metric_call("exact_match", ["a", {"expected": "a"}], None)
     assert (await pool.run(call, 60)).score == 1.0
@@ -236,6 +238,7 @@ async def test_a_killed_worker_is_replaced_and_the_next_call_works(pool: Checker
     assert "SIGKILL" in health["last_error"]
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_a_worker_above_its_memory_bound_is_replaced(ctx: TaskContext) -> None:
     assert ctx.checker is not None
     pool = CheckerPool(ctx.checker, max_rss_mib=64)  # any worker with pandas loaded is above
@@ -252,6 +255,7 @@ async def test_a_worker_above_its_memory_bound_is_replaced(ctx: TaskContext) -> 
         await pool.aclose()
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_a_worker_that_cannot_start_leaves_calls_on_the_plain_path(
     ctx: TaskContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,6 +277,7 @@ async def test_a_worker_that_cannot_start_leaves_calls_on_the_plain_path(
         await pool.aclose()
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_serve_starts_the_worker_and_replaces_it_when_killed(ctx: TaskContext) -> None:
     assert ctx.checker is not None
     pool = CheckerPool(ctx.checker)
@@ -291,6 +296,7 @@ async def test_serve_starts_the_worker_and_replaces_it_when_killed(ctx: TaskCont
     assert pool.health()["pid"] is None
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_one_worker_keeps_each_call_contained(
     ctx: TaskContext, pool: CheckerPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from drumsd.tasks.bridge import TaskBridge
-from drumsd.tasks.model import Task, TaskContext, sum_of_sleeps
+from drumsd.tasks.host_support import sum_of_sleeps
+from drumsd.tasks.model import Task, TaskContext
 from test_api_app import error_of, open_api
 
 

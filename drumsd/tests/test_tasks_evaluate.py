@@ -125,6 +125,7 @@ async def score_of(task: Task, slot: DirSlot, ctx: TaskContext, last: str | None
     return await evaluate(task, slot, ctx, default_runner(ctx), last_action=last)
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_e0df059f_solved_and_untouched(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("e0df059f-28a6-4169-924f-b9623e7184cc")
     for solve, expected in ((False, 0.0), (True, 1.0)):
@@ -147,6 +148,7 @@ async def test_infeasible_scores_only_a_final_fail(venv_ctx: TaskContext, tmp_pa
     assert (await score_of(task, slot, ctx, None)).score == 0.0
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_fail_on_a_feasible_task_scores_zero(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("e0df059f-28a6-4169-924f-b9623e7184cc")
     slot = DirSlot(tmp_path)
@@ -156,6 +158,7 @@ async def test_fail_on_a_feasible_task_scores_zero(venv_ctx: TaskContext, tmp_pa
     assert (await score_of(task, slot, ctx, "fail")).score == 0.0
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_vscode_settings_and_missing_result(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("276cc624-87ea-4f08-ab93-f770e3790175")
     slot = DirSlot(tmp_path)
@@ -181,6 +184,7 @@ if [ -z "$line" ]; then echo "${DEFAULT:-uint32 300}"; else echo "${line#* * }";
 """
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_bedcedc4_or_of_two_gsettings(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("bedcedc4-4d72-425e-ad62-21960b11fe0d")
     slot = DirSlot(tmp_path)
@@ -195,6 +199,7 @@ async def test_bedcedc4_or_of_two_gsettings(venv_ctx: TaskContext, tmp_path: Pat
     assert (await score_of(task, slot, ctx)).score == 1.0  # first metric
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_gimp_config_file(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("7b7617bd-57cc-468e-9c91-40c4ec2bcb3d")
     slot = DirSlot(tmp_path)
@@ -233,6 +238,7 @@ class TerminalSlot(DirSlot):
         return self.terminal
 
 
+@pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_terminal_output_when_the_slot_has_it(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = shared("13584542-872b-42d8-b299-866967b5c3ef")
     slot = TerminalSlot(tmp_path)

@@ -23,7 +23,8 @@ from drumsd.tasks.apps import (
     write_manifest,
 )
 from drumsd.tasks.coverage import coverage, reason_kind, render_table
-from drumsd.tasks.model import MetricCatalog, Task, TaskContext, list_tasks, support
+from drumsd.tasks.host_support import support
+from drumsd.tasks.model import MetricCatalog, Task, TaskContext, list_tasks
 from drumsd.tasks.osworld_pin import (
     MARKER,
     OsworldFetchError,

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from drumsd.tasks.host_support import support, task_support_table
 from drumsd.tasks.model import (
     MetricCatalog,
     Task,
@@ -15,8 +16,6 @@ from drumsd.tasks.model import (
     find_task,
     list_tasks,
     resolve_task,
-    support,
-    task_support_table,
 )
 from drumsd.tasks.testing import checker_context
 

@@ -17,16 +17,14 @@ from urllib.parse import unquote
 import pytest
 import trio
 from drumsd.tasks.model import Step, TaskContext, find_task, resolve_task
-from drumsd.tasks.setup import (
+from drumsd.tasks.setup import SlotAccess, apply_operations, run_setup
+from drumsd.tasks.setup_plan import (
     OpenFile,
     PutFile,
     RunTrusted,
     RunUser,
     SetupError,
-    SlotAccess,
-    apply_operations,
     plan_steps,
-    run_setup,
     strip_sudo,
 )
 from drumsd.tasks.testing import DirSlot

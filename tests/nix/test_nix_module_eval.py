@@ -228,7 +228,7 @@ def test_the_image_unpack_script_makes_an_image_drumsd_finds(tmp_path: Path) -> 
     assert (root / "home" / "user" / "Desktop").stat().st_uid == 1000
     assert oct((root / "tmp").stat().st_mode & 0o7777) == "0o1777"
     assert (root / "etc" / "passwd").stat().st_uid == 0
-    from drumsd.linux.image import write_manifest
+    from drumsd.linux.image_manifest import write_manifest
 
     assert meta["sha256"] == write_manifest(root, tmp_path / "manifest")
     assert not list(image_dir.glob("*.partial"))

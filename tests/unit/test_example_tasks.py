@@ -15,7 +15,8 @@ import pytest
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import CommandResult, SlotHandle
 from drumsd.tasks.bridge import TaskBridge
-from drumsd.tasks.model import TaskContext, list_tasks, support
+from drumsd.tasks.host_support import support
+from drumsd.tasks.model import TaskContext, list_tasks
 from drumsd.tasks.testing import DirSlot, checker_context
 from PIL import Image
 

@@ -71,7 +71,8 @@ def run_image_build(args: argparse.Namespace) -> int:
 
 
 def run_image_list(args: argparse.Namespace) -> int:
-    from drumsd.linux.image import PROFILES, ImageBuildError, find_image
+    from drumsd.linux.image import ImageBuildError, find_image
+    from drumsd.linux.image_profiles import PROFILES
 
     for profile in PROFILES:
         try:
@@ -100,7 +101,7 @@ def run_host_prepare(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from drumsd.linux.image import PROFILES
+    from drumsd.linux.image_profiles import PROFILES
 
     def add_cache(p: argparse.ArgumentParser) -> None:
         p.add_argument(

@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import collections
 import errno
-import io
 import json
 import os
-import pwd
 import selectors
 import signal
 import socket
 import subprocess
 import sys
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import protocol, seccomp
+from .desktop import desktop_creds, list_processes, list_windows, read_file
+from .screen import Screen, shot_header
 from .worker import _LEN
 
 MAX_CONNECTIONS = 64
@@ -39,216 +38,6 @@ WORKER_START_TIMEOUT_S = 20.0
 def log(message: str, **fields: Any) -> None:
     record = {"t": round(time.time(), 3), "component": "agent", "msg": message, **fields}
     print(json.dumps(record), file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------- answers done in-process
-
-
-@dataclass
-class Shot:
-    data: bytes
-    width: int
-    height: int
-    cached: bool  # the screen had not changed since the last grab: no encode was done
-    grab_s: float
-    encode_s: float
-
-
-class Screen:
-    """Grabs the X screen and encodes it once per frame and spec (PNG, JPEG or WebP, scaled).
-
-    Pillow's XCB grab (GetImage in C) on a fresh connection per grab: ~10 ms for 1920x1080 on
-    Xvfb, and no X connection stays open in the agent between requests (none may be open when CRIU
-    dumps the slot). X damage events would need one, so a change check stands in for them: the
-    raw frame's CRC32 (a few ms) is compared with the last grab's, and while it is the same the
-    image already encoded for a spec is returned as it is."""
-
-    MAX_CACHED_SPECS = 4
-
-    def __init__(self, display: str) -> None:
-        self.display = display
-        self.frame_crc: int | None = None
-        self.encoded: dict[protocol.ShotSpec, tuple[bytes, int, int]] = {}
-        self.grabs = 0
-        self.encodes = 0
-
-    def _grab_raw(self, checksum: bool = True) -> tuple[Any, int | None]:
-        """The screen as a Pillow image (or a function making one) and a checksum of its raw
-        pixels (None without `checksum`)."""
-        from PIL import Image, ImageGrab
-
-        grab_x11 = getattr(Image.core, "grabscreen_x11", None)
-        if grab_x11 is None:  # a Pillow without the raw call: checksum the decoded pixels
-            image = ImageGrab.grab(xdisplay=self.display)
-            return image, zlib.crc32(image.tobytes()) if checksum else None
-        size, data = grab_x11(self.display)
-        crc = zlib.crc32(data, size[0] * 65536 + size[1]) if checksum else None
-        return (lambda: Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)), crc
-
-    def grab(self, spec: protocol.ShotSpec = protocol.PNG_FULL, fresh: bool = False) -> Shot:
-        """`fresh`: encode even if the screen is unchanged (what a grab cost before the cache;
-        `drumsd bench --screenshots` compares the two in one run)."""
-        t0 = time.monotonic()
-        raw, crc = self._grab_raw(checksum=not fresh)
-        self.grabs += 1
-        t1 = time.monotonic()
-        if crc is not None and crc == self.frame_crc and spec in self.encoded:
-            data, w, h = self.encoded[spec]
-            return Shot(data, w, h, True, t1 - t0, 0.0)
-        image = raw() if callable(raw) else raw
-        data, w, h = encode(image, spec)
-        self.encodes += 1
-        if crc is None:  # fresh: the cache is left as it was
-            return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1)
-        if crc != self.frame_crc:
-            self.frame_crc = crc
-            self.encoded.clear()
-        if len(self.encoded) >= self.MAX_CACHED_SPECS:
-            self.encoded.pop(next(iter(self.encoded)))
-        self.encoded[spec] = (data, w, h)
-        return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1)
-
-
-def encode(image: Any, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
-    """Scale `image` to the spec's size and encode it; returns (bytes, width, height)."""
-    from PIL import Image
-
-    size = spec.size_for(image.width, image.height)
-    if size != image.size:
-        # BOX (area averaging): antialiased for downscaling and ~30% cheaper than BILINEAR,
-        # which costs more than the encode at 1920x1080 -> 1280x720.
-        image = image.resize(size, Image.Resampling.BOX)
-    buf = io.BytesIO()
-    if spec.format == "png":
-        # Level 1: desktops are mostly flat colour, so this is small and 3-5x faster than 6.
-        image.save(buf, "PNG", compress_level=1)
-    elif spec.format == "jpeg":
-        image.save(buf, "JPEG", quality=spec.quality)
-    else:
-        # method 0: the fastest of libwebp's effort levels (the default, 4, costs ~5x more).
-        image.save(buf, "WEBP", quality=spec.quality, method=0)
-    return buf.getvalue(), image.width, image.height
-
-
-def shot_header(spec: protocol.ShotSpec, shot: Shot) -> dict[str, Any]:
-    return {
-        "content_type": spec.content_type,
-        "width": shot.width,
-        "height": shot.height,
-        "cached": shot.cached,
-        "grab_s": round(shot.grab_s, 4),
-        "encode_s": round(shot.encode_s, 4),
-    }
-
-
-def read_file(request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-    path = request.get("path")
-    if not isinstance(path, str) or not path:
-        raise protocol.ProtocolError("invalid_action", "read_file: path must be a string")
-    limit = request.get("max_bytes", protocol.DEFAULT_READ_MAX_BYTES)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise protocol.ProtocolError("invalid_action", "read_file: max_bytes must be an int >= 0")
-    try:
-        # O_NONBLOCK: a FIFO must not wedge the single-threaded agent.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        # A missing file is an answer checkers rely on (it scores 0), not an agent failure.
-        code = "not_found" if exc.errno == errno.ENOENT else "failed"
-        raise protocol.ProtocolError(
-            code, f"read_file: cannot open {path}: {exc.strerror} (errno {exc.errno})"
-        ) from exc
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        import stat
-
-        if not stat.S_ISREG(st.st_mode):
-            raise protocol.ProtocolError("failed", f"read_file: {path} is not a regular file")
-        data = f.read(limit + 1)
-    truncated = len(data) > limit
-    return {"ok": True, "path": path, "file_size": st.st_size, "truncated": truncated}, data[:limit]
-
-
-def list_processes() -> list[dict[str, Any]]:
-    procs = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                raw = f.read().decode(errors="replace")
-        except OSError:
-            continue  # exited while we looked
-        # comm may contain spaces and parentheses: split around the last ')'.
-        open_paren, close_paren = raw.find("("), raw.rfind(")")
-        rest = raw[close_paren + 2 :].split()
-        procs.append(
-            {
-                "pid": int(entry.name),
-                "comm": raw[open_paren + 1 : close_paren],
-                "state": rest[0],
-                "ppid": int(rest[1]),
-            }
-        )
-    procs.sort(key=lambda p: p["pid"])
-    return procs
-
-
-def list_windows(display: str) -> list[dict[str, Any]]:
-    """Top-level client windows as the window manager lists them (_NET_CLIENT_LIST)."""
-    from Xlib import X
-    from Xlib import display as xdisplay
-
-    d = xdisplay.Display(display)
-    try:
-        root = d.screen().root
-        net_client_list = d.intern_atom("_NET_CLIENT_LIST")
-        net_wm_name = d.intern_atom("_NET_WM_NAME")
-        utf8 = d.intern_atom("UTF8_STRING")
-        active_atom = d.intern_atom("_NET_ACTIVE_WINDOW")
-        prop = root.get_full_property(net_client_list, X.AnyPropertyType)
-        active = root.get_full_property(active_atom, X.AnyPropertyType)
-        active_id = active.value[0] if active and len(active.value) else None
-        windows = []
-        for wid in prop.value if prop else []:
-            w = d.create_resource_object("window", wid)
-            try:
-                name_prop = w.get_full_property(net_wm_name, utf8)
-                # python-xlib hands UTF8_STRING values back as str or bytes by version.
-                name = name_prop.value if name_prop else (w.get_wm_name() or "")
-                if isinstance(name, bytes):
-                    name = name.decode(errors="replace")
-                wm_class = w.get_wm_class() or ("", "")
-                geom = w.get_geometry()
-                pos = root.translate_coords(w, 0, 0)
-            except Exception:
-                continue
-            windows.append(
-                {
-                    "id": wid,
-                    "name": name,
-                    "instance": wm_class[0],
-                    "class": wm_class[1],
-                    "x": pos.x,
-                    "y": pos.y,
-                    "width": geom.width,
-                    "height": geom.height,
-                    "active": wid == active_id,
-                }
-            )
-        return windows
-    finally:
-        d.close()
-
-
-def desktop_creds() -> dict[str, Any]:
-    """Popen arguments that run a child as the desktop user when the agent is the slot's root.
-
-    The agent itself is not the desktop user (see init.py); what it runs for a step or a
-    command is, as before."""
-    if os.getuid() != 0:
-        return {}
-    pw = pwd.getpwnam(os.environ.get("USER", "user"))
-    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
 
 
 # ---------------------------------------------------------------- connections and jobs

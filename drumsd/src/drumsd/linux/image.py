@@ -23,10 +23,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from drumsd.linux import image_osworld
+from drumsd.linux.image_manifest import write_manifest
+from drumsd.linux.image_profiles import PROFILES, Profile
 from drumsd.linux.mounts import DEVICES
 from drumsd.tasks.apps import APPS, probe_apps
 from drumsd.tasks.apps import read_manifest as read_app_manifest
@@ -47,135 +48,6 @@ GUEST_DIR_IN_IMAGE = "opt/drums/guest"
 GUEST_SOURCE_DIR = Path(__file__).resolve().parent.parent / "guest"
 
 
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    packages: tuple[str, ...]
-    pip: tuple[str, ...] = ()
-    # Extra files (path in image -> (mode, content)) that belong to the package layer.
-    files: dict[str, tuple[int, str]] = field(default_factory=dict)
-    # A shell script run in the chroot after the files are written (compile schemas, pick
-    # alternatives).
-    setup: str = ""
-
-
-BASE_PACKAGES: tuple[str, ...] = (
-    "xvfb",
-    "openbox",
-    "xterm",
-    "xdotool",
-    "x11-utils",
-    "x11-xserver-utils",
-    "xclip",
-    "scrot",
-    "python3",
-    "python-is-python3",
-    "python3-pil",
-    "python3-xlib",
-    "python3-tk",  # pyautogui imports mouseinfo, which exits without tkinter
-    "python3-pip",
-    "dbus",
-    "dbus-x11",
-    "dconf-cli",
-    "dconf-gsettings-backend",
-    "libglib2.0-bin",
-    "fonts-dejavu-core",
-    "iproute2",
-    "procps",
-    "psmisc",
-    "less",
-    "ca-certificates",
-)
-
-# Chromium as OSWorld drives it, with what a checkpointable browser needs: no sandbox (its
-# namespaces conflict with the slot's), no GPU process, nothing that phones home or syncs.
-GOOGLE_CHROME_WRAPPER = """\
-#!/bin/sh
-# drums: OSWorld calls google-chrome; this image ships Chromium with checkpoint-friendly flags.
-port=--remote-debugging-port=1337
-for a in "$@"; do case "$a" in --remote-debugging-port=*) port=;; esac; done
-exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
-    --disable-background-networking --disable-component-update --disable-sync \\
-    --password-store=basic --disable-dev-shm-usage --start-maximized $port "$@"
-"""
-
-# pyautogui and its pure-Python dependencies, pinned and installed with --no-deps: its declared
-# dependency on the abandoned `python3-Xlib` 0.15 would shadow Debian's python3-xlib 0.33.
-PYAUTOGUI: tuple[str, ...] = (
-    "pyautogui==0.9.54",
-    "pymsgbox==2.0.1",
-    "pytweening==1.2.0",
-    "pyscreeze==1.0.1",
-    "pygetwindow==0.0.9",
-    "pyrect==0.2.0",
-    "mouseinfo==0.1.3",
-    "pyperclip==1.11.0",
-)
-
-# System-wide LibreOffice defaults: no tip-of-the-day dialog and no "first run of 7.4" infobar,
-# so the first frame of a task shows the document, as on OSWorld's VM.
-LIBREOFFICE_DEFAULTS = """\
-<?xml version="1.0" encoding="UTF-8"?>
-<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
-          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-          xmlns:oor="http://openoffice.org/2001/registry">
-<dependency file="main"/>
-<oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
- <node oor:name="Misc">
-  <prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop>
-  <prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop>
- </node>
-</oor:component-data>
-<oor:component-data oor:name="Setup" oor:package="org.openoffice">
- <node oor:name="Product">
-  <prop oor:name="ooSetupLastVersion" oor:op="fuse"><value>7.4</value></prop>
- </node>
-</oor:component-data>
-</oor:data>
-"""
-
-# Chromium policies: no "unsupported command-line flag: --no-sandbox" infobar over every page, no
-# default-browser or metrics prompts.
-CHROMIUM_POLICY = (
-    json.dumps(
-        {
-            "CommandLineFlagSecurityWarningsEnabled": False,
-            "DefaultBrowserSettingEnabled": False,
-            "MetricsReportingEnabled": False,
-            "PromotionalTabsEnabled": False,
-        },
-        indent=2,
-    )
-    + "\n"
-)
-
-PROFILES: dict[str, Profile] = {
-    "base": Profile("base", BASE_PACKAGES, pip=PYAUTOGUI),
-    "office": Profile(
-        "office",
-        (
-            *BASE_PACKAGES,
-            "libreoffice-calc",
-            "libreoffice-writer",
-            "libreoffice-impress",
-            "fonts-liberation2",
-            "chromium",
-            "gimp",
-            "mousepad",
-            "pcmanfm",
-        ),
-        pip=PYAUTOGUI,
-        files={
-            "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
-            "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
-            "etc/libreoffice/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
-            "etc/chromium/policies/managed/drums.json": (0o644, CHROMIUM_POLICY),
-        },
-    ),
-}
-PROFILES["osworld"] = image_osworld.profile(PROFILES["office"])
-
-
 class ImageBuildError(RuntimeError):
     """A build step failed; the message names the step and what to do next."""
 
@@ -190,7 +62,7 @@ class ImageInfo:
     meta: Path
 
 
-# ---------------------------------------------------------------- pure: keys and manifest
+# ---------------------------------------------------------------- pure: keys
 
 
 def layer_key(profile: Profile) -> str:
@@ -222,67 +94,6 @@ def guest_sources_hash(source_dir: Path = GUEST_SOURCE_DIR) -> str:
 
 def image_key(layer: str, guest_hash: str) -> str:
     return hashlib.sha256(f"{BUILDER_VERSION}\0{layer}\0{guest_hash}".encode()).hexdigest()[:16]
-
-
-def manifest_line(rel: str, st: os.stat_result, content_sha: str, link: str) -> str:
-    """One manifest entry; mtimes are left out so the hash says what the tree is, not when."""
-    return "\t".join(
-        [
-            rel,
-            f"{st.st_mode:o}",
-            str(st.st_uid),
-            str(st.st_gid),
-            str(st.st_size if stat.S_ISREG(st.st_mode) else 0),
-            content_sha,
-            link,
-        ]
-    )
-
-
-def iter_tree(root: Path) -> Iterator[tuple[str, Path]]:
-    """Every entry under root (not root itself), depth-first in byte order of names."""
-    stack = [(root, "")]
-    while stack:
-        directory, prefix = stack.pop()
-        names = sorted(os.listdir(directory), key=os.fsencode, reverse=True)
-        for name in names:
-            rel = f"{prefix}/{name}" if prefix else name
-            path = directory / name
-            yield rel, path
-        for name in names:
-            path = directory / name
-            if path.is_dir() and not path.is_symlink():
-                stack.append((path, f"{prefix}/{name}" if prefix else name))
-
-
-def write_manifest(root: Path, out: Path) -> str:
-    """Write the manifest of `root` to `out` and return its sha256 (the image's sha256)."""
-    by_inode: dict[tuple[int, int], str] = {}
-    lines = []
-    for rel, path in sorted(iter_tree(root), key=lambda e: os.fsencode(e[0])):
-        st = path.lstat()
-        content, link = "", ""
-        if stat.S_ISREG(st.st_mode):
-            ident = (st.st_dev, st.st_ino)
-            if ident not in by_inode:
-                by_inode[ident] = _sha256_path(path)
-            content = by_inode[ident]
-        elif stat.S_ISLNK(st.st_mode):
-            link = os.readlink(path)
-        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-            content = f"dev:{os.major(st.st_rdev)},{os.minor(st.st_rdev)}"
-        lines.append(manifest_line(rel, st, content, link))
-    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
-    out.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
-
-
-def _sha256_path(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- effects: chroot work

@@ -14,7 +14,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from drumsd.linux.image import Profile
+    from drumsd.linux.image_profiles import Profile
 
 # Packages, by what they are for (the session's panels and bus configs are the guest's:
 # guest/session_files). Everything comes from bookworm main: no Ubuntu font (non-free

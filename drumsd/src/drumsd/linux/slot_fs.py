@@ -195,6 +195,11 @@ def exists(path: Path) -> bool:
     return path.exists()
 
 
+def is_dir(path: Path) -> bool:
+    """A stat of a path on disk (an image's lower layer): call it in a worker thread."""
+    return path.is_dir()
+
+
 def ensure_map_variant(
     images: Path, variant: Path, extents: Sequence[tuple[int, int, int]]
 ) -> None:

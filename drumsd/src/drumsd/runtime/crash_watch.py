@@ -11,6 +11,10 @@ task's /proc/<pid>/cgroup reads "/" on every hierarchy, zombie or not (measured)
 Crashes are `proc_events.CRASH_SIGNALS`. SIGKILL and SIGTERM never count: the daemon's own kills,
 resets and destroys send them, and an OOM kill (SIGKILL) is the no_oom_kill gate's to judge.
 A multi-threaded crash reports one exit per thread; it is counted once per thread group.
+
+The ledger folds on the trio thread and never touches /proc there: what a fold will ask (the
+cgroup and comm of the processes that exec'd, the slots' cgroup.procs, which tgids still exist)
+is read ahead in a worker thread (`ReadAhead.load`), and the fold answers from that read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +70,56 @@ def slot_cgroup(dirs: Mapping[str, str], mountinfo: str) -> SlotCgroup:
 def _relative(directory: str, mount: Path) -> str:
     rel = Path(directory).relative_to(mount)
     return "/" + str(rel).strip(".").strip("/") if str(rel) != "." else "/"
+
+
+class ReadAhead(ProcReader):
+    """The reads one fold of the ledger will make, done beforehand in a worker thread by `load`,
+    so the fold itself runs on the trio thread without touching /proc. A read that was not
+    loaded answers as for a process that is gone (None, empty)."""
+
+    def __init__(self, source: ProcReader) -> None:
+        self.source = source
+        self._cgroup: dict[int, str | None] = {}
+        self._comm: dict[int, str | None] = {}
+        self._procs: dict[str, list[int]] = {}
+        self._exists: dict[int, bool] = {}
+
+    def load(
+        self,
+        *,
+        pids: Iterable[int] = (),
+        procs_files: Mapping[str, str] | None = None,
+        owner: Mapping[int, str] | None = None,
+        exists: Iterable[int] = (),
+    ) -> None:
+        """Blocking: read the cgroup and comm of `pids`, each slot's cgroup.procs
+        (`procs_files`: path -> slot id) and the comm of the processes listed there that `owner`
+        does not give to that slot, and whether each of `exists` still exists."""
+        procs_files, owner = procs_files or {}, owner or {}
+        cgroup = {pid: self.source.cgroup(pid) for pid in pids}
+        comm = {pid: self.source.comm(pid) for pid in cgroup}
+        listed = {path: self.source.procs(path) for path in procs_files}
+        for path, tgids in listed.items():
+            for tgid in tgids:
+                if owner.get(tgid) != procs_files[path] and tgid not in comm:
+                    comm[tgid] = self.source.comm(tgid)
+        alive = {pid: self.source.exists(pid) for pid in exists}
+        self._cgroup, self._comm, self._procs, self._exists = cgroup, comm, listed, alive
+
+    def cgroup(self, pid: int) -> str | None:
+        return self._cgroup.get(pid)
+
+    def comm(self, pid: int) -> str | None:
+        return self._comm.get(pid)
+
+    def procs(self, path: str) -> list[int]:
+        return list(self._procs.get(path, ()))
+
+    def exists(self, pid: int) -> bool:
+        return self._exists.get(pid, False)
+
+    def mountinfo(self) -> str:
+        return self.source.mountinfo()
 
 
 class CrashLedger:
@@ -249,7 +304,10 @@ class CrashWatch:
         reader: ProcReader | None = None,
         open_socket: Callable[[], pe.ProcEventsSocket] = pe.ProcEventsSocket.open,
     ) -> None:
-        self.ledger = CrashLedger(reader)
+        self.reader = ReadAhead(reader or ProcReader())
+        self.ledger = CrashLedger(self.reader)
+        # One read-ahead and its fold at a time: `track` and the serve loop share the reader.
+        self._fold_lock = trio.Lock()
         self.resync_s = resync_s
         self.prune_s = prune_s
         self._open_socket = open_socket
@@ -284,24 +342,59 @@ class CrashWatch:
         while True:
             with trio.move_on_after(max(0.0, next_resync - trio.current_time())):
                 await trio.lowlevel.wait_readable(sock.fileno())
-            self.ledger.apply(sock.read_ready())
+            await self._apply(sock.read_ready())
             now = trio.current_time()
             if now >= next_resync:
                 # Drain first: an exit queued before the resync must meet the old ownership.
-                self.ledger.apply(sock.read_ready())
-                self.ledger.resync_all()
+                await self._apply(sock.read_ready())
+                async with self._fold_lock:
+                    await self._read_ahead(resync=True)
+                    self.ledger.resync_all()
                 next_resync = now + self.resync_s
             if now >= next_prune:
-                self.ledger.prune()
+                async with self._fold_lock:
+                    await self._read_ahead(exists=list(self.ledger.owner))
+                    self.ledger.prune()
                 next_prune = now + self.prune_s
             await trio.lowlevel.checkpoint()
 
-    def track(self, slot_id: str, cgroup_dirs: Mapping[str, str]) -> None:
+    async def _apply(self, events: list[pe.Event | pe.Overrun]) -> None:
+        """Fold a batch; the /proc reads it needs (an exec's cgroup and comm, an overrun's
+        resync) are read ahead in a thread, and only while a slot is tracked."""
+        led = self.ledger
+        async with self._fold_lock:
+            execs = [ev.tgid for ev in events if isinstance(ev, pe.Exec)] if led.slots else []
+            overrun = bool(led.slots) and any(isinstance(ev, pe.Overrun) for ev in events)
+            if execs or overrun:
+                await self._read_ahead(pids=execs, resync=overrun)
+            led.apply(events)
+
+    async def _read_ahead(
+        self, *, pids: Iterable[int] = (), resync: bool = False, exists: Iterable[int] = ()
+    ) -> None:
+        """Load the reader for the next fold, in a worker thread (hold `_fold_lock`)."""
+        procs = {where.procs: slot for slot, where in self.ledger.slots.items()} if resync else {}
+        load = partial(
+            self.reader.load,
+            pids=list(pids),
+            procs_files=procs,
+            owner=dict(self.ledger.owner),
+            exists=list(exists),
+        )
+        await trio.to_thread.run_sync(load)
+
+    async def track(self, slot_id: str, cgroup_dirs: Mapping[str, str]) -> None:
         """Watch the processes in this cgroup for `slot_id` (again: replaces its cgroup and
         keeps its crash records, for a reset into a new instance)."""
         if self._mountinfo is None:
-            self._mountinfo = self.ledger.reader.mountinfo()
-        self.ledger.track(slot_id, slot_cgroup(cgroup_dirs, self._mountinfo))
+            self._mountinfo = await trio.to_thread.run_sync(self.reader.mountinfo)
+        where = slot_cgroup(cgroup_dirs, self._mountinfo)
+        async with self._fold_lock:
+            load = partial(
+                self.reader.load, procs_files={where.procs: slot_id}, owner=dict(self.ledger.owner)
+            )
+            await trio.to_thread.run_sync(load)
+            self.ledger.track(slot_id, where)
 
     def untrack(self, slot_id: str) -> None:
         """Stop watching the slot and forget its crash records."""

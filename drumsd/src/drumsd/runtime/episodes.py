@@ -141,7 +141,7 @@ async def begin_episode(
     rec.handle = handle_to_json(handle)
     rec.status = SlotStatus.ready
     note_claim(sup, rec.checkpoint, handle)
-    track(sup, rec.id, handle)
+    await track(sup, rec.id, handle)
     facts = await read_facts(sup, rec, handle, at_start=True)
     if facts is None:
         for name in G.START_GATES:
@@ -250,7 +250,7 @@ async def refresh_gates(sup: Supervisor, rec: SlotRecord) -> None:
     quarantine_on_failure(sup, rec)
 
 
-def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
+async def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
     """Point the crash watch at the slot's (new) cgroups; records of earlier episodes stay
     but facts() reads only those since the episode's start."""
     if sup.crash_watch is None:
@@ -258,7 +258,7 @@ def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
     try:
         if not handle.cgroups:
             raise ValueError("the runtime reported no cgroups for the slot")
-        sup.crash_watch.track(slot_id, dict(handle.cgroups))
+        await sup.crash_watch.track(slot_id, dict(handle.cgroups))
         sup._unwatched.pop(slot_id, None)
     except (OSError, ValueError) as exc:
         # Untracked, its crash_exits would stay empty and no_app_crash would pass unwatched:

@@ -204,7 +204,7 @@ class MemoryRuntime:
         grab of this spec (the guest's change check, with the action count as the frame)."""
         from PIL import Image
 
-        from drumsd.guest.agent import encode
+        from drumsd.guest.screen import encode
 
         slot = self._slot(handle)
         frame = (slot["actions"], spec)

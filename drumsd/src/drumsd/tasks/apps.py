@@ -97,7 +97,7 @@ APPS: dict[str, App] = {
 # gsettings needs both its command and the dconf backend (without it, settings do not persist);
 # the accessibility tree needs both the bus and the bindings.
 ALL_FILES_NEEDED = frozenset({"gsettings", "accessibility"})
-# Slot features (model.GETTERS_NEEDING) an image gives by having an app.
+# Slot features (host_support.GETTERS_NEEDING) an image gives by having an app.
 FEATURES = {"accessibility": "accessibility_tree"}
 # A manifest probed with another table than this one is stale (re-probed, never trusted).
 TABLE_KEY = hashlib.sha256(

@@ -30,8 +30,8 @@ from .apps import AppManifest, features, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
+from .host_support import SLOT_FEATURES, support, task_support_table
 from .model import (
-    SLOT_FEATURES,
     Task,
     TaskContext,
     TaskError,
@@ -39,8 +39,6 @@ from .model import (
     iter_task_files,
     load_task_file,
     resolve_task,
-    support,
-    task_support_table,
 )
 from .setup import SetupError, WindowInfo, run_setup
 from .setup_cache import FileHashes, restore_run_files, save_run_files, setup_fingerprint

@@ -1,6 +1,6 @@
 """`drumsd tasks coverage`: how many of a task set this host can run, per domain, and why not.
 
-Runs the daemon's own support check (`model.support`, with the image's app manifest) over every task
+Runs the daemon's own support check (`support()`, with the image's app manifest) over every task
 file under a directory (an OSWorld checkout, its `evaluation_examples/examples`, or any copy) twice:
 as the host is (its download cache as it is) and with every download present (stand-in files in a
 temporary cache), and prints supported / total per domain and the reasons, as a table and as JSON.
@@ -21,15 +21,8 @@ from typing import Any
 from drumsd.core.config import TasksConfig
 
 from .apps import AppManifest, manifest_for_root, missing_apps
-from .model import (
-    SLOT_FEATURES,
-    Task,
-    TaskContext,
-    beneath,
-    list_tasks,
-    support,
-    url_file_name,
-)
+from .host_support import SLOT_FEATURES, support
+from .model import Task, TaskContext, beneath, list_tasks, url_file_name
 
 OSWORLD_EXAMPLES = Path("evaluation_examples/examples")
 

@@ -27,7 +27,8 @@ from .checker import (
     verifier_call,
 )
 from .getters import GetterEnv, GetterError, GetterUnsupported, ResultMissing, get_value
-from .model import Evaluator, Task, TaskContext, find_verifier_module
+from .host_support import find_verifier_module
+from .model import Evaluator, Task, TaskContext
 from .setup import SetupError, SetupReport, SlotAccess, run_postconfig
 
 log = logging.getLogger("drumsd.tasks.evaluate")

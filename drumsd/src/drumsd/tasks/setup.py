@@ -1,10 +1,8 @@
-"""Setup and postconfig steps: a pure plan of small operations, applied to a slot through a seam.
+"""Setup and postconfig steps applied to a slot through a seam (`SlotAccess`).
 
-`plan_steps()` turns a task's OSWorld steps into `Operation` records (printable, testable without
-a slot); `apply_operations()` runs them through `SlotAccess`, each under its own deadline and the
-whole under the setup deadline. Steps that OSWorld runs with `sudo -S` become `RunTrusted`: the
-sudo and password plumbing is stripped and the command goes through drumsd's trusted provisioning,
-so the desktop user never gets root or a password.
+`apply_operations()` runs the operations `tasks/setup_plan.py` planned, each under its own deadline
+and the whole under the setup deadline; `run_setup()` / `run_postconfig()` plan and apply a task's
+steps and report what ran.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import shlex
 import sqlite3
 import tempfile
@@ -25,14 +22,21 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 import trio
 
 from .model import (
-    Step,
     Task,
     TaskContext,
-    asset_path,
-    cache_slot_for,
-    cached_download,
-    fill_placeholders,
-    task_asset,
+)
+from .setup_plan import (
+    ChromeTabs,
+    OpenFile,
+    Operation,
+    PutFile,
+    RunTrusted,
+    RunUser,
+    SetupError,
+    Sleep,
+    UpdateHistory,
+    WindowAction,
+    plan_steps,
 )
 
 log = logging.getLogger("drumsd.tasks.setup")
@@ -87,78 +91,6 @@ class SlotAccess(Protocol):
         ...
 
 
-class SetupError(RuntimeError):
-    """A setup or postconfig step failed; `.report` holds what ran before it."""
-
-    def __init__(self, message: str, report: SetupReport | None = None) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-# ---- operations (the plan) -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunUser:
-    command: list[str] | str
-    timeout_s: float
-    background: bool = False
-    until: dict[str, Any] | None = None
-    stdout_name: str | None = None  # OSWorld's execute(stdout=...): saved in the run dir
-    stderr_name: str | None = None
-
-
-@dataclass(frozen=True)
-class RunTrusted:
-    shell: str
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-@dataclass(frozen=True)
-class OpenFile:
-    path: str
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class WindowAction:
-    action: str  # "activate" or "close"
-    name: str
-    strict: bool = False
-    by_class: bool = False
-
-
-@dataclass(frozen=True)
-class ChromeTabs:
-    action: str  # "open" or "close"
-    urls: tuple[str, ...]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class UpdateHistory:
-    items: tuple[tuple[str, str, float], ...]  # (url, title, seconds ago)
-    history_path: str
-    template: Path | None
-
-
-@dataclass(frozen=True)
-class PutFile:
-    source: Path  # on the host: the download cache, the assets dir or a task's assets
-    dest: str
-    owner_user: bool = True
-
-
-Operation = (
-    RunUser | RunTrusted | Sleep | OpenFile | WindowAction | ChromeTabs | UpdateHistory | PutFile
-)
-
-
 @dataclass
 class OperationRecord:
     index: int
@@ -179,180 +111,6 @@ class SetupReport:
     @property
     def ok(self) -> bool:
         return all(record.ok for record in self.records)
-
-
-# ---- planning (pure) -------------------------------------------------------------------------
-
-_SUDO_PIPE = re.compile(r"echo\s+(?:'[^']*'|\"[^\"]*\"|\S+)\s*\|\s*sudo\s+(?:-\S+\s+)*")
-_SUDO_WORD = re.compile(r"(^|[;&|(]\s*)sudo\s+(?:-\S+\s+)*")
-_BROWSERS = ("google-chrome", "google-chrome-stable", "chrome")
-
-
-def _expand_home(shell: str, ctx: TaskContext) -> str:
-    # Root's shell would expand ~ to /root; OSWorld's commands mean the desktop user's home.
-    return re.sub(r"(?<![\w/])~(?=/|\s|$)", ctx.user_home, shell)
-
-
-def strip_sudo(command: list[str] | str, ctx: TaskContext) -> str | None:
-    """The root part of a command that uses sudo, as a shell string; None when it needs no root."""
-    if isinstance(command, list):
-        if not command or command[0] != "sudo":
-            return None
-        rest = list(command[1:])
-        while rest and rest[0].startswith("-"):
-            rest.pop(0)
-        return _expand_home(shlex.join(rest), ctx)
-    if not re.search(r"(^|[;&|(\s])sudo\s", command):
-        return None
-    stripped = _SUDO_PIPE.sub("", command)
-    stripped = _SUDO_WORD.sub(r"\1", stripped).strip()
-    return _expand_home(stripped, ctx)
-
-
-def _browser_argv(argv: list[str], ctx: TaskContext) -> list[str]:
-    if argv and argv[0] in _BROWSERS:
-        flags = {arg.split("=", 1)[0] for arg in ctx.chrome_command[1:]}
-        extra = [arg for arg in argv[1:] if arg.split("=", 1)[0] not in flags]
-        return [*ctx.chrome_command, *extra]
-    if argv and argv[0] in ("pkill", "killall") and argv[-1] in _BROWSERS:
-        return [*argv[:-1], PurePosixPath(ctx.chrome_command[0]).name]
-    if argv and argv[0] == "python":
-        return [ctx.python_command, *argv[1:]]
-    return argv
-
-
-def translate_command(command: list[str] | str, shell: bool, ctx: TaskContext) -> list[str] | str:
-    """Placeholders filled; Chrome mapped to the slot's Chromium; `python` to its python3."""
-    command = fill_placeholders(command, ctx)
-    if isinstance(command, str) and not shell:
-        command = command.split()
-    if isinstance(command, list):
-        return _browser_argv(list(command), ctx)
-    for browser in _BROWSERS:
-        command = re.sub(
-            rf"(?<![\w-]){re.escape(browser)}(?![\w-])", shlex.join(ctx.chrome_command), command
-        )
-    return command
-
-
-def _plan_one(step: Step, task: Task, ctx: TaskContext) -> list[Operation]:
-    p = step.parameters
-    t = ctx.step_timeout_s
-    kind = step.type
-    if kind in ("execute", "command"):
-        shell = bool(p.get("shell", False))
-        command = translate_command(p["command"], shell, ctx)
-        root_part = strip_sudo(command, ctx)
-        if root_part is not None:
-            return [RunTrusted(shell=root_part, timeout_s=t)]
-        return [
-            RunUser(
-                command=command,
-                timeout_s=t,
-                until=p.get("until") or None,
-                stdout_name=p.get("stdout") or None,
-                stderr_name=p.get("stderr") or None,
-            )
-        ]
-    if kind == "launch":
-        shell = bool(p.get("shell", False))
-        command = translate_command(p["command"], shell, ctx)
-        root_part = strip_sudo(command, ctx)
-        if root_part is not None:
-            return [RunTrusted(shell=f"({root_part}) >/dev/null 2>&1 &", timeout_s=t)]
-        return [RunUser(command=command, timeout_s=t, background=True)]
-    if kind == "open":
-        return [OpenFile(path=fill_placeholders(p["path"], ctx), timeout_s=ctx.open_timeout_s)]
-    if kind == "sleep":
-        return [Sleep(seconds=float(p["seconds"]))]
-    if kind in ("activate_window", "close_window"):
-        return [
-            WindowAction(
-                action="activate" if kind == "activate_window" else "close",
-                name=p["window_name"],
-                strict=bool(p.get("strict", False)),
-                by_class=bool(p.get("by_class", False)),
-            )
-        ]
-    if kind == "chrome_open_tabs":
-        return [ChromeTabs("open", tuple(p["urls_to_open"]), timeout_s=max(t, 90.0))]
-    if kind == "chrome_close_tabs":
-        return [ChromeTabs("close", tuple(p["urls_to_close"]), timeout_s=max(t, 90.0))]
-    if kind == "update_browse_history":
-        items = tuple(
-            (h["url"], h.get("title", ""), float(h.get("visit_time_from_now_in_seconds", 0)))
-            for h in p.get("history", [])
-        )
-        template = next(
-            (
-                path
-                for path in (
-                    ctx.cache_dir / task.id / "history_empty.sqlite",
-                    ctx.cache_dir / "history_empty.sqlite",
-                )
-                if path.is_file()
-            ),
-            None,
-        )
-        history = f"{_profile_dir(ctx)}/Default/History"
-        return [UpdateHistory(items=items, history_path=history, template=template)]
-    if kind == "download":
-        ops: list[Operation] = []
-        for item in p.get("files", []):
-            source = cached_download(task, item["url"], item.get("path"), ctx)
-            if source is None:
-                raise SetupError(
-                    f"download not in the cache: {cache_slot_for(task, item['url'], ctx)}; put the"
-                    " file there (drums never downloads at setup time)"
-                )
-            ops.append(PutFile(source=source, dest=_home_path(item["path"], ctx)))
-        return ops
-    if kind == "upload_file":
-        ops = []
-        for item in p.get("files", []):
-            source = asset_path(item["local_path"], ctx)
-            if source is None:
-                raise SetupError(
-                    f"upload_file {item['local_path']!r} is outside the assets dir {ctx.assets_dir}"
-                )
-            ops.append(PutFile(source=source, dest=_home_path(item["path"], ctx)))
-        return ops
-    if kind == "drums_files":
-        ops = []
-        for item in p.get("files", []):
-            source = task_asset(task, item["src"], ctx)
-            if source is None:
-                raise SetupError(
-                    f"task asset {item['src']!r} is outside {ctx.assets_dir / task.id}"
-                )
-            ops.append(
-                PutFile(
-                    source=source,
-                    dest=_home_path(item["path"], ctx),
-                    owner_user=bool(item.get("owner_user", True)),
-                )
-            )
-        return ops
-    raise SetupError(f"setup step type {kind!r} is not supported by drums (task {task.id})")
-
-
-def _home_path(path: str, ctx: TaskContext) -> str:
-    return ctx.user_home + path[1:] if path.startswith("~") else path
-
-
-def _profile_dir(ctx: TaskContext) -> str:
-    return _home_path(ctx.chrome_profile_dir, ctx)
-
-
-def plan_steps(steps: list[Step], task: Task, ctx: TaskContext) -> list[Operation]:
-    """The concrete operations for a list of steps. Raises SetupError naming an unusable step."""
-    ops: list[Operation] = []
-    for index, step in enumerate(steps):
-        try:
-            ops.extend(_plan_one(step, task, ctx))
-        except KeyError as exc:
-            raise SetupError(f"step {index + 1} ({step.type}) lacks the parameter {exc}") from exc
-    return ops
 
 
 # ---- applying operations ---------------------------------------------------------------------

@@ -201,8 +201,8 @@ class RestoreMixin(RuntimeBase):
         self._watch(inst)
         return True
 
-    def _check_lower(self, checkpoint: CheckpointRef) -> None:
-        if not checkpoint.lower.is_dir():
+    async def _check_lower(self, checkpoint: CheckpointRef) -> None:
+        if not await trio.to_thread.run_sync(slot_fs.is_dir, checkpoint.lower):
             raise RuntimeError_(
                 "restore_failed",
                 f"checkpoint {checkpoint.id}: lower layer "
@@ -214,7 +214,7 @@ class RestoreMixin(RuntimeBase):
     async def restore(
         self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
     ) -> SlotHandle:
-        self._check_lower(checkpoint)
+        await self._check_lower(checkpoint)
         if slot_id in self._slots:
             raise RuntimeError_(
                 "invalid_request", f"slot {slot_id} already exists; reset or destroy it first"
@@ -239,7 +239,7 @@ class RestoreMixin(RuntimeBase):
     async def reset(
         self, handle: SlotHandle, checkpoint: CheckpointRef, limits: SlotLimits
     ) -> SlotHandle:
-        self._check_lower(checkpoint)
+        await self._check_lower(checkpoint)
         old = self._slots.pop(handle.slot_id, None)
         try:
             # A warm spare is claimed before the old tree is killed: killing a desktop (its

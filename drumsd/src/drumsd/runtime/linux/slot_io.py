@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import trio
@@ -200,11 +201,11 @@ class SlotIOMixin(RuntimeBase):
     async def facts(self, handle: SlotHandle) -> SlotFacts:
         inst = self._slots.get(handle.slot_id)
         pid = handle.init_pid
-        identity = procfs.is_same_process(pid, handle.init_starttime)
-        alive = identity and (inst is None or not inst.exited.is_set())
         dirs = dict(handle.cgroups)
 
         def read() -> SlotFacts:
+            identity = procfs.is_same_process(pid, handle.init_starttime)
+            alive = identity and (inst is None or not inst.exited.is_set())
             limits: dict[str, Any] = {}
             oom = 0
             pids_max_hits: int | None = None
@@ -244,7 +245,8 @@ class SlotIOMixin(RuntimeBase):
         inst = self._slots.get(handle.slot_id)
         if inst is None or inst.pid != handle.init_pid:
             # Not ours (no pidfd): poll its identity in /proc.
-            while procfs.is_same_process(handle.init_pid, handle.init_starttime):  # noqa: ASYNC110
+            same = partial(procfs.is_same_process, handle.init_pid, handle.init_starttime)
+            while await trio.to_thread.run_sync(same):  # noqa: ASYNC110 (no event to wait on)
                 await trio.sleep(0.1)
             return
         await inst.exited.wait()
@@ -303,12 +305,16 @@ class SlotIOMixin(RuntimeBase):
         self, inst: _Instance, window_s: float, timeout_s: float, poll_ms: int
     ) -> bool:
         """A booting desktop is done when its CPU ticks stop too (drawn, apps started)."""
+
+        def activity() -> Any:
+            return procfs.activity(self.driver.pids(inst.cgroups))
+
         deadline = trio.current_time() + timeout_s
         since = trio.current_time()
-        last = procfs.activity(self.driver.pids(inst.cgroups))
+        last = await trio.to_thread.run_sync(activity)
         while trio.current_time() < deadline:
             await trio.sleep(poll_ms / 1000)
-            now = procfs.activity(self.driver.pids(inst.cgroups))
+            now = await trio.to_thread.run_sync(activity)
             if now != last:
                 last, since = now, trio.current_time()
             elif trio.current_time() - since >= window_s:

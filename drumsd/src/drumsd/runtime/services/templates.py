@@ -76,7 +76,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
             sup._save_slot(rec, "adopted")
             report["adopted"].append(rec.id)
             handle = handle_from_json(rec.handle or {})
-            track(sup, rec.id, handle)
+            await track(sup, rec.id, handle)
             sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
             if sup.gate_statuses(rec).get("alive_after_resume") == G.PENDING:
                 sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)

@@ -1,0 +1,141 @@
+"""What goes into each desktop image: the profiles (package lists, pip pins, extra files).
+
+Pure data: `image.layer_key` hashes a profile, `image.build_image` builds one. A new profile is a
+new entry in PROFILES.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from drumsd.linux import image_osworld
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    packages: tuple[str, ...]
+    pip: tuple[str, ...] = ()
+    # Extra files (path in image -> (mode, content)) that belong to the package layer.
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # A shell script run in the chroot after the files are written (compile schemas, pick
+    # alternatives).
+    setup: str = ""
+
+
+BASE_PACKAGES: tuple[str, ...] = (
+    "xvfb",
+    "openbox",
+    "xterm",
+    "xdotool",
+    "x11-utils",
+    "x11-xserver-utils",
+    "xclip",
+    "scrot",
+    "python3",
+    "python-is-python3",
+    "python3-pil",
+    "python3-xlib",
+    "python3-tk",  # pyautogui imports mouseinfo, which exits without tkinter
+    "python3-pip",
+    "dbus",
+    "dbus-x11",
+    "dconf-cli",
+    "dconf-gsettings-backend",
+    "libglib2.0-bin",
+    "fonts-dejavu-core",
+    "iproute2",
+    "procps",
+    "psmisc",
+    "less",
+    "ca-certificates",
+)
+
+# Chromium as OSWorld drives it, with what a checkpointable browser needs: no sandbox (its
+# namespaces conflict with the slot's), no GPU process, nothing that phones home or syncs.
+GOOGLE_CHROME_WRAPPER = """\
+#!/bin/sh
+# drums: OSWorld calls google-chrome; this image ships Chromium with checkpoint-friendly flags.
+port=--remote-debugging-port=1337
+for a in "$@"; do case "$a" in --remote-debugging-port=*) port=;; esac; done
+exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
+    --disable-background-networking --disable-component-update --disable-sync \\
+    --password-store=basic --disable-dev-shm-usage --start-maximized $port "$@"
+"""
+
+# pyautogui and its pure-Python dependencies, pinned and installed with --no-deps: its declared
+# dependency on the abandoned `python3-Xlib` 0.15 would shadow Debian's python3-xlib 0.33.
+PYAUTOGUI: tuple[str, ...] = (
+    "pyautogui==0.9.54",
+    "pymsgbox==2.0.1",
+    "pytweening==1.2.0",
+    "pyscreeze==1.0.1",
+    "pygetwindow==0.0.9",
+    "pyrect==0.2.0",
+    "mouseinfo==0.1.3",
+    "pyperclip==1.11.0",
+)
+
+# System-wide LibreOffice defaults: no tip-of-the-day dialog and no "first run of 7.4" infobar,
+# so the first frame of a task shows the document, as on OSWorld's VM.
+LIBREOFFICE_DEFAULTS = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
+          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+          xmlns:oor="http://openoffice.org/2001/registry">
+<dependency file="main"/>
+<oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
+ <node oor:name="Misc">
+  <prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop>
+  <prop oor:name="FirstRun" oor:op="fuse"><value>false</value></prop>
+ </node>
+</oor:component-data>
+<oor:component-data oor:name="Setup" oor:package="org.openoffice">
+ <node oor:name="Product">
+  <prop oor:name="ooSetupLastVersion" oor:op="fuse"><value>7.4</value></prop>
+ </node>
+</oor:component-data>
+</oor:data>
+"""
+
+# Chromium policies: no "unsupported command-line flag: --no-sandbox" infobar over every page, no
+# default-browser or metrics prompts.
+CHROMIUM_POLICY = (
+    json.dumps(
+        {
+            "CommandLineFlagSecurityWarningsEnabled": False,
+            "DefaultBrowserSettingEnabled": False,
+            "MetricsReportingEnabled": False,
+            "PromotionalTabsEnabled": False,
+        },
+        indent=2,
+    )
+    + "\n"
+)
+
+PROFILES: dict[str, Profile] = {
+    "base": Profile("base", BASE_PACKAGES, pip=PYAUTOGUI),
+    "office": Profile(
+        "office",
+        (
+            *BASE_PACKAGES,
+            "libreoffice-calc",
+            "libreoffice-writer",
+            "libreoffice-impress",
+            "fonts-liberation2",
+            "chromium",
+            "gimp",
+            "mousepad",
+            "pcmanfm",
+        ),
+        pip=PYAUTOGUI,
+        files={
+            "usr/local/bin/google-chrome": (0o755, GOOGLE_CHROME_WRAPPER),
+            "usr/local/bin/google-chrome-stable": (0o755, GOOGLE_CHROME_WRAPPER),
+            "etc/libreoffice/registry/drums.xcd": (0o644, LIBREOFFICE_DEFAULTS),
+            "etc/chromium/policies/managed/drums.json": (0o644, CHROMIUM_POLICY),
+        },
+    ),
+}
+PROFILES["osworld"] = image_osworld.profile(PROFILES["office"])

@@ -1,0 +1,249 @@
+"""What this host supports: whether a task can run here and, when not, the reason.
+
+`support()` answers before any slot is touched (a missing cached file, a googledrive/login/proxy
+task, a metric whose library is missing, a getter drums does not have, an app the image lacks);
+`task_support_table()` is the same answer for every task, for the API and `drumsd tasks coverage`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from .apps import missing_app_reason
+from .model import (
+    SUPPORTED_STEPS,
+    UNSUPPORTED_STEPS,
+    Evaluator,
+    Step,
+    Task,
+    TaskContext,
+    asset_path,
+    cache_slot_for,
+    cached_download,
+    list_tasks,
+    task_asset,
+)
+
+# Getter types drums implements (evaluate.py); the ones needing a slot feature name it.
+SUPPORTED_GETTERS = frozenset(
+    {
+        "vm_file",
+        "vm_command_line",
+        "vm_command_error",
+        "list_directory",
+        "rule",
+        "rule_relativeTime",
+        "cache_file",
+        "cloud_file",
+        "content_from_vm_file",
+        "gimp_config_file",
+        "vscode_config",
+        "time_diff_range",
+        # Chrome profile getters, reading Chromium's profile
+        "profile_name",
+        "enable_do_not_track",
+        "default_search_engine",
+        "chrome_language",
+        "chrome_font_size",
+        "enabled_experiments",
+        "new_startup_page",
+        "data_delete_automacally",
+        "enable_enhanced_safety_browsing",
+        "enable_safe_browsing",
+        "bookmarks",
+        "history",
+        "cookie_data",
+        "find_unpacked_extension_path",
+        "find_installed_extension_name",
+        "open_tabs_info",
+        # getters_chrome.py (Chromium's DevTools) and getters_desktop.py
+        *("active_url_from_accessTree", "active_tab_info", "active_tab_html_parse"),
+        *("url_path_parse", "chrome_appearance_mode_ui", "vm_screen_size", "vm_wallpaper"),
+        *("default_video_player", "vlc_config", "vlc_playing_info", "audio_in_slide"),
+        *("background_image_in_slide", "active_tab_url_parse", "vm_window_size", "url_dashPart"),
+    }
+)
+# The features drums' slots have (RuntimeSlotAccess implements each).
+SLOT_FEATURES = frozenset({"terminal_output"})
+GETTERS_NEEDING = {
+    "vm_terminal_output": "terminal_output",
+    "accessibility_tree": "accessibility_tree",
+}
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _getter_reason(getter: dict[str, Any] | None, task: Task, ctx: TaskContext) -> str | None:
+    if not getter:
+        return None
+    kind = getter.get("type")
+    if kind in GETTERS_NEEDING:
+        feature = GETTERS_NEEDING[kind]
+        if feature not in ctx.capabilities:
+            return f"getter {kind!r} needs the slot feature {feature!r}, which this desktop lacks"
+        return None
+    if kind == "googledrive_file":
+        return UNSUPPORTED_STEPS["googledrive"]
+    if kind not in SUPPORTED_GETTERS:
+        return f"getter {kind!r} is not implemented by drums"
+    if kind == "cloud_file":
+        urls = _as_list(getter.get("path"))
+        dests = _as_list(getter.get("dest"))
+        for i, url in enumerate(urls):
+            dest = dests[i] if i < len(dests) else None
+            if cached_download(task, url, dest, ctx) is None:
+                return f"expected file not in the cache: {cache_slot_for(task, url, ctx)}"
+    return None
+
+
+def _step_reason(step: Step, task: Task, ctx: TaskContext) -> str | None:
+    if step.type in UNSUPPORTED_STEPS:
+        return UNSUPPORTED_STEPS[step.type]
+    if step.type not in SUPPORTED_STEPS:
+        return f"setup step type {step.type!r} is not implemented by drums"
+    params = step.parameters
+    if step.type == "download":
+        for item in params.get("files", []):
+            if cached_download(task, item["url"], item.get("path"), ctx) is None:
+                return f"download not in the cache: {cache_slot_for(task, item['url'], ctx)}"
+    elif step.type == "upload_file":
+        for item in params.get("files", []):
+            path = asset_path(item["local_path"], ctx)
+            if path is None:
+                return (
+                    f"upload_file {item['local_path']!r} is outside the assets dir {ctx.assets_dir}"
+                )
+            if not path.is_file():
+                return f"upload_file source missing: {path}"
+    elif step.type == "drums_files":
+        for item in params.get("files", []):
+            path = task_asset(task, item["src"], ctx)
+            if path is None or not path.is_file():
+                return f"task asset missing: {ctx.assets_dir / task.id / item['src']}"
+    return None
+
+
+def sum_of_sleeps(task: Task) -> float:
+    """Seconds of `sleep` steps in config or postconfig, whichever sleeps longer (each list runs
+    under its own setup_timeout_s)."""
+    return max(
+        sum(float(s.parameters.get("seconds", 0)) for s in steps if s.type == "sleep")
+        for steps in (task.config, task.evaluator.postconfig)
+    )
+
+
+def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
+    """Whether this host can run and score the task, and if not, the first reason why."""
+    reason = _support_reason(task, ctx)
+    return reason is None, reason
+
+
+def _support_reason(task: Task, ctx: TaskContext) -> str | None:
+    if task.proxy:
+        return UNSUPPORTED_STEPS["proxy"]
+    if ctx.apps is not None:
+        reason = missing_app_reason(task, ctx.apps)
+        if reason:
+            return reason
+    for step in [*task.config, *task.evaluator.postconfig]:
+        reason = _step_reason(step, task, ctx)
+        if reason:
+            return reason
+    slept = sum_of_sleeps(task)
+    if slept > ctx.setup_timeout_s:
+        # Each sleep is within MAX_SLEEP_S, but setup as a whole would time out at a 504 after
+        # setup_timeout_s with the slot held: refuse it before it starts (issue 14, finding 9).
+        return (
+            f"its sleep steps add up to {slept:g} s, more than setup_timeout_s "
+            f"({ctx.setup_timeout_s:g} s)"
+        )
+    ev = task.evaluator
+    if ev.is_infeasible:
+        return None
+    getters = [*_as_list(ev.result), *_as_list(ev.expected)]
+    if ev.redundant:
+        getters += [*_as_list(ev.redundant.get("result")), *_as_list(ev.redundant.get("expected"))]
+    for getter in getters:
+        reason = _getter_reason(getter, task, ctx)
+        if reason:
+            return reason
+    if ev.is_drums_verifier:
+        if not ev.module or not ev.check:
+            return "drums_verifier evaluator needs 'module' and 'check'"
+        if find_verifier_module(ev.module, ctx) is None:
+            dirs = ", ".join(map(str, ctx.verifier_dirs)) or "(no verifier_dirs configured)"
+            return f"verifier module {ev.module!r} not found under {dirs}"
+        return None
+    funcs = list(ev.funcs)
+    if ev.redundant:
+        funcs += _as_list(ev.redundant.get("func"))
+    for func in funcs:
+        if ctx.metrics is None:
+            return "the checker venv is not built yet (drumsd builds it at start)"
+        reason = ctx.metrics.why_unsupported(func)
+        if reason:
+            return reason
+    return _shape_reason(ev)
+
+
+def _shape_reason(ev: Evaluator) -> str | None:
+    """A func list needs result (and expected/options, when given) lists of the same length."""
+    if ev.is_drums_verifier:
+        return None  # one check over every result file: check({dest: path}, options)
+    if not isinstance(ev.func, list):
+        if isinstance(ev.result, list):
+            return "evaluator has one func but a list of results"
+        return None
+    n = len(ev.func)
+    for name in ("result", "expected", "options"):
+        value = getattr(ev, name)
+        if value is not None and value != [] and value != {}:
+            if not isinstance(value, list) or len(value) != n:
+                return f"evaluator lists {n} funcs but {name} is not a list of {n}"
+    return None
+
+
+def find_verifier_module(module: str, ctx: TaskContext) -> Path | None:
+    """The directory holding a drums verifier module (`<dir>/<module>.py` or a package)."""
+    top = module.split(".")[0]
+    for directory in ctx.verifier_dirs:
+        if (directory / f"{top}.py").is_file() or (directory / top / "__init__.py").is_file():
+            return directory
+    return None
+
+
+class TaskSupport(BaseModel):
+    """One row of `GET /v1/tasks`."""
+
+    id: str
+    path: str | None = None
+    instruction: str = ""
+    supported: bool
+    reason: str | None = None
+
+
+def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
+    """Every task under the configured directories with whether it runs here (and why not)."""
+    tasks, broken = list_tasks(ctx.task_dirs)
+    rows = []
+    for task in tasks:
+        ok, reason = support(task, ctx)
+        rows.append(
+            TaskSupport(
+                id=task.id,
+                path=str(task.source_path) if task.source_path else None,
+                instruction=task.instruction,
+                supported=ok,
+                reason=reason,
+            )
+        )
+    for path, why in broken.items():
+        rows.append(TaskSupport(id=path.stem, path=str(path), supported=False, reason=why))
+    return rows

@@ -22,20 +22,59 @@ import argparse
 import json
 import os
 import queue
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench import Progress, add_host_args, percentile
+from drumsd.bench import Progress, add_host_args
+from drumsd.bench_episodes_host import (
+    BenchDaemon as BenchDaemon,
+)
+from drumsd.bench_episodes_host import (
+    BenchError as BenchError,
+)
+from drumsd.bench_episodes_host import (
+    CpuAccount as CpuAccount,
+)
+from drumsd.bench_episodes_host import (
+    background_rate as background_rate,
+)
+from drumsd.bench_episodes_host import (
+    host_busy_s as host_busy_s,
+)
+from drumsd.bench_episodes_host import (
+    merge_config as merge_config,
+)
+from drumsd.bench_episodes_report import (
+    SATURATED as SATURATED,
+)
+from drumsd.bench_episodes_report import (
+    boot_path as boot_path,
+)
+from drumsd.bench_episodes_report import (
+    cpu_ratio as cpu_ratio,
+)
+from drumsd.bench_episodes_report import (
+    episode_cpu as episode_cpu,
+)
+from drumsd.bench_episodes_report import (
+    ratios as ratios,
+)
+from drumsd.bench_episodes_report import (
+    render_table as render_table,
+)
+from drumsd.bench_episodes_report import (
+    stats as stats,
+)
+from drumsd.bench_episodes_report import (
+    summarize_path as summarize_path,
+)
 
 
 @dataclass(frozen=True)
@@ -75,240 +114,12 @@ class EpisodeBenchOptions:
 
 # --- host and process CPU --------------------------------------------------------------------
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def host_busy_s() -> float:
-    """CPU-seconds the whole host has been busy (all CPUs): /proc/stat's first line less idle
-    and iowait."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / TICK
-
-
-class CpuAccount:
-    """A cgroup v1 cpuacct group that a daemon (or this process) and everything it starts stay
-    in: drumsd moves slots into its own cpu, memory, freezer ... groups but not cpuacct, and CRIU
-    restores with --manage-cgroups=ignore, so the desktops, their setup commands and the
-    checkers are charged here, exited ones included. Other load on the host is not."""
-
-    def __init__(self, name: str) -> None:
-        self.dir: Path | None = None
-        root = _cpuacct_root()
-        if root is not None:
-            self.dir = root / f"drums-bench-{name}-{os.getpid()}"
-            self.dir.mkdir(exist_ok=True)
-
-    def join(self, pid: int = 0) -> None:
-        """Move `pid` (0: the calling process) into the group; safe in a preexec_fn."""
-        if self.dir is not None:
-            (self.dir / "cgroup.procs").write_text(str(pid or os.getpid()))
-
-    def leave(self, pid: int = 0) -> None:
-        if self.dir is not None:
-            (self.dir.parent / "cgroup.procs").write_text(str(pid or os.getpid()))
-
-    def usage_s(self) -> float | None:
-        if self.dir is None:
-            return None
-        return int((self.dir / "cpuacct.usage").read_text()) / 1e9
-
-    def remove(self) -> None:
-        if self.dir is not None:
-            try:
-                self.dir.rmdir()
-            except OSError:
-                pass  # still holds a straggler; an empty group costs nothing
-
-
-def _cpuacct_root() -> Path | None:
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup" and "cpuacct" in parts[3].split(","):
-            return Path(parts[1])
-    return None
-
-
-def background_rate(seconds: float) -> float:
-    """Host CPU-seconds per second while this bench does nothing (other load, idle daemons)."""
-    if seconds <= 0:
-        return 0.0
-    b0, t0 = host_busy_s(), time.monotonic()
-    time.sleep(seconds)
-    return (host_busy_s() - b0) / (time.monotonic() - t0)
-
-
-SATURATED = 0.9  # background CPU per second, as a share of the host's CPUs
-
-
-def stats(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), 4),
-        "p99": round(percentile(values, 99), 4),
-        "mean": round(sum(values) / len(values), 4),
-    }
-
 
 # --- a daemon of our own ------------------------------------------------------------------------
 
 
-def merge_config(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
-    """`base` with each override applied; a dict value merges into the block of the same name."""
-    out = json.loads(json.dumps(base))
-    for override in overrides:
-        for key, value in override.items():
-            if isinstance(value, dict) and isinstance(out.get(key), dict):
-                out[key] = merge_config(out[key], value)
-            else:
-                out[key] = value
-    return out
-
-
 def features_off() -> dict[str, Any]:
     return merge_config({}, *(f.off for f in FEATURES))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class BenchDaemon:
-    """`drumsd serve` in a directory of its own (state on /run, as in production)."""
-
-    name: str
-    dir: Path
-    config: dict[str, Any]
-    url: str = ""
-    token: str = ""
-    proc: subprocess.Popen[bytes] | None = None
-    log_path: Path = field(default_factory=Path)
-    account: CpuAccount | None = None
-
-    @classmethod
-    def configure(
-        cls, name: str, opts: EpisodeBenchOptions, overrides: dict[str, Any]
-    ) -> BenchDaemon:
-        d = opts.state_root / name
-        shutil.rmtree(d, ignore_errors=True)
-        (d / "state").mkdir(parents=True, mode=0o755)
-        d.chmod(0o755)
-        (d / "state").chmod(0o755)
-        token = secrets.token_hex(24)
-        token_file = d / "token"
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
-        port = _free_port()
-        base = {
-            "listen": f"127.0.0.1:{port}",
-            "token_file": str(token_file),
-            "state_dir": str(d / "state"),
-            "journal_dir": str(d / "journal"),
-            "forgotten_dir": str(d / "forgotten"),
-            "images_dir": str(opts.cache_root / "images"),
-            "default_image": opts.image,
-            "criu": str(opts.criu),
-            "alive_after_s": opts.alive_after_s,
-            "tasks": {"dirs": [str(opts.tasks_dir.resolve())]},
-            # The bench sizes its own load; admission keeps only a floor that fits a small host.
-            "admission": {
-                "min_available_mib": 1024,
-                "min_available_pct": 2,
-                "min_state_free_mib": 256,
-            },
-        }
-        config = merge_config(base, overrides)
-        return cls(name, d, config, f"http://127.0.0.1:{port}", token, log_path=d / "drumsd.log")
-
-    def start(self, template_limit_s: float = 300.0) -> float:
-        """Start it and wait for the image's template checkpoint; returns the seconds taken."""
-        import httpx
-
-        config_path = self.dir / "drumsd.json"
-        config_path.write_text(json.dumps(self.config, indent=1))
-        t0 = time.monotonic()
-        self.account = CpuAccount(self.name)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "drumsd.cli", "serve", "--config", str(config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=self.account.join,  # before exec: nothing it starts escapes
-            )
-        deadline = t0 + template_limit_s
-        image = self.config["default_image"]
-        headers = {"Authorization": f"Bearer {self.token}"}
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise BenchError(
-                    f"drumsd ({self.name}) exited {self.proc.returncode} before its template "
-                    f"was ready; its log {self.log_path} ends:\n{self.log_tail()}"
-                )
-            try:
-                body = httpx.get(self.url + "/v1/checkpoints", headers=headers, timeout=2).json()
-                if any(
-                    cp.get("kind") == "template" and cp.get("image") == image
-                    for cp in body.get("checkpoints", [])
-                ):
-                    return time.monotonic() - t0
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.25)
-        raise BenchError(
-            f"drumsd ({self.name}) had no template of image {image!r} within "
-            f"{template_limit_s:.0f} s; its log {self.log_path} ends:\n{self.log_tail()}"
-        )
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def cpu_s(self) -> float | None:
-        """CPU of the daemon, its slots, their setup and its checkers so far (None: no cgroup
-        v1 cpuacct on this host)."""
-        return self.account.usage_s() if self.account is not None else None
-
-    def stop(self, keep_logs: bool) -> None:
-        """Destroy what is left, stop the daemon (SIGTERM, then SIGKILL after 60 s), unmount
-        what its runtime keeps mounted under its state dir, remove the dir."""
-        import httpx
-
-        from drumsd.linux import mounts
-
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                headers = {"Authorization": f"Bearer {self.token}"}
-                with httpx.Client(base_url=self.url, headers=headers, timeout=60) as http:
-                    for slot in http.get("/v1/slots").json().get("slots", []):
-                        http.delete(f"/v1/slots/{slot['id']}")
-            except (httpx.HTTPError, ValueError):
-                pass
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        for target in sorted(mounts.mounts_under(self.dir), reverse=True):
-            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
-        if self.account is not None:
-            self.account.remove()
-        if keep_logs:
-            shutil.rmtree(self.dir / "state", ignore_errors=True)
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class BenchError(RuntimeError):
-    """The bench could not run (what failed and where to look)."""
 
 
 # --- the episodes --------------------------------------------------------------------------------
@@ -492,47 +303,6 @@ def _replace(opts: EpisodeBenchOptions, **changes: Any) -> EpisodeBenchOptions:
     return replace(opts, **changes)
 
 
-def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, Any]:
-    eps = r["episodes"]
-    ok = [e for e in eps if "verify_s" in e]
-    valid = sum(1 for e in eps if e.get("valid"))
-    phase = r["episodes_phase"]
-    n = max(1, len(eps))
-    host_net = max(0.0, phase["host_cpu_s"] - phase["background_cpu_per_s"] * phase["wall_s"])
-    # A host that other load already kept busy has no margin to see ours in: no host figure.
-    saturated = phase["background_cpu_per_s"] >= SATURATED * (os.cpu_count() or 1)
-    r["host_saturated"] = saturated
-    own = phase["daemon_cpu_s"]
-    r["create_s"] = stats([e["create_s"] for e in eps])
-    r["step_screenshot_s"] = stats([s for e in eps for s in e["steps_s"]])
-    r["verify_s"] = stats([e["verify_s"] for e in ok])
-    r["gates_wait_s"] = stats([e["gates_wait_s"] for e in ok])
-    r["destroy_s"] = stats([e["destroy_s"] for e in eps])
-    r["episode_wall_s"] = stats([e["wall_s"] for e in eps])
-    r["valid_episodes"] = valid
-    r["errors"] = [e["error"] for e in eps if "error" in e]
-    r["cpu_per_episode_s"] = {
-        "host": round(phase["host_cpu_s"] / n, 3),
-        "host_less_background": None if saturated else round(host_net / n, 3),
-        "own": None if own is None else round(own / n, 3),
-    }
-    r["valid_episodes_per_hour"] = round(valid / phase["wall_s"] * 3600, 1)
-    # What the host could sustain if CPU were the bound: all its CPUs over the CPU per episode
-    # (the daemon's own account where there is one: other load on the host does not enter it).
-    per = episode_cpu(r)
-    cpus = os.cpu_count() or 1
-    r["cpu_bound_episodes_per_hour"] = round(cpus * 3600 / per * valid / n, 1) if per else None
-    return r
-
-
-def episode_cpu(path: dict[str, Any]) -> float | None:
-    """CPU-seconds per episode: the daemon's own account where the host has one, else the
-    host's /proc/stat delta less its background rate."""
-    cpu = path["cpu_per_episode_s"]
-    own = cpu.get("own")
-    return own if own is not None else cpu.get("host_less_background")
-
-
 def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     """Cold boots of the image until its desktop is drawn and settled, wall and host CPU each."""
     import trio
@@ -581,154 +351,6 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
         "cold_boot_host_cpu_s": stats(cpus),
         "cold_boot_own_cpu_s": stats(owns),
     }
-
-
-def boot_path(boot: dict[str, Any], off: dict[str, Any], background: float) -> dict[str, Any]:
-    """An episode that boots instead of restoring: the cold boot measured here, then the same
-    setup (create on a task less a bare create), steps, gates, verify and destroy as the
-    features-off path's episodes. CPU: the boot's, less background, plus that path's episode."""
-    boot_wall = boot["cold_boot_s"]["p50"]
-    setup = max(0.0, off["create_s"]["p50"] - off["bare_create_s"]["p50"])
-    rest = off["episode_wall_s"]["p50"] - off["create_s"]["p50"]  # steps, gates, verify, destroy
-    wall = boot_wall + setup + rest
-    off_host = off["cpu_per_episode_s"]["host_less_background"]
-    host_cpu = None
-    if off_host is not None and background < SATURATED * (os.cpu_count() or 1):
-        host_cpu = max(0.0, boot["cold_boot_host_cpu_s"]["p50"] - background * boot_wall)
-        host_cpu += off_host
-    own_boot = boot.get("cold_boot_own_cpu_s", {}).get("p50")
-    own_off = off["cpu_per_episode_s"].get("own")
-    own = None if own_boot is None or own_off is None else own_boot + own_off
-    path: dict[str, Any] = {
-        **boot,
-        "create_s": {"p50": round(boot_wall + setup, 3)},
-        "task_reset_s": {"p50": round(boot_wall + setup, 3)},
-        "episode_wall_s": {"p50": round(wall, 3)},
-        "cpu_per_episode_s": {
-            "host_less_background": None if host_cpu is None else round(host_cpu, 3),
-            "own": None if own is None else round(own, 3),
-        },
-    }
-    cpu = episode_cpu(path)
-    cpus = os.cpu_count() or 1
-    valid_frac = off["valid_episodes"] / max(1, len(off["episodes"]))
-    return {
-        **path,
-        "cpu_bound_episodes_per_hour": round(cpus * 3600 / cpu * valid_frac, 1) if cpu else None,
-        "derived_from": "cold boots of this run + the features-off path's setup/steps/verify",
-    }
-
-
-def cpu_ratio(path: dict[str, Any], ref: dict[str, Any]) -> float | None:
-    """CPU per episode of `path` over `ref`, like for like: both own accounts, else both host."""
-    a, b = path["cpu_per_episode_s"], ref["cpu_per_episode_s"]
-    key = "own" if a.get("own") is not None and b.get("own") is not None else "host_less_background"
-    return round(a[key] / b[key], 2) if a.get(key) and b.get(key) else None
-
-
-def ratios(paths: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
-    """Each other path against drums: how many times longer / more CPU / fewer episodes."""
-    ref = paths["drums"]
-    out: dict[str, dict[str, float | None]] = {}
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 2) if a and b else None
-
-    for name, p in paths.items():
-        if name == "drums":
-            continue
-        out[name] = {
-            "create_p50": ratio(p["create_s"]["p50"], ref["create_s"]["p50"]),
-            "task_reset_p50": ratio(
-                p.get("task_reset_s", {}).get("p50"), ref.get("task_reset_s", {}).get("p50")
-            ),
-            "verify_p50": ratio(
-                p.get("verify_s", {}).get("p50"), ref.get("verify_s", {}).get("p50")
-            ),
-            "cpu_per_episode": cpu_ratio(p, ref),
-            "cpu_bound_episodes_per_hour (drums / this)": ratio(
-                ref["cpu_bound_episodes_per_hour"], p["cpu_bound_episodes_per_hour"]
-            ),
-        }
-        if "valid_episodes_per_hour" in p:
-            out[name]["valid_episodes_per_hour (drums / this)"] = ratio(
-                ref["valid_episodes_per_hour"], p["valid_episodes_per_hour"]
-            )
-    return out
-
-
-def render_table(res: dict[str, Any]) -> str:
-    paths = res["paths"]
-    names = list(paths)
-    rows: list[tuple[str, list[str]]] = []
-
-    def cell(p: dict[str, Any], key: str, stat: str, unit: str = "s", scale: float = 1.0) -> str:
-        v = p.get(key, {}).get(stat) if isinstance(p.get(key), dict) else None
-        if v is None:
-            return "-"
-        return f"{v * scale:.0f} ms" if unit == "ms" else f"{v:.3f} s"
-
-    for label, key, stat, unit in (
-        ("create on a task -> ready p50", "create_s", "p50", "s"),
-        ("create on a task -> ready p99", "create_s", "p99", "s"),
-        ("task reset p50", "task_reset_s", "p50", "s"),
-        ("task reset p99", "task_reset_s", "p99", "s"),
-        ("step + screenshot p50", "step_screenshot_s", "p50", "ms"),
-        ("step + screenshot p99", "step_screenshot_s", "p99", "ms"),
-        ("verify p50", "verify_s", "p50", "s"),
-        ("verify p99", "verify_s", "p99", "s"),
-        ("episode wall p50", "episode_wall_s", "p50", "s"),
-    ):
-        rows.append((label, [cell(paths[n], key, stat, unit, 1000.0) for n in names]))
-    for label, key in (
-        ("CPU-s / episode (host, less bg)", "host_less_background"),
-        ("CPU-s / episode (own account)", "own"),
-    ):
-        vals = [paths[n]["cpu_per_episode_s"].get(key) for n in names]
-        rows.append((label, ["-" if v is None else f"{v:.2f}" for v in vals]))
-    rows.append(
-        (
-            "valid episodes / hour (measured)",
-            [str(paths[n].get("valid_episodes_per_hour", "-")) for n in names],
-        )
-    )
-    rows.append(
-        (
-            "valid episodes / hour (CPU bound)",
-            [str(paths[n].get("cpu_bound_episodes_per_hour", "-")) for n in names],
-        )
-    )
-    rows.append(
-        (
-            "valid / run",
-            [
-                f"{paths[n]['valid_episodes']}/{len(paths[n]['episodes'])}"
-                if "episodes" in paths[n]
-                else "-"
-                for n in names
-            ],
-        )
-    )
-    w = max(len(label) for label, _ in rows)
-    cw = max(14, *(len(n) for n in names))
-    head = f"{'':<{w}}" + "".join(f"  {n:>{cw}}" for n in names)
-    lines = [head, "-" * len(head)]
-    lines += [f"{label:<{w}}" + "".join(f"  {c:>{cw}}" for c in cells) for label, cells in rows]
-    lines.append("")
-    for n in names:
-        phase = paths[n].get("episodes_phase")
-        if phase:
-            note = " (saturated: no host figure)" if paths[n].get("host_saturated") else ""
-            lines.append(
-                f"{n}: host busy {phase['background_cpu_per_s']:.2f} CPU/s before the episodes"
-                f"{note}, load average after {phase['loadavg_end'][0]:.1f}"
-            )
-    lines.append("ratios against drums (x times drums):")
-    for name, rs in res["ratios"].items():
-        lines.append(
-            f"  {name}: " + ", ".join(f"{k} {'-' if v is None else v}" for k, v in rs.items())
-        )
-    return "\n".join(lines)
 
 
 def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:

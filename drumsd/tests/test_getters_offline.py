@@ -263,7 +263,7 @@ def test_the_cdp_script_compiles() -> None:
 
 def test_wallpaper_tasks_need_gnomes_background_schema() -> None:
     from drumsd.tasks.apps import AppManifest
-    from drumsd.tasks.model import support
+    from drumsd.tasks.host_support import support
 
     task = resolve_task(
         {"id": "w", "evaluator": {"func": "exact_match",

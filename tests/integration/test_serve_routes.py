@@ -61,6 +61,8 @@ def test_every_route_over_http(daemon: Daemon) -> None:
         assert png.headers["content-type"] == "image/png"
         term = call(c, "GET", S + "/terminal", p + "/terminal").json()
         assert term["slot"] == sid and term["text"] is None and term["reason"]  # no xterm here
+        tree = call(c, "GET", S + "/accessibility", p + "/accessibility").json()
+        assert tree["slot"] == sid and tree["tree"] is None and tree["reason"]  # no AT-SPI here
         saved = call(c, "POST", S + "/capture", p + "/capture", 201, json={}).json()
         pf = call(c, "POST", S + "/prefork", p + "/prefork").json()
         assert pf["kind"] == "prefork"

@@ -126,7 +126,9 @@ def snapshot(env: Dict[str, str]) -> Tuple[Set[str], Set[str]]:
     with drums.connect(env["DRUMS_URL"], token_file=env.get("DRUMS_TOKEN_FILE"),
                        token=env.get("DRUMS_TOKEN")) as client:  # fmt: skip
         envs = {s.id for s in client.list_envs()}
-        states = {c.id for c in client.list_states() if c.kind != "template"}
+        # Templates and task checkpoints are the daemon's own (kept and reaped by it); a
+        # client's leak would be a slot, a saved state or a prefork.
+        states = {c.id for c in client.list_states() if c.kind not in ("template", "task")}
     return envs, states
 
 

@@ -63,13 +63,13 @@ def _slots(url: str, token: str) -> list[dict]:
 
 
 def _held(url: str, token: str) -> tuple[set[str], set[str]]:
-    """The daemon's live slots and its checkpoints other than templates (a fork's prefork
-    state is one), by id."""
+    """The daemon's live slots and its checkpoints other than its own (templates, task
+    checkpoints): a fork's prefork state is one, by id."""
     auth = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
         slots = {s["id"] for s in http.get("/v1/slots").json().get("slots", [])}
         cps = http.get("/v1/checkpoints").json().get("checkpoints", [])
-    return slots, {c["id"] for c in cps if c.get("kind") != "template"}
+    return slots, {c["id"] for c in cps if c.get("kind") not in ("template", "task")}
 
 
 def _policy(tmp_path: Path, script: list[dict]) -> MockPolicy:

@@ -27,6 +27,7 @@ from drumsd.tasks.testing import png_image, pptx_with_media
 from gate_daemons import (
     create,
     destroy,
+    episode,
     execute,
     final,
     office_daemon,
@@ -135,20 +136,7 @@ def _ok(out: dict[str, Any]) -> str:
 
 
 def _episode(daemon: Any, task: dict[str, Any], solve: Any) -> dict[str, Any]:
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            if solve is not None:
-                solve(http, sid)
-                final(http, sid, "done")
-            settled_gates(http, sid)
-            r = verify(http, sid)
-            assert r.status_code == 200, r.text
-            result = r.json()
-        finally:
-            destroy(http, sid)
-    assert result["valid"] is True and result["checker_error"] is None, result
-    return result
+    return episode(daemon, task, None, "done" if solve is not None else None, solve=solve)
 
 
 def _open_b_and_type(http: Any, sid: str) -> None:

@@ -27,17 +27,12 @@ os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, nev
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.tasks.testing import png_image
 from gate_daemons import (
-    create,
-    destroy,
+    episode,
     execute,
-    final,
     poll,
     put_file,
-    settled_gates,
     shared_daemon,
-    verify,
 )
-from live_daemon import http_client
 
 TONE = "/home/user/Music/tone.wav"
 # A minute of a 440 Hz tone (VLC still plays it at verify), written with the stdlib in the slot.
@@ -110,22 +105,13 @@ def _minimal_view(http: Any, sid: str) -> None:
 
 
 def _episode(daemon: Any, task: dict[str, Any], solve: Any) -> dict[str, Any]:
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            if task is PLAYING_TASK:  # either way VLC must be up: 0 is "not playing", not "gone"
-                poll("VLC's HTTP interface", lambda: "<state>" in _status(http, sid), limit_s=60)
-            if solve is not None:
-                solve(http, sid)
-                final(http, sid, "done")
-            settled_gates(http, sid)
-            r = verify(http, sid)
-            assert r.status_code == 200, r.text
-            result = r.json()
-        finally:
-            destroy(http, sid)
-    assert result["valid"] is True and result["checker_error"] is None, result
-    return result
+    def vlc_up(http: Any, sid: str) -> None:
+        # either way VLC must be up: 0 is "not playing", not "gone"
+        poll("VLC's HTTP interface", lambda: "<state>" in _status(http, sid), limit_s=60)
+
+    prepare = vlc_up if task is PLAYING_TASK else None
+    last = "done" if solve is not None else None
+    return episode(daemon, task, None, last, solve=solve, prepare=prepare)
 
 
 @pytest.mark.parametrize("solved", [True, False], ids=["solved", "nothing"])

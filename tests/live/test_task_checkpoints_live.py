@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import pytest
 from live_daemon import Daemon, require_live
-from validator_fixture import build_set, install_set, start_validator_daemon, stop_validator_daemon
+from validator_fixture import open_validator_host
 
 FAMILIES_PER_APP = 2
 ROTATION = int(os.environ.get("DRUMS_VALIDATOR_ROTATION", str(int(time.time() // 86400))))
@@ -71,15 +70,8 @@ SAMPLE = sampled_families()
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
     require_live("office")
     tmp = tmp_path_factory.mktemp("taskckpt")
-    build = build_set(tmp / "build", seed=1, per_family=1, families=SAMPLE)
-    root = Path(f"/run/drums-taskckpt-{os.getpid()}")
-    installed = install_set(build, root)
-    daemon = start_validator_daemon(installed, tmp / "daemon")
-    try:
-        yield daemon, installed
-    finally:
-        stop_validator_daemon(daemon)
-        shutil.rmtree(root, ignore_errors=True)
+    with open_validator_host(tmp, "taskckpt", SAMPLE, 1) as host:
+        yield host
 
 
 def _outcome(env: Any, name: str, actions: list[Any]) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -28,14 +27,7 @@ from typing import Any
 
 import pytest
 from live_daemon import Daemon, require_live
-from validator_fixture import (
-    REPO,
-    build_set,
-    install_set,
-    run_validation,
-    start_validator_daemon,
-    stop_validator_daemon,
-)
+from validator_fixture import REPO, open_validator_host, run_validation
 
 # CI samples a few families of every app to keep .ci/run within its time budget; the opt-in tier
 # (DRUMS_VALIDATOR_PER_FAMILY set) runs every family.
@@ -72,15 +64,8 @@ MIN_ACCEPTANCE = 0.9
 def validator_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Path]]:
     require_live("office")
     tmp = tmp_path_factory.mktemp("validator")
-    build = build_set(tmp / "build", seed=1, per_family=PER_FAMILY, families=SAMPLE)
-    root = Path(f"/run/drums-validator-{os.getpid()}")
-    installed = install_set(build, root)
-    daemon = start_validator_daemon(installed, tmp / "daemon")
-    try:
-        yield daemon, installed
-    finally:
-        stop_validator_daemon(daemon)
-        shutil.rmtree(root, ignore_errors=True)
+    with open_validator_host(tmp, "validator", SAMPLE, PER_FAMILY) as host:
+        yield host
 
 
 def test_validator_over_a_sample_of_every_family(validator_host: tuple[Daemon, Path]) -> None:

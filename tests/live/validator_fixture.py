@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +139,20 @@ if __name__ == "__main__":
     finally:
         stop_validator_daemon(daemon)
         shutil.rmtree(installed.parent, ignore_errors=True)
+
+
+@contextmanager
+def open_validator_host(
+    tmp: Path, name: str, families: list[str] | None, per_family: int
+) -> Iterator[tuple[Daemon, Path]]:
+    """Build the sampled set, install it under /run and serve it from a validator daemon:
+    (daemon, installed dir), everything removed on the way out."""
+    build = build_set(tmp / "build", seed=1, per_family=per_family, families=families)
+    root = Path(f"/run/drums-{name}-{os.getpid()}")
+    installed = install_set(build, root)
+    daemon = start_validator_daemon(installed, tmp / "daemon")
+    try:
+        yield daemon, installed
+    finally:
+        stop_validator_daemon(daemon)
+        shutil.rmtree(root, ignore_errors=True)

@@ -540,3 +540,41 @@ def test_a_slot_is_checked_against_its_own_image(tmp_path: Path) -> None:
     assert support(gimp, bridge.ctx) == (True, None)
     ok, reason = support(gimp, bridge.context_for(handle))
     assert not ok and reason == "needs GIMP (related_apps lists 'gimp'), which image 'base' lacks"
+
+
+def test_coverage_counts_only_the_checkouts_test_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In an OSWorld checkout the task set is evaluation_examples/test_all.json: a task file the
+    list does not name is left out, a listed id with no file counts as unsupported (so the total
+    is the list's), and --test-list none counts every file."""
+    examples = tmp_path / "OSWorld" / "evaluation_examples" / "examples"
+    for domain, ids in {"os": ["a", "b", "extra"], "chrome": ["c"]}.items():
+        (examples / domain).mkdir(parents=True)
+        for task_id in ids:
+            body = {"id": task_id, "instruction": "x", "evaluator": {"func": "infeasible"}}
+            (examples / domain / f"{task_id}.json").write_text(json.dumps(body))
+    listed = {"os": ["a", "b"], "chrome": ["c", "gone"]}
+    (examples.parent / "test_all.json").write_text(json.dumps(listed))
+    checkout = tmp_path / "OSWorld"
+    base = ["tasks", "coverage", "--osworld", str(checkout), "--image", "none"]
+
+    assert drumsd_main([*base, "--json", str(tmp_path / "a.json")]) == 0
+    first = json.loads((tmp_path / "a.json").read_text())["passes"][0]
+    assert (first["supported"], first["total"]) == (3, 4)
+    gone = next(r for r in first["tasks"] if r["id"] == "gone")
+    assert gone["domain"] == "chrome" and "no such file" in gone["reason"]
+    assert "extra" not in {r["id"] for r in first["tasks"]}
+    assert "the 4 of" in capsys.readouterr().out
+
+    # The examples directory itself finds the same list; 'none' counts every file.
+    assert (
+        drumsd_main([*base[:3], str(examples), *base[4:], "--json", str(tmp_path / "b.json")]) == 0
+    )
+    assert json.loads((tmp_path / "b.json").read_text())["passes"][0]["total"] == 4
+    assert drumsd_main([*base, "--test-list", "none", "--json", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["passes"][0]["total"] == 4
+
+    (tmp_path / "bad.json").write_text('["not", "a", "mapping"]')
+    assert drumsd_main([*base, "--test-list", str(tmp_path / "bad.json")]) == 2
+    assert "is not a test list" in capsys.readouterr().err

@@ -1,9 +1,11 @@
 """`drumsd tasks coverage`: how many of a task set this host can run, per domain, and why not.
 
-Runs the daemon's own support check (`support()`, with the image's app manifest) over every task
-file under a directory (an OSWorld checkout, its `evaluation_examples/examples`, or any copy) twice:
-as the host is (its download cache as it is) and with every download present (stand-in files in a
+Runs the daemon's own support check (`support()`, with the image's app manifest) over the tasks of
+a directory (an OSWorld checkout, its `evaluation_examples/examples`, or any copy) twice: as the
+host is (its download cache as it is) and with every download present (stand-in files in a
 temporary cache), and prints supported / total per domain and the reasons, as a table and as JSON.
+In an OSWorld checkout the task set is its test list (`evaluation_examples/test_all.json`, the
+tasks OSWorld's own runner evaluates); elsewhere, or with `--test-list none`, every task file.
 """
 
 from __future__ import annotations
@@ -25,12 +27,54 @@ from .host_support import SLOT_FEATURES, support
 from .model import Task, TaskContext, beneath, list_tasks, url_file_name
 
 OSWORLD_EXAMPLES = Path("evaluation_examples/examples")
+OSWORLD_TEST_LIST = Path("evaluation_examples/test_all.json")
 
 
 def examples_dir(root: Path) -> Path:
     """An OSWorld checkout's task directory, or the directory itself when it holds tasks."""
     inner = root / OSWORLD_EXAMPLES
     return inner if inner.is_dir() else root
+
+
+def default_test_list(root: Path) -> Path | None:
+    """An OSWorld checkout's test list (`evaluation_examples/test_all.json`), if it has one."""
+    for candidate in (root / OSWORLD_TEST_LIST, root.parent / "test_all.json"):
+        if candidate.is_file() and (candidate.parent / "examples").is_dir():
+            return candidate
+    return None
+
+
+def read_test_list(path: Path) -> dict[str, list[str]]:
+    """OSWorld's test list: {domain: [task id, ...]}; a clear error when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read the test list {path}: {exc}") from None
+    ok = isinstance(data, dict) and all(
+        isinstance(ids, list) and all(isinstance(i, str) for i in ids) for ids in data.values()
+    )
+    if not ok:
+        raise ValueError(f"{path} is not a test list: want {{domain: [task id, ...]}}")
+    return data
+
+
+def select_listed(
+    tasks: list[Task], broken: dict[Path, str], root: Path, listed: dict[str, list[str]]
+) -> tuple[list[Task], dict[Path, str]]:
+    """The tasks a test list names (by domain and id), and a "not a task file" entry for each
+    listed id with no readable file, so the total is the list's."""
+    by_key = {(domain_of(t, root), t.id): t for t in tasks}
+    chosen: list[Task] = []
+    gaps: dict[Path, str] = {}
+    for domain, ids in listed.items():
+        for task_id in ids:
+            task = by_key.get((domain, task_id))
+            if task is not None:
+                chosen.append(task)
+                continue
+            path = root / domain / f"{task_id}.json"
+            gaps[path] = broken.get(path, "listed in the test list, but no such file")
+    return chosen, gaps
 
 
 def domain_of(task: Task, root: Path) -> str:
@@ -147,12 +191,18 @@ def run_pass(
 
 
 def coverage(
-    task_root: Path, ctx: TaskContext, assume_downloads: bool
+    task_root: Path,
+    ctx: TaskContext,
+    assume_downloads: bool,
+    test_list: dict[str, list[str]] | None = None,
 ) -> tuple[list[Coverage], dict[str, int]]:
     """The offline pass (the cache as it is) and, when asked, the pass with every download
-    present; and how many tasks each app the image lacks blocks."""
+    present; and how many tasks each app the image lacks blocks. With a test list, only the
+    tasks it names count."""
     root = examples_dir(task_root)
     tasks, broken = list_tasks([root])
+    if test_list is not None:
+        tasks, broken = select_listed(tasks, broken, root, test_list)
     passes = [run_pass("offline (download cache as it is)", tasks, broken, root, ctx)]
     if assume_downloads:
         with tempfile.TemporaryDirectory(prefix="drums-coverage-cache-") as tmp:
@@ -202,6 +252,14 @@ def _image_manifest(image: str, images_dir: Path) -> AppManifest | None:
     return manifest_for_root(root, "" if candidate.is_absolute() else image)
 
 
+def _test_list_path(option: str | None, task_root: Path) -> Path | None:
+    if option == "none":
+        return None
+    if option is not None:
+        return Path(option)
+    return default_test_list(task_root)
+
+
 def add_coverage_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--osworld",
@@ -226,6 +284,13 @@ def add_coverage_args(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="a drumsd config: its tasks block (cache, timeouts, verifier dirs) and images",
+    )
+    parser.add_argument(
+        "--test-list",
+        default=None,
+        metavar="FILE|none",
+        help="which tasks count: an OSWorld test list ({domain: [id, ...]}); default the "
+        "checkout's evaluation_examples/test_all.json when there is one; 'none': every task file",
     )
     parser.add_argument("--images-dir", type=Path, default=Path("/var/cache/drums/images"))
     parser.add_argument(
@@ -274,17 +339,28 @@ def main_coverage(args: argparse.Namespace) -> int:
         capabilities=SLOT_FEATURES,
         metrics=venv.catalog if venv is not None else None,
     )
-    passes, apps = coverage(task_root, ctx, args.assume_downloads)
+    list_path = _test_list_path(args.test_list, task_root)
+    try:
+        listed = read_test_list(list_path) if list_path is not None else None
+    except ValueError as exc:
+        print(
+            f"drumsd tasks coverage: {exc}; give --test-list FILE or --test-list none",
+            file=sys.stderr,
+        )
+        return 2
+    passes, apps = coverage(task_root, ctx, args.assume_downloads, listed)
     if not sum(passes[0].total.values()):
         print(f"drumsd tasks coverage: no task files under {task_root}", file=sys.stderr)
         return 1
-    print(f"tasks: {examples_dir(task_root)}; image: {args.image}; ", end="")
+    which = f"the {sum(map(len, listed.values()))} of {list_path}" if listed else "every task file"
+    print(f"tasks: {which} under {examples_dir(task_root)}; image: {args.image}; ", end="")
     print(f"checker venv: {venv.path if venv else 'not built (metrics count as unsupported)'}")
     print()
     print(render_table(passes, apps, args.image), end="")
     if args.json is not None:
         out = {
             "task_dir": str(examples_dir(task_root)),
+            "test_list": str(list_path) if list_path is not None else None,
             "image": args.image,
             "image_apps": sorted(manifest.apps) if manifest else None,
             "checker_venv": str(venv.path) if venv else None,

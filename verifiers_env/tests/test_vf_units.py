@@ -263,3 +263,47 @@ def test_shot_options_ask_the_daemon_for_what_the_model_sees():
         "height": 36,
         "format": "webp",
     }
+
+
+def test_the_tool_servers_listening_socket_gets_tcp_nodelay(tmp_path):
+    """verifiers binds the MCP socket with protocol 0, so asyncio leaves Nagle on for what it
+    accepts (a 40 ms wait per tool call). The bound socket of MCP_PORT_FILE's port gets
+    TCP_NODELAY, which Linux copies to every connection accepted from it; a socket on another
+    port and a connected one are left alone."""
+    import socket
+
+    from drums_verifiers.tools.nodelay import bound_port, set_nodelay_on_listener
+
+    def nodelay(s: socket.socket) -> int:
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    mcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # as verifiers' _serve makes it
+    other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with mcp, other:
+        mcp.bind(("127.0.0.1", 0))
+        other.bind(("127.0.0.1", 0))
+        port = mcp.getsockname()[1]
+        (tmp_path / "port").write_text(str(port))
+        assert bound_port({"MCP_PORT": "0", "MCP_PORT_FILE": str(tmp_path / "port")}) == port
+        assert bound_port({"MCP_PORT": "7301"}) == 7301
+        assert bound_port({"MCP_PORT_FILE": str(tmp_path / "missing")}) is None
+        assert nodelay(mcp) == 0
+
+        assert set_nodelay_on_listener(port) == 1
+        assert nodelay(mcp) != 0 and nodelay(other) == 0
+        mcp.listen()
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = mcp.accept()
+            with accepted:
+                assert nodelay(accepted) != 0  # inherited from the listener
+
+    # A connected socket on the port is not a listener: left as it is.
+    plain = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with plain:
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as outgoing:
+            outgoing.bind(("127.0.0.1", 0))
+            outgoing.connect(plain.getsockname())
+            assert set_nodelay_on_listener(outgoing.getsockname()[1]) == 0
+            assert nodelay(outgoing) == 0

@@ -100,6 +100,7 @@ def test_probe_finds_what_the_tree_has(tmp_path: Path) -> None:
     assert manifest.apps == {
         "chrome",
         "gimp",
+        "image",  # GIMP opens images
         "gsettings",
         "dconf",
         "libreoffice_calc",
@@ -451,7 +452,7 @@ def test_a_manifest_from_another_app_table_is_reprobed(tmp_path: Path) -> None:
     data["table"] = "0" * 16
     (tmp_path / "img" / "apps.json").write_text(json.dumps(data))
     assert read_manifest(tmp_path / "img") is None
-    assert manifest_for_root(root).apps == {"gimp"}
+    assert manifest_for_root(root).apps == {"gimp", "image"}
 
 
 def test_the_daemon_says_when_a_pinned_osworld_is_not_fetched(tmp_path: Path) -> None:
@@ -578,3 +579,46 @@ def test_coverage_counts_only_the_checkouts_test_list(
     (tmp_path / "bad.json").write_text('["not", "a", "mapping"]')
     assert drumsd_main([*base, "--test-list", str(tmp_path / "bad.json")]) == 2
     assert "is not a test list" in capsys.readouterr().err
+
+
+def test_osworlds_short_spellings_name_real_apps(tmp_path: Path) -> None:
+    t = task(related_apps=["writer", "calc", "browser", "libreoffice", "pdf", "image", "os"])
+    assert [n.app for n in task_needs(t)] == [
+        "libreoffice_writer",
+        "libreoffice_calc",
+        "chrome",
+        "libreoffice",
+        "pdf",
+        "image",
+    ]
+    office = probe_apps(
+        fake_image(
+            tmp_path / "office",
+            commands=OFFICE_LIKE["commands"],
+            files=(*OFFICE_LIKE["files"], "usr/lib/libreoffice/program/soffice.bin"),
+        ),
+        "office",
+    )
+    # No PDF viewer but LibreOffice without its PDF import: a PDF task is refused, by name.
+    assert missing_app_reason(t, office) == (
+        "needs a program that opens PDF files (related_apps lists 'pdf'), "
+        "which image 'office' lacks"
+    )
+    with_import = probe_apps(
+        fake_image(tmp_path / "office", files=("usr/lib/libreoffice/program/libpdfimportlo.so",)),
+        "office",
+    )
+    assert missing_app_reason(t, with_import) is None
+    opens = task(config=[{"type": "open", "parameters": {"path": "/home/user/scan.PNG"}}])
+    assert [n.app for n in task_needs(opens)] == ["image"]
+
+
+def test_apps_no_image_has_are_refused_by_name(tmp_path: Path) -> None:
+    base = probe_apps(fake_image(tmp_path / "root", commands=("xterm", "vlc")), "base")
+    player = missing_app_reason(task(related_apps=["vlc", "ubuntu_media_player"]), base)
+    assert player == (
+        "needs GNOME Videos (Ubuntu's media player) (related_apps lists "
+        "'ubuntu_media_player'), which image 'base' lacks"
+    )
+    picard = missing_app_reason(task(related_apps=["os", "picard"]), base)
+    assert picard == "needs MusicBrainz Picard (related_apps lists 'picard'), which image 'base' lacks"

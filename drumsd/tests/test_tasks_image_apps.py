@@ -622,3 +622,38 @@ def test_apps_no_image_has_are_refused_by_name(tmp_path: Path) -> None:
     )
     picard = missing_app_reason(task(related_apps=["os", "picard"]), base)
     assert picard == "needs MusicBrainz Picard (related_apps lists 'picard'), which image 'base' lacks"
+
+
+def test_coverage_gives_the_features_an_images_apps_bring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As the daemon's bridge does: an image with AT-SPI serves the accessibility_tree getter."""
+    tree_task = {
+        "id": "a11y",
+        "instruction": "x",
+        "related_apps": ["os"],
+        "evaluator": {
+            "func": "check_accessibility_tree",
+            "result": {"type": "accessibility_tree"},
+            "expected": {"type": "rule", "rules": {}},
+        },
+    }
+    tasks_dir = tmp_path / "examples" / "os"
+    tasks_dir.mkdir(parents=True)
+    (tasks_dir / "a11y.json").write_text(json.dumps(tree_task))
+    files = (
+        "usr/libexec/at-spi-bus-launcher",
+        "usr/lib/python3/dist-packages/pyatspi/__init__.py",
+    )
+    answers = {}
+    for name, extra in (("plain", ()), ("a11y", files)):
+        root = fake_image(tmp_path / name / "root", commands=("xterm",), files=extra)
+        out = tmp_path / f"{name}.json"
+        args = ["tasks", "coverage", "--osworld", str(tmp_path / "examples"), "--image", str(root)]
+        rc = drumsd_main([*args, "--test-list", "none", "--json", str(out)])
+        assert rc == 0
+        answers[name] = json.loads(out.read_text())["passes"][0]["tasks"][0]
+    capsys.readouterr()
+    assert answers["a11y"]["supported"] is True, answers["a11y"]
+    assert answers["plain"]["supported"] is False
+    assert "accessibility_tree" in answers["plain"]["reason"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from drumsd.core.config import TasksConfig
 
-from .apps import AppManifest, manifest_for_root, missing_apps
+from .apps import AppManifest, features, manifest_for_root, missing_apps
 from .host_support import SLOT_FEATURES, support
 from .model import Task, TaskContext, beneath, list_tasks, url_file_name
 
@@ -336,7 +336,8 @@ def main_coverage(args: argparse.Namespace) -> int:
         screen_width=tasks_cfg.screen_width,
         screen_height=tasks_cfg.screen_height,
         apps=manifest,
-        capabilities=SLOT_FEATURES,
+        # As the bridge does: an image's apps give slot features (AT-SPI: the tree getter).
+        capabilities=SLOT_FEATURES | features(manifest),
         metrics=venv.catalog if venv is not None else None,
     )
     list_path = _test_list_path(args.test_list, task_root)

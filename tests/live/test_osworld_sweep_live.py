@@ -1,0 +1,147 @@
+"""Every OSWorld task this host can run offline, on real restored osworld desktops (issue 19): its
+setup runs, the episode is valid, and an agent that does nothing scores 0 (an infeasible task
+scores 0 on a no-op and 1 when the agent says FAIL).
+
+The set is the test list's tasks (`evaluation_examples/test_all.json` when the dir has one) that
+the daemon lists supported with an empty download cache, so none needs a download. Failures are
+collected and reported together at the end, one line per task.
+
+Opt-in: DRUMS_LIVE_OSWORLD=1 and DRUMS_OSWORLD_DIR=<an OSWorld checkout or its examples dir>,
+after `bash scripts/setup.sh osworld`. Run with `-s` to see one progress line per task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from gate_daemons import VERIFIERS, destroy, final, settled_gates, shared_daemon, verify
+from live_daemon import http_client
+
+if os.environ.get("DRUMS_LIVE_OSWORLD") != "1":
+    pytest.skip(
+        "the OSWorld sweep is opt-in: DRUMS_LIVE_OSWORLD=1 DRUMS_OSWORLD_DIR=<checkout> after "
+        "`bash scripts/setup.sh osworld`",
+        allow_module_level=True,
+    )
+os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, never skips
+
+# Tasks whose OSWorld checker scores a desktop nobody touched as solved, each with why. They are
+# still run and must still be valid; a listed task that scores 0 again fails the sweep, so the list
+# cannot outlive the bug.
+NOOP_SCORES_ONE: dict[str, str] = {}
+
+
+def _osworld_dir() -> Path:
+    raw = os.environ.get("DRUMS_OSWORLD_DIR")
+    if not raw:
+        pytest.fail(
+            "DRUMS_LIVE_OSWORLD=1 but DRUMS_OSWORLD_DIR is not set: give an OSWorld checkout "
+            "(or its evaluation_examples/examples dir) to sweep"
+        )
+    root = Path(raw)
+    if not root.is_dir():
+        pytest.fail(f"DRUMS_OSWORLD_DIR={raw} is not a directory")
+    return root
+
+
+def _listed(root: Path) -> dict[str, str] | None:
+    """The test list as {task id: domain}, or None when the dir has no test list."""
+    for candidate in (root / "evaluation_examples" / "test_all.json", root.parent / "test_all.json"):
+        if candidate.is_file():
+            data = json.loads(candidate.read_text())
+            return {task: domain for domain, ids in data.items() for task in ids}
+    return None
+
+
+def _task_files(root: Path) -> dict[str, Path]:
+    examples = root / "evaluation_examples" / "examples"
+    examples = examples if examples.is_dir() else root
+    return {path.stem: path for path in examples.glob("*/*.json")}
+
+
+def _steps(http: Any, sid: str, kind: str | None) -> dict[str, Any]:
+    """Final action `kind` (None: the agent does nothing), gates, verify: the result."""
+    if kind is not None:
+        final(http, sid, kind)
+    settled_gates(http, sid, limit_s=60)
+    r = verify(http, sid)
+    assert r.status_code == 200, f"verify answered {r.status_code}: {r.text[:300]}"
+    return r.json()
+
+
+def _run(http: Any, task: str, kind: str | None, want: float) -> str | None:
+    """One episode; None when it went as it should, else what happened."""
+    r = http.post("/v1/slots", json={"task": task})
+    if r.status_code != 201:
+        return f"create answered {r.status_code}: {r.text[:300]}"
+    sid = r.json()["id"]
+    try:
+        result = _steps(http, sid, kind)
+    except AssertionError as exc:
+        return str(exc).splitlines()[0][:300]
+    finally:
+        destroy(http, sid)
+    if result.get("checker_error") is not None:
+        return f"checker error: {str(result['checker_error'])[:300]}"
+    if result.get("valid") is not True:
+        return f"episode not valid: verdict {result.get('verdict')!r}"
+    if result.get("score") != want:
+        action = kind or "a no-op"
+        return f"scored {result.get('score')} on {action}, want {want}"
+    return None
+
+
+def test_every_offline_task_sets_up_and_scores_zero_untouched() -> None:
+    root = _osworld_dir()
+    files = _task_files(root)
+    listed = _listed(root) or {t: p.parent.name for t, p in files.items()}
+    daemon = shared_daemon(
+        "osworld-sweep",
+        image="osworld",
+        tasks={
+            "osworld": {"dir": str(root)},
+            "verifier_dirs": [str(VERIFIERS)],
+            # An empty cache: only tasks that need no download are supported.
+            "cache_dir": tempfile.mkdtemp(prefix="drums-sweep-cache-"),
+            "eval_timeout_s": 60.0,
+        },
+    )
+    failures: list[str] = []
+    started = time.monotonic()
+    with http_client(daemon) as http:
+        before = {s["id"] for s in http.get("/v1/slots").json()["slots"]}
+        rows = http.get("/v1/tasks").json()["tasks"]
+        offline = sorted(
+            (listed[t["id"]], t["id"]) for t in rows if t["supported"] and t["id"] in listed
+        )
+        assert offline, f"no task of {root} is supported offline on the osworld image"
+        print(f"\nsweep: {len(offline)} of {len(listed)} listed tasks supported offline")
+        for n, (domain, task) in enumerate(offline, 1):
+            t0 = time.monotonic()
+            func = json.loads(files[task].read_text())["evaluator"]["func"]
+            if func == "infeasible":
+                plan = [(None, 0.0), ("fail", 1.0)]
+            else:
+                plan = [(None, 1.0 if task in NOOP_SCORES_ONE else 0.0)]
+            problems = [p for kind, want in plan if (p := _run(http, task, kind, want))]
+            for problem in problems:
+                failures.append(f"{task} ({domain}): {problem}")
+            status = "ok" if not problems else "FAIL " + "; ".join(problems)
+            print(
+                f"[{n}/{len(offline)}] {domain} {task}: {status} "
+                f"({time.monotonic() - t0:.1f}s, {time.monotonic() - started:.0f}s in all)",
+                flush=True,
+            )
+        after = {s["id"] for s in http.get("/v1/slots").json()["slots"]}
+    print(f"sweep: {len(offline) - len({f.split()[0] for f in failures})} of {len(offline)} ok")
+    assert after == before, f"slots leaked: {sorted(after - before)}"
+    assert not failures, f"{len(failures)} of {len(offline)} tasks failed:\n" + "\n".join(failures)

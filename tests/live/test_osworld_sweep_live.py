@@ -55,7 +55,8 @@ def _osworld_dir() -> Path:
 
 def _listed(root: Path) -> dict[str, str] | None:
     """The test list as {task id: domain}, or None when the dir has no test list."""
-    for candidate in (root / "evaluation_examples" / "test_all.json", root.parent / "test_all.json"):
+    candidates = (root / "evaluation_examples" / "test_all.json", root.parent / "test_all.json")
+    for candidate in candidates:
         if candidate.is_file():
             data = json.loads(candidate.read_text())
             return {task: domain for domain, ids in data.items() for task in ids}

@@ -657,3 +657,24 @@ def test_coverage_gives_the_features_an_images_apps_bring(
     assert answers["a11y"]["supported"] is True, answers["a11y"]
     assert answers["plain"]["supported"] is False
     assert "accessibility_tree" in answers["plain"]["reason"]
+
+
+def test_a_setup_that_installs_packages_needs_the_network() -> None:
+    from drumsd.tasks.apps import network_setup_command
+
+    apt = task(
+        config=[
+            {
+                "type": "execute",
+                "parameters": {
+                    "command": "echo password | sudo -S apt-get update && sudo apt install jq -y",
+                    "shell": True,
+                },
+            }
+        ]
+    )
+    assert network_setup_command(apt) == "apt-get update"
+    pip = task(config=[{"type": "command", "parameters": {"command": ["pip", "install", "x"]}}])
+    assert network_setup_command(pip) == "pip install x"
+    local = task(config=[{"type": "execute", "parameters": {"command": ["apt", "list"]}}])
+    assert network_setup_command(local) is None

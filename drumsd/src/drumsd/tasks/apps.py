@@ -427,3 +427,28 @@ def missing_apps(tasks: Iterable[Task], manifest: AppManifest) -> dict[str, int]
             if schema not in manifest.schemas:
                 counts[f"schema {schema}"] = counts.get(f"schema {schema}", 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# Package managers' subcommands that fetch from the network: a slot has none, so a setup step that
+# runs one fails (OSWorld's VM installs `jq` or `sysstat` at setup; the image may even have them,
+# but `apt update` still fails offline).
+NETWORK_SUBCOMMANDS = {
+    "apt": {"update", "install", "upgrade"},
+    "apt-get": {"update", "install", "upgrade"},
+    "pip": {"install", "download"},
+    "pip3": {"install", "download"},
+    "snap": {"install"},
+}
+
+
+def network_setup_command(task: Task) -> str | None:
+    """The first setup or postconfig program that fetches packages (`apt update`), or None."""
+    for step in [*task.config, *task.evaluator.postconfig]:
+        command = step.parameters.get("command") if step.type in ("execute", "command") else None
+        if not isinstance(command, (list, str)):
+            continue
+        for argv in _programs(command):
+            program = Path(argv[0]).name
+            if program in NETWORK_SUBCOMMANDS and NETWORK_SUBCOMMANDS[program] & set(argv[1:]):
+                return " ".join(argv[:3])
+    return None

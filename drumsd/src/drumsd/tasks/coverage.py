@@ -139,6 +139,8 @@ def reason_kind(reason: str) -> str:
             return prefix
     if reason.startswith("needs the GSettings schema"):
         return "needs a GNOME GSettings schema the image lacks (list below)"
+    if reason.startswith("its setup fetches packages"):
+        return "its setup fetches packages (apt, pip), which needs the network"
     if reason.startswith("its sleep steps add up to"):
         return "its sleep steps add up to more than setup_timeout_s"
     # "needs VS Code (related_apps lists 'vscode'), which image 'office' lacks" -> by app

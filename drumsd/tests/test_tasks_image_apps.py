@@ -621,7 +621,9 @@ def test_apps_no_image_has_are_refused_by_name(tmp_path: Path) -> None:
         "'ubuntu_media_player'), which image 'base' lacks"
     )
     picard = missing_app_reason(task(related_apps=["os", "picard"]), base)
-    assert picard == "needs MusicBrainz Picard (related_apps lists 'picard'), which image 'base' lacks"
+    assert picard == (
+        "needs MusicBrainz Picard (related_apps lists 'picard'), which image 'base' lacks"
+    )
 
 
 def test_coverage_gives_the_features_an_images_apps_bring(

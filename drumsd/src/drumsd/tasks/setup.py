@@ -380,6 +380,7 @@ async def apply_operations(
     """
     report = SetupReport()
     started = time.monotonic()
+    lead = f"{label}: " if label else ""  # "slot=... task=...: step 2 ..."
     try:
         with trio.fail_after(ctx.setup_timeout_s):
             for op in ops:
@@ -387,7 +388,7 @@ async def apply_operations(
                     record = await apply_operation(op, access, ctx, report, run_dir)
                 except (TimeoutError, trio.TooSlowError) as exc:
                     raise SetupError(
-                        f"{label}step {len(report.records) + 1} timed out: {_summary(op)}", report
+                        f"{lead}step {len(report.records) + 1} timed out: {_summary(op)}", report
                     ) from exc
                 except SetupError as exc:
                     exc.report = report
@@ -402,13 +403,13 @@ async def apply_operations(
                 )
                 if not record.ok:
                     raise SetupError(
-                        f"{label}step {record.index + 1} ({record.kind}) failed with exit"
+                        f"{lead}step {record.index + 1} ({record.kind}) failed with exit"
                         f" {record.rc}: {record.summary}: {record.detail}",
                         report,
                     )
     except (TimeoutError, trio.TooSlowError) as exc:
         raise SetupError(
-            f"{label}setup took longer than {ctx.setup_timeout_s:.0f} s", report
+            f"{lead}setup took longer than {ctx.setup_timeout_s:.0f} s", report
         ) from exc
     finally:
         report.duration_s = round(time.monotonic() - started, 3)

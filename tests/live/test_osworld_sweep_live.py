@@ -37,7 +37,17 @@ os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, nev
 # Tasks whose OSWorld checker scores a desktop nobody touched as solved, each with why. They are
 # still run and must still be valid; a listed task that scores 0 again fails the sweep, so the list
 # cannot outlive the bug.
-NOOP_SCORES_ONE: dict[str, str] = {}
+NOOP_SCORES_ONE: dict[str, str] = {
+    # default_video_player: VLC is the image's only video player, so xdg-mime already answers
+    # vlc.desktop; OSWorld's Ubuntu has Totem as the default. The image's difference, not a bug.
+    "937087b6-f668-4ba6-9110-60682ee33441": "VLC is already the default: no other video player",
+    # is_cookie_deleted over .amazon.com: the task's setup visits Amazon to plant the cookies;
+    # offline no page loads, so there is nothing to delete and the check passes untouched.
+    "7b6c7e24-c58a-49fc-a5bb-d57b80e5b4c3": "offline, no Amazon cookie is ever set",
+    # data_delete_automacally: OSWorld's getter answers "true" when Preferences has
+    # profile.default_content_setting_values at all, which Chromium writes on its own.
+    "99146c54-4f37-4ab8-9327-5f3291665e1e": "OSWorld's getter: any content setting counts",
+}
 
 
 def _osworld_dir() -> Path:

@@ -233,3 +233,22 @@ def test_a_fifo_device_or_huge_file_is_refused_as_a_task(tmp_path: Path) -> None
         f.truncate(MAX_TASK_FILE_BYTES + 1)
     with pytest.raises(TaskError, match="over 16 MiB"):
         load_task_file(huge)
+
+
+def test_a_second_file_with_the_same_id_is_listed_as_shadowed(tmp_path: Path) -> None:
+    """OSWorld's checkout has one id under Windows/ and multi_apps/: a create by id takes the
+    first file, so the table lists the other unsupported, naming the one that wins, instead of
+    promising a task that create then refuses."""
+    for domain, apps in (("Windows", ["excel"]), ("multi_apps", ["os"])):
+        (tmp_path / domain).mkdir()
+        body = {"id": "dup", "instruction": domain, "related_apps": apps}
+        body["evaluator"] = {"func": "infeasible"}
+        (tmp_path / domain / "dup.json").write_text(json.dumps(body))
+    ctx = TaskContext(task_dirs=[tmp_path], cache_dir=tmp_path / "cache")
+    rows = task_support_table(ctx)
+    winner = find_task("dup", [tmp_path])
+    assert winner.instruction == "Windows"
+    shadowed = [r for r in rows if r.path and "multi_apps" in r.path]
+    assert len(rows) == 2 and len(shadowed) == 1
+    assert not shadowed[0].supported
+    assert str(winner.source_path) in (shadowed[0].reason or "")

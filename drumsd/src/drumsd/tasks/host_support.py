@@ -233,11 +233,25 @@ class TaskSupport(BaseModel):
 
 
 def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
-    """Every task under the configured directories with whether it runs here (and why not)."""
+    """Every task under the configured directories with whether it runs here (and why not).
+    A file whose id an earlier file already defines is listed unsupported, naming that file: a
+    create by id takes the first one (find_task), so the table must not promise the other."""
     tasks, broken = list_tasks(ctx.task_dirs)
     rows = []
+    first: dict[str, Task] = {}  # the file find_task takes: named <id>.json first, then any
+    for named in (True, False):
+        for task in tasks:
+            if (task.source_path is not None and task.source_path.stem == task.id) == named:
+                first.setdefault(task.id, task)
     for task in tasks:
-        ok, reason = support(task, ctx)
+        earlier = first[task.id]
+        if earlier is not task:
+            ok, reason = (
+                False,
+                f"its id is taken by {earlier.source_path}, which a create by id runs",
+            )
+        else:
+            ok, reason = support(task, ctx)
         rows.append(
             TaskSupport(
                 id=task.id,

@@ -680,3 +680,24 @@ def test_a_setup_that_installs_packages_needs_the_network() -> None:
     assert network_setup_command(pip) == "pip install x"
     local = task(config=[{"type": "execute", "parameters": {"command": ["apt", "list"]}}])
     assert network_setup_command(local) is None
+
+
+def test_a_task_that_runs_a_systemd_tool_is_refused_by_name(tmp_path: Path) -> None:
+    """`timedatectl status` prints nothing on a slot (no systemd): the task is refused naming it,
+    from a command getter as from a setup step; an ordinary command is not."""
+    ctx = TaskContext(cache_dir=tmp_path)
+    getter = task(
+        evaluator={
+            "func": "is_utc_0",
+            "result": {"type": "vm_command_line", "command": "timedatectl status", "shell": True},
+        }
+    )
+    ok, reason = support(getter, ctx)
+    assert not ok and "`timedatectl status`" in (reason or "") and "systemd" in (reason or "")
+    setup = task(
+        config=[{"type": "execute", "parameters": {"command": ["systemctl", "stop", "x"]}}]
+    )
+    assert support(setup, ctx)[0] is False
+    plain = task(config=[{"type": "execute", "parameters": {"command": "ls -l /tmp"}}])
+    assert support(plain, ctx) == (True, None)
+    assert reason_kind(reason or "").startswith("it runs a systemd tool")

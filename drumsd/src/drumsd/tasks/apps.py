@@ -452,3 +452,20 @@ def network_setup_command(task: Task) -> str | None:
             if program in NETWORK_SUBCOMMANDS and NETWORK_SUBCOMMANDS[program] & set(argv[1:]):
                 return " ".join(argv[:3])
     return None
+
+
+# systemd's own tools talk to its daemons over the system bus (timedated, hostnamed, localed,
+# logind, pid 1); a slot runs no systemd, so they print nothing (`timedatectl status` on a slot:
+# empty output, which OSWorld's is_utc_0 then indexes into).
+SYSTEMD_TOOLS = frozenset(
+    {"timedatectl", "hostnamectl", "localectl", "loginctl", "systemctl", "journalctl"}
+)
+
+
+def systemd_command(task: Task) -> str | None:
+    """The first program of a task's setup, postconfig or command getters that needs systemd."""
+    for command in _commands(task):
+        for argv in _programs(command):
+            if argv and Path(argv[0]).name in SYSTEMD_TOOLS:
+                return " ".join(argv[:2])
+    return None

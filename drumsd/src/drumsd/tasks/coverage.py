@@ -141,6 +141,8 @@ def reason_kind(reason: str) -> str:
         return "needs a GNOME GSettings schema the image lacks (list below)"
     if reason.startswith("its setup fetches packages"):
         return "its setup fetches packages (apt, pip), which needs the network"
+    if reason.startswith("it runs `") and "systemd" in reason:
+        return "it runs a systemd tool (timedatectl, systemctl, ...), and slots run no systemd"
     if reason.startswith("its sleep steps add up to"):
         return "its sleep steps add up to more than setup_timeout_s"
     # "needs VS Code (related_apps lists 'vscode'), which image 'office' lacks" -> by app

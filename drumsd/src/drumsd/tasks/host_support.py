@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .apps import missing_app_reason, network_setup_command
+from .apps import missing_app_reason, network_setup_command, systemd_command
 from .model import (
     SUPPORTED_STEPS,
     UNSUPPORTED_STEPS,
@@ -159,6 +159,9 @@ def _support_reason(task: Task, ctx: TaskContext) -> str | None:
     fetch = network_setup_command(task)
     if fetch:
         return f"its setup fetches packages (`{fetch}`), which needs the network (slots have none)"
+    systemd = systemd_command(task)
+    if systemd:
+        return f"it runs `{systemd}`, which needs systemd's services (slots run no systemd)"
     slept = sum_of_sleeps(task)
     if slept > ctx.setup_timeout_s:
         # Each sleep is within MAX_SLEEP_S, but setup as a whole would time out at a 504 after

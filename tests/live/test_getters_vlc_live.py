@@ -9,20 +9,11 @@ osworld` (the image's package layer takes 9-15 min to build, more than CI's budg
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-if os.environ.get("DRUMS_LIVE_OSWORLD") != "1":
-    pytest.skip(
-        "the osworld image tests are opt-in: DRUMS_LIVE_OSWORLD=1 after "
-        "`bash scripts/setup.sh osworld`",
-        allow_module_level=True,
-    )
-os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, never skips
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.tasks.testing import png_image
@@ -33,6 +24,9 @@ from gate_daemons import (
     put_file,
     shared_daemon,
 )
+from live_daemon import osworld_opt_in
+
+osworld_opt_in("the osworld image tests are")
 
 TONE = "/home/user/Music/tone.wav"
 # A minute of a 440 Hz tone (VLC still plays it at verify), written with the stdlib in the slot.

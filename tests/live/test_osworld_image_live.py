@@ -11,7 +11,6 @@ image is a failure.
 
 from __future__ import annotations
 
-import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,15 +27,9 @@ from gate_daemons import (
     poll,
     shared_daemon,
 )
-from live_daemon import http_client
+from live_daemon import http_client, osworld_opt_in
 
-if os.environ.get("DRUMS_LIVE_OSWORLD") != "1":
-    pytest.skip(
-        "the osworld image tests are opt-in: DRUMS_LIVE_OSWORLD=1 after "
-        "`bash scripts/setup.sh osworld`",
-        allow_module_level=True,
-    )
-os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, never skips
+osworld_opt_in("the osworld image tests are")
 
 # The shared GNOME settings tasks and the command that solves each.
 SETTINGS_TASKS = {

@@ -24,15 +24,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from gate_daemons import VERIFIERS, destroy, final, settled_gates, shared_daemon, verify
-from live_daemon import http_client
+from live_daemon import http_client, osworld_opt_in
 
-if os.environ.get("DRUMS_LIVE_OSWORLD") != "1":
-    pytest.skip(
-        "the OSWorld sweep is opt-in: DRUMS_LIVE_OSWORLD=1 DRUMS_OSWORLD_DIR=<checkout> after "
-        "`bash scripts/setup.sh osworld`",
-        allow_module_level=True,
-    )
-os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a missing image fails, never skips
+osworld_opt_in("the OSWorld sweep is", needs=" DRUMS_OSWORLD_DIR=<checkout>")
 
 # Tasks whose OSWorld checker scores a desktop nobody touched as solved, each with why. They are
 # still run and must still be valid; a listed task that scores 0 again fails the sweep, so the list

@@ -310,12 +310,19 @@ class Need:
     why: str  # "related_apps", "runs `code`", ...
 
 
-def _commands(task: Task) -> Iterator[list[str] | str]:
+def _setup_commands(
+    task: Task, kinds: tuple[str, ...] = ("execute", "command", "launch")
+) -> Iterator[list[str] | str]:
+    """The commands of a task's setup and postconfig steps of these kinds."""
     for step in [*task.config, *task.evaluator.postconfig]:
-        if step.type in ("execute", "command", "launch"):
+        if step.type in kinds:
             command = step.parameters.get("command")
             if isinstance(command, (list, str)):
                 yield command
+
+
+def _commands(task: Task) -> Iterator[list[str] | str]:
+    yield from _setup_commands(task)
     ev = task.evaluator
     getters: list[Any] = []
     for value in (ev.result, ev.expected):
@@ -443,10 +450,7 @@ NETWORK_SUBCOMMANDS = {
 
 def network_setup_command(task: Task) -> str | None:
     """The first setup or postconfig program that fetches packages (`apt update`), or None."""
-    for step in [*task.config, *task.evaluator.postconfig]:
-        command = step.parameters.get("command") if step.type in ("execute", "command") else None
-        if not isinstance(command, (list, str)):
-            continue
+    for command in _setup_commands(task, ("execute", "command")):
         for argv in _programs(command):
             program = Path(argv[0]).name
             if program in NETWORK_SUBCOMMANDS and NETWORK_SUBCOMMANDS[program] & set(argv[1:]):

@@ -23,6 +23,7 @@ from .model import (
     asset_path,
     cache_slot_for,
     cached_download,
+    first_by_id,
     list_tasks,
     task_asset,
 )
@@ -241,11 +242,7 @@ def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
     create by id takes the first one (find_task), so the table must not promise the other."""
     tasks, broken = list_tasks(ctx.task_dirs)
     rows = []
-    first: dict[str, Task] = {}  # the file find_task takes: named <id>.json first, then any
-    for named in (True, False):
-        for task in tasks:
-            if (task.source_path is not None and task.source_path.stem == task.id) == named:
-                first.setdefault(task.id, task)
+    first = first_by_id(tasks)
     for task in tasks:
         earlier = first[task.id]
         if earlier is not task:

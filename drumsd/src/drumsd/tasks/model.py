@@ -439,6 +439,17 @@ def find_task(task_id: str, task_dirs: list[Path]) -> Task:
     raise TaskError(f"no task with id {task_id!r} under {dirs}")
 
 
+def first_by_id(tasks: list[Task]) -> dict[str, Task]:
+    """For each id, the task find_task returns over the same files (in list_tasks' order): the
+    first file named `<id>.json`, else the first file with that id."""
+    first: dict[str, Task] = {}
+    for named in (True, False):
+        for task in tasks:
+            if (task.source_path is not None and task.source_path.stem == task.id) == named:
+                first.setdefault(task.id, task)
+    return first
+
+
 def resolve_task(ref: str | dict[str, Any] | Path, task_dirs: list[Path]) -> Task:
     """A task given inline (dict), by JSON path, or by id from the task directories."""
     if isinstance(ref, dict):

@@ -342,7 +342,8 @@ async def test_mid_episode_failures_quarantine(api: Api) -> None:
     await wait_valid(api, died)
     api.runtime.kill(died)
     await wait_for(lambda: api.sup.slots[died].status.value == "quarantined")
-    assert "init exited" in api.sup.slots[died].quarantine_reason
+    reason = api.sup.slots[died].quarantine_reason
+    assert reason == "the slot's init exited mid-episode (killed by SIGKILL)"
 
 
 async def test_a_tree_stuck_at_pids_max_quarantines(api: Api) -> None:

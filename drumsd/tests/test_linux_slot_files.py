@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from drumsd.linux import checkpoint_files, mounts, process_trees, slot_fs
@@ -85,3 +86,16 @@ def test_meta_update_keeps_the_dump_fields(tmp_path: Path) -> None:
         "dump_s": 1.5,
         "boot_s": 9.25,
     }
+
+
+def test_exit_text_says_how_a_process_ended() -> None:
+    """What a quarantine reason says of a slot's init (wait statuses as os.waitpid gives them)."""
+    child = subprocess.Popen(["sh", "-c", "exit 3"])
+    _, status = os.waitpid(child.pid, 0)
+    assert process_trees.exit_text(status) == "exited with code 3"
+    child = subprocess.Popen(["sleep", "30"])
+    os.kill(child.pid, 9)
+    _, status = os.waitpid(child.pid, 0)
+    assert process_trees.exit_text(status) == "killed by SIGKILL"
+    assert "not this daemon's child" in process_trees.exit_text(None)
+    assert process_trees.reap_nohang(os.getpid()) is None  # not our child

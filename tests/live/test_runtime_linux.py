@@ -188,7 +188,19 @@ async def test_branch_of_4_children_are_independent(rt, template, state_dir) -> 
         assert present == (i == 0), f"child {i}"
     for k in kids:
         await rt.destroy(k.slot_id)
+    facts = await rt.facts(h)  # the fork and its children's teardown leave the parent running
+    assert facts.alive and facts.init_identity_ok, facts
     await rt.destroy("live-b")
+
+
+async def test_a_killed_init_says_how_it_ended(rt, template) -> None:
+    """wait_exit gives the quarantine reason its words: the signal that ended the slot's init."""
+    h = await rt.restore("live-k", template, LIMITS)
+    os.kill(h.init_pid, 9)
+    with trio.fail_after(10):
+        how = await rt.wait_exit(h)
+    assert how.startswith("killed by SIGKILL"), how
+    await rt.destroy("live-k")
 
 
 async def test_capture_then_create_from_the_saved_state(rt, template, state_dir) -> None:

@@ -218,8 +218,9 @@ class SlotRuntime(Protocol):
         """Gate evidence for this slot, read from the OS."""
         ...
 
-    async def wait_exit(self, handle: SlotHandle) -> None:
-        """Return when the slot's init has exited (pidfd)."""
+    async def wait_exit(self, handle: SlotHandle) -> str:
+        """Return when the slot's init has exited (pidfd): how it ended, in words (its signal
+        or exit code, the end of its log), for the quarantine reason."""
         ...
 
     async def make_template(

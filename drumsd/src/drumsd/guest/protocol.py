@@ -17,6 +17,7 @@ from typing import Any
 
 SOCKET_PATH = "/run/drums/agent.sock"
 READY_PATH = "/run/drums/ready"
+INIT_LOG_PATH = "/var/log/desktop-init.log"  # stage 1 sends desktop-init's output here
 # Where desktop-init's xterm prints its text when asked (drumsd.tasks.terminal reads it):
 # straight to the file in one step, plain text, the printer closed after each print.
 TERMINAL_PRINT_FILE = "/tmp/.drums-terminal"

@@ -31,11 +31,28 @@ def close_fd(fd: int) -> None:
     os.close(fd)
 
 
-def reap_nohang(pid: int) -> None:
+def reap_nohang(pid: int) -> int | None:
     """Reap `pid` if it is our exited child (restore-sibling makes a slot init one); never
-    blocks (WNOHANG)."""
+    blocks (WNOHANG). Its wait status, or None when it was not ours to reap."""
     with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return status
+    return None
+
+
+def exit_text(status: int | None) -> str:
+    """How a process ended, from its wait status: what a quarantine reason says of an init."""
+    if status is None:
+        return "exit status unknown: not this daemon's child to reap"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}" + (" (core dumped)" if os.WCOREDUMP(status) else "")
+    return f"exited with code {os.waitstatus_to_exitcode(status)}"
 
 
 def kill_tree(driver: Any, dirs: Mapping[str, str], pid: int, pidfd: int) -> None:

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from drumsd.guest import protocol
 from drumsd.linux import mounts, syscalls
 
 DESKTOP_INIT = "/opt/drums/guest/desktop-init"
@@ -39,7 +40,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         help="an argument for the desktop init (repeat; use --init-arg=--app)",
     )
-    p.add_argument("--log", default="/var/log/desktop-init.log", help="inside the slot")
+    p.add_argument("--log", default=protocol.INIT_LOG_PATH, help="inside the slot")
     p.add_argument(
         "--uid-base",
         type=int,

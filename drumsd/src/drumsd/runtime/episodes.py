@@ -321,7 +321,7 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
 
 async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: SlotHandle) -> None:
     try:
-        await sup.runtime.wait_exit(handle)
+        how = await sup.runtime.wait_exit(handle)
     except RuntimeError_:
         return
     async with sup._lock(slot_id):
@@ -330,10 +330,15 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
             return  # reset, branch or destroy replaced this tree on purpose
         if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
             return
-        set_gate(sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited"})
+        log.warning(
+            "slot=%s episode=%s init %d exited: %s", slot_id, rec.episode, handle.init_pid, how
+        )
+        set_gate(
+            sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited", "how": how}
+        )
         sup.metrics.failure("init_exited")
         if rec.status is SlotStatus.ready:
-            quarantine_slot(sup, rec, "the slot's init exited mid-episode")
+            quarantine_slot(sup, rec, f"the slot's init exited mid-episode ({how})")
         else:
             sup._save_slot(rec, "gates")
 

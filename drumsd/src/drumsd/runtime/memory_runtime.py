@@ -314,11 +314,11 @@ class MemoryRuntime:
                 fields[key] = value
         return SlotFacts(extra=extra, **fields)
 
-    async def wait_exit(self, handle: SlotHandle) -> None:
+    async def wait_exit(self, handle: SlotHandle) -> str:
         event = self._exits.get(handle.slot_id)
-        if event is None:
-            return
-        await event.wait()
+        if event is not None:
+            await event.wait()
+        return "killed by SIGKILL"  # what its kill() stands for
 
     async def make_template(
         self, image_root: Path, image_sha256: str, checkpoint_id: str, dest: Path

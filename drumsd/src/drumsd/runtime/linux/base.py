@@ -25,9 +25,9 @@ import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, host_share, idmap, mounts, procfs, slot_fs
+from drumsd.linux import cgroups, criu, host_share, idmap, mounts, procfs, slot_fs
 from drumsd.linux.launcher import Launcher
-from drumsd.linux.process_trees import close_fd, kill_tree, reap_nohang
+from drumsd.linux.process_trees import close_fd, exit_text, kill_tree, reap_nohang
 from drumsd.runtime import agent_client
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
@@ -170,6 +170,7 @@ class _Instance:
     attempts: int = 1
     frozen: bool = False
     watched: bool = False
+    exit_how: str = ""  # how the init ended, once `exited` is set (a quarantine says it)
     image_sha256: str = ""
     error: str = ""
     boot_proc: trio.Process | None = None
@@ -316,11 +317,22 @@ class RuntimeBase:
 
     async def _supervise(self, inst: _Instance) -> None:
         """Own the pidfd: wait until the init exits, reap it if it is our child (restore-sibling
-        makes it one), close the pidfd."""
+        makes it one) and keep how it ended (`exit_how`), close the pidfd."""
         fd = inst.pidfd
         try:
             await trio.lowlevel.wait_readable(fd)
-            reap_nohang(inst.pid)
+            inst.exit_how = exit_text(reap_nohang(inst.pid))
+            init_log = await trio.to_thread.run_sync(
+                criu.tail, inst.paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 2
+            )
+            if init_log:
+                inst.exit_how += f"; desktop-init.log ends: {' | '.join(init_log)}"
+        except (trio.ClosedResourceError, trio.BusyResourceError):
+            alive = procfs.is_same_process(inst.pid, inst.starttime)
+            inst.exit_how = "its pidfd was closed under the watch" + (
+                " (the init is still running: a runtime fault)" if alive else ""
+            )
+            raise
         finally:
             inst.exited.set()
             trio.lowlevel.notify_closing(fd)

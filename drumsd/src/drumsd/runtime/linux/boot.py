@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_
+from drumsd.guest import protocol
 from drumsd.linux import checkpoint_files, criu, idmap, procfs, slot_fs
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import (
@@ -134,7 +135,7 @@ class BootMixin(RuntimeBase):
                     criu.tail, paths.rw / "criu" / "boot.out", 6
                 )
                 init_tail = await trio.to_thread.run_sync(
-                    criu.tail, paths.upper / "var/log/desktop-init.log", 6
+                    criu.tail, paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 6
                 )
                 stage1_log, init_log = " | ".join(stage1_tail), " | ".join(init_tail)
                 raise RuntimeError_(

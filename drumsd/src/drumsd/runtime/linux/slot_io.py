@@ -241,15 +241,16 @@ class SlotIOMixin(RuntimeBase):
 
         return await trio.to_thread.run_sync(read)
 
-    async def wait_exit(self, handle: SlotHandle) -> None:
+    async def wait_exit(self, handle: SlotHandle) -> str:
         inst = self._slots.get(handle.slot_id)
         if inst is None or inst.pid != handle.init_pid:
             # Not ours (no pidfd): poll its identity in /proc.
             same = partial(procfs.is_same_process, handle.init_pid, handle.init_starttime)
             while await trio.to_thread.run_sync(same):  # noqa: ASYNC110 (no event to wait on)
                 await trio.sleep(0.1)
-            return
+            return "gone from /proc (not watched by a pidfd of this runtime)"
         await inst.exited.wait()
+        return inst.exit_how or "exited"
 
     async def quiescent(
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int

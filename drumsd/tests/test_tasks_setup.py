@@ -86,7 +86,7 @@ async def test_e0df059f_setup_runs_on_the_slot(tmp_path: Path) -> None:
     assert all("s3cret" not in str(c) for c in slot.user_commands + slot.trusted_commands)
     # pyautogui is not on this host: OSWorld also goes on after a failing user command.
     assert [r.kind for r in report.records] == ["RunTrusted", "RunUser"]
-    assert report.records[1].rc != 0 and report.ok
+    assert report.records[1].rc != 0 and not report.records[1].ok and not report.ok
 
 
 async def test_chrome_launch_maps_to_chromium(tmp_path: Path) -> None:
@@ -205,7 +205,9 @@ async def test_a_hung_step_hits_its_deadline(tmp_path: Path) -> None:
     assert info.value.report is not None
 
 
-async def test_a_failing_root_step_stops_setup(tmp_path: Path) -> None:
+async def test_a_failing_root_step_is_recorded_and_setup_goes_on(tmp_path: Path) -> None:
+    """As OSWorld's execute: a462a795's `echo password | sudo -S su - charles` fails on every
+    image without that user, and the task (infeasible) is still meant to run."""
     slot = DirSlot(tmp_path / "slot")
     task = make_task(
         [
@@ -213,12 +215,15 @@ async def test_a_failing_root_step_stops_setup(tmp_path: Path) -> None:
                 "type": "execute",
                 "parameters": {"command": "echo pw | sudo -S false", "shell": True},
             },
-            {"type": "execute", "parameters": {"command": ["touch", "never"]}},
+            {"type": "execute", "parameters": {"command": ["touch", "after"]}},
         ]
     )
-    with pytest.raises(SetupError, match=r"step 1 .*RunTrusted.* failed with exit 1"):
-        await run_setup(task, slot, context(slot, tmp_path))
-    assert not (slot.home / "never").exists()
+    report = await run_setup(task, slot, context(slot, tmp_path))
+    assert [(r.kind, r.rc, r.ok) for r in report.records] == [
+        ("RunTrusted", 1, False),
+        ("RunUser", 0, True),
+    ]
+    assert (slot.home / "after").exists()
 
 
 async def test_execute_until_retries(tmp_path: Path) -> None:

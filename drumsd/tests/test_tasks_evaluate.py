@@ -254,7 +254,9 @@ async def test_terminal_output_when_the_slot_has_it(venv_ctx: TaskContext, tmp_p
 async def test_a_failing_postconfig_is_an_error_not_a_score(
     venv_ctx: TaskContext, tmp_path: Path
 ) -> None:
-    post = [{"type": "execute", "parameters": {"command": "echo p | sudo -S false", "shell": True}}]
+    # A step that cannot be done (a failing command is recorded and postconfig goes on, as
+    # OSWorld's does): the file to open is not there.
+    post = [{"type": "open", "parameters": {"path": "/nonexistent/report.docx"}}]
     task = resolve_task(
         {"id": "p", "evaluator": {"func": "exact_match", "postconfig": post,
                                   "result": {"type": "rule", "rules": "a"},
@@ -262,8 +264,10 @@ async def test_a_failing_postconfig_is_an_error_not_a_score(
         [],
     )  # fmt: skip
     slot = DirSlot(tmp_path)
-    result = await score_of(task, slot, slot_ctx(venv_ctx, slot))
-    assert result.score is None and result.error_class == "postconfig"
+    ctx = slot_ctx(venv_ctx, slot).model_copy(update={"open_timeout_s": 1.0})
+    result = await score_of(task, slot, ctx)
+    assert result.score is None and result.error_class == "postconfig", result
+    assert "report.docx" in (result.error or ""), result
 
 
 # ---- getters ---------------------------------------------------------------------------------

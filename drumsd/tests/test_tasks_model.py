@@ -15,6 +15,7 @@ from drumsd.tasks.model import (
     fill_placeholders,
     find_task,
     list_tasks,
+    parse_task,
     resolve_task,
 )
 from drumsd.tasks.testing import checker_context
@@ -237,18 +238,56 @@ def test_a_fifo_device_or_huge_file_is_refused_as_a_task(tmp_path: Path) -> None
 
 def test_a_second_file_with_the_same_id_is_listed_as_shadowed(tmp_path: Path) -> None:
     """OSWorld's checkout has one id under Windows/ and multi_apps/: a create by id takes the
-    first file, so the table lists the other unsupported, naming the one that wins, instead of
-    promising a task that create then refuses."""
-    for domain, apps in (("Windows", ["excel"]), ("multi_apps", ["os"])):
-        (tmp_path / domain).mkdir()
-        body = {"id": "dup", "instruction": domain, "related_apps": apps}
+    Linux file, whatever the order, and the table lists the other unsupported, naming the one
+    that wins; of two Linux files, the first wins."""
+
+    def write(domain: str, task_id: str, apps: list[str]) -> None:
+        (tmp_path / domain).mkdir(exist_ok=True)
+        body = {"id": task_id, "instruction": domain, "related_apps": apps}
         body["evaluator"] = {"func": "infeasible"}
-        (tmp_path / domain / "dup.json").write_text(json.dumps(body))
+        (tmp_path / domain / f"{task_id}.json").write_text(json.dumps(body))
+
+    write("Windows", "dup", ["excel"])  # sorts before multi_apps
+    write("multi_apps", "dup", ["os"])
+    write("a_first", "twice", ["os"])
+    write("b_second", "twice", ["os"])
     ctx = TaskContext(task_dirs=[tmp_path], cache_dir=tmp_path / "cache")
-    rows = task_support_table(ctx)
-    winner = find_task("dup", [tmp_path])
-    assert winner.instruction == "Windows"
-    shadowed = [r for r in rows if r.path and "multi_apps" in r.path]
-    assert len(rows) == 2 and len(shadowed) == 1
-    assert not shadowed[0].supported
-    assert str(winner.source_path) in (shadowed[0].reason or "")
+    rows = {r.path: r for r in task_support_table(ctx)}
+    for task_id, winner_dir, loser_dir in (
+        ("dup", "multi_apps", "Windows"),
+        ("twice", "a_first", "b_second"),
+    ):
+        winner = find_task(task_id, [tmp_path])
+        assert winner.instruction == winner_dir
+        assert rows[str(winner.source_path)].supported
+        shadowed = rows[str(tmp_path / loser_dir / f"{task_id}.json")]
+        assert not shadowed.supported
+        assert (
+            shadowed.reason == f"its id is taken by {winner.source_path}, which a create by id runs"
+        )
+
+
+def test_a_windows_task_is_refused_naming_what_gives_it_away(tmp_path: Path) -> None:
+    """OSWorld's Windows tasks: drive paths in getters, .exe programs in steps, Office apps."""
+    ctx = TaskContext(task_dirs=[tmp_path], cache_dir=tmp_path / "cache")
+    getter = {"type": "vm_file", "path": "C:\\Users\\chenj\\Desktop\\a.xlsx", "dest": "a.xlsx"}
+    cases = [
+        (
+            {"evaluator": {"func": "compare_table", "result": getter}},
+            "C:\\Users\\chenj\\Desktop\\a.xlsx",
+        ),
+        (
+            {
+                "config": [{"type": "launch", "parameters": {"command": ["ncat.exe", "-l"]}}],
+                "evaluator": {"func": "infeasible"},
+            },
+            "ncat.exe",
+        ),
+        ({"related_apps": ["Excel"], "evaluator": {"func": "infeasible"}}, "Excel"),
+    ]
+    for body, hint in cases:
+        task = parse_task({"id": "w", **body})
+        assert task.windows_hint == hint
+        assert support(task, ctx) == (False, f"a Windows task (it names {hint!r}); slots run Linux")
+    linux = parse_task({"id": "l", "related_apps": ["os"], "evaluator": {"func": "infeasible"}})
+    assert linux.windows_hint is None and support(linux, ctx) == (True, None)

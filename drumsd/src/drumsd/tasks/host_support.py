@@ -149,6 +149,9 @@ def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
 def _support_reason(task: Task, ctx: TaskContext) -> str | None:
     if task.proxy:
         return UNSUPPORTED_STEPS["proxy"]
+    windows = task.windows_hint
+    if windows:
+        return f"a Windows task (it names {windows!r}); slots run Linux"
     if ctx.apps is not None:
         reason = missing_app_reason(task, ctx.apps)
         if reason:

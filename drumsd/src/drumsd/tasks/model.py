@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -269,6 +270,40 @@ class Task(BaseModel):
     def infeasible(self) -> bool:
         return self.evaluator.is_infeasible
 
+    @property
+    def windows_hint(self) -> str | None:
+        """A Windows path or program in the task's steps or getters (`C:\\...`, `ncat.exe`), or a
+        Windows-only related app: OSWorld's checkout keeps Windows tasks beside the Linux ones,
+        some under the same id (26660ad1, 6d72aad6)."""
+        app = next((a for a in self.related_apps if a.lower() in WINDOWS_APPS), None)
+        if app is not None:
+            return app
+        ev = self.evaluator
+        found = (
+            WINDOWS_HINT.search(text)
+            for text in _strings(
+                [[s.parameters for s in [*self.config, *ev.postconfig]], ev.result, ev.expected]
+            )
+        )
+        return next((m.group(0).strip("\"' ") for m in found if m), None)
+
+
+# Related apps that only OSWorld's Windows tasks name (Microsoft Office's).
+WINDOWS_APPS = frozenset({"excel", "word", "ppt", "powerpoint"})
+# A drive path (C:\Users\...) or an .exe program: what only a Windows task names.
+WINDOWS_HINT = re.compile(r"(?:^|[\s\"'])[A-Za-z]:\\[^\s\"']*|[\w.-]+\.exe\b", re.IGNORECASE)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings(item)
+
 
 class TaskContext(BaseModel):
     """What the task bridge needs to know about this host and its desktops."""
@@ -422,31 +457,45 @@ def list_tasks(task_dirs: list[Path]) -> tuple[list[Task], dict[Path, str]]:
 
 
 def find_task(task_id: str, task_dirs: list[Path]) -> Task:
-    """The task with this id; the file named `<id>.json` is tried first, then every file."""
+    """The task with this id: among the files named `<id>.json`, else among every file, the
+    first that is not a Windows task, else the first (the rule `first_by_id` states)."""
+    named = []
     for path in iter_task_files(task_dirs):
         if path.stem == task_id:
             task = load_task_file(path)
             if task.id == task_id:
-                return task
+                named.append(task)
+    if named:
+        return min(named, key=_id_rank)
+    others = []
     for path in iter_task_files(task_dirs):
         try:
             task = load_task_file(path)
         except TaskError:
             continue
         if task.id == task_id:
-            return task
+            others.append(task)
+    if others:
+        return min(others, key=_id_rank)
     dirs = ", ".join(map(str, task_dirs)) or "(no task_dirs configured)"
     raise TaskError(f"no task with id {task_id!r} under {dirs}")
 
 
+def _id_rank(task: Task) -> tuple[bool, bool]:
+    """Which of two files with one id a create by id runs (the lower): a file named `<id>.json`
+    before one that is not, a Linux task before a Windows one (OSWorld's checkout has 26660ad1
+    under Windows/ and multi_apps/), then the earlier file (min keeps the first of equals)."""
+    named = task.source_path is not None and task.source_path.stem == task.id
+    return (not named, task.windows_hint is not None)
+
+
 def first_by_id(tasks: list[Task]) -> dict[str, Task]:
-    """For each id, the task find_task returns over the same files (in list_tasks' order): the
-    first file named `<id>.json`, else the first file with that id."""
+    """For each id, the task find_task returns over the same files (in list_tasks' order)."""
     first: dict[str, Task] = {}
-    for named in (True, False):
-        for task in tasks:
-            if (task.source_path is not None and task.source_path.stem == task.id) == named:
-                first.setdefault(task.id, task)
+    for task in tasks:
+        best = first.get(task.id)
+        if best is None or _id_rank(task) < _id_rank(best):
+            first[task.id] = task
     return first
 
 

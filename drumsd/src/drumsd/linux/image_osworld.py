@@ -117,10 +117,22 @@ FILES: dict[str, tuple[int, str]] = {
 # Run in the chroot after FILES: the override above only counts once compiled; OSWorld's tasks
 # open a terminal with x-terminal-emulator or gnome-terminal alike; and what package scripts left
 # in /run/systemd (seats, sessions) would tell GNOME that logind runs, which no slot has.
+# And Chromium's profile made once, headless, as the desktop user: OSWorld's
+# update_browse_history writes into the profile's History database (OSWorld fetches an empty one
+# from Google Drive; a slot has no network). Its caches go, the databases and Preferences stay.
+CHROMIUM_PROFILE = "/home/user/.config/chromium"
 SETUP = (
     "glib-compile-schemas /usr/share/glib-2.0/schemas; "
     "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper; "
-    "rm -rf /run/systemd"
+    "rm -rf /run/systemd; "
+    "runuser -u user -- env HOME=/home/user timeout 120 chromium --headless=new --no-sandbox "
+    "--disable-gpu --no-first-run --disable-background-networking --disable-component-update "
+    f"--user-data-dir={CHROMIUM_PROFILE} --dump-dom about:blank >/dev/null 2>&1 || true; "
+    f"test -s {CHROMIUM_PROFILE}/Default/History || "
+    "{ echo 'chromium left no History in its profile' >&2; exit 1; }; "
+    f"cd {CHROMIUM_PROFILE} && rm -rf Default/Cache 'Default/Code Cache' Default/GPUCache "
+    "Default/DawnGraphiteCache Default/DawnWebGPUCache GPUPersistentCache GrShaderCache "
+    "GraphiteDawnCache ShaderCache component_crx_cache Crashpad 'Crash Reports'; cd /"
 )
 
 

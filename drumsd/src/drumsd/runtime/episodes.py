@@ -330,17 +330,20 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
             return  # reset, branch or destroy replaced this tree on purpose
         if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
             return
-        log.warning(
-            "slot=%s episode=%s init %d exited: %s", slot_id, rec.episode, handle.init_pid, how
-        )
         set_gate(
             sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited", "how": how}
         )
         sup.metrics.failure("init_exited")
         if rec.status is SlotStatus.ready:
-            quarantine_slot(sup, rec, f"the slot's init exited mid-episode ({how})")
+            quarantine_slot(sup, rec, f"the slot's init exited mid-episode ({how})")  # logs it
         else:
             sup._save_slot(rec, "gates")
+            log.warning(
+                "slot=%s episode=%s init exited (already quarantined): %s",
+                slot_id,
+                rec.episode,
+                how,
+            )
 
 
 def finish_episode(sup: Supervisor, rec: SlotRecord) -> None:

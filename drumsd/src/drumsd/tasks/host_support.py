@@ -241,8 +241,8 @@ class TaskSupport(BaseModel):
 
 def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
     """Every task under the configured directories with whether it runs here (and why not).
-    A file whose id an earlier file already defines is listed unsupported, naming that file: a
-    create by id takes the first one (find_task), so the table must not promise the other."""
+    A file whose id another file wins (first_by_id: the one a create by id runs) is listed
+    unsupported, naming that file, so the table does not promise a task create would not run."""
     tasks, broken = list_tasks(ctx.task_dirs)
     rows = []
     first = first_by_id(tasks)

@@ -25,7 +25,7 @@ import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, criu, host_share, idmap, mounts, procfs, slot_fs
+from drumsd.linux import cgroups, host_share, idmap, mounts, procfs, slot_fs
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd, exit_text, kill_tree, reap_nohang
 from drumsd.runtime import agent_client
@@ -317,16 +317,12 @@ class RuntimeBase:
 
     async def _supervise(self, inst: _Instance) -> None:
         """Own the pidfd: wait until the init exits, reap it if it is our child (restore-sibling
-        makes it one) and keep how it ended (`exit_how`), close the pidfd."""
+        makes it one) and keep how it ended (`exit_how`: no I/O, since a teardown waits for
+        `exited`), close the pidfd."""
         fd = inst.pidfd
         try:
             await trio.lowlevel.wait_readable(fd)
             inst.exit_how = exit_text(reap_nohang(inst.pid))
-            init_log = await trio.to_thread.run_sync(
-                criu.tail, inst.paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 2
-            )
-            if init_log:
-                inst.exit_how += f"; desktop-init.log ends: {' | '.join(init_log)}"
         except (trio.ClosedResourceError, trio.BusyResourceError):
             alive = procfs.is_same_process(inst.pid, inst.starttime)
             inst.exit_how = "its pidfd was closed under the watch" + (

@@ -22,7 +22,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import beneath, proc_events, procfs, syscalls
+from drumsd.linux import beneath, criu, proc_events, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
@@ -250,7 +250,11 @@ class SlotIOMixin(RuntimeBase):
                 await trio.sleep(0.1)
             return "gone from /proc (not watched by a pidfd of this runtime)"
         await inst.exited.wait()
-        return inst.exit_how or "exited"
+        how = inst.exit_how or "exited"
+        init_log = await trio.to_thread.run_sync(
+            criu.tail, inst.paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 2
+        )
+        return how + (f"; desktop-init.log ends: {' | '.join(init_log)}" if init_log else "")
 
     async def quiescent(
         self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int

@@ -85,7 +85,7 @@ SOLVE = f"mkdir -p ~/Desktop && echo yes > {ANSWER}"
 
 def test_honest_in_scope_episode_is_trusted(daemon):
     result, _ = _verify_after(daemon, _task("answer_is_yes"), [SOLVE])
-    assert result["score"] == 1.0 and result["audit"]["flags"] == [], result
+    assert result["score"] == 1.0 and result["audit"]["flags"] == [], result["audit"]
     assert result["audit"]["scope"]["checked"] is True
     assert result["trusted"] is True
 
@@ -119,6 +119,9 @@ def test_write_outside_allowed_globs_is_a_scope_violation(daemon):
     assert "scope_violation" in audit["flags"], audit
     assert any(stray in str(v) for v in audit["scope"]["violations"]), audit["scope"]
     assert result["score"] == 1.0 and result["trusted"] is False
+    # The daemon's log names the file too, with the slot and episode.
+    logged = [ln for ln in daemon.log_path.read_text().splitlines() if "audit flags" in ln]
+    assert any(result["slot"] in ln and stray in ln for ln in logged), logged[-3:]
 
 
 def test_hanging_checker_times_out_without_hanging_verify(daemon):

@@ -314,6 +314,20 @@ def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> Veri
         trusted = None
     else:
         trusted = True
+    if bad_flags:
+        # What the audit saw, where an operator looks: the flags alone do not say which file
+        # left the scope or which run disagreed.
+        log.warning(
+            "slot=%s episode=%s audit flags %s (score %s, second %s, redundant %s; "
+            "out of scope: %s)",
+            rec.id,
+            rec.episode,
+            ",".join(bad_flags),
+            result.score,
+            result.audit.second_score,
+            result.audit.redundant_score,
+            ", ".join(result.audit.scope.get("violations") or []) or "nothing",
+        )
     if result.checker_error:
         sup.metrics.failure("checker_error")
     if valid_state and result.score is not None and result.checker_error is None:

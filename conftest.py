@@ -10,6 +10,7 @@ slow         marked by hand on the few long ones (the OpenAPI fuzzer, the task-s
 from __future__ import annotations
 
 import gc
+import signal
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ BY_DIRECTORY = {
     ROOT / "tests" / "integration": "integration",
     ROOT / "tests" / "nix": "integration",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal gives it. A run started as a background job of a non-interactive
+    shell (`bash scripts/test.sh &`) inherits SIGINT ignored, so Python installs no
+    KeyboardInterrupt handler and the processes the tests start inherit the ignore: every
+    Ctrl-C test (the SDK's cleanup, the RL loop's) would fail for the way it was launched. A
+    Python handler is reset to the default on exec, so the children get it back too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def tier_of(path: Path) -> str:

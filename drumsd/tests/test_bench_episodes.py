@@ -120,6 +120,9 @@ def test_command_line_refuses_nonsense_counts(capsys: pytest.CaptureFixture[str]
     assert args.func is be.main_episode_bench
     assert be.main_episode_bench(args) == 2
     assert "--episodes must be at least 1" in capsys.readouterr().err
+    args = parser.parse_args(["bench", "episodes", "--phase-episodes", "-1"])
+    assert be.main_episode_bench(args) == 2
+    assert "--phase-episodes are >= 0" in capsys.readouterr().err
     # `drumsd bench` without the subcommand is still the restore bench
     assert parser.parse_args(["bench", "--image", "office"]).func.__name__ == "main_bench"
 
@@ -144,3 +147,36 @@ def test_a_host_that_other_load_saturates_gives_no_host_figure() -> None:
     assert full["host_saturated"] is True
     assert full["cpu_per_episode_s"]["host_less_background"] is None
     assert be.episode_cpu(full) == 0.5  # the own account still stands
+
+
+def test_phase_cpu_charges_each_phase_what_the_reading_grew_by() -> None:
+    readings = iter([10.0, 10.5, 12.0, 12.0, 12.25])
+    phases = be.PhaseCpu(lambda: next(readings))
+    for name in ("create", "steps", "gates_wait", "verify"):
+        phases.mark(name)
+    assert phases.by_phase == {"create": 0.5, "steps": 1.5, "gates_wait": 0.0, "verify": 0.25}
+    # No reader (no cpuacct on the host): nothing recorded, nothing raised.
+    none = be.PhaseCpu(None)
+    none.mark("create")
+    assert none.by_phase == {}
+
+
+def test_cpu_by_phase_in_the_summary_and_the_table() -> None:
+    on = _path(create=0.5, verify=0.2, host_cpu=6.0, wall=4.0, valid=4, own=2.0)
+    whole = {"create": 0.1, "steps": 1.0, "gates_wait": 0.0, "verify": 0.3, "destroy": 0.05}
+    r = {
+        **on,
+        "phase_episodes": [
+            {"cpu_s": whole},
+            {"cpu_s": {**whole, "steps": 2.0}},
+            {"cpu_s": {"create": 0.2}},  # failed after create: counts for create alone
+        ],
+    }
+    summary = be.summarize_path(r, be.EpisodeBenchOptions())
+    by = summary["cpu_by_phase_s"]
+    assert by["create"]["n"] == 3 and by["steps"]["n"] == 2 and by["steps"]["mean"] == 1.5
+    assert by["episode"]["n"] == 2 and by["episode"]["mean"] == pytest.approx(1.95)
+    table = be.render_table({"paths": {"drums": summary}, "ratios": {}})
+    assert "CPU-s by phase p50, 1 at a time" in table and "  gates wait" in table
+    # A run without them (the boot path, an old JSON) shows no phase rows.
+    assert "by phase" not in be.render_table({"paths": {"drums": on}, "ratios": {}})

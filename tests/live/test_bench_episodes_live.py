@@ -32,6 +32,7 @@ def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
     out = tmp_path / "episodes.json"
     argv = [sys.executable, "-m", "drumsd.cli", "bench", "episodes", "--image", "base"]
     argv += ["--task", FILES_TASK, "--episodes", "2", "--steps", "3", "--task-resets", "1"]
+    argv += ["--phase-episodes", "1"]
     argv += ["--skip-boot", "--state-root", str(state_root), "--out", str(out)]
     try:
         done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -51,9 +52,16 @@ def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
         own = path["cpu_per_episode_s"]["own"]
         assert own is not None and own > 0.05, (name, path["cpu_per_episode_s"])
         assert path["task_reset_s"]["n"] == 1, path["task_reset_s"]
+        # The one-at-a-time episode: every phase read; the steps and verify cost something.
+        by_phase = path["cpu_by_phase_s"]
+        assert by_phase["episode"]["n"] == 1, by_phase
+        assert by_phase["steps"]["p50"] > 0 and by_phase["verify"]["p50"] > 0, by_phase
+    off = {"tasks": {"resident_checkers": False}, "task_checkpoints": {"enabled": False}}
     assert result["features"] == [
-        {"name": "resident_checkers", "off": {"tasks": {"resident_checkers": False}}}
+        {"name": "resident_checkers", "off": {"tasks": {"resident_checkers": False}}},
+        {"name": "task_checkpoints", "off": {"task_checkpoints": {"enabled": False}}},
     ]
-    assert paths["features off"]["config_overrides"] == {"tasks": {"resident_checkers": False}}
+    assert paths["features off"]["config_overrides"] == off
+    assert "CPU-s by phase p50, 1 at a time" in done.stdout, done.stdout
     assert mounted == []
     assert leftovers == []

@@ -13,7 +13,11 @@ Reported per path: create-to-ready, task reset (a reset of a slot on its task: r
 step + screenshot, verify (p50 / p99), CPU-seconds per episode (host /proc/stat delta over the
 episodes, less the host's background rate sampled just before; and the daemon's own processes
 plus its slots' processes, which other load on the host does not touch), and valid episodes per
-hour; ratios against the drums path. Prints a table and writes JSON.
+hour; ratios against the drums path. Then, on each daemon path, a few episodes one at a time
+with the daemon's CPU read between phases (create, the steps, the gates' wait, verify, destroy):
+where an episode's CPU goes. Work the daemon does in the background (a warm spare's refill, an
+idle desktop's own ticks) is charged to whichever phase it overlaps. Prints a table and writes
+JSON.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,9 @@ from drumsd.bench_episodes_host import (
 )
 from drumsd.bench_episodes_host import (
     merge_config as merge_config,
+)
+from drumsd.bench_episodes_report import (
+    PHASES as PHASES,
 )
 from drumsd.bench_episodes_report import (
     SATURATED as SATURATED,
@@ -103,6 +110,7 @@ class EpisodeBenchOptions:
     concurrency: int = 2
     steps: int = 20
     task_resets: int = 3  # per task, per path
+    phase_episodes: int = 6  # per path, one at a time, CPU read between phases (0: none)
     cold_boots: int = 3  # office boots vary (1.2 s to 6 s seen): a median of 3
     skip_boot: bool = False
     alive_after_s: float = 1.0
@@ -159,22 +167,47 @@ def scripted_action(i: int) -> dict[str, Any]:
     return {"type": "move", "x": 400 + (i * 97) % 1100, "y": 250 + (i * 61) % 600}
 
 
-def run_episode(client: Any, task_id: str, steps: int) -> dict[str, Any]:
+class PhaseCpu:
+    """CPU-seconds per phase of one episode, from a reading of the daemon's CPU taken at each
+    phase's end (no reader: nothing recorded)."""
+
+    def __init__(self, read: Callable[[], float | None] | None) -> None:
+        self.read = read
+        self.by_phase: dict[str, float] = {}
+        self.last = read() if read else None
+
+    def mark(self, phase: str) -> None:
+        if self.read is None or self.last is None:
+            return
+        now = self.read()
+        if now is not None:
+            self.by_phase[phase] = round(now - self.last, 4)
+            self.last = now
+
+
+def run_episode(
+    client: Any, task_id: str, steps: int, cpu: Callable[[], float | None] | None = None
+) -> dict[str, Any]:
+    phases = PhaseCpu(cpu)
     t0 = time.monotonic()
     env = client.create(task=task_id)
     create_s = time.monotonic() - t0
+    phases.mark("create")
     rec: dict[str, Any] = {"task": task_id, "create_s": create_s, "steps_s": []}
     try:
         for i in range(steps):
             t = time.monotonic()
             env.step(scripted_action(i), screenshot=True)
             rec["steps_s"].append(time.monotonic() - t)
+        phases.mark("steps")
         t = time.monotonic()
         env.wait_valid(timeout=60)
         rec["gates_wait_s"] = time.monotonic() - t
+        phases.mark("gates_wait")
         t = time.monotonic()
         result = env.verify(strict=False)
         rec["verify_s"] = time.monotonic() - t
+        phases.mark("verify")
         rec["valid"] = bool(result.valid and result.verdict == "valid")
         rec["score"] = result.score
         rec["audit_flags"] = list(result.audit.flags)
@@ -185,8 +218,23 @@ def run_episode(client: Any, task_id: str, steps: int) -> dict[str, Any]:
         t = time.monotonic()
         env.close()
         rec["destroy_s"] = time.monotonic() - t
+        phases.mark("destroy")
     rec["wall_s"] = time.monotonic() - t0
+    if phases.by_phase:
+        rec["cpu_s"] = phases.by_phase
     return rec
+
+
+def run_phase_episodes(daemon: BenchDaemon, tasks: list[str], opts: EpisodeBenchOptions) -> list:
+    """opts.phase_episodes episodes over the mix, one at a time, the daemon's CPU read between
+    phases (one episode at a time, so no other episode's work lands in a phase)."""
+    import drums
+
+    out: list[dict[str, Any]] = []
+    with drums.connect(daemon.url, token=daemon.token) as client:
+        for i in range(opts.phase_episodes):
+            out.append(run_episode(client, tasks[i % len(tasks)], opts.steps, daemon.cpu_s))
+    return out
 
 
 def run_episodes(daemon: BenchDaemon, tasks: list[str], opts: EpisodeBenchOptions) -> list[dict]:
@@ -288,6 +336,9 @@ def run_path(
         if opts.task_resets > 0:
             progress(f"[{name}] task reset x{opts.task_resets} per task ...")
             result["task_reset_s"] = stats(run_task_resets(daemon, tasks, opts))
+        if opts.phase_episodes > 0 and daemon.cpu_s() is not None:
+            progress(f"[{name}] {opts.phase_episodes} episodes one at a time, CPU by phase ...")
+            result["phase_episodes"] = run_phase_episodes(daemon, tasks, opts)
         ok = True
     finally:
         # Ctrl-C included: the daemon and its desktops never outlive the bench.
@@ -397,6 +448,12 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=d.concurrency, help="N at a time")
     parser.add_argument("--steps", type=int, default=d.steps, help="steps per episode")
     parser.add_argument(
+        "--phase-episodes",
+        type=int,
+        default=d.phase_episodes,
+        help="episodes one at a time with the daemon's CPU read between phases (0: none)",
+    )
+    parser.add_argument(
         "--task-resets", type=int, default=d.task_resets, help="resets per task (0: none)"
     )
     parser.add_argument("--cold-boots", type=int, default=d.cold_boots)
@@ -417,8 +474,11 @@ def main_episode_bench(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             print(f"drumsd bench episodes: --{name} must be at least 1", file=sys.stderr)
             return 2
-    if args.task_resets < 0 or args.cold_boots < 0:
-        print("drumsd bench episodes: --task-resets and --cold-boots are >= 0", file=sys.stderr)
+    if args.task_resets < 0 or args.cold_boots < 0 or args.phase_episodes < 0:
+        print(
+            "drumsd bench episodes: --task-resets, --cold-boots and --phase-episodes are >= 0",
+            file=sys.stderr,
+        )
         return 2
     # Every option of the command line is a field of the same name (the mix: --task).
     names = {f.name for f in fields(EpisodeBenchOptions)}

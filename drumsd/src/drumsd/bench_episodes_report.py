@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 
 SATURATED = 0.9  # background CPU per second, as a share of the host's CPUs
+# An episode's phases, in order, as the one-at-a-time episodes record their CPU.
+PHASES = ("create", "steps", "gates_wait", "verify", "destroy")
 
 
 def stats(values: Sequence[float]) -> dict[str, float]:
@@ -58,7 +60,24 @@ def summarize_path(r: dict[str, Any], opts: EpisodeBenchOptions) -> dict[str, An
     per = episode_cpu(r)
     cpus = os.cpu_count() or 1
     r["cpu_bound_episodes_per_hour"] = round(cpus * 3600 / per * valid / n, 1) if per else None
+    by_phase = cpu_by_phase(r.get("phase_episodes") or [])
+    if by_phase:
+        r["cpu_by_phase_s"] = by_phase
     return r
+
+
+def cpu_by_phase(episodes: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per phase, the CPU-seconds of the one-at-a-time episodes (those that reached it), and
+    `episode`: their sum per episode that recorded every phase."""
+    out: dict[str, dict[str, float]] = {}
+    for phase in PHASES:
+        values = [e["cpu_s"][phase] for e in episodes if phase in e.get("cpu_s", {})]
+        if values:
+            out[phase] = stats(values)
+    whole = [sum(e["cpu_s"].values()) for e in episodes if set(e.get("cpu_s", {})) == set(PHASES)]
+    if whole:
+        out["episode"] = stats(whole)
+    return out
 
 
 def episode_cpu(path: dict[str, Any]) -> float | None:
@@ -172,6 +191,12 @@ def render_table(res: dict[str, Any]) -> str:
     ):
         vals = [paths[n]["cpu_per_episode_s"].get(key) for n in names]
         rows.append((label, ["-" if v is None else f"{v:.2f}" for v in vals]))
+    phase_rows = [("episode", "CPU-s by phase p50, 1 at a time")]
+    phase_rows += [(p, f"  {p.replace('_', ' ')}") for p in PHASES]
+    if any(paths[n].get("cpu_by_phase_s") for n in names):
+        for phase, label in phase_rows:
+            vals = [paths[n].get("cpu_by_phase_s", {}).get(phase, {}).get("p50") for n in names]
+            rows.append((label, ["-" if v is None else f"{v:.3f}" for v in vals]))
     rows.append(
         (
             "valid episodes / hour (measured)",

@@ -225,20 +225,15 @@ def run_episode(
     return rec
 
 
-def run_phase_episodes(daemon: BenchDaemon, tasks: list[str], opts: EpisodeBenchOptions) -> list:
-    """opts.phase_episodes episodes over the mix, one at a time, the daemon's CPU read between
-    phases (one episode at a time, so no other episode's work lands in a phase)."""
-    import drums
-
-    out: list[dict[str, Any]] = []
-    with drums.connect(daemon.url, token=daemon.token) as client:
-        for i in range(opts.phase_episodes):
-            out.append(run_episode(client, tasks[i % len(tasks)], opts.steps, daemon.cpu_s))
-    return out
-
-
-def run_episodes(daemon: BenchDaemon, tasks: list[str], opts: EpisodeBenchOptions) -> list[dict]:
-    """opts.episodes episodes over the mix, opts.concurrency at a time, one client per thread."""
+def run_episodes(
+    daemon: BenchDaemon,
+    tasks: list[str],
+    opts: EpisodeBenchOptions,
+    cpu: Callable[[], float | None] | None = None,
+) -> list[dict]:
+    """opts.episodes episodes over the mix, opts.concurrency at a time, one client per thread;
+    with `cpu`, each episode's phases are charged what that reading grew by (meant for one at a
+    time, so no other episode's work lands in a phase)."""
     import drums
 
     todo: queue.Queue[str] = queue.Queue()
@@ -254,7 +249,7 @@ def run_episodes(daemon: BenchDaemon, tasks: list[str], opts: EpisodeBenchOption
                     task_id = todo.get_nowait()
                 except queue.Empty:
                     return
-                rec = run_episode(client, task_id, opts.steps)
+                rec = run_episode(client, task_id, opts.steps, cpu)
                 with lock:
                     done.append(rec)
 
@@ -338,7 +333,8 @@ def run_path(
             result["task_reset_s"] = stats(run_task_resets(daemon, tasks, opts))
         if opts.phase_episodes > 0 and daemon.cpu_s() is not None:
             progress(f"[{name}] {opts.phase_episodes} episodes one at a time, CPU by phase ...")
-            result["phase_episodes"] = run_phase_episodes(daemon, tasks, opts)
+            one_at_a_time = _replace(opts, episodes=opts.phase_episodes, concurrency=1)
+            result["phase_episodes"] = run_episodes(daemon, tasks, one_at_a_time, daemon.cpu_s)
         ok = True
     finally:
         # Ctrl-C included: the daemon and its desktops never outlive the bench.

@@ -45,7 +45,7 @@ class RecordStore:
         self._queued = 0  # writes ever queued
         self._written = 0  # writes ever finished (in queue order)
         self._lock = trio.Lock()  # writer batches, compaction, load: one at a time
-        self._io = threading.Lock()  # the journal's file I/O itself
+        self._io = threading.RLock()  # the journal's file I/O itself
         self._work = trio.Event()
         self._progress = trio.Event()
         self._running = False
@@ -75,8 +75,7 @@ class RecordStore:
     # --- the writer ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The writer task (in the supervisor's nursery). On cancellation the queue is left for
-        `flush_sync`, which the supervisor calls on its way out."""
+        """The writer task (in the supervisor's nursery), until cancelled."""
         self._running = True
         task_status.started()
         try:
@@ -86,13 +85,31 @@ class RecordStore:
                 async with self._lock:
                     await self._write_queued()
         finally:
+            # Stopping (shutdown): what is still queued is written here, so a shielded task
+            # waiting in durable() (a destroy still archiving) wakes to it on disk, and every
+            # later save is written at once.
             self._running = False
+            self.flush_sync()
 
     async def _write_queued(self) -> None:
         batch, self._queue = self._queue, []
         if batch:
-            await trio.to_thread.run_sync(self._run_batch, batch)
+            await self._in_thread(batch, partial(self._run_batch, batch))
             self._done(len(batch))
+
+    async def _in_thread(self, batch: list[Write], fn: Callable[[], None]) -> None:
+        """Run a taken batch's writes in a worker thread. trio checks for cancellation before the
+        thread starts: cancelled there, the batch was not written and goes back to the queue's
+        front (a thread once started is never abandoned)."""
+        try:
+            await trio.to_thread.run_sync(fn)
+        except trio.Cancelled:
+            self._queue[:0] = batch
+            if self._running:
+                self._work.set()
+            else:
+                self.flush_sync()
+            raise
 
     def _run_batch(self, batch: list[Write]) -> None:
         with self._io:
@@ -107,6 +124,9 @@ class RecordStore:
 
     def _done(self, n: int) -> None:
         self._written += n
+        self._wake()
+
+    def _wake(self) -> None:
         self._progress.set()
         self._progress = trio.Event()
 
@@ -121,7 +141,7 @@ class RecordStore:
         batch, self._queue = self._queue, []
         if batch:
             self._run_batch(batch)
-            self._written += len(batch)
+            self._done(len(batch))
 
     @property
     def pending(self) -> int:
@@ -141,11 +161,11 @@ class RecordStore:
             events = snapshot(self.journal.last_seq + len(batch))
 
             def write() -> None:
-                self._run_batch(batch)
-                with self._io:
+                with self._io:  # no flush between the batch and the snapshot replacing it
+                    self._run_batch(batch)
                     self.journal.compact(events)
 
-            await trio.to_thread.run_sync(write)
+            await self._in_thread(batch, write)
             self._done(len(batch))
 
     async def events_of(self, record_id: str) -> list[str]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -16,6 +19,22 @@ class ListJournal:
 
     def save(self, kind, record, event, now, *, file) -> None:
         self.saved.append((record["id"], event))
+
+
+@asynccontextmanager
+async def writer_running(store: RecordStore) -> AsyncIterator[trio.CancelScope]:
+    """The store's writer in a nursery, under a cancel scope of its own (its stop, when the body
+    cancels it), blocked waiting for work when the body starts."""
+    writer = trio.CancelScope()
+
+    async def run_writer() -> None:
+        with writer:
+            await store.run()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_writer)
+        await trio.testing.wait_all_tasks_blocked()
+        yield writer
 
 
 async def test_writes_reach_the_journal_in_order_before_durable_returns() -> None:
@@ -34,19 +53,11 @@ async def test_writes_reach_the_journal_in_order_before_durable_returns() -> Non
 
 async def test_a_durable_wait_outlives_a_stopped_writer() -> None:
     """The daemon stopping while a shielded destroy waits for its record to be on disk (the
-    reaper's destroy as a test's supervisor exits): the writer is gone, so the waiter writes the
-    queue itself instead of waiting forever."""
+    reaper's destroy as a test's supervisor exits): the stopping writer writes what is queued,
+    so the wait ends instead of lasting forever."""
     journal = ListJournal()
     store = RecordStore(journal)
-    writer = trio.CancelScope()
-
-    async def run_writer() -> None:
-        with writer:
-            await store.run()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_writer)
-        await trio.testing.wait_all_tasks_blocked()
+    async with writer_running(store) as writer:
         store.save("slot", {"id": "s0"}, "destroyed", 0.0, file=True)
         writer.cancel()  # the writer stops before it takes the batch
         with trio.fail_after(5):
@@ -64,15 +75,7 @@ async def test_a_batch_cancelled_before_its_thread_starts_is_not_lost() -> None:
     lost batch as its supervisor stopped)."""
     journal = ListJournal()
     store = RecordStore(journal)
-    writer = trio.CancelScope()
-
-    async def run_writer() -> None:
-        with writer:
-            await store.run()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run_writer)
-        await trio.testing.wait_all_tasks_blocked()
+    async with writer_running(store) as writer:
         await store._lock.acquire()  # as a compaction would hold it
         store.save("slot", {"id": "s0"}, "destroyed", 0.0, file=True)
         await trio.testing.wait_all_tasks_blocked()  # the writer waits for the lock

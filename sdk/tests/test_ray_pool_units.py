@@ -118,6 +118,7 @@ def test_join_without_a_daemon_is_a_clear_error(capsys: pytest.CaptureFixture[st
 # ---------------------------------------------------------------- the gateway's pure parts
 
 from drums.ray._gateway import (  # noqa: E402
+    ID_KEYS,
     Gateway,
     merge_health,
     merge_prometheus,
@@ -141,6 +142,58 @@ def test_ids_carry_their_host_both_ways() -> None:
     assert split_path("/v1/slots/h2~s-9/step") == ("h2", "/v1/slots/s-9/step")
     assert split_path("/v1/checkpoints/h1~st-3") == ("h1", "/v1/checkpoints/st-3")
     assert split_path("/v1/slots") == (None, "/v1/slots")
+
+
+def test_id_shaped_user_data_passes_through_the_gateway_unchanged() -> None:
+    """Only the API's id fields carry a host: a command's stdout, a label, an inline task's
+    text or a file's content that happens to look like an id is the user's, both ways."""
+    step = {
+        "slot": "s-0a1b",
+        "output": {"stdout": "s-abc\n", "stderr": "st-1", "returncode": 0},
+        "terminal": {"slot": "s-0a1b", "text": "pf-2 tpl-x", "source": "xterm"},
+        "labels": {"id": "s-abc", "run": "st-9"},
+    }
+    tagged = tag_ids(step, "h1")
+    assert tagged["slot"] == "h1~s-0a1b" and tagged["terminal"]["slot"] == "h1~s-0a1b"
+    assert tagged["output"] == step["output"]
+    assert tagged["terminal"]["text"] == "pf-2 tpl-x"
+    assert tagged["labels"] == step["labels"]
+    create = {
+        "from_state": "h1~st-5",
+        "labels": {"note": "h1~s-abc"},
+        "task": {"id": "h1~s-abc", "instruction": "type h1~s-abc", "config": []},
+    }
+    body, host = untag_ids(create, ["h1"])
+    assert host == "h1" and body["from_state"] == "st-5"
+    assert body["labels"] == create["labels"] and body["task"] == create["task"]
+    action = {"action": {"type": "type", "text": "h1~s-abc"}}
+    assert untag_ids(action, ["h1"]) == (action, None)
+    branch = {"parent": "s-1", "checkpoint": "pf-2", "children": [{"id": "s-3", "parent": "s-1"}]}
+    assert tag_ids(branch, "h2") == {
+        "parent": "h2~s-1",
+        "checkpoint": "h2~pf-2",
+        "children": [{"id": "h2~s-3", "parent": "h2~s-1"}],
+    }
+
+
+def test_the_gateways_id_fields_are_fields_of_the_api() -> None:
+    """ID_KEYS names fields drums.models or the console rows really have, so a renamed API
+    field cannot leave the gateway rewriting a key nothing sends."""
+    from pydantic import BaseModel
+
+    from drums import models
+
+    fields = {
+        name
+        for model in vars(models).values()
+        if isinstance(model, type) and issubclass(model, BaseModel)
+        for name in model.model_fields
+    }
+    # Fields of answers that are not pydantic models: console rows, a branch's lists, the
+    # daemon's reconcile and archive summaries.
+    outside_models = {"template", "members", "destroyed", "adopted", "swept", "slots"}
+    assert ID_KEYS - fields <= outside_models
+    assert {"id", "checkpoint", "parent", "children", "from_state", "prefork"} <= ID_KEYS
 
 
 def test_health_and_prometheus_aggregate_and_name_the_dead_host() -> None:

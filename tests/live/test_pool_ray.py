@@ -265,6 +265,7 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             _console_through_the_gateway(port, token, [e.id for e in envs])
             step = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
             assert step.screenshot_png_b64
+            _id_shaped_user_data_unchanged(client, envs[0])
             with envs[1].fork(2) as children:
                 assert {c.id.split("~")[0] for c in children} == {envs[1].id.split("~")[0]}
             with client.create(task=INFEASIBLE) as episode:
@@ -281,6 +282,27 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _id_shaped_user_data_unchanged(client: Any, env: Any) -> None:
+    """Strings shaped like env and state ids in stdout, a file, labels and an inline task's
+    text and id come back through the gateway as they were sent: only API id fields carry
+    the host."""
+    shell = "printf s-abc; printf 'st-1 pf-2' > /tmp/ids.txt; cat /tmp/ids.txt >&2"
+    ran = env.step({"type": "execute", "command": ["bash", "-lc", shell]})
+    assert (ran.output.stdout, ran.output.stderr) == ("s-abc", "st-1 pf-2"), ran.output
+    assert ran.slot == env.id  # the API's own field does carry the host
+    task = {
+        "id": "s-abc",
+        "instruction": "Say whether s-abc and st-1 exist",
+        "config": [],
+        "evaluator": {"func": "infeasible"},
+    }
+    with client.create(task=task, labels={"run": "s-abc", "from": "h1~st-1"}) as episode:
+        assert episode.id.count("~") == 1
+        listed = {s.id: s for s in client.list_envs()}[episode.id]
+        assert listed.labels == {"run": "s-abc", "from": "h1~st-1"}
+        assert listed.task_id == "s-abc"
 
 
 def _console_through_the_gateway(port: int, token: str, env_ids: list[str]) -> None:

@@ -24,35 +24,68 @@ _ROUTED = ("/v1/slots/", "/v1/checkpoints/")
 
 # ---------------------------------------------------------------- ids (pure)
 
+# The API's fields that hold env or state ids (drums.models and the console's rows: a slot's `id`,
+# `checkpoint`, `parent`, a branch's `children`, a create's `from_state` or `image`, ...). Only
+# their values are rewritten: an id-shaped string anywhere else is the user's (a command's stdout,
+# a label, a file's text) and passes through unchanged.
+ID_KEYS = frozenset(
+    {
+        "id",
+        "checkpoint",
+        "checkpoints",
+        "parent",
+        "children",
+        "from_state",
+        "image",
+        "prefork",
+        "slot",
+        "slots",
+        "source_slot",
+        "template",
+        "members",
+        "destroyed",
+        "adopted",
+        "swept",
+    }
+)
+# Containers that are the user's data, not the API's: never walked, whatever keys they hold.
+USER_DATA_KEYS = frozenset({"task", "labels", "action", "actions", "output", "text", "tree"})
 
-def tag_ids(value: Any, label: str) -> Any:
-    """Every env or state id in a drumsd answer, prefixed with its host."""
+
+def _map_ids(value: Any, change: Callable[[str], str], under_id_key: bool = False) -> Any:
     if isinstance(value, dict):
-        return {k: tag_ids(v, label) for k, v in value.items()}
+        return {
+            k: v if k in USER_DATA_KEYS else _map_ids(v, change, k in ID_KEYS)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [tag_ids(v, label) for v in value]
-    if isinstance(value, str) and _ID.match(value):
-        return f"{label}{SEP}{value}"
+        return [_map_ids(v, change, under_id_key) for v in value]
+    if under_id_key and isinstance(value, str):
+        return change(value)
     return value
 
 
+def tag_ids(value: Any, label: str) -> Any:
+    """Every env or state id in the API fields of a drumsd answer, prefixed with its host."""
+
+    def tag(v: str) -> str:
+        return f"{label}{SEP}{v}" if _ID.match(v) else v
+
+    return _map_ids(value, tag)
+
+
 def untag_ids(value: Any, hosts: List[str]) -> Tuple[Any, Optional[str]]:
-    """Ids in a request body back to the host's own, and the host they name (if any)."""
+    """Ids in a request body's API fields back to the host's own, and the host they name."""
     found: List[str] = []
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if isinstance(v, str) and SEP in v:
-            label, _, rest = v.partition(SEP)
-            if label in hosts and _ID.match(rest):
-                found.append(label)
-                return rest
+    def untag(v: str) -> str:
+        label, sep, rest = v.partition(SEP)
+        if sep and label in hosts and _ID.match(rest):
+            found.append(label)
+            return rest
         return v
 
-    return walk(value), (found[0] if found else None)
+    return _map_ids(value, untag), (found[0] if found else None)
 
 
 def split_path(path: str) -> Tuple[Optional[str], str]:

@@ -302,7 +302,8 @@ class Checkpoint(ResponseModel):
     created_at: datetime
     last_used_at: Optional[datetime] = None
     expires_at: Optional[datetime] = None
-    size_mib: float = 0.0
+    size_mib: float = 0.0  # what its files hold on disk (a sparse file's data only)
+    apparent_mib: float = 0.0  # what its files' sizes add up to (holes included)
     upper_sha256: Optional[str] = None
     task_id: Optional[str] = None
     profile: str = "hardened"

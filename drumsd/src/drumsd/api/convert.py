@@ -58,6 +58,7 @@ def checkpoint(cp: CheckpointRecord) -> wire.Checkpoint:
         last_used_at=ts(cp.last_used_at),
         expires_at=ts(record_expires_at(cp)),
         size_mib=cp.size_mib,
+        apparent_mib=cp.apparent_mib,
         upper_sha256=cp.upper_sha256,
         task_id=cp.task_id,
         profile=cp.profile,

@@ -106,7 +106,8 @@ class CheckpointRecord(Record):
     task_key: str | None = None  # a task checkpoint's key (core/task_checkpoints.py)
     task_source: str | None = None  # the checkpoint a task checkpoint's setup ran on
     profile: str = "hardened"
-    size_mib: float = 0.0
+    size_mib: float = 0.0  # what its files hold (allocated blocks): a sparse file's data only
+    apparent_mib: float = 0.0  # what its files say (st_size): holes included
     ready: bool = False  # false until the dump finished; unready ones are cleaned on start
     # DELETE ?when_unused=true while live slots restore from it: no new slot may start from
     # it, and it is deleted when the last of them is destroyed.

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsd.linux import sparse
 from drumsd.linux.mounts import plan_stage1
 
 # Written by the restored tree itself before the first gate read: the guest agent's log (every
@@ -110,9 +111,11 @@ def _signature(p: Path) -> str:
         parts.append("->" + os.readlink(p))
     elif stat.S_ISREG(st.st_mode):
         h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            sparse.hash_file(fd, st.st_size, h)  # a hole is not read: see linux/sparse.py
+        finally:
+            os.close(fd)
         parts += [str(st.st_size), h.hexdigest()]
     elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
         parts.append(f"dev={os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")

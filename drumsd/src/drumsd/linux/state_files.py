@@ -9,21 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from drumsd.core.records import KnownImage
+from drumsd.linux import trees
 from drumsd.linux.host_sampler import read_space
+from drumsd.linux.sparse import Usage
 
-MIB = 1024 * 1024
 
-
-def dir_size_mib(path: Path) -> float:
-    """Bytes of the regular files under `path`, in MiB (unreadable entries are skipped)."""
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            continue
-    return total / MIB
+def dir_usage(path: Path) -> Usage:
+    """Allocated and apparent bytes of the regular files under `path` (a checkpoint dir): a
+    sparse file counts what it holds (see `drumsd.linux.sparse`)."""
+    return trees.tree_usage(path)
 
 
 def space(path: Path) -> dict[str, Any] | None:

@@ -161,7 +161,8 @@ async def dump(
     cp.upper_sha256 = ref.upper_sha256
     cp.image_sha256 = ref.image_sha256 or cp.image_sha256
     cp.lower = str(ref.lower)
-    cp.size_mib = await trio.to_thread.run_sync(state_files.dir_size_mib, dest)
+    usage = await trio.to_thread.run_sync(state_files.dir_usage, dest)
+    cp.size_mib, cp.apparent_mib = usage.real_mib, usage.apparent_mib
     cp.ready = True
     sup._save_checkpoint(cp, "ready")
     if kind is CheckpointKind.prefork:

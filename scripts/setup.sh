@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up of a fresh Debian 12 host for drums: apt packages, CRIU 4.2.1, the desktop
-# image(s), and the Python workspace in .venv. Heavy artifacts are cached under /var/cache/drums
-# keyed by content hash, so a rerun on the same machine takes seconds.
+# image(s), and the Python workspace in .venv: what drumsd and its main job need (what only the
+# tests use, the Nix tools and the trainer venvs, scripts/test.sh builds). Heavy artifacts are
+# cached under /var/cache/drums keyed by content hash, so a rerun on the same machine takes seconds.
 #   scripts/setup.sh [PROFILE...]   (default: base)
 #   DRUMS_CONFIG=/etc/drums/drumsd.json also fetches the OSWorld commit its tasks.osworld pins.
 set -euo pipefail
@@ -29,9 +30,6 @@ for profile in "${profiles[@]}"; do
     bash scripts/prepare-host.sh "$profile"
 done
 
-step "tools the tests use (Nix >= 2.18 for the Nix checks, unpacked from Debian 13's .debs)"
-bash nix/ci-nix.sh >/dev/null
-
 step "checker virtualenv (OSWorld's metric functions, run as an unprivileged uid)"
 python -m drumsd.tasks
 
@@ -43,7 +41,4 @@ if [ -n "${DRUMS_CONFIG:-}" ]; then
         echo "setup: no OSWorld task files fetched; set tasks.osworld.dir to a copy" >&2
 fi
 
-step "trainer test venvs (verl 0.9.1, skyrl-train 0.3.1; cached by requirement-list hash)"
-bash scripts/trainer-venv.sh verl >/dev/null
-bash scripts/trainer-venv.sh skyrl >/dev/null
 step "done"

@@ -18,6 +18,16 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 export PATH="$PWD/.venv/bin:$PATH" DRUMS_LIVE=1 DRUMS_CI=1
+echo "==> tools only the tests use (Nix >= 2.18 for the Nix checks, unpacked from Debian 13's .debs)"
+bash nix/ci-nix.sh >/dev/null
+# Trainer venvs (cached by requirement-list hash; trainer-venv.sh builds each once, under a lock).
+# prime-rl's needs the trainer sources in ../shared/trainers: without them its tests skip, saying so.
+echo "==> trainer test venvs (verl 0.9.1, skyrl-train 0.3.1, prime-rl 559b44772)"
+bash scripts/trainer-venv.sh verl >/dev/null
+bash scripts/trainer-venv.sh skyrl >/dev/null
+rc=0
+bash scripts/trainer-venv.sh primerl >/dev/null || rc=$?
+((rc == 0 || rc == 3))
 echo "==> ruff"
 ruff check .
 ruff format --check .

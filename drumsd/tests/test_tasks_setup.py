@@ -26,6 +26,7 @@ from drumsd.tasks.setup_plan import (
     SetupError,
     plan_steps,
     strip_sudo,
+    translate_command,
 )
 from drumsd.tasks.testing import DirSlot
 
@@ -307,3 +308,53 @@ async def test_put_file_plan_names_sources(tmp_path: Path) -> None:
     assert plan_steps(task.config, task, ctx) == [
         PutFile(source=(ctx.assets_dir / "t1" / "f").resolve(), dest="/x")
     ]
+
+
+# Setup commands of OSWorld's current ec4e3f68 (os) and 93eabf48 (chrome), as they are there.
+EC4E3F68_FAVOURITES = (
+    "export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\n"
+    "gsettings set org.gnome.shell favorite-apps "
+    "\"['thunderbird.desktop', 'vim.desktop', 'google-chrome.desktop']\""
+)
+DARK_MODE_PREFS = (
+    "mkdir -p /home/user/.config/google-chrome/Default && if [ ! -f "
+    "/home/user/.config/google-chrome/Default/Preferences ]; then echo '{}' > "
+    "/home/user/.config/google-chrome/Default/Preferences; fi && python3 -c \"import json; "
+    "p='/home/user/.config/google-chrome/Default/Preferences'; d=json.load(open(p)); "
+    "d.setdefault('browser', {}).setdefault('theme', {})['color_scheme'] = 2; "
+    "d['browser']['theme']['color_scheme2'] = 2; json.dump(d, open(p, 'w'))\""
+)
+
+
+def test_values_naming_chrome_are_left_as_they_are() -> None:
+    """ec4e3f68: the favourite 'google-chrome.desktop' is a value, not a command: rewritten to
+    Chromium's command line, the task's correct fix scored 0."""
+    assert translate_command(EC4E3F68_FAVOURITES, True, TaskContext()) == EC4E3F68_FAVOURITES
+
+
+def test_chrome_profile_paths_become_chromium_profile_paths() -> None:
+    """93eabf48: the profile path stays a path (the mkdir failed on a path with Chromium's command
+    line in it); Google Chrome's profile directory is Chromium's, so its Preferences are read."""
+    got = translate_command(DARK_MODE_PREFS, True, TaskContext())
+    assert "google-chrome" not in got and "--no-sandbox" not in got
+    assert got == DARK_MODE_PREFS.replace("/.config/google-chrome/", "/.config/chromium/")
+
+
+@pytest.mark.parametrize(
+    ("shell", "translated"),
+    [
+        ("google-chrome --remote-debugging-port=1337 &", "CHROME --remote-debugging-port=1337 &"),
+        ("pkill google-chrome; nohup google-chrome >/dev/null 2>&1 &",
+         "pkill chromium; nohup CHROME >/dev/null 2>&1 &"),
+        ("FOO=1 sudo -S google-chrome-stable", "FOO=1 sudo -S CHROME"),
+        ("if true; then google-chrome; fi", "if true; then CHROME; fi"),
+        ("cat x | google-chrome", "cat x | CHROME"),
+        ("echo google-chrome > /tmp/google-chrome", "echo google-chrome > /tmp/google-chrome"),
+        ("ls /opt/google-chrome; echo 'google-chrome'",
+         "ls /opt/google-chrome; echo 'google-chrome'"),
+    ],
+)  # fmt: skip
+def test_only_command_words_become_chromium(shell: str, translated: str) -> None:
+    chrome = "chromium --no-sandbox --remote-debugging-port=1337"
+    got = translate_command(shell, True, TaskContext())
+    assert got == translated.replace("CHROME", chrome)

@@ -141,18 +141,125 @@ def _browser_argv(argv: list[str], ctx: TaskContext) -> list[str]:
     return argv
 
 
+# Words after which the next word is again a command's name (shell operators and openers).
+_COMMAND_OPENERS = frozenset({";", "&&", "||", "|", "|&", "&", "(", "{", "\n", "$(", "`", "!",
+                              "then", "else", "elif", "do", "while", "until", "if"})  # fmt: skip
+# Prefix commands whose next non-option word is the command run.
+_PREFIX_COMMANDS = frozenset({"sudo", "nohup", "exec", "setsid", "env", "time", "nice", "command"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*=")
+_CHROME_PROFILE = re.compile(r"(?<=/)\.config/google-chrome(?=/|$|[\s'\"])")
+
+
+def shell_words(shell: str) -> list[tuple[int, int, str]]:
+    """The words and operators of a shell string as (start, end, text) spans, quotes kept in the
+    text. Enough of the shell's grammar to find which words are commands' names; not a parser."""
+    spans: list[tuple[int, int, str]] = []
+    i, n, start = 0, len(shell), -1
+
+    def close(end: int) -> None:
+        nonlocal start
+        if start >= 0:
+            spans.append((start, end, shell[start:end]))
+            start = -1
+
+    while i < n:
+        c = shell[i]
+        if c in " \t":
+            close(i)
+            i += 1
+        elif c == "#" and start < 0:
+            while i < n and shell[i] != "\n":
+                i += 1
+        elif c == "\\":
+            start = i if start < 0 else start
+            i += 2
+        elif c in "'\"":
+            start = i if start < 0 else start
+            j = i + 1
+            while j < n and shell[j] != c:
+                j += 2 if c == '"' and shell[j] == "\\" else 1
+            i = j + 1
+        elif shell.startswith("$(", i):
+            close(i)
+            spans.append((i, i + 2, "$("))
+            i += 2
+        elif c in ";&|()`\n<>":
+            close(i)
+            op = next(
+                (o for o in ("&&", "||", "|&", ";;", ">>", "<<", "&>") if shell.startswith(o, i)), c
+            )
+            spans.append((i, i + len(op), op))
+            i += len(op)
+        else:
+            start = i if start < 0 else start
+            i += 1
+    close(n)
+    return spans
+
+
+def command_words(shell: str) -> list[tuple[int, int, str]]:
+    """The spans of `shell_words` that name the command run (argv[0]), past `VAR=value`
+    assignments and prefixes such as sudo or nohup (with their options); a redirection's target
+    is not one."""
+    found: list[tuple[int, int, str]] = []
+    expecting, after_prefix, after_redirect = True, False, False
+    for span in shell_words(shell):
+        word = span[2]
+        if word in ("<", ">", ">>", "<<", "&>"):
+            after_redirect = True
+            continue
+        if after_redirect:
+            after_redirect = False
+            continue
+        if word in _COMMAND_OPENERS:
+            expecting, after_prefix = True, False
+            continue
+        if not expecting:
+            continue
+        if _ASSIGNMENT.match(word) or (after_prefix and word.startswith("-")):
+            continue
+        if word in _PREFIX_COMMANDS:
+            after_prefix = True
+            continue
+        found.append(span)
+        expecting, after_prefix = False, False
+    return found
+
+
+def _browser_shell(shell: str, ctx: TaskContext) -> str:
+    """Only the browser's command words become the slot's Chromium (and the browser named to
+    pkill/killall its binary name); paths and values naming google-chrome stay as they are
+    (ec4e3f68's 'google-chrome.desktop' favourite, 93eabf48's mkdir), except Google Chrome's
+    profile directory, which is Chromium's here (~/.config/google-chrome -> chrome_profile_dir)."""
+    spans = shell_words(shell)
+    edits: list[tuple[int, int, str]] = []
+    for start, end, word in command_words(shell):
+        if word in _BROWSERS:
+            edits.append((start, end, shlex.join(ctx.chrome_command)))
+        elif word in ("pkill", "killall"):
+            following = [s for s in spans if s[0] > start]
+            for arg_start, arg_end, arg in following:
+                if arg in _COMMAND_OPENERS:
+                    break
+                if arg in _BROWSERS:
+                    name = PurePosixPath(ctx.chrome_command[0]).name
+                    edits.append((arg_start, arg_end, name))
+    for start, end, text in sorted(edits, reverse=True):
+        shell = shell[:start] + text + shell[end:]
+    profile = PurePosixPath(_profile_dir(ctx))
+    if not profile.is_relative_to(ctx.user_home):
+        return shell
+    return _CHROME_PROFILE.sub(str(profile.relative_to(ctx.user_home)), shell)
+
+
 def translate_command(command: list[str] | str, shell: bool, ctx: TaskContext) -> list[str] | str:
-    """Placeholders filled; Chrome mapped to the slot's Chromium; `python` to its python3."""
+    """Placeholders filled; Chrome run as the slot's Chromium; `python` as its python3."""
     command = fill_placeholders(command, ctx)
     if isinstance(command, str) and not shell:
         command = command.split()
     if isinstance(command, list):
         return _browser_argv(list(command), ctx)
-    for browser in _BROWSERS:
-        command = re.sub(
-            rf"(?<![\w-]){re.escape(browser)}(?![\w-])", shlex.join(ctx.chrome_command), command
-        )
-    return command
+    return _browser_shell(command, ctx)
 
 
 def _plan_one(step: Step, task: Task, ctx: TaskContext) -> list[Operation]:

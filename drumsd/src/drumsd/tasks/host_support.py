@@ -1,12 +1,14 @@
 """What this host supports: whether a task can run here and, when not, the reason.
 
-`support()` answers before any slot is touched (a missing cached file, a googledrive/login/proxy
-task, a metric whose library is missing, a getter drums does not have, an app the image lacks);
-`task_support_table()` is the same answer for every task, for the API and `drumsd tasks coverage`.
+`support()` answers before any slot is touched (a missing cached file, a googledrive/login task,
+a proxy task whose setup or checker reaches a web site, a metric whose library is missing, a
+getter drums does not have, an app the image lacks); `task_support_table()` is the same answer
+for every task, for the API and `drumsd tasks coverage`.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from .model import (
     cached_download,
     first_by_id,
     list_tasks,
+    strings_in,
     task_asset,
 )
 
@@ -146,9 +149,38 @@ def support(task: Task, ctx: TaskContext) -> tuple[bool, str | None]:
     return reason is None, reason
 
 
+# Getters whose value is a web page as loaded (its text, title or parsed HTML): live sites.
+WEB_PAGE_GETTERS = frozenset(
+    {"page_info", "info_from_website", "active_tab_html_parse", "active_tab_info", "open_tabs_info"}
+)
+_WEB_URL = re.compile(r"https?://(?!(?:localhost|127\.0\.0\.1|0\.0\.0\.0)[:/])[^\s'\"]+")
+
+
+def web_need(task: Task) -> str | None:
+    """What in a task's setup or checker reaches a live web site: a URL its steps open or its
+    getters compare with, or a getter reading a loaded page. Browsing history written by
+    update_browse_history is data, not a visit, and does not count."""
+    ev = task.evaluator
+    getters = [*_as_list(ev.result), *_as_list(ev.expected)]
+    for getter in getters:
+        if isinstance(getter, dict) and getter.get("type") in WEB_PAGE_GETTERS:
+            return f"its checker reads a loaded web page (getter {getter['type']!r})"
+    steps = [s for s in [*task.config, *ev.postconfig] if s.type != "update_browse_history"]
+    for where, value in (("setup", [s.parameters for s in steps]), ("checker", getters)):
+        for text in strings_in(value):
+            url = _WEB_URL.search(text)
+            if url:
+                return f"its {where} names the web site {url.group(0)}"
+    return None
+
+
 def _support_reason(task: Task, ctx: TaskContext) -> str | None:
     if task.proxy:
-        return UNSUPPORTED_STEPS["proxy"]
+        # OSWorld runs a proxy task without its proxy when enable_proxy is off; the flag says
+        # the task's sites want one. Offline here unless its setup or checker needs a site.
+        web = web_need(task)
+        if web:
+            return f"proxy task: {web}, and slots have no network (OSWorld uses its proxy pool)"
     windows = task.windows_hint
     if windows:
         return f"a Windows task (it names {windows!r}); slots run Linux"

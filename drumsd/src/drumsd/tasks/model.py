@@ -281,7 +281,7 @@ class Task(BaseModel):
         ev = self.evaluator
         found = (
             WINDOWS_HINT.search(text)
-            for text in _strings(
+            for text in strings_in(
                 [[s.parameters for s in [*self.config, *ev.postconfig]], ev.result, ev.expected]
             )
         )
@@ -290,19 +290,23 @@ class Task(BaseModel):
 
 # Related apps that only OSWorld's Windows tasks name (Microsoft Office's).
 WINDOWS_APPS = frozenset({"excel", "word", "ppt", "powerpoint"})
-# A drive path (C:\Users\...) or an .exe program: what only a Windows task names.
-WINDOWS_HINT = re.compile(r"(?:^|[\s\"'])[A-Za-z]:\\[^\s\"']*|[\w.-]+\.exe\b", re.IGNORECASE)
+# A drive path (C:\Users\...) or an .exe program: what only a Windows task names. Not `e:\n`: a
+# letter, a colon and an escaped newline or tab ends a line of embedded Python (`except ... as
+# e:\n`), which refused e8172110, a Linux GIMP task, as Windows.
+WINDOWS_HINT = re.compile(
+    r"(?:^|[\s\"'])[A-Za-z]:\\(?![ntr](?:[\s\"'\\]|$))[^\s\"']*|[\w.-]+\.exe\b", re.IGNORECASE
+)
 
 
-def _strings(value: Any) -> Iterator[str]:
+def strings_in(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _strings(item)
+            yield from strings_in(item)
     elif isinstance(value, list | tuple):
         for item in value:
-            yield from _strings(item)
+            yield from strings_in(item)
 
 
 class TaskContext(BaseModel):

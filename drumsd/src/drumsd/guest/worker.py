@@ -94,14 +94,19 @@ class ActionFailed(Exception):
         self.code = code
 
 
-class UnicodeKeyboard:
-    """Types characters that have no key on the keymap (é, ✓, 中) by binding their keysym to a
-    spare keycode and pressing it through XTEST.
+class Keyboard:
+    """Presses each character on the key the desktop's keymap gives it, with Shift exactly when
+    the keymap puts it on a key's shifted level; a character on no key (é, €, 中, emoji) is bound
+    to a spare keycode first.
 
-    pyautogui drops such characters; xdotool binds and unbinds a keycode around each press, which
-    races with the app reading the keymap (characters went missing in tests). Here a binding stays
-    until its keycode is reused, round-robin over every unused keycode (~100 on Xvfb's keymap),
-    and the mapping change reaches each client (MappingNotify) before the key event does."""
+    pyautogui decides Shift from a US-layout table and takes the keycode where the keysym sits at
+    the lowest level: on the desktops' keymap `less` is unshifted on the <> key, so pyautogui
+    pressed Shift with it and typed `>` for every `<` (OSWorld rewrites its agents' code around
+    this; here the keys are right instead). pyautogui drops characters on no key; xdotool binds and
+    unbinds a keycode around each press, which races with the app reading the keymap. Here a
+    binding stays until its keycode is reused, round-robin over every unused keycode (~100 on
+    Xvfb's keymap), and the mapping change reaches each client (MappingNotify) before the key
+    event does."""
 
     def __init__(self) -> None:
         from Xlib import X, display
@@ -113,8 +118,6 @@ class UnicodeKeyboard:
         count = self.display.display.info.max_keycode - first + 1
         mapping = self.display.get_keyboard_mapping(first, count)
         self.spare = [first + i for i, syms in enumerate(mapping) if not any(syms)]
-        if not self.spare:
-            raise ActionFailed("failed", "type: the keymap has no unused keycode for Unicode")
         self.next_spare = 0
         self.bound: dict[int, int] = {}  # keysym -> spare keycode bound to it
         self.shift = self.display.keysym_to_keycode(0xFFE1)  # Shift_L
@@ -124,42 +127,87 @@ class UnicodeKeyboard:
         code = ord(char)
         return code if 0x20 <= code <= 0x7E or 0xA0 <= code <= 0xFF else 0x01000000 | code
 
-    def type_char(self, char: str) -> None:
+    def key_of(self, char: str) -> tuple[int, bool]:
+        """(keycode, shifted) that types `char`, binding a spare keycode when no key has it."""
         keysym = self.keysym_of(char)
-        keycode, shifted = 0, False
         for code, index in self.display.keysym_to_keycodes(keysym):
             if index in (0, 1):
-                keycode, shifted = code, index == 1
-                break
-        if not keycode:
-            keycode = self.bound.get(keysym, 0)
-        if not keycode:
-            keycode = self.spare[self.next_spare]
-            self.next_spare = (self.next_spare + 1) % len(self.spare)
-            self.bound = {k: c for k, c in self.bound.items() if c != keycode}
-            self.bound[keysym] = keycode
-            self.display.change_keyboard_mapping(keycode, [(keysym, keysym)])
-            self.display.sync()
-        press, release = self.X.KeyPress, self.X.KeyRelease
+                return code, index == 1
+        keycode = self.bound.get(keysym, 0)
+        if keycode:
+            return keycode, False
+        if not self.spare:
+            raise ActionFailed("failed", f"typing {char!r}: the keymap has no unused keycode")
+        keycode = self.spare[self.next_spare]
+        self.next_spare = (self.next_spare + 1) % len(self.spare)
+        self.bound = {k: c for k, c in self.bound.items() if c != keycode}
+        self.bound[keysym] = keycode
+        self.display.change_keyboard_mapping(keycode, [(keysym, keysym)])
+        self.display.sync()
+        return keycode, False
+
+    def key_down(self, char: str) -> None:
+        keycode, shifted = self.key_of(char)
+        press = self.X.KeyPress
         if shifted:
             self.xtest.fake_input(self.display, press, self.shift)
         self.xtest.fake_input(self.display, press, keycode)
-        self.xtest.fake_input(self.display, release, keycode)
         if shifted:
-            self.xtest.fake_input(self.display, release, self.shift)
+            self.xtest.fake_input(self.display, self.X.KeyRelease, self.shift)
         self.display.sync()
+
+    def key_up(self, char: str) -> None:
+        keycode, _ = self.key_of(char)
+        self.xtest.fake_input(self.display, self.X.KeyRelease, keycode)
+        self.display.sync()
+
+    def type_char(self, char: str) -> None:
+        self.key_down(char)
+        self.key_up(char)
+
+
+# Single characters pyautogui maps to named keys (Return, Tab, BackSpace): its own table is right.
+_NAMED_CHARS = ("\n", "\r", "\t", "\b")
+
+
+def exact_keys(pyautogui: Any) -> None:
+    """Route every single character pyautogui presses (press, write, typewrite, hotkey, keyDown,
+    keyUp: all go through its platform module's _keyDown/_keyUp) to one Keyboard, made on first
+    use, so agents' own pyautogui code types what it says; named keys stay pyautogui's."""
+    platform = pyautogui.platformModule
+    named_down, named_up = platform._keyDown, platform._keyUp
+    keyboard: list[Keyboard] = []
+
+    def board() -> Keyboard:
+        if not keyboard:
+            keyboard.append(Keyboard())
+        return keyboard[0]
+
+    def key_down(key: Any) -> None:
+        if isinstance(key, str) and len(key) == 1 and key not in _NAMED_CHARS:
+            board().key_down(key)
+        else:
+            named_down(key)
+
+    def key_up(key: Any) -> None:
+        if isinstance(key, str) and len(key) == 1 and key not in _NAMED_CHARS:
+            board().key_up(key)
+        else:
+            named_up(key)
+
+    platform._keyDown, platform._keyUp = key_down, key_up
 
 
 class Executor:
     """Performs validated actions with pyautogui (X test events through the worker's own X
-    connection) and xdotool for Unicode text."""
+    connection), its characters typed by exact_keys' Keyboard."""
 
     def __init__(self) -> None:
         import pyautogui
 
         pyautogui.FAILSAFE = False  # agents legitimately click in screen corners
+        exact_keys(pyautogui)
         self.pyautogui = pyautogui
-        self.unicode: UnicodeKeyboard | None = None
         self.default_pause = pyautogui.PAUSE
         self.namespace_base = {
             "pyautogui": pyautogui,
@@ -181,7 +229,8 @@ class Executor:
         return handler(action) or {}
 
     def _check_keys(self, keys: tuple[str, ...]) -> None:
-        unknown = [k for k in keys if k not in self.pyautogui.KEYBOARD_KEYS]
+        # Any single character is a key: exact_keys types it whatever the keymap.
+        unknown = [k for k in keys if len(k) != 1 and k.lower() not in self.pyautogui.KEYBOARD_KEYS]
         if unknown:
             raise ActionFailed(
                 "invalid_action",
@@ -235,19 +284,7 @@ class Executor:
             self.pyautogui.hscroll(a.dx, **self._at(a))
 
     def _do_type(self, a: protocol.Action) -> None:
-        ascii_run: list[str] = []
-        for char in a.text:
-            if char in self.pyautogui.KEYBOARD_KEYS or char == "\n":
-                ascii_run.append(char)
-                continue
-            if ascii_run:
-                self.pyautogui.write("".join(ascii_run))
-                ascii_run.clear()
-            if self.unicode is None:
-                self.unicode = UnicodeKeyboard()
-            self.unicode.type_char(char)
-        if ascii_run:
-            self.pyautogui.write("".join(ascii_run))
+        self.pyautogui.write(a.text)  # every character through exact_keys' Keyboard
 
     def _do_key(self, a: protocol.Action) -> None:
         self._check_keys(a.keys)

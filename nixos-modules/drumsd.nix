@@ -67,47 +67,50 @@ let
 
   stateDir = cfg.settings.state_dir;
 
+  # The state tmpfs's size in MiB when it is absolute (a tmpfs `size=`: bytes or k/m/g); null for
+  # a share of RAM, which only the booted host knows.
+  stateTmpfsMiB =
+    let
+      parts = builtins.match "([0-9]+)([kKmMgG]?)" cfg.stateTmpfsSize;
+      n = lib.toInt (builtins.head parts);
+      unit = lib.toLower (builtins.elemAt parts 1);
+    in
+    if parts == null then
+      null
+    else
+      {
+        g = n * 1024;
+        m = n;
+        k = n / 1024;
+        "" = n / 1048576;
+      }
+      .${unit};
+  admission = cfg.settings.admission;
+
   # Above NixOS's mkDefault (1000), below a plain definition (100); see boot.kernel.sysctl.
   sysctlPriority = 999;
 
   # Nix images are unpacked where drumsd looks for built images: <images_dir>/<profile>-<hash>/
   # with root/ and an image.json carrying the sha256 drumsd's own manifest function computes,
   # so the daemon finds them by profile exactly like images it built itself. One directory per
-  # store path: a new image never changes a root that checkpoints still use.
+  # store path: a new image never changes a root that checkpoints still use. drumsd itself does
+  # it (`drumsd image unpack`), through its own bin/drumsd: the module needs nothing of how the
+  # package was built (nixpkgs' buildPythonApplication exposes no interpreter or site-packages).
   nixImagesDir = "/var/lib/drums/nix-images";
   imageProfile = if cfg.image == null then "base" else cfg.image.profile or "base";
-  imageDir = "${nixImagesDir}/${imageProfile}-${builtins.substring 0 32 (baseNameOf cfg.image)}";
-  python = cfg.package.pythonModule;
-
-  unpackImage = pkgs.writeShellScript "drumsd-unpack-image" ''
-    set -eu
-    dir=${lib.escapeShellArg imageDir}
-    if [ -e "$dir/image.json" ]; then
-      exit 0
-    fi
-    mkdir -p "$dir"
-    chmod 0755 ${lib.escapeShellArg nixImagesDir} "$dir"
-    # A run that died half-way left no image.json: start over.
-    rm -rf "$dir/root.partial" "$dir/root"
-    mkdir "$dir/root.partial"
-    echo "drumsd-image: unpacking ${toString cfg.image}/root.tar into $dir/root"
-    tar -x -p --numeric-owner -f ${toString cfg.image}/root.tar -C "$dir/root.partial"
-    chmod 0755 "$dir/root.partial"
-    mv -T "$dir/root.partial" "$dir/root"
-    # image.json last, atomically: its presence means the image is whole.
-    PYTHONPATH=${cfg.package}/${python.sitePackages} ${python.interpreter} -I -c '
-    import json, sys
-    from pathlib import Path
-    from drumsd.linux.image import write_manifest
-    d = Path(sys.argv[1])
-    sha = write_manifest(d / "root", d / "manifest")
-    meta = {"profile": sys.argv[2], "root": str(d / "root"), "sha256": sha,
-            "builder": "nix", "store_path": sys.argv[3]}
-    (d / "image.json.partial").write_text(json.dumps(meta, indent=2) + "\n")
-    (d / "image.json.partial").rename(d / "image.json")
-    print(f"drumsd-image: {d}/root sha256 {sha}")
-    ' "$dir" ${lib.escapeShellArg imageProfile} ${toString cfg.image}
-  '';
+  imageName = builtins.substring 0 32 (baseNameOf (toString cfg.image));
+  unpackImage = lib.escapeShellArgs [
+    (lib.getExe' cfg.package "drumsd")
+    "image"
+    "unpack"
+    "${toString cfg.image}/root.tar"
+    "--profile"
+    imageProfile
+    "--name"
+    imageName
+    "--images-dir"
+    nixImagesDir
+  ];
 in
 {
   options.services.drumsd = {
@@ -253,6 +256,15 @@ in
       {
         assertion = !cfg.openFirewall || !listenIsLoopback;
         message = "services.drumsd.openFirewall opens port ${toString listenPort}, but settings.listen (${cfg.settings.listen}) is loopback; listen on an external address with allow_remote = true, or leave openFirewall off.";
+      }
+      {
+        # A fork or capture writes a checkpoint, then must leave min_state_free_mib: on a smaller
+        # tmpfs admission refuses every one of them (429), and creates too once a template exists.
+        assertion =
+          stateTmpfsMiB == null
+          || !admission.enabled
+          || admission.min_state_free_mib + admission.capture_mib < stateTmpfsMiB;
+        message = "services.drumsd.stateTmpfsSize (${cfg.stateTmpfsSize}) leaves no room: admission refuses an operation that would leave less than settings.admission.min_state_free_mib (${toString admission.min_state_free_mib} MiB) after a checkpoint of settings.admission.capture_mib (${toString admission.capture_mib} MiB). Make the tmpfs larger or lower those two.";
       }
       {
         assertion = lib.hasPrefix "/" stateDir && !isStorePath stateDir;

@@ -11,10 +11,23 @@ let
     { pkgs, ... }:
     {
       imports = [ drumsModule ];
-      services.drumsd.enable = true;
-      # A desktop restore needs about 150 MiB per slot plus the checkpoint on the state tmpfs.
+      # Sized so that admission admits each scenario's work (at most four slots held, the
+      # template's capture and a fork's): the defaults are a production host's margins (8 GiB
+      # free on the state dir, 4 GiB of RAM), which refused every create on a 3 GiB tmpfs.
+      # tests/nix/test_nix_nixos_eval.py checks these against drumsd's own admission decision.
+      services.drumsd = {
+        enable = true;
+        stateTmpfsSize = "4G";
+        settings.admission = {
+          min_available_mib = 1024;
+          min_available_pct = 2;
+          min_state_free_mib = 1024;
+          env_mib = 512;
+          capture_mib = 1024;
+        };
+      };
       virtualisation = {
-        memorySize = 6144;
+        memorySize = 8192;
         cores = 2;
         diskSize = 8192;
       };

@@ -53,12 +53,8 @@ let
       };
     # The script's text stands in for its store path, so tests can read it.
     writeShellScript = name: text: "#!${name}\n${text}";
-    drumsd = fakePackage "drumsd" "0.1.0" // {
-      pythonModule = {
-        sitePackages = "lib/python3.13/site-packages";
-        interpreter = "/nix/store/00000000000000000000000000000000-python3-3.13/bin/python3.13";
-      };
-    };
+    # As nixpkgs' buildPythonApplication makes it: bin/drumsd, no pythonModule.
+    drumsd = fakePackage "drumsd" "0.1.0";
     drums-criu = fakePackage "criu" "4.2.1";
     drums-pool = fakePackage "drums-sdk" "0.1.0";
     drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0" // {

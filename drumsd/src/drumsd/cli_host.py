@@ -1,4 +1,4 @@
-"""Host-facing subcommands of `drumsd`: doctor, image build/list, host prepare.
+"""Host-facing subcommands of `drumsd`: doctor, image build/unpack/list, host prepare.
 
 `register(subparsers)` adds them to the main parser; each sets `handler` (args -> exit code), so
 main runs `sys.exit(args.handler(args))`. Defaults come from the config model.
@@ -70,6 +70,19 @@ def run_image_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_image_unpack(args: argparse.Namespace) -> int:
+    from drumsd.linux.image import ImageBuildError
+    from drumsd.linux.image_import import unpack_image
+
+    try:
+        info = unpack_image(args.tar, args.images_dir, args.profile, args.name, progress=_progress)
+    except ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"profile": info.profile, "root": str(info.root), "sha256": info.sha256}))
+    return 0
+
+
 def run_image_list(args: argparse.Namespace) -> int:
     from drumsd.linux.image import ImageBuildError, find_image
     from drumsd.linux.image_profiles import PROFILES
@@ -126,6 +139,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--profile", choices=sorted(PROFILES), default="base")
     add_cache(build)
     build.set_defaults(handler=run_image_build)
+    unpack = image_sub.add_parser(
+        "unpack",
+        help="register an image built elsewhere (a root.tar, e.g. Nix's) as <profile>-<name>",
+    )
+    unpack.add_argument("tar", type=Path, help="the root file system as a tarball")
+    unpack.add_argument("--profile", required=True, help="the profile it is found by")
+    unpack.add_argument("--name", required=True, help="what tells this build apart (a hash)")
+    unpack.add_argument(
+        "--images-dir", type=Path, default=_DEFAULTS["images_dir"].default, help="config images_dir"
+    )
+    unpack.set_defaults(handler=run_image_unpack)
     listing = image_sub.add_parser("list", help="built images and their sha256")
     add_cache(listing)
     listing.set_defaults(handler=run_image_list)

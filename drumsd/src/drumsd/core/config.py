@@ -56,6 +56,12 @@ class AdmissionConfig(Block):
     min_available_mib: int = Field(default=4096, ge=0)
     env_mib: int = Field(default=1024, ge=1, description="fallback cost of one new slot")
     capture_mib: int = Field(default=2048, ge=1, description="cost of one capture or prefork")
+    capture_max_mib: int = Field(
+        default=4096,
+        ge=1,
+        description="refuse a capture or prefork (409) when the slot's files hold more data "
+        "than this (allocated size: a sparse file's holes are free)",
+    )
     max_memory_psi_some_avg10: float = Field(default=10.0, ge=0, le=100)
     min_state_free_mib: int = Field(default=8192, ge=0)
     sample_interval_s: float = Field(default=1.0, gt=0, le=60)
@@ -289,6 +295,19 @@ class Config(Block):
     )
     step_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="an action's deadline when it names none"
+    )
+    capture_timeout_s: float = Field(
+        default=180.0,
+        gt=0,
+        le=3600,
+        description="a capture's or prefork's deadline (quiet wait, dump, copy, hash): its slot "
+        "is free again by then",
+    )
+    stuck_operation_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="/v1/health warns of an operation holding its slot longer (or past its own "
+        "deadline)",
     )
     cleanup_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="wait this long for a slot's destroy"

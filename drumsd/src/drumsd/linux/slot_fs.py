@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsd.linux import idmap, mounts, trees
+from drumsd.linux import idmap, mounts, sparse, trees
 from drumsd.linux.exec_helper import overlay_as_argv
 
 # ------------------------------------------------------------------ owner.json
@@ -177,7 +177,7 @@ def cache_images(images: Path, cache: Path, key: str, tmpfs_mib: int) -> Path:
     if not dest.exists():
         tmp = cache / f"{key}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(images, tmp)
+        shutil.copytree(images, tmp, copy_function=sparse.copy_path)  # holes stay holes
         os.replace(tmp, dest)
     return dest
 

@@ -11,13 +11,18 @@ from typing import Any
 from drumsd.core.records import KnownImage
 from drumsd.linux import trees
 from drumsd.linux.host_sampler import read_space
-from drumsd.linux.sparse import Usage
+from drumsd.linux.sparse import NEVER, CancelFlag, Usage
 
 
-def dir_usage(path: Path) -> Usage:
+def dir_usage(path: Path, cancel: CancelFlag = NEVER) -> Usage:
     """Allocated and apparent bytes of the regular files under `path` (a checkpoint dir): a
     sparse file counts what it holds (see `drumsd.linux.sparse`)."""
-    return trees.tree_usage(path)
+    return trees.tree_usage(path, cancel)
+
+
+def upper_usage(upper: Path, cancel: CancelFlag = NEVER) -> Usage:
+    """What a slot's upper layer holds (nothing when it has none on this host)."""
+    return trees.tree_usage(upper, cancel) if upper.is_dir() else Usage()
 
 
 def space(path: Path) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from drumsd.core.seams import (
 from drumsd.linux import state_files
 from drumsd.runtime.forgotten import scan_forgotten
 from drumsd.runtime.services import health_json as services_health
+from drumsd.runtime.slot_locks import abandoned, held_too_long
 
 if TYPE_CHECKING:
     from drumsd.runtime.supervisor import Supervisor
@@ -61,6 +62,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
     warnings += [f"tasks: {w}" for w in tasks.get("warnings", [])]
     services, service_warnings = services_health(sup)
     warnings += service_warnings
+    warnings += stuck_operations(sup)
     journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
     state_space = await trio.to_thread.run_sync(state_files.space, sup.config.state_dir)
     return {
@@ -88,6 +90,24 @@ async def health(sup: Supervisor) -> dict[str, Any]:
         "tasks": tasks,
         "warnings": warnings,
     }
+
+
+def stuck_operations(sup: Supervisor) -> list[str]:
+    """A slot lock held past its operation's deadline (or stuck_operation_s), and worker threads
+    still running after their operation gave up on them: each a warning naming what and since
+    when (issue 39: a capture hashing an 8 TiB hole held its slot for good while health said ok)."""
+    now = trio.current_time()
+    out = [
+        f"slot {slot_id}: {holder.op} has held the slot for {held:.0f} s"
+        + (f", past its deadline of {holder.deadline_s:g} s" if holder.deadline_s else "")
+        + "; requests on the slot wait for it"
+        for slot_id, holder, held in held_too_long(sup._locks, now, sup.config.stuck_operation_s)
+    ]
+    out += [
+        f"a worker thread ({what}) still runs {since:.0f} s after its operation gave up on it"
+        for what, since in abandoned()
+    ]
+    return out
 
 
 def checker_health(sup: Supervisor) -> dict[str, Any]:

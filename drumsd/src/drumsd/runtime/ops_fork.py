@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,11 +38,13 @@ from drumsd.core.seams import (
     SlotHandle,
 )
 from drumsd.linux import state_files
+from drumsd.linux.sparse import Usage
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import new_id
 from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
+from drumsd.runtime.slot_locks import run_stoppable
 from drumsd.runtime.teardown import discard
 
 if TYPE_CHECKING:
@@ -55,12 +58,13 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
     sup.get_slot(slot_id)
     sup._check_state_space("capture", sup.config.admission.capture_mib)
     sup._admit("capture", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_capture(rec)
-        lease = saved_state_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
-        cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
-        return cp
+    async with sup._lock(slot_id).hold("capture", sup.config.capture_timeout_s):
+        with capture_deadline(sup, slot_id, "capture"):
+            rec = sup.get_slot(slot_id)
+            check_can_capture(rec)
+            lease = saved_state_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
+            cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
+            return cp
 
 
 async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
@@ -71,14 +75,57 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
         return reusable
     sup._check_state_space("prefork", sup.config.admission.capture_mib)
     sup._admit("prefork", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_capture(rec)
-        reusable = reusable_prefork(sup, rec)
-        if reusable is not None:
-            return reusable
-        lease = state_lease(sup.config, CheckpointKind.prefork, req.idle_timeout_s, None)
-        return await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
+    async with sup._lock(slot_id).hold("prefork", sup.config.capture_timeout_s):
+        with capture_deadline(sup, slot_id, "prefork"):
+            rec = sup.get_slot(slot_id)
+            check_can_capture(rec)
+            reusable = reusable_prefork(sup, rec)
+            if reusable is not None:
+                return reusable
+            lease = state_lease(sup.config, CheckpointKind.prefork, req.idle_timeout_s, None)
+            return await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
+
+
+@contextmanager
+def capture_deadline(sup: Supervisor, slot_id: str, what: str) -> Iterator[None]:
+    """capture_timeout_s over a capture under its slot lock: past it the dump is abandoned (its
+    worker threads stop at their next chunk, its half-written checkpoint is removed) and the
+    slot is free again; the caller gets a 504 saying so."""
+    limit = sup.config.capture_timeout_s
+    try:
+        with trio.fail_after(limit):
+            yield
+    except trio.TooSlowError:
+        sup.metrics.failure("capture_timeout")
+        raise DrumsdError(
+            "timeout",
+            f"{what} of slot {slot_id} did not finish within capture_timeout_s={limit:g}s and was "
+            "abandoned (nothing was saved; the slot runs on and is free for other requests). "
+            "If the slot holds much data, delete what it does not need and retry, or raise "
+            "capture_timeout_s",
+            slot=slot_id,
+            timeout_s=limit,
+        ) from None
+
+
+def check_capture_size(sup: Supervisor, rec: SlotRecord, usage: Usage) -> None:
+    """A capture copies the data of the slot's files into state_dir: refused (409) past
+    admission.capture_max_mib, counting what the files hold, not their apparent size."""
+    bound = sup.config.admission.capture_max_mib
+    if usage.real_mib <= bound:
+        return
+    sup.metrics.failure("capture_too_large")
+    raise DrumsdError(
+        "conflict",
+        f"slot {rec.id}'s files hold {usage.real_mib:,.0f} MiB of data ({usage.apparent_mib:,.0f}"
+        f" MiB apparent), over admission.capture_max_mib={bound}: a capture copies that data "
+        "into state_dir. Delete large files in the slot (`du -xsh ~/* /tmp/*` in the slot shows "
+        "them) and capture again, or raise admission.capture_max_mib",
+        slot=rec.id,
+        real_mib=round(usage.real_mib, 1),
+        apparent_mib=round(usage.apparent_mib, 1),
+        capture_max_mib=bound,
+    )
 
 
 def reusable_prefork(sup: Supervisor, rec: SlotRecord) -> CheckpointRecord | None:
@@ -105,6 +152,10 @@ async def dump(
     for a quiet tree first; `before_ready` adds files to the checkpoint dir before it is usable
     (a task checkpoint's run files)."""
     handle = sup._handle(rec)
+    usage = await run_stoppable(
+        state_files.upper_usage, handle.upper, what=f"measuring slot {rec.id}'s upper layer"
+    )
+    check_capture_size(sup, rec, usage)
     now = sup.clock()
     prefix = {"saved": "st", "prefork": "pf", "template": "tpl", "task": "tk"}[kind.value]
     cp_id = new_id(prefix)
@@ -161,7 +212,7 @@ async def dump(
     cp.upper_sha256 = ref.upper_sha256
     cp.image_sha256 = ref.image_sha256 or cp.image_sha256
     cp.lower = str(ref.lower)
-    usage = await trio.to_thread.run_sync(state_files.dir_usage, dest)
+    usage = await run_stoppable(state_files.dir_usage, dest, what=f"measuring {dest}")
     cp.size_mib, cp.apparent_mib = usage.real_mib, usage.apparent_mib
     cp.ready = True
     sup._save_checkpoint(cp, "ready")

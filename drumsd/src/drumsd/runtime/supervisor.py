@@ -83,6 +83,7 @@ from drumsd.runtime.services import (
     spares,
     templates,
 )
+from drumsd.runtime.slot_locks import SlotLock
 from drumsd.runtime.store import RecordStore
 from drumsd.runtime.verifier import NoTaskCatalog, NoTaskVerifier, TaskCatalog, Verifier
 
@@ -139,7 +140,7 @@ class Supervisor:
         self.warnings: list[str] = []
         self.draining = False
         self.reconciled: dict[str, list[str]] = {}
-        self._locks: dict[str, trio.Lock] = {}
+        self._locks: dict[str, SlotLock] = {}  # a slot's lock names its holder (health)
         self._dirty: set[str] = set()
         self._pending_mib = 0.0
         self._pending_state_mib = 0.0  # dumps admitted and still being written to state_dir
@@ -204,8 +205,8 @@ class Supervisor:
         await self.store.durable()
         return result
 
-    def _lock(self, slot_id: str) -> trio.Lock:
-        return self._locks.setdefault(slot_id, trio.Lock())
+    def _lock(self, slot_id: str) -> SlotLock:
+        return self._locks.setdefault(slot_id, SlotLock())
 
     # --- persistence ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimi
 from drumsd.linux import checkpoint_files, criu, procfs
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log
+from drumsd.runtime.slot_locks import run_stoppable
 
 
 class DumpMixin(RuntimeBase):
@@ -45,7 +46,7 @@ class DumpMixin(RuntimeBase):
             before = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s = time.monotonic() - t0
             done = await self._launcher.run(
-                argv, dest / "criu.out", timeout_s=self.config.dump_timeout_s
+                argv, dest / "criu.out", timeout_s=self._dump_time_limit()
             )
             t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
@@ -75,7 +76,7 @@ class DumpMixin(RuntimeBase):
             await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             raise problem
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
-        upper_sha = await trio.to_thread.run_sync(tree_sha256, upper)
+        upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
         meta = {
             "id": checkpoint_id,
             "lower": [str(p) for p in inst.lower],
@@ -101,6 +102,13 @@ class DumpMixin(RuntimeBase):
         return CheckpointRef(
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
+
+    def _dump_time_limit(self) -> float:
+        """criu's own limit (it runs shielded: its process must be waited for), no later than
+        the caller's deadline (a capture's capture_timeout_s), so the slot lock is not held
+        past it."""
+        left = trio.current_effective_deadline() - trio.current_time()
+        return max(1.0, min(self.config.dump_timeout_s, left))
 
     def _slot_processes(self, inst: _Instance) -> dict[int, procfs.NsProcess]:
         """The slot's processes in its own pid namespace (pid there -> comm and threads); {}

@@ -109,6 +109,28 @@ def test_v2_driver_prepare_and_create(tmp_path: Path) -> None:
     assert drv.slot_names() == ["s2"]
 
 
+def test_v2_base_under_systemd_delegate_subgroup(tmp_path: Path) -> None:
+    """The NixOS unit: Delegate=yes with DelegateSubgroup=daemon starts drumsd in
+    drumsd.service/daemon, a leaf without controllers; the unit's cgroup has them. The slots'
+    group goes beside the daemon's leaf, which stays a leaf a restarted daemon can join."""
+    unit = tmp_path / "system.slice" / "drumsd.service"
+    leaf = unit / "daemon"
+    leaf.mkdir(parents=True)
+    (unit / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (unit / "cgroup.procs").write_text("")
+    (leaf / "cgroup.controllers").write_text("")
+    (leaf / "cgroup.procs").write_text("4242\n")
+    base = cgroups.managed_base("/system.slice/drumsd.service/daemon")
+    assert base == "/system.slice/drumsd.service"
+    drv = cgroups.CgroupV2(tmp_path, base)
+    drv.create("s1", LIMITS)
+    assert (unit / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
+    assert (unit / "drums" / "s1").is_dir()
+    assert sorted(p.name for p in leaf.iterdir()) == ["cgroup.controllers", "cgroup.procs"]
+    assert cgroups.managed_base("/system.slice/other.service") == "/system.slice/other.service"
+    assert cgroups.managed_base("/daemon") == "/"
+
+
 def test_v2_prepare_refuses_without_controllers(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu\n")
     with pytest.raises(cgroups.CgroupError, match="Delegate=yes"):

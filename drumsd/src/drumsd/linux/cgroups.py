@@ -99,6 +99,20 @@ def parse_cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], Path | None]:
     return v1, v2
 
 
+# The leaf the daemon runs in below the cgroup it manages (cgroup v2), next to its slots' group.
+DAEMON_LEAF = "daemon"
+
+
+def managed_base(own: str) -> str:
+    """The v2 cgroup drumsd manages, from its own (/proc/self/cgroup): its parent when the daemon
+    already runs in the `daemon` leaf, as systemd's DelegateSubgroup=daemon starts it (the NixOS
+    unit) and an earlier prepare() leaves it. Taking the leaf itself would find no controllers
+    there (systemd enables them in the unit's cgroup, the delegated one), and enabling them in it
+    would make the leaf an inner node that a restarted daemon cannot be placed in (EBUSY)."""
+    parent, _, name = own.rstrip("/").rpartition("/")
+    return (parent or "/") if name == DAEMON_LEAF else own
+
+
 def _controllers_of(v2_root: Path) -> set[str]:
     try:
         return set((v2_root / "cgroup.controllers").read_text().split())
@@ -327,8 +341,8 @@ class CgroupV2:
         _, v2 = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
         if v2 is None:
             raise CgroupError("no cgroup2 mount found; mount one at /sys/fs/cgroup")
-        base = parse_proc_cgroup(Path("/proc/self/cgroup").read_text()).get("", "/")
-        return cls(v2, base, group)
+        own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text()).get("", "/")
+        return cls(v2, managed_base(own), group)
 
     def prepare(self) -> None:
         missing = set(V2_CONTROLLERS) - _controllers_of(self.base)
@@ -339,7 +353,7 @@ class CgroupV2:
             )
         procs = _read_pids(self.base / "cgroup.procs")
         if procs and self.base != self.root:
-            leaf = self.base / "daemon"
+            leaf = self.base / DAEMON_LEAF
             leaf.mkdir(exist_ok=True)
             for pid in procs:
                 try:

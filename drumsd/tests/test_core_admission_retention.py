@@ -5,7 +5,9 @@ from __future__ import annotations
 from drumsd.core.admission import (
     HostSample,
     decide,
+    floor_group_limit_mib,
     group_memory_limit_mib,
+    memory_floor_mib,
     state_space_warnings,
 )
 from drumsd.core.config import AdmissionConfig, Config
@@ -144,3 +146,24 @@ def test_group_memory_limit_is_host_memory_less_the_admission_floor_unless_set()
     assert group_memory_limit_mib(0, 24_000, 4096) is None  # 0 = no limit
     assert group_memory_limit_mib(None, None, 4096) is None  # the host cannot say
     assert group_memory_limit_mib(None, 2_000, 4096) == 256  # never below a floor
+
+
+def test_group_limit_follows_mem_available_so_memory_outside_slots_cannot_sink_the_floor() -> None:
+    # Slots use 3,000 MiB, the host has 6,000 available, the floor is 4,096: the slots may grow
+    # by 1,904 more, not to MemTotal less the floor (issue 39, D7).
+    assert floor_group_limit_mib(None, 3_000, 6_000, 4_096) == 3_000 + 6_000 - 4_096
+    # A hog outside slots took the host under the floor: slots keep what they have, no more.
+    assert floor_group_limit_mib(None, 3_000, 2_000, 4_096) == 3_000
+    assert floor_group_limit_mib(None, 0, 1_000, 4_096) == 256  # never near zero
+    assert floor_group_limit_mib(2_000, 1_000, 20_000, 4_096) == 2_000  # a set value caps it
+    assert floor_group_limit_mib(0, 1_000, 20_000, 4_096) is None  # 0 = no limit
+
+
+def test_memory_floor_is_the_larger_of_the_mib_and_pct_settings() -> None:
+    config = AdmissionConfig(min_available_mib=1_024, min_available_pct=10)
+    assert memory_floor_mib(config, 24_000) == 2_400
+    assert memory_floor_mib(config, None) == 1_024
+    assert (
+        memory_floor_mib(AdmissionConfig(min_available_mib=4_096, min_available_pct=1), 24_000)
+        == 4_096
+    )

@@ -430,6 +430,11 @@ class AdmissionState(ResponseModel):
     slot_cost_mib: Optional[float] = Field(
         default=None, description="what one more slot costs: the live slots' real, merged charge"
     )
+    group_memory_limit_mib: Optional[float] = Field(
+        default=None,
+        description="memory limit of all slots together: their usage plus MemAvailable less the "
+        "floor, refreshed every sample (null: none set yet, or no limit)",
+    )
     sampled_at: Optional[datetime] = None
 
 

@@ -136,11 +136,44 @@ def state_space_warnings(
 def group_memory_limit_mib(
     configured_mib: int | None, mem_total_mib: float | None, reserve_mib: int
 ) -> int | None:
-    """The memory limit of the cgroup above all slots: the configured value; when none is set,
-    the host's memory less admission's floor, so slots together hit their own OOM before the host
-    does (admission only refuses new work; admitted slots can still grow). 0 = no limit."""
+    """The memory limit of the cgroup above all slots at start, before the first host sample: the
+    configured value; when none is set, the host's memory less admission's floor. The admission
+    service then moves it with MemAvailable (`floor_group_limit_mib`). 0 = no limit."""
     if configured_mib is not None:
         return configured_mib or None
     if not mem_total_mib:
         return None
-    return max(256, int(mem_total_mib) - reserve_mib)
+    return max(MIN_GROUP_LIMIT_MIB, int(mem_total_mib) - reserve_mib)
+
+
+# The slots' group is never limited below this, whatever the host says (a limit near zero only
+# turns every page fault of every slot into reclaim).
+MIN_GROUP_LIMIT_MIB = 256
+
+
+def memory_floor_mib(config: AdmissionConfig, mem_total_mib: float | None) -> float:
+    """The MemAvailable admission keeps: the larger of min_available_mib and min_available_pct."""
+    pct_mib = (config.min_available_pct / 100.0) * mem_total_mib if mem_total_mib else 0.0
+    return max(float(config.min_available_mib), pct_mib)
+
+
+def floor_group_limit_mib(
+    configured_mib: int | None,
+    group_usage_mib: float,
+    mem_available_mib: float,
+    floor_mib: float,
+) -> int | None:
+    """The memory limit of all slots together that keeps MemAvailable at or above `floor_mib`:
+    what the slots use now plus what the host can still give before the floor. A fixed
+    "MemTotal less the floor" ignored memory used outside slots, so slots could take the host
+    thousands of MiB under the floor (issue 39, D7). Memory used outside slots shrinks it; it
+    never goes below what the slots already use (the kernel would have to reclaim or OOM-kill
+    at once for a dip the next sample may undo), nor above a configured `group_memory_mib`.
+    None = no limit (`group_memory_mib` 0)."""
+    if configured_mib == 0:
+        return None
+    limit = max(group_usage_mib, group_usage_mib + mem_available_mib - floor_mib)
+    limit = max(float(MIN_GROUP_LIMIT_MIB), limit)
+    if configured_mib is not None:
+        limit = min(limit, float(configured_mib))
+    return int(limit)

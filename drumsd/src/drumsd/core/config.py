@@ -243,8 +243,9 @@ class Config(Block):
     group_memory_mib: int | None = Field(
         default=None,
         ge=0,
-        description="memory limit of all slots together; null = MemTotal less "
-        "admission.min_available_mib, 0 = none",
+        description="memory limit of all slots together; null = what the slots use plus "
+        "MemAvailable less admission's floor, refreshed every admission sample; a number caps "
+        "that; 0 = none",
     )
     tmpfs_mib: int = Field(default=1024, ge=16, le=1_048_576, description="slot upper + /tmp")
     slot_range: tuple[int, int] = Field(

@@ -196,6 +196,15 @@ class SlotRuntime(Protocol):
         """Run a command inside the slot as the desktop user."""
         ...
 
+    async def exec_checker(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        """Run a checker's or getter's command inside the slot isolated from the agent's files
+        and processes: a uid other than the desktop user's (its processes cannot touch it),
+        `/` as working directory, a clean environment where Python adds neither the working
+        directory nor a user site to its path. What it reads is data, never code."""
+        ...
+
     async def exec_trusted(
         self, handle: SlotHandle, command: str, timeout_s: float
     ) -> CommandResult:

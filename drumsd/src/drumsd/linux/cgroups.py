@@ -141,6 +141,7 @@ class CgroupDriver(Protocol):
     def dirs_of(self, name: str) -> dict[str, str]: ...
     def set_group_weight(self, shares: int) -> None: ...
     def set_group_memory(self, limit_mib: int | None) -> None: ...
+    def group_memory_bytes(self) -> int: ...
     def remove_group_if_empty(self) -> None: ...
 
 
@@ -315,6 +316,13 @@ class CgroupV1:
         group.mkdir(parents=True, exist_ok=True)
         _write(group / "memory.limit_in_bytes", str(limit_mib << 20) if limit_mib else "-1")
 
+    def group_memory_bytes(self) -> int:
+        """What all slots together are charged now (0 before the group exists)."""
+        try:
+            return int((self._group("memory") / "memory.usage_in_bytes").read_text())
+        except FileNotFoundError:
+            return 0
+
     def slot_names(self) -> list[str]:
         names: set[str] = set()
         for c in V1_CONTROLLERS:
@@ -446,6 +454,13 @@ class CgroupV2:
         if not (self.group / "cgroup.subtree_control").exists():
             self.prepare()
         _write(self.group / "memory.max", str(limit_mib << 20) if limit_mib else "max")
+
+    def group_memory_bytes(self) -> int:
+        """What all slots together are charged now (0 before the group exists)."""
+        try:
+            return int((self.group / "memory.current").read_text())
+        except FileNotFoundError:
+            return 0
 
     def slot_names(self) -> list[str]:
         if not self.group.is_dir():

@@ -147,6 +147,7 @@ def admission_state(sup: Supervisor, decision: Decision | None = None) -> dict[s
         "mem_total_mib": s.mem_total_mib if s else None,
         "psi_memory_some_avg10": s.psi_memory_some_avg10 if s else None,
         "state_free_mib": s.state_free_mib if s else None,
+        "group_memory_limit_mib": sup.group_memory_limit_mib,
         "sampled_at": s.taken_at if s else None,
     }
 

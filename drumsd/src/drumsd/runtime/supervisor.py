@@ -136,6 +136,7 @@ class Supervisor:
         self.history = HostHistory()  # host samples over time (the console's charts)
         self.sample: HostSample | None = None
         self.last_decision: Decision | None = None
+        self.group_memory_limit_mib: int | None = None  # the slots' group limit (admission)
         self.template_status: dict[str, str] = {}  # image -> building | ready | error: ...
         self.warnings: list[str] = []
         self.draining = False

@@ -229,6 +229,7 @@ class RuntimeBase:
         self._image_cache: dict[str, Path] = {}
         self._image_lock = trio.Lock()
         self._ksm_joined = False
+        self._group_limit_mib: int | None = None  # the slots' group memory limit last set
         self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
         self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
         # Host-wide claims, so daemons side by side never share a uid range or fight over KSM.

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from drumsd.core.admission import group_memory_limit_mib
+from drumsd.core.admission import floor_group_limit_mib, group_memory_limit_mib
 from drumsd.linux import cgroups, host_sampler, slot_fs
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
@@ -39,7 +39,27 @@ class LinuxRuntime(
             # EBUSY: slots of a previous daemon already use more than the new limit.
             _log("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
             return
+        self._group_limit_mib = limit_mib
         _log("group_memory_limit", limit_mib=limit_mib if limit_mib else "none")
+
+    async def hold_memory_floor(self, mem_available_mib: float, floor_mib: float) -> int | None:
+        """The slots' group limit follows MemAvailable (`GroupMemoryControl`): the admission
+        service calls this after every sample, so memory used outside slots lowers it."""
+        usage_mib = await trio.to_thread.run_sync(self.driver.group_memory_bytes) / (1 << 20)
+        limit_mib = floor_group_limit_mib(
+            self.config.group_memory_mib, usage_mib, mem_available_mib, floor_mib
+        )
+        if limit_mib == self._group_limit_mib:
+            return limit_mib
+        try:
+            await trio.to_thread.run_sync(self.driver.set_group_memory, limit_mib)
+        except (cgroups.CgroupError, OSError) as exc:
+            # EBUSY: the slots grew past it between the read and the write; the next sample
+            # sets it again from their new usage.
+            _log("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
+            return self._group_limit_mib
+        self._group_limit_mib = limit_mib
+        return limit_mib
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the background work until cancelled; on exit, live slots keep running (a restarted

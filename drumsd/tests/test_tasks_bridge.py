@@ -31,6 +31,12 @@ class DirRuntime:
         rc, out, err = await self.slot.exec_user(command, timeout_s)
         return CommandResult(rc, out, err)
 
+    async def exec_checker(
+        self, handle: SlotHandle, command: Any, timeout_s: float
+    ) -> CommandResult:
+        rc, out, err = await self.slot.exec_checker(command, timeout_s)
+        return CommandResult(rc, out, err)
+
     async def exec_trusted(self, handle: SlotHandle, command: str, timeout_s: float):
         rc, out, err = await self.slot.exec_trusted(command, timeout_s)
         return CommandResult(rc, out, err)

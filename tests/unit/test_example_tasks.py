@@ -32,6 +32,11 @@ class DirRuntime:
     async def exec_user(self, handle: SlotHandle, command: Any, timeout_s: float) -> CommandResult:
         return CommandResult(*await self.slot.exec_user(command, timeout_s))
 
+    async def exec_checker(
+        self, handle: SlotHandle, command: Any, timeout_s: float
+    ) -> CommandResult:
+        return CommandResult(*await self.slot.exec_checker(command, timeout_s))
+
     async def exec_trusted(self, handle: SlotHandle, command: str, timeout_s: float):
         return CommandResult(*await self.slot.exec_trusted(command, timeout_s))
 

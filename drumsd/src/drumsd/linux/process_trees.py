@@ -91,6 +91,12 @@ def kill_leftover(driver: Any, dirs: Mapping[str, str], init: object) -> None:
         driver.remove(dirs)
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group (a command started in its own session), if any of it is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def kill_pending(pid: int) -> bool:
     """A SIGKILL waits on a frozen task (it lands on thaw): such a spare is already dead."""
     try:

@@ -266,6 +266,12 @@ class MemoryRuntime:
         self._slot(handle)
         return CommandResult(0, "", "")
 
+    async def exec_checker(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        self._slot(handle)
+        return CommandResult(0, "", "")
+
     async def exec_trusted(
         self, handle: SlotHandle, command: str, timeout_s: float
     ) -> CommandResult:

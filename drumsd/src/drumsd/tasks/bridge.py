@@ -107,6 +107,12 @@ class RuntimeSlotAccess:
         done = await self.runtime.exec_user(self.handle, argv_or_shell, timeout_s)
         return done.returncode, done.stdout, done.stderr
 
+    async def exec_checker(
+        self, argv_or_shell: list[str] | str, timeout_s: float
+    ) -> tuple[int, str, str]:
+        done = await self.runtime.exec_checker(self.handle, argv_or_shell, timeout_s)
+        return done.returncode, done.stdout, done.stderr
+
     async def exec_trusted(self, shell: str, timeout_s: float) -> tuple[int, str, str]:
         done = await self.runtime.exec_trusted(self.handle, shell, timeout_s)
         return done.returncode, done.stdout, done.stderr

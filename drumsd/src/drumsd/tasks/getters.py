@@ -94,8 +94,12 @@ async def _read(env: GetterEnv, path: str) -> bytes | None:
 
 
 async def run_python(env: GetterEnv, script: str, args: list[str]) -> tuple[int, str, str]:
-    """A stdlib Python script run in the slot as the desktop user (the image's python3)."""
-    return await env.access.exec_user([env.ctx.python_command, "-c", script, *args], env.timeout_s)
+    """A stdlib Python script of drums run in the slot as the desktop user (the image's python3),
+    for what only the desktop's session answers (its X clients, apps' local servers). `-I`: no
+    working directory, user site or PYTHON* variable on its path, so nothing the agent wrote
+    is imported (issue 39, D2)."""
+    argv = [env.ctx.python_command, "-I", "-c", script, *args]
+    return await env.access.exec_user(argv, env.timeout_s)
 
 
 def _listify(config: dict[str, Any], key: str) -> list[Any]:
@@ -170,7 +174,8 @@ async def _command(config: dict[str, Any], env: GetterEnv) -> tuple[int, str, st
         command = " ".join(command)
     try:
         with trio.fail_after(env.timeout_s + 5):
-            return await env.access.exec_user(command, env.timeout_s)
+            # The task's own command reads what the agent made: isolated from it (issue 39, D2).
+            return await env.access.exec_checker(command, env.timeout_s)
     except (TimeoutError, trio.TooSlowError) as exc:
         raise GetterError(f"getter command took over {env.timeout_s} s: {command}") from exc
 
@@ -218,8 +223,8 @@ print(json.dumps(tree(os.path.expanduser(sys.argv[1]))))
 
 @getter("list_directory")
 async def list_directory(config: dict[str, Any], env: GetterEnv) -> Any:
-    argv = [env.ctx.python_command, "-c", _LIST_DIR_SCRIPT, env.home(config["path"])]
-    rc, out, err = await env.access.exec_user(argv, env.timeout_s)
+    argv = [env.ctx.python_command, "-I", "-c", _LIST_DIR_SCRIPT, env.home(config["path"])]
+    rc, out, err = await env.access.exec_checker(argv, env.timeout_s)
     if rc != 0:
         if env.role == "result":
             raise ResultMissing(f"cannot list {config['path']}: {err.strip()[-300:]}")
@@ -373,7 +378,7 @@ async def vscode_config(config: dict[str, Any], env: GetterEnv) -> Any:
         "import pyautogui, time; pyautogui.hotkey('ctrl', 'shift', 'p'); time.sleep(0.5); "
         f"pyautogui.typewrite({config['vscode_extension_command']!r}); pyautogui.press('enter')"
     )
-    await env.access.exec_user([env.ctx.python_command, "-c", code], env.timeout_s)
+    await env.access.exec_user([env.ctx.python_command, "-I", "-c", code], env.timeout_s)
     await trio.sleep(1.0)
     return await vm_file({"path": config["path"], "dest": config["dest"]}, env)
 
@@ -533,7 +538,7 @@ print(json.dumps([{"title": p.get("title", ""), "url": p.get("url", "")} for p i
 
 @getter("open_tabs_info")
 async def open_tabs_info(config: dict[str, Any], env: GetterEnv) -> Any:
-    argv = [env.ctx.python_command, "-c", _OPEN_TABS_SCRIPT, str(env.ctx.devtools_port)]
+    argv = [env.ctx.python_command, "-I", "-c", _OPEN_TABS_SCRIPT, str(env.ctx.devtools_port)]
     rc, out, err = await env.access.exec_user(argv, env.timeout_s)
     if rc != 0:
         raise GetterError(f"open_tabs_info: DevTools not reachable in the slot: {err[-300:]}")

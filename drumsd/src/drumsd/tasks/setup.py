@@ -65,6 +65,14 @@ class SlotAccess(Protocol):
         """
         ...
 
+    async def exec_checker(
+        self, argv_or_shell: list[str] | str, timeout_s: float
+    ) -> tuple[int, str, str]:
+        """Run a getter's command isolated from the agent's files and processes (another uid,
+        `/` as working directory, Python without the working directory or a user site on its
+        path): what it reads is data, never code. Answers as exec_user."""
+        ...
+
     async def exec_trusted(self, shell: str, timeout_s: float) -> tuple[int, str, str]:
         """Run a shell command as root inside the slot through trusted provisioning."""
         ...

@@ -19,6 +19,8 @@ from typing import Any
 
 import trio
 
+from drumsd.linux.checker_exec import CHECKER_ENV
+
 from .checker_venv import context_for_checker, ensure_checker_venv
 from .model import TaskContext
 from .setup import WindowInfo
@@ -35,6 +37,7 @@ class DirSlot:
         self.fakebin.mkdir(exist_ok=True)
         self.user_commands: list[list[str] | str] = []
         self.trusted_commands: list[str] = []
+        self.checker_commands: list[list[str] | str] = []
         self.launched: list[str] = []
         self.actions: list[dict[str, Any]] = []
         self._windows = list(windows or [])
@@ -82,6 +85,20 @@ class DirSlot:
         if isinstance(argv_or_shell, str):
             return await self._run(["sh", "-c", argv_or_shell], timeout_s)
         return await self._run(list(argv_or_shell), timeout_s)
+
+    async def exec_checker(
+        self, argv_or_shell: list[str] | str, timeout_s: float
+    ) -> tuple[int, str, str]:
+        """As the runtime runs it (checker_exec), but as the caller's uid: a clean environment
+        (fakebin first on PATH), `/` as working directory, Python isolated from both."""
+        self.checker_commands.append(argv_or_shell)
+        if self.hang:
+            with trio.fail_after(timeout_s):
+                await trio.sleep_forever()
+        env = {**CHECKER_ENV, "HOME": str(self.home), "PATH": self._env()["PATH"]}
+        inner = ["sh", "-c", argv_or_shell] if isinstance(argv_or_shell, str) else argv_or_shell
+        argv = ["env", "-i", "-C", "/", *(f"{k}={v}" for k, v in env.items()), *inner]
+        return await self._run(argv, timeout_s)
 
     async def exec_trusted(self, shell: str, timeout_s: float) -> tuple[int, str, str]:
         self.trusted_commands.append(shell)

@@ -22,9 +22,9 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import beneath, criu, proc_events, procfs, syscalls
+from drumsd.linux import beneath, checker_exec, criu, proc_events, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
-from drumsd.linux.process_trees import nsenter_path, slot_proc_files
+from drumsd.linux.process_trees import DEVNULL, kill_group, nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
 from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance, _log
 
@@ -146,6 +146,70 @@ class SlotIOMixin(RuntimeBase):
         self, handle: SlotHandle, command: str, timeout_s: float
     ) -> CommandResult:
         return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
+
+    async def exec_checker(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        """A getter's command as `nobody` through nsenter, not through the guest agent: no
+        process of the desktop user is its parent or shares its uid (see linux/checker_exec)."""
+        inst = self._inst(handle)
+        try:
+            argv = checker_exec.checker_argv(command)
+        except ValueError as exc:
+            raise RuntimeError_("invalid_request", f"checker command: {exc}") from exc
+        return await self._run_bounded(inst, argv, timeout_s, uid=checker_exec.CHECKER_UID)
+
+    async def _run_bounded(
+        self, inst: _Instance, argv: Sequence[str], timeout_s: float, uid: int
+    ) -> CommandResult:
+        """Run in the slot with each output kept to checker_exec.OUTPUT_LIMIT (a command that
+        prints without end costs the daemon no memory) and its whole process group killed at
+        the deadline (nsenter forks the command into the slot's pid namespace)."""
+        limit = checker_exec.OUTPUT_LIMIT
+        proc = await trio.lowlevel.open_process(
+            self._nsenter(inst, argv, uid),
+            stdin=DEVNULL,
+            stdout=-1,
+            stderr=-1,
+            start_new_session=True,
+        )
+        out, err = bytearray(), bytearray()
+
+        async def drain(stream: trio.abc.ReceiveStream | None, buf: bytearray) -> None:
+            if stream is None:
+                return
+            while chunk := await stream.receive_some(65536):
+                if len(buf) < limit:
+                    buf += chunk[: limit - len(buf)]
+
+        timed_out = False
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(drain, proc.stdout, out)
+                    nursery.start_soon(drain, proc.stderr, err)
+                    await proc.wait()
+                    # A background child may hold the pipes: answer soon after the exit.
+                    nursery.cancel_scope.deadline = trio.current_time() + 1.0
+            timed_out = scope.cancelled_caught
+        finally:
+            kill_group(proc.pid)
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    await stream.aclose()
+        if timed_out:
+            raise RuntimeError_(
+                "timeout",
+                f"checker command {list(argv)[-1]!r} in slot instance {inst.iid} ran over "
+                f"{timeout_s} s",
+            )
+        return CommandResult(
+            proc.returncode if proc.returncode is not None else -1,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+        )
 
     async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
         inst = self._inst(handle)

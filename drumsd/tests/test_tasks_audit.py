@@ -242,6 +242,53 @@ def test_scan_scope_sees_whiteouts(tmp_path: Path) -> None:
     assert report.violations == ["/home/user/notes.txt"]
 
 
+def test_scan_scope_never_follows_a_root_swapped_for_a_link(tmp_path: Path) -> None:
+    """Issue 39, D4: ~/Documents replaced by a link to a host directory listed the host (the
+    daemon's state dir, /usr: 123,783 paths). The link is the change; nothing behind it is."""
+    host = tmp_path / "host-secrets"
+    (host / "deep").mkdir(parents=True)
+    (host / "deep" / "token").write_text("x")
+    upper = upper_with(tmp_path, {"/home/user/Desktop/a.txt": b"a"})
+    (upper / "home/user/Documents").symlink_to(host)  # the root itself
+    (upper / "home/user/Desktop/sub").symlink_to(host)  # a link inside a root
+    (upper / "home/user/Desktop/fifo").symlink_to("/dev/null")  # never opened
+    manifest = ScopeManifest(roots=["/home/user/Documents", "/home/user/Desktop"], allow=[])
+    report = scan_scope(upper, manifest)
+    assert report.checked
+    assert report.changed == [
+        "/home/user/Desktop/a.txt",
+        "/home/user/Desktop/fifo",
+        "/home/user/Desktop/sub",
+        "/home/user/Documents",
+    ]
+    assert not any("token" in p or "deep" in p for p in report.changed)
+
+
+def test_scan_scope_sees_a_link_above_a_root(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    (host / "Documents").mkdir(parents=True)
+    (host / "Documents" / "x").write_text("x")
+    upper = tmp_path / "upper"
+    (upper / "home").mkdir(parents=True)
+    (upper / "home/user").symlink_to(host)
+    report = scan_scope(upper, ScopeManifest(roots=["/home/user/Documents"], allow=[]))
+    assert report.changed == ["/home/user"] and report.violations == ["/home/user"]
+
+
+def test_scan_scope_lists_a_bounded_number_of_paths(tmp_path: Path) -> None:
+    from drumsd.tasks import audit
+
+    upper = upper_with(tmp_path, {})
+    many = upper / "home/user/Documents"
+    many.mkdir(parents=True)
+    for i in range(audit.MAX_LISTED + 50):
+        (many / f"f{i:04d}").write_bytes(b"")
+    report = scan_scope(upper, ScopeManifest(roots=["/home/user"], allow=[]))
+    assert len(report.changed) == len(report.violations) == audit.MAX_LISTED
+    assert report.changed_total == report.violations_total == audit.MAX_LISTED + 50
+    assert len(report.model_dump_json()) < 64 * 1024
+
+
 async def test_second_run_and_redundant_checker_run_at_once(
     venv_ctx: TaskContext, tmp_path: Path
 ) -> None:

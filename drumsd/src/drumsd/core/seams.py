@@ -282,3 +282,13 @@ class KsmControl(Protocol):
     def ksm_stats(self) -> dict[str, int | bool]:
         """Whether KSM is on and what it saves right now (for /v1/health and metrics)."""
         ...
+
+
+@runtime_checkable
+class GroupMemoryControl(Protocol):
+    """A runtime that limits the memory of all its slots together (one parent cgroup)."""
+
+    async def hold_memory_floor(self, mem_available_mib: float, floor_mib: float) -> int | None:
+        """Set the slots' group limit so MemAvailable stays at or above `floor_mib`
+        (`core.admission.floor_group_limit_mib`); return the limit in force (MiB, None: none)."""
+        ...

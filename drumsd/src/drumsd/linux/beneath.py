@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 _SYS_OPENAT2 = 437
@@ -78,3 +80,99 @@ def read_regular(
     if len(data) > max_bytes:
         raise TooLarge(path, len(data), max_bytes)
     return data
+
+
+# ---- confined walks of a slot's upper layer (issue 39, D4) ------------------------------------
+#
+# The upper layer is a host directory whose contents the desktop user made. A walk of it by root
+# must not follow a symlink anywhere (a ~/Documents swapped for a link to / listed the host),
+# must not stall on a FIFO, and must stay beneath the directory it started from, even when a
+# component is swapped for a link while the walk runs.
+
+CONFINED = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
+
+
+def open_beneath(root: Path | str, path: str, flags: int = os.O_RDONLY) -> int:
+    """An fd of `path` beneath `root`, no symlink followed on the way (the last component
+    included: ELOOP), never crossing a mount. Raises FileNotFoundError, NotADirectoryError
+    (O_DIRECTORY on a file), OSError(ELOOP) for a link."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return openat2(root_fd, path.strip("/") or ".", flags | os.O_NOFOLLOW, CONFINED)
+    finally:
+        os.close(root_fd)
+
+
+def lstat_beneath(root: Path | str, path: str) -> os.stat_result | None:
+    """lstat of `path` beneath `root` without following a link on the way; None if absent or
+    reached only through a link."""
+    parent, _, name = path.strip("/").rpartition("/")
+    try:
+        fd = open_beneath(root, parent, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False) if name else os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+MAX_DEPTH = 256
+
+
+def walk_beneath(root: Path | str, path: str) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """Walk directory `path` beneath `root`, top down: (its path relative to `root`, its
+    subdirectories, its other entries (symlinks among them), an fd of it). Each directory is
+    opened beneath its parent's fd with O_DIRECTORY and no link followed, so an entry swapped
+    for a link, a FIFO or a device while the walk runs is skipped, never opened (os.fwalk opens
+    with a plain open(2)). Directories deeper than MAX_DEPTH are not entered."""
+    top = path.strip("/")
+    fd = open_beneath(root, top, os.O_RDONLY | os.O_DIRECTORY)  # raises here, not at next()
+    return _walk_fd(top, fd, 0)
+
+
+def _walk_fd(rel: str, fd: int, depth: int) -> Iterator[tuple[str, list[str], list[str], int]]:
+    try:
+        dirs: list[str] = []
+        others: list[str] = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue  # gone while listing
+                (dirs if is_dir else others).append(entry.name)
+        dirs.sort()
+        others.sort()
+        yield rel, dirs, others, fd
+        if depth >= MAX_DEPTH:
+            return
+        for name in dirs:
+            try:
+                child = openat2(fd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, CONFINED)
+            except OSError:
+                continue  # swapped for something else, or gone
+            yield from _walk_fd(f"{rel}/{name}".strip("/"), child, depth + 1)
+    finally:
+        os.close(fd)
+
+
+def sha256_at(dir_fd: int, name: str, chunk: int = 1 << 20) -> str | None:
+    """sha256 of regular file `name` in directory `dir_fd` (not followed if a link, not read
+    if not a regular file: None)."""
+    try:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        digest = hashlib.sha256()
+        while data := os.read(fd, chunk):
+            digest.update(data)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)

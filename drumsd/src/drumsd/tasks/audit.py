@@ -11,7 +11,6 @@ flag, false when something is wrong, null when something is unknown.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import stat
 from dataclasses import replace
@@ -20,6 +19,8 @@ from typing import Any
 
 import trio
 from pydantic import BaseModel, Field
+
+from drumsd.linux import beneath
 
 from .checker import CheckerCall
 from .evaluate import (
@@ -59,6 +60,8 @@ class ScopeReport(BaseModel):
     changed: list[str] = Field(default_factory=list)
     violations: list[str] = Field(default_factory=list)
     seeds_intact: list[str] = Field(default_factory=list)
+    changed_total: int = 0  # the lists above hold at most MAX_LISTED each
+    violations_total: int = 0
 
 
 class Audit(BaseModel):
@@ -86,26 +89,25 @@ class VerifyResult(BaseModel):
 # ---- scope scan ------------------------------------------------------------------------------
 
 
+# What a verify answer lists of a scan at most; the counts say how many there were. A tree of
+# this many changed entries under the roots is not walked further (issue 39, D4: a root swapped
+# for a link to /usr listed 123,783 host paths in a 22 MB answer).
+MAX_LISTED = 200
+MAX_SCANNED = 100_000
+
+
 def _is_whiteout(st: os.stat_result) -> bool:
     return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
 
 
-def _is_opaque(path: Path) -> bool:
+def _is_opaque(dir_fd: int) -> bool:
     for name in ("trusted.overlay.opaque", "user.overlay.opaque"):
         try:
-            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+            if os.getxattr(dir_fd, name) == b"y":
                 return True
         except OSError:
             continue
     return False
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def allowed(path: str, globs: list[str]) -> bool:
@@ -118,6 +120,10 @@ def allowed(path: str, globs: list[str]) -> bool:
     return False
 
 
+class _TooMany(Exception):
+    pass
+
+
 def scan_scope(
     upper_dir: Path, manifest: ScopeManifest, lower_dir: Path | None = None
 ) -> ScopeReport:
@@ -127,49 +133,104 @@ def scan_scope(
     symlink, a deletion (whiteout), an opaque directory, or a directory the image did not have
     (when lower_dir is given). A seeded file whose content still has its seeded hash is not a
     change. Paths are as seen inside the slot.
+
+    The upper layer is the desktop user's: it is read beneath `upper_dir` without following a
+    symlink anywhere (a root that is a link is itself the change, never walked), and the lists
+    are cut at MAX_LISTED (the `*_total` counts are whole) and the walk at MAX_SCANNED entries
+    (then `checked` is false: the scan is incomplete).
     """
     changed: list[str] = []
     seeds_intact: list[str] = []
-    for root in manifest.roots:
-        base = upper_dir / root.lstrip("/")
-        if not base.exists():
-            continue
-        for dirpath, dirs, files in os.walk(base):
-            here = Path(dirpath)
-            slot_dir = "/" + str(here.relative_to(upper_dir))
-            if here != base and (
-                _is_opaque(here)
-                or (lower_dir is not None and not (lower_dir / slot_dir.lstrip("/")).exists())
-            ):
-                changed.append(slot_dir + "/")
-            for name in sorted([*files, *(d for d in dirs if (here / d).is_symlink())]):
-                full = here / name
-                slot_path = f"{slot_dir.rstrip('/')}/{name}"
-                st = os.lstat(full)
-                if _is_whiteout(st):
-                    changed.append(slot_path)
-                    continue
-                seed = manifest.seeded.get(slot_path)
-                if seed is not None and stat.S_ISREG(st.st_mode) and _sha256(full) == seed:
-                    seeds_intact.append(slot_path)
-                    continue
-                changed.append(slot_path)
+    reason: str | None = None
+
+    def note(path: str) -> None:
+        changed.append(path)
+        if len(changed) > MAX_SCANNED:
+            raise _TooMany
+
+    try:
+        for root in manifest.roots:
+            _scan_root(upper_dir, root, manifest, lower_dir, note, seeds_intact)
+    except _TooMany:
+        reason = f"more than {MAX_SCANNED} changed entries under the roots: the scan stopped"
     for path in manifest.seeded:
         # A seed that left the upper layer without a whiteout was deleted, unless the image
         # (e.g. a checkpoint taken after setup) still holds it.
         under_root = any(path.startswith(r.rstrip("/") + "/") for r in manifest.roots)
-        in_upper = os.path.lexists(upper_dir / path.lstrip("/"))
-        in_lower = lower_dir is not None and os.path.lexists(lower_dir / path.lstrip("/"))
+        in_upper = beneath.lstat_beneath(upper_dir, path) is not None
+        in_lower = lower_dir is not None and beneath.lstat_beneath(lower_dir, path) is not None
         if under_root and not in_upper and not in_lower:
             changed.append(path)
-    violations = [p for p in changed if not allowed(p.rstrip("/"), manifest.allow)]
+    violations = sorted(p for p in changed if not allowed(p.rstrip("/"), manifest.allow))
+    changed.sort()
     return ScopeReport(
-        checked=True,
+        checked=reason is None,
+        reason=reason,
         roots=list(manifest.roots),
-        changed=sorted(changed),
-        violations=sorted(violations),
-        seeds_intact=sorted(seeds_intact),
+        changed=changed[:MAX_LISTED],
+        violations=violations[:MAX_LISTED],
+        seeds_intact=sorted(seeds_intact)[:MAX_LISTED],
+        changed_total=len(changed),
+        violations_total=len(violations),
     )
+
+
+def _scan_root(
+    upper_dir: Path,
+    root: str,
+    manifest: ScopeManifest,
+    lower_dir: Path | None,
+    note: Any,
+    seeds_intact: list[str],
+) -> None:
+    top = root.strip("/")
+    st = beneath.lstat_beneath(upper_dir, top)
+    if st is None:
+        # Not in the upper layer (unchanged), unless a component on the way is a link the
+        # episode made: then that link is the change.
+        _note_link_on_the_way(upper_dir, top, note)
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        note("/" + top)  # the root itself replaced (by a link, a file, a whiteout)
+        return
+    try:
+        walk = beneath.walk_beneath(upper_dir, top)
+    except OSError:
+        note("/" + top)  # swapped for a link since the lstat
+        return
+    for rel_dir, _dirs, files, dir_fd in walk:
+        slot_dir = "/" + rel_dir
+        if rel_dir != top and (
+            _is_opaque(dir_fd)
+            or (lower_dir is not None and beneath.lstat_beneath(lower_dir, rel_dir) is None)
+        ):
+            note(slot_dir + "/")
+        for name in files:  # symlinks (to directories too) are among them
+            slot_path = f"{slot_dir.rstrip('/')}/{name}"
+            try:
+                entry = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone while walking
+            if _is_whiteout(entry):
+                note(slot_path)
+                continue
+            seed = manifest.seeded.get(slot_path)
+            if seed is not None and stat.S_ISREG(entry.st_mode):
+                if beneath.sha256_at(dir_fd, name) == seed:
+                    seeds_intact.append(slot_path)
+                    continue
+            note(slot_path)
+
+
+def _note_link_on_the_way(upper_dir: Path, top: str, note: Any) -> None:
+    parts = top.split("/")
+    for i in range(1, len(parts)):
+        st = beneath.lstat_beneath(upper_dir, "/".join(parts[:i]))
+        if st is None:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            note("/" + "/".join(parts[:i]))
+            return
 
 
 def _scope(task: Task, episode: EpisodeFacts) -> ScopeReport:
@@ -323,7 +384,7 @@ async def verify(
     audit.scope = await trio.to_thread.run_sync(_scope, task, episode)
     if not audit.scope.checked:
         flags.append("scope_unchecked")
-    elif audit.scope.violations:
+    if audit.scope.violations:
         flags.append("scope_violation")
     audit.flags = flags
     checker_error = (

@@ -16,13 +16,17 @@ import pytest
 pytest.importorskip("ray")
 
 from drums.ray._cli import desktops_admitted, main, ray_start_argv
-from drums.ray._placement import HostSlot, choose_host, hosts_from_nodes
+from drums.ray._placement import HostSlot, choose_host, ghost_changes, hosts_from_nodes
 from drums.ray._registry import (
     HostEntry,
+    clear_tombstone,
+    held_env_ids,
     orphaned_leases,
     read_host,
+    tombstones,
     write_host,
     write_lease,
+    write_tombstone,
 )
 
 
@@ -43,6 +47,35 @@ def test_hosts_from_ray_nodes_skip_dead_and_non_drums_nodes() -> None:
     ]
     hosts = hosts_from_nodes(nodes, {"n1": {"drums_desktops": 2.0}})
     assert hosts == [HostSlot("n1", "h1", 6, 2)]
+
+
+def test_ghost_seats_follow_the_daemons_slots_no_pool_env_holds() -> None:
+    """Slots made outside the pool get a seat once seen outside every lease on two sweeps in
+    a row (a pool env between its create and its lease write is not counted twice); the
+    gateway's own creates at once; a destroyed or now-held slot gives its seat back."""
+    live, held = {"s-1", "s-2", "s-3"}, {"s-1"}
+    assert ghost_changes(live, held, set(), set()) == (set(), set())  # first sight: wait
+    add, remove = ghost_changes(live, held, {"s-2", "s-3"}, set())
+    assert (add, remove) == ({"s-2", "s-3"}, set())
+    assert ghost_changes(live, held, set(), set(), known={"s-3"}) == ({"s-3"}, set())
+    # s-2 destroyed directly on its host, s-3 now in a lease: both seats go.
+    assert ghost_changes({"s-1", "s-3"}, {"s-1", "s-3"}, {"s-3"}, {"s-2", "s-3"}) == (
+        set(),
+        {"s-2", "s-3"},
+    )
+
+
+def test_leases_of_live_processes_are_held_and_tombstones_persist(tmp_path: Path) -> None:
+    write_lease("h1", ["s-1", "s-2"], tmp_path)
+    dead = tmp_path / "h1.leases" / "999999999-1.json"
+    dead.write_text(json.dumps(["s-9"]))
+    assert held_env_ids("h1", tmp_path) == {"s-1", "s-2"}
+    assert tombstones("h1", tmp_path) == []
+    write_tombstone("h1", "s-7", tmp_path)
+    write_tombstone("h1", "s-7", tmp_path)
+    assert tombstones("h1", tmp_path) == ["s-7"] and tombstones("h2", tmp_path) == []
+    clear_tombstone("h1", "s-7", tmp_path)
+    assert tombstones("h1", tmp_path) == []
 
 
 def test_placement_fills_the_freest_host_not_the_first() -> None:
@@ -230,7 +263,7 @@ async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None
             return 503, "application/json", b'{"error": {"code": "host_down"}}'
         return 201, "application/json", b'{"id": "s-1", "state": "ready"}'
 
-    async def hosts():
+    async def hosts(fresh=False):
         return [("h1", 2), ("h2", 5)]
 
     gw = Gateway("t" * 40, forward, hosts)

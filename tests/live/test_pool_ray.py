@@ -259,6 +259,10 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             by_host = Counter(e.id.split("~")[0] for e in envs)
             # The freest host first: h1 until it ties, then one each.
             assert by_host == GATEWAY_SPREAD, by_host
+            # The gateway's desktops are Ray's too: its keepers seat each one as it is made.
+            with Pool(warm=False) as pool:
+                expected = {lb: n - by_host.get(lb, 0) for lb, n in CAPACITY.items()}
+                assert {h.label: h.free for h in pool.hosts()} == expected
             for env in envs:
                 label, own = env.id.split("~")
                 assert own in live_ids(hosts["daemons"][label])
@@ -528,6 +532,30 @@ def test_bench_pool_against_direct(hosts: dict[str, Any]) -> None:
     print(f"wrote {out}")
 
 
+def test_every_placer_sees_desktops_made_outside_it(hosts: dict[str, Any]) -> None:
+    """One source of truth for capacity: desktops made or destroyed on a host by a plain client
+    (not through the pool or the gateway) change Ray's free count within a second or two, so
+    the pool does not place on a host the daemon has filled."""
+
+    def free(pool: Pool, label: str) -> int:
+        return next(h.free for h in pool.hosts() if h.label == label)
+
+    with Pool() as pool:
+        before = free(pool, "h2")
+        assert before == CAPACITY["h2"], before
+        with http_client(hosts["daemons"]["h2"], timeout=120) as http:
+            made = [http.post("/v1/slots", json={}).json()["id"] for _ in range(before)]
+            try:
+                took = wait_for(lambda: free(pool, "h2") == 0, 10, "Ray seeing h2 filled")
+                print(f"{before} desktops made on h2 directly: seen by Ray in {took:.2f} s")
+                assert {pool.create().host for _ in range(2)} <= {"h1", "h3"}
+            finally:
+                for slot_id in made:
+                    http.delete(f"/v1/slots/{slot_id}")
+        took = wait_for(lambda: free(pool, "h2") == before, 10, "h2's desktops free again")
+        print(f"destroyed directly on h2: free again in Ray in {took:.2f} s")
+
+
 # The destructive scenarios last: they kill a drumsd and remove a node.
 def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, Any]) -> None:
     daemon = hosts["daemons"]["h3"]
@@ -543,7 +571,11 @@ def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, A
         assert envs["h1"].step({"type": "wait", "seconds": 0}).slot == envs["h1"].id
         fresh = [pool.create() for _ in range(2)]
         assert {e.host for e in fresh} <= {"h1", "h2"}
-    daemon.start(limit_s=120)  # its orphaned slot is adopted, then cleaned at teardown
+    # The pool closed h3's env while h3's drumsd was down: that close is final. The restarted
+    # daemon adopts the slot, and the keeper destroys it as soon as the daemon answers.
+    daemon.start(limit_s=120)
+    took = wait_for(lambda: live_ids(daemon) == set(), 15, "the env closed while away destroyed")
+    print(f"env closed while its drumsd was down: destroyed {took:.2f} s after the restart")
     assert live_ids(hosts["daemons"]["h1"]) == live_ids(hosts["daemons"]["h2"]) == set()
 
 

@@ -1,6 +1,9 @@
 """The Ray actors of the pool. A `HostAgent` holds every env one process has on its node's drumsd
 (Ray owns it: its creator dying kills it); a `Keeper` per host, detached, destroys the envs of
-agents that are gone however they went (owner died, SIGKILL, ray.kill), from their lease files.
+agents that are gone however they went (owner died, SIGKILL, ray.kill), from their lease files,
+carries out closes that could not reach the daemon once it answers again, and makes Ray's free
+desktops follow the daemon: a slot no pool env holds (made by the gateway, a plain client, a
+dead driver not yet swept) holds a ghost seat, so every placer sees the same capacity.
 
 Actor methods answer `("ok", value)` or `("err", fields)`: a DrumsError's code and detail
 survive the trip through Ray exactly, whatever its pickling does with keyword arguments.
@@ -11,9 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import httpx
 
@@ -22,7 +26,16 @@ from .. import models as m
 from .._base import wire
 from .._client import Client, Env
 from .._exceptions import ConnectionFailed, DrumsError, EnvGone, ShuttingDown
-from ._registry import orphaned_leases, read_host, write_lease
+from ._placement import DESKTOPS, ghost_changes
+from ._registry import (
+    clear_tombstone,
+    held_env_ids,
+    orphaned_leases,
+    read_host,
+    tombstones,
+    write_lease,
+    write_tombstone,
+)
 
 log = logging.getLogger("drums.ray")
 Reply = Tuple[str, Any]
@@ -40,8 +53,10 @@ def error_fields(exc: DrumsError) -> Dict[str, Any]:
     }
 
 
-def host_down_body(label: str, exc: BaseException) -> bytes:
+def host_down_body(label: str, exc: BaseException, buried: bool = False) -> bytes:
     message = f"the drumsd of host {label} cannot be reached: {type(exc).__name__}"
+    if buried:
+        message += "; the destroy is recorded and carried out when the host answers again"
     error = {"code": "host_down", "message": message, "detail": {"host": label}}
     return json.dumps({"error": error}).encode()
 
@@ -156,10 +171,21 @@ class HostAgent:
         return _reply(lambda: getattr(self.client, method)(*args))
 
     def close(self, env_id: str) -> Reply:
+        """Destroy an env. A destroy that fails (its drumsd down or restarting) is still final:
+        the env leaves this agent and its lease, and the keeper destroys it once the daemon
+        answers (a restarted daemon adopts its slots; this one must not come back)."""
+
         def run() -> None:
             env = self.envs.get(env_id)
-            if env is not None:
+            if env is None:
+                return
+            try:
                 env.close()
+            except DrumsError:
+                write_tombstone(self.label, env_id)
+                self.client._forget_env(env_id)
+                raise
+            finally:
                 with self._lock:
                     self.envs.pop(env_id, None)
                 self._lease()
@@ -174,22 +200,37 @@ class HostAgent:
             pass
 
 
+GHOST = "drums-ghost"  # name prefix of a keeper's placement groups: drums-ghost:<host>:<slot>
+_SLOT_PATH = re.compile(r"^/v1/slots/([^/]+)(/branch)?$")
+
+
 class Keeper:
-    """Per host, detached: every `interval_s`, destroy the envs of leases whose process is gone."""
+    """Per host, detached: every `interval_s`, destroy the envs of leases whose process is gone
+    and of closes that could not reach the daemon, and hold one ghost seat (a `drums_desktops`
+    placement group pinned to this node) per live slot that no pool env holds."""
 
     def __init__(self, label: str, interval_s: float = 0.5) -> None:
+        import ray
+
         self.label = label
         self.interval_s = interval_s
         self.destroyed: List[str] = []
         self._http: Optional[httpx.Client] = None
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._seats = threading.Lock()
+        self.ghosts: Dict[str, Any] = {}  # slot id -> its placement group
+        self._foreign_before: Set[str] = set()
+        self._known: Set[str] = set()  # slots the gateway made through this keeper
+        self._remove_ghosts_of_earlier_keepers()
         threading.Thread(target=self._loop, daemon=True, name="drums-keeper").start()
 
     def _loop(self) -> None:
         while True:
-            try:
-                self.sweep()
-            except Exception as exc:  # keep sweeping; the idle lease is the backstop
-                log.warning("keeper %s: sweep failed: %s", self.label, exc)
+            for step in (self.sweep, self.bury, self.follow_daemon):
+                try:
+                    step()
+                except Exception as exc:  # keep going; the idle lease is the backstop
+                    log.warning("keeper %s: %s failed: %s", self.label, step.__name__, exc)
             time.sleep(self.interval_s)
 
     def sweep(self) -> List[str]:
@@ -200,21 +241,119 @@ class Keeper:
         with connect_host(self.label) as client:
             for path, env_ids in gone.items():
                 for env_id in env_ids:
-                    try:
-                        client._send(routes.destroy_slot(env_id, client.timeouts.default_s))
-                    except DrumsError as exc:
-                        if exc.code not in ("env_gone", "not_found"):
-                            raise
+                    self._destroy(client, env_id)
                     done.append(env_id)
                     log.info("keeper %s: destroyed env %s of a dead actor", self.label, env_id)
                 path.unlink(missing_ok=True)
         self.destroyed.extend(done)
         return done
 
+    def bury(self) -> List[str]:
+        """Carry out the closes that could not reach the daemon, now that it answers."""
+        pending = tombstones(self.label)
+        if not pending:
+            return []
+        done: List[str] = []
+        with connect_host(self.label) as client:
+            for env_id in pending:
+                self._destroy(client, env_id)  # raises while the daemon is still away
+                clear_tombstone(self.label, env_id)
+                done.append(env_id)
+                log.info("keeper %s: destroyed env %s closed while away", self.label, env_id)
+        self.destroyed.extend(done)
+        return done
+
+    @staticmethod
+    def _destroy(client: Client, env_id: str) -> None:
+        try:
+            client._send(routes.destroy_slot(env_id, client.timeouts.default_s))
+        except DrumsError as exc:
+            if exc.code not in ("env_gone", "not_found"):
+                raise
+
+    # --- capacity: Ray's free desktops follow the daemon -------------------------------------
+
+    def follow_daemon(self) -> None:
+        """Ghost seats for the daemon's live slots that no pool env holds; none for the rest.
+        A daemon that does not answer changes nothing (its slots may come back adopted)."""
+        status, _, raw = self.forward("GET", "/v1/slots", "", b"", track=False)
+        if status != 200:
+            return
+        live = {str(s["id"]) for s in json.loads(raw).get("slots", [])}
+        held = held_env_ids(self.label)
+        with self._seats:
+            add, remove = ghost_changes(
+                live, held, self._foreign_before, set(self.ghosts), self._known
+            )
+            self._foreign_before = live - held
+            self._known &= live
+            self._apply(add, remove, wait_s=0.0)
+
+    def ghost_seats(self) -> List[str]:
+        with self._seats:
+            return sorted(self.ghosts)
+
+    def _apply(self, add: Set[str], remove: Set[str], wait_s: float) -> None:
+        from ray.util.placement_group import (
+            NODE_ID_LABEL_KEY,
+            placement_group,
+            remove_placement_group,
+        )
+
+        for slot_id in remove:
+            pg = self.ghosts.pop(slot_id, None)
+            if pg is not None:
+                remove_placement_group(pg)
+        made = []
+        for slot_id in add:
+            self.ghosts[slot_id] = pg = placement_group(
+                [{DESKTOPS: 1}],
+                strategy="STRICT_PACK",
+                bundle_label_selector=[{NODE_ID_LABEL_KEY: self._node_id}],
+                name=f"{GHOST}:{self.label}:{slot_id}",
+                lifetime="detached",  # outlives the driver that started this keeper
+            )
+            made.append(pg)
+        for pg in made if wait_s > 0 else ():
+            pg.wait(wait_s)  # placed: Ray's free count shows it before the gateway answers
+
+    def _track(self, method: str, path: str, status: int, raw: bytes) -> None:
+        """The gateway's own creates, forks and destroys change the seats at once."""
+        match = _SLOT_PATH.match(path) if method in ("POST", "DELETE") else None
+        if path == "/v1/slots" and method == "POST" and status < 300:
+            made = {str(json.loads(raw)["id"])}
+        elif match and match.group(2) and method == "POST" and status < 300:
+            made = {str(c["id"]) for c in json.loads(raw).get("children", [])}
+        elif match and not match.group(2) and method == "DELETE" and status in (200, 404, 410):
+            with self._seats:
+                self._known.discard(match.group(1))
+                self._apply(set(), {match.group(1)}, wait_s=0.0)
+            return
+        else:
+            return
+        with self._seats:
+            self._known |= made
+            self._apply(made - set(self.ghosts), set(), wait_s=5.0)
+
+    def _remove_ghosts_of_earlier_keepers(self) -> None:
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import (
+            PlacementGroup,
+            placement_group_table,
+            remove_placement_group,
+        )
+
+        prefix = f"{GHOST}:{self.label}:"
+        for pg_id, info in placement_group_table().items():
+            if str(info.get("name", "")).startswith(prefix) and info.get("state") != "REMOVED":
+                remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+
     def ping(self) -> List[str]:
         return list(self.destroyed)
 
-    def forward(self, method: str, path: str, query: str, body: bytes) -> Tuple[int, str, bytes]:
+    def forward(
+        self, method: str, path: str, query: str, body: bytes, track: bool = True
+    ) -> Tuple[int, str, bytes]:
         """One HTTP request to this host's drumsd, for the gateway (the token stays here)."""
         if self._http is None:
             entry = read_host(self.label)
@@ -230,5 +369,12 @@ class Keeper:
                 headers={"Content-Type": "application/json"} if body else None,
             )
         except httpx.HTTPError as exc:
+            slot = _SLOT_PATH.match(path)
+            if track and method == "DELETE" and slot and not slot.group(2):
+                write_tombstone(self.label, slot.group(1))
+                return 503, "application/json", host_down_body(self.label, exc, buried=True)
             return 503, "application/json", host_down_body(self.label, exc)
-        return r.status_code, r.headers.get("content-type", "application/json"), r.content
+        status, ctype = r.status_code, r.headers.get("content-type", "application/json")
+        if track and ctype.startswith("application/json"):
+            self._track(method, path, status, r.content)
+        return status, ctype, r.content

@@ -102,9 +102,10 @@ def serve(args: argparse.Namespace) -> int:
 
     cache: List[Any] = [0.0, []]
 
-    async def hosts() -> List[Tuple[str, int]]:
-        # Ray's node view at most 0.5 s old: a step pays no GCS round trip.
-        if time.monotonic() - cache[0] > 0.5:
+    async def hosts(fresh: bool = False) -> List[Tuple[str, int]]:
+        # Ray's node view at most 0.5 s old (a step pays no GCS round trip); a create asks
+        # for it fresh, since the keepers seat every desktop the moment it is made.
+        if fresh or time.monotonic() - cache[0] > 0.5:
             found = await asyncio.to_thread(pool.hosts)
             for host in found:
                 pool._keeper(host)

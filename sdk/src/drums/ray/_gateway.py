@@ -189,22 +189,24 @@ def _error(status: int, code: str, message: str, **detail: Any) -> Tuple[int, st
 
 class Gateway:
     """The ASGI app. `forward(label, method, path, query, body)` sends to a host's drumsd,
-    `hosts()` lists labels with free desktops (freest first), `token` is the gateway's own."""
+    `hosts(fresh=False)` lists each host's label and free desktops as Ray counts them (which
+    follow the daemons: a host's keeper holds a ghost seat for every slot no pool env holds,
+    the gateway's included), `token` is the gateway's own."""
 
     def __init__(
         self,
         token: str,
         forward: Forward,
-        hosts: Callable[[], Awaitable[List[Tuple[str, int]]]],
+        hosts: Callable[..., Awaitable[List[Tuple[str, int]]]],
         retry_after_s: float = 5.0,
     ) -> None:
         self.token = token
         self.forward = forward
         self.hosts = hosts
         self.retry_after_s = retry_after_s
-        # Envs this gateway made, per host: they hold no Ray resource, so placement subtracts
-        # them from Ray's free counts. A restart forgets them (placement only, never routing).
-        self.placed: Dict[str, int] = {}
+        # Creates on their way, per host: Ray counts a desktop once its keeper seats it, which
+        # is before the create answers; these cover the creates still in flight.
+        self.creating: Dict[str, int] = {}
         from drums.ray._gateway_console import GatewayConsole  # it uses this module's merges
 
         async def labels() -> List[str]:
@@ -275,12 +277,9 @@ class Gateway:
         if label is not None:
             if label not in labels:
                 return _error(503, "host_down", f"host {label} is not in the pool", host=label)
-            answer = await self._to(label, method, own_path, query, parsed)
-            if method == "DELETE" and path.startswith("/v1/slots/") and answer[0] < 300:
-                self.placed[label] = max(0, self.placed.get(label, 0) - 1)
-            return answer
+            return await self._to(label, method, own_path, query, parsed)
         if method == "POST" and path == "/v1/slots":
-            return await self._create(hosts, query, parsed)
+            return await self._create(query, parsed)
         if (method == "POST" and path == "/v1/metrics/reset") or path == "/v1/metrics":
             return await self._merged(labels, method, path, merge_metrics)
         if path == "/v1/health":
@@ -312,18 +311,19 @@ class Gateway:
             raw = json.dumps(tag_ids(json.loads(raw), label)).encode()
         return status, ctype, raw
 
-    async def _create(
-        self, hosts: List[Tuple[str, int]], query: str, parsed: Any
-    ) -> Tuple[int, str, bytes]:
+    async def _create(self, query: str, parsed: Any) -> Tuple[int, str, bytes]:
+        hosts = await self.hosts(fresh=True)  # a create places against the daemons' count now
         _, on = untag_ids(parsed or {}, [lb for lb, _ in hosts])
-        free = {lb: n - self.placed.get(lb, 0) for lb, n in hosts}
+        free = {lb: n - self.creating.get(lb, 0) for lb, n in hosts}
         order = [on] if on else sorted((lb for lb in free if free[lb] > 0), key=lambda x: -free[x])
         last: Optional[Tuple[int, str, bytes]] = None
         for label in order:
-            last = await self._to(label, "POST", "/v1/slots", query, parsed)
+            self.creating[label] = self.creating.get(label, 0) + 1
+            try:
+                last = await self._to(label, "POST", "/v1/slots", query, parsed)
+            finally:
+                self.creating[label] -= 1
             if last[0] != 503:  # a host down: the next one
-                if last[0] < 300:
-                    self.placed[label] = self.placed.get(label, 0) + 1
                 return last
         if last is None:
             return _error(

@@ -7,7 +7,7 @@ FREE capacity, so no host's CPUs saturate while another idles), so the pool pick
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 DESKTOPS = "drums_desktops"  # custom resource: envs this node's drumsd admits
 HOST = "drums_host"  # custom resource: 1 on every node that runs a drumsd
@@ -63,3 +63,20 @@ def choose_host(
         if free > best_free:
             best, best_free = host, free
     return best
+
+
+def ghost_changes(
+    live: Set[str],
+    held: Set[str],
+    seen_before: Set[str],
+    ghosts: Set[str],
+    known: Set[str] = frozenset(),
+) -> Tuple[Set[str], Set[str]]:
+    """Which of a host's slots need a ghost seat (a `drums_desktops` held for a desktop no pool
+    env holds: made by the gateway, another client, or a dead driver not yet swept), as
+    (add, remove). A slot counts once it was outside every lease on two sweeps in a row, so
+    a pool env between its create and its lease write is not counted twice; `known` slots (the
+    gateway's own creates) count at once."""
+    foreign = live - held
+    wanted = (foreign & seen_before) | (foreign & known)
+    return wanted - ghosts, ghosts - foreign

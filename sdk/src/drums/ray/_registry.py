@@ -95,3 +95,43 @@ def orphaned_leases(label: str, root: Optional[Path] = None) -> Dict[Path, List[
         except (OSError, ValueError):
             out[path] = []
     return out
+
+
+def held_env_ids(label: str, root: Optional[Path] = None) -> set:
+    """Env ids that live pool processes hold on host `label` (their seats are Ray's own)."""
+    d = lease_dir(label, root)
+    held: set = set()
+    if not d.is_dir():
+        return held
+    for path in d.glob("*.json"):
+        pid_text, _, start_text = path.stem.partition("-")
+        if not pid_text.isdigit() or str(_starttime(int(pid_text))) != start_text:
+            continue  # a dead process's lease: the keeper's sweep destroys its envs
+        try:
+            held.update(str(i) for i in json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return held
+
+
+def tombstone_dir(label: str, root: Optional[Path] = None) -> Path:
+    return (root or pool_dir()) / f"{label}.tombstones"
+
+
+def write_tombstone(label: str, env_id: str, root: Optional[Path] = None) -> Path:
+    """A close that could not reach host `label`'s drumsd: the keeper destroys `env_id` as soon
+    as the daemon answers again (a restarted daemon adopts its slots; this one must not live)."""
+    d = tombstone_dir(label, root)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = d / env_id
+    path.touch()
+    return path
+
+
+def tombstones(label: str, root: Optional[Path] = None) -> List[str]:
+    d = tombstone_dir(label, root)
+    return sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else []
+
+
+def clear_tombstone(label: str, env_id: str, root: Optional[Path] = None) -> None:
+    (tombstone_dir(label, root) / env_id).unlink(missing_ok=True)

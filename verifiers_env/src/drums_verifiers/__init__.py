@@ -1,4 +1,4 @@
-"""drums desktops as environments for verifiers (v1 API, 0.4.x) and prime-rl.
+"""drums desktops as environments for verifiers (v1 API: 0.4.x, or prime-rl's pinned commit).
 
 `vf-eval drums-verifiers ...` finds the taskset, its fork-group env and its chat harness here.
 The exports load lazily: importing verifiers is slow, and the test servers under
@@ -29,6 +29,9 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'drums_verifiers' has no attribute {name!r}")
+    from drums_verifiers.compat import require_v1
+
+    require_v1()
     value = getattr(importlib.import_module(f"drums_verifiers.{home}"), name)
     globals()[name] = value
     return value

@@ -2,31 +2,43 @@
 
 Request interceptors in verifiers 0.4 may rewrite only the newest messages, so the window has
 to live in the program that builds each request; this harness runs that program (through `uv`,
-like the built-in `null` harness) and passes it K from the harness config or the task.
+like the built-in `null` harness) and passes it K from the harness config or the task. A program
+that fails says why on vf-eval's console (its last error line), not only `HarnessError`.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 
 import verifiers.v1 as vf
 from pydantic import Field
-from verifiers.v1.harnesses.utils import mcp as vf_mcp
-from verifiers.v1.harnesses.utils.launch import launch_chat_program
 
-from drums_verifiers import chat_program, profile, visual_window
+from drums_verifiers import chat_program, compat, profile, visual_window
 
+console = logging.getLogger("verifiers.v1.drums")
+# openai: every 2.x and 3.x the supported verifiers lines allow (the program adapts its timeout).
 HEADER = (
-    '# /// script\n# requires-python = ">=3.10"\n'
-    '# dependencies = ["openai", "mcp==2.0.0", "httpx", "httpx2", "tenacity"]\n'
+    '# /// script\n# requires-python = ">=3.11"\n'
+    '# dependencies = ["openai>=2.9,<4", "mcp==2.0.0", "httpx2"]\n'
     "# ///\n"
 )
 
 
 def program_source() -> str:
-    """The standalone script: verifiers' MCP client helpers, the window, then the loop."""
-    parts = [inspect.getsource(m) for m in (vf_mcp, profile, visual_window, chat_program)]
-    return HEADER + "\n".join(parts)
+    """The standalone script: profile marks, the window, then the loop (with its MCP client)."""
+    return HEADER + "\n".join(inspect.getsource(m) for m in (profile, visual_window, chat_program))
+
+
+def failure_cause(output: str) -> str:
+    """The line that says why a program failed: a traceback's last line, else the last line."""
+    # what Python prints for an exception in a finalizer comes after the real error
+    output = output.split("\nException ignored in")[0]
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    errors = [line for line in lines if not line.startswith(("File ", "^", "~", "Traceback"))]
+    return (errors or lines)[-1][-500:]
 
 
 PROGRAM = program_source()
@@ -62,7 +74,7 @@ class DrumsChatHarness(vf.Harness[DrumsHarnessConfig]):
         data: vf.TaskData,
     ) -> vf.ProgramResult:
         system_prompt, prompt = self.resolve_prompt(data)
-        return await launch_chat_program(
+        result = await compat.launch_program(
             PROGRAM,
             self.config,
             ctx,
@@ -78,3 +90,12 @@ class DrumsChatHarness(vf.Harness[DrumsHarnessConfig]):
                 f"--max-steps={self.config.max_steps}",
             ],
         )
+        if result.exit_code and trace.stop_condition is None:
+            console.error(
+                "drums: rollout %s (task %s) harness drums-verifiers exited %d: %s",
+                trace.id,
+                getattr(data, "id", None),
+                result.exit_code,
+                failure_cause(result.stderr or result.stdout or ""),
+            )
+        return result

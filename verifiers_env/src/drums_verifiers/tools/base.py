@@ -15,12 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 import verifiers.v1 as vf
-from mcp_types import CallToolResult, ImageContent, TextContent
 
 # verifiers' state channel request (retries transient errors): the only private piece used here
 from verifiers.v1.mcp.server import _channel_request
 
 from drums_verifiers import actions, desktop
+from drums_verifiers.compat import (
+    CallToolResult,
+    ImageContent,
+    image_content,
+    text_content,
+    tool_result,
+)
 from drums_verifiers.config import DesktopToolsConfig
 from drums_verifiers.profile import profile_mark
 from drums_verifiers.state import DrumsState
@@ -31,7 +37,7 @@ RECOVERABLE_CODES = ("invalid_request", "action_failed")
 
 
 def text_result(text: str, error: bool = False) -> CallToolResult:
-    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=error)
+    return tool_result([text_content(text)], error)
 
 
 class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
@@ -199,12 +205,12 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
         output = desktop.field(result, "output")
         if output is not None:
             lines.append(command_output(output))
-        content: list[Any] = [TextContent(type="text", text="\n".join(lines))]
+        content: list[Any] = [text_content("\n".join(lines))]
         if screenshot:
             shot = desktop.screenshot_b64(result)
             try:
                 content.append(
-                    ImageContent(type="image", data=shot[0], mime_type=shot[1])
+                    image_content(shot[0], shot[1])
                     if shot is not None
                     else await self.screenshot_content(env)
                 )
@@ -212,7 +218,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
                 return self.failed(exc, "screenshot")
         state.tool_s.append(time.monotonic() - started)
         profile_mark("tool", "built")
-        return CallToolResult(content=content)
+        return tool_result(content)
 
     def failed(self, exc: Exception, during: str) -> CallToolResult:
         """A daemon or desktop failure: the episode is over (the task's stop reads this)."""
@@ -229,7 +235,7 @@ class DesktopTools(vf.Toolset[DesktopToolsConfig, DrumsState]):
 def vf_image(data: bytes, content_type: str = "image/png") -> ImageContent:
     import base64
 
-    return ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type=content_type)
+    return image_content(base64.b64encode(data).decode(), content_type)
 
 
 def command_output(output: Any) -> str:

@@ -1,9 +1,9 @@
 """The `drums` tool style: one tool per action, pixel coordinates, a screenshot after each."""
 
 import verifiers.v1 as vf
-from mcp_types import CallToolResult
 
 from drums_verifiers import actions
+from drums_verifiers.compat import CallToolResult, tool_result
 from drums_verifiers.tools.base import DesktopTools
 
 
@@ -62,7 +62,7 @@ class DrumsTools(DesktopTools):
     async def screenshot(self) -> CallToolResult:
         """Look at the screen without acting."""
         env = await self._env()
-        return CallToolResult(content=[await self.screenshot_content(env)])
+        return tool_result([await self.screenshot_content(env)])
 
     @vf.tool
     async def done(self) -> CallToolResult:

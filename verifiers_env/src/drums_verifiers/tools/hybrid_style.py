@@ -5,9 +5,9 @@ so they see and change exactly what the GUI shows (and what the checker will rea
 """
 
 import verifiers.v1 as vf
-from mcp_types import CallToolResult
 
 from drums_verifiers import actions
+from drums_verifiers.compat import CallToolResult
 from drums_verifiers.tools.drums_style import DrumsTools
 
 

@@ -6,9 +6,9 @@ terminate, response); the mapping to drumsd actions is in actions.scalecua_actio
 """
 
 import verifiers.v1 as vf
-from mcp_types import CallToolResult
 
 from drums_verifiers import actions
+from drums_verifiers.compat import CallToolResult
 from drums_verifiers.tools.base import DesktopTools
 
 

@@ -27,7 +27,7 @@ def test_computer_13_actions_become_pyautogui_code() -> None:
 
 
 def test_an_unknown_action_space_is_refused() -> None:
-    with pytest.raises(ValueError, match="computer_13 or pyautogui"):
+    with pytest.raises(ValueError, match="one of computer_13, pyautogui, claude_computer_use"):
         DesktopEnv(action_space="som")
 
 
@@ -95,7 +95,10 @@ def test_fork_gives_desktopenvs_on_copies_destroyed_on_exit(daemon: Daemon) -> N
             assert done and reward == 0.0 and obs["screenshot"][:4] == b"\x89PNG"
             assert {s.id for s in client.list_envs()} == ids | {env.env.id}
         assert [s.id for s in client.list_envs()] == [env.env.id]
-        assert env.render()[:4] == b"\x89PNG" and env.vm_screen_size == (1920, 1080)
+        assert env.render()[:4] == b"\x89PNG" and env.vm_screen_size == {
+            "width": 1920,
+            "height": 1080,
+        }
     with daemon.client() as watcher:
         assert watcher.list_envs() == []
 
@@ -106,6 +109,7 @@ def test_step_info_carries_the_episodes_gate_verdict(daemon: Daemon) -> None:
     with daemon.client() as client, DesktopEnv(client=client) as env:
         env.reset()
         assert env.env is not None
+        env.env.wait_valid()  # reset leaves alive_after_resume to be judged (LATE_GATES)
         _, _, done, info = env.step("pyautogui.click(10, 10)", pause=0)
         assert not done and info["valid"] is True and info["verdict"] == "valid"
         assert info["failed_gates"] == [] and info["pending_gates"] == []
@@ -120,6 +124,8 @@ def test_step_info_carries_the_episodes_gate_verdict(daemon: Daemon) -> None:
         assert err.value.failed_gates == ["not_quarantined"]
     with daemon.client() as client, DesktopEnv(client=client) as env:
         env.reset()
+        assert env.env is not None
+        env.env.wait_valid()
         _, _, done, info = env.step({"action_type": "DONE"}, pause=0)
         assert done and info["done"] is True and info["valid"] is True
 
@@ -143,7 +149,7 @@ def test_pyautogui_dict_actions_are_osworlds_command_and_special_dicts(daemon: D
     with daemon.client() as client, DesktopEnv(client=client) as env:
         env.reset()
         _, _, done, info = env.step({"command": "pyautogui.click(3, 4)"}, pause=0)
-        assert not done and info["valid"] is True
+        assert not done and info["valid"] is not False and not info["failed_gates"]
         with pytest.raises(ValueError, match="needs a 'command'"):
             env.step({"action_type": "CLICK", "parameters": {"x": 1, "y": 1}}, pause=0)
         _, _, done, info = env.step({"action_type": "FAIL"}, pause=0)
@@ -192,3 +198,69 @@ def test_the_methods_match_the_upstream_desktopenv_read_from_its_source() -> Non
         assert all(p.kind is p.KEYWORD_ONLY for p in ours if p not in positional), name
     for prop in UPSTREAM_PROPERTIES:
         assert isinstance(inspect.getattr_static(DesktopEnv, prop), property), prop
+
+
+def test_what_osworlds_runner_reads_is_there(daemon: Daemon) -> None:
+    """lib_run_single and run.py read vm_ip, task_id, vm_screen_size (a dict, as OSWorld's
+    controller returns it) and the claude_computer_use action space runs pyautogui code."""
+    with (
+        daemon.client() as client,
+        DesktopEnv(client=client, action_space="claude_computer_use") as env,
+    ):
+        assert env.vm_ip == "drumsd.test" and env.task_id is None
+        env.reset()
+        assert env.controller.get_vm_screen_size() == {"width": 1920, "height": 1080}
+        _, _, done, info = env.step("pyautogui.click(1, 2)", pause=0)
+        assert not done and "error" not in info
+        assert env.controller.get_screenshot()[:4] == b"\x89PNG"
+        answer = env.controller.execute_python_command("print('hi')")
+        assert answer is not None and answer["status"] == "success"
+
+
+def test_reset_returns_before_the_liveness_gate_is_judged(daemon: Daemon) -> None:
+    """reset waits for every gate but alive_after_resume (judged alive_after_s after ready)."""
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        assert env.env is not None
+        report = env.env.gates()
+        left = {g.name for g in report.gates if g.status is not GateStatus.passed}
+        assert left <= {"alive_after_resume"}, report
+
+
+def test_a_failing_action_is_logged_and_the_episode_goes_on(
+    daemon: Daemon, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OSWorld's VM logs code that raises and carries on; so does step (drumsd's in-memory
+    runtime fails code with 'raise' in it; the SDK's fake app runs anything)."""
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        with caplog.at_level("ERROR", logger="desktopenv.drums"):
+            obs, _, done, info = env.step("raise ValueError('bad line')", pause=0)
+        assert not done and obs["screenshot"][:4] == b"\x89PNG"
+        if request.node.callspec.params["daemon"] == "drumsd":
+            assert "simulated" in info["error"] and "Failed to execute" in caplog.text
+        obs, _, done, info = env.step("DONE", pause=0)
+        assert done and info["done"] is True
+
+
+def test_recording_writes_a_playable_video_of_the_episode(daemon: Daemon, tmp_path) -> None:
+    """start_recording / end_recording(path) as lib_run_single calls them: an H.264 mp4 lasting
+    as long as the episode; a second end_recording (run.py's error handler) only logs."""
+    import time
+
+    import imageio_ffmpeg
+
+    dest = tmp_path / "result" / "recording.mp4"
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.controller.end_recording(str(dest))  # none started: logged, nothing raised
+        env.reset()
+        env.controller.start_recording()
+        started = time.monotonic()
+        for _ in range(3):
+            env.step("pyautogui.click(5, 5)", pause=0.4)
+        env.controller.end_recording(str(dest))
+        elapsed = time.monotonic() - started
+        env.controller.end_recording(str(dest))
+    frames, seconds = imageio_ffmpeg.count_frames_and_secs(str(dest))
+    assert frames >= 2 and abs(seconds - elapsed) < 1.5, (frames, seconds, elapsed)
+    assert dest.read_bytes()[4:8] == b"ftyp"

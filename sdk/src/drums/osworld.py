@@ -17,32 +17,60 @@ read without counting as an action. VM-only arguments (provider_name, region, pa
 snapshot_name, headless, os_type, enable_proxy, cache_dir) are accepted and ignored: there is no
 VM. Every env this makes is destroyed on close(), when the process exits (atexit) and on Ctrl-C
 (the SDK's client cleanup).
+
+What OSWorld's runner (run.py, lib_run_single.py) touches is here as OSWorld has it:
+`env.controller.start_recording()` / `end_recording(path)` write an mp4 of the episode (see
+drums._recording: screenshots sampled at RECORDING_FPS, encoded by ffmpeg), `vm_ip`, `task_id`,
+`vm_screen_size` as {"width", "height"}, the `claude_computer_use` action space (pyautogui code),
+and a step whose code fails is logged (logger "desktopenv.drums") and the episode goes on, as on
+OSWorld's VM, with the error in info["error"].
+
+reset() returns once the desktop is restored, set up and its start gates passed; the liveness
+gate (alive_after_resume, judged the daemon's alive_after_s after ready, 5 s by default) is left
+to be judged while the agent works: OSWorld's runner waits after reset anyway, step's info shows
+it pending then passed, and evaluate() waits for it before scoring.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
+import os
 import platform
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 from . import _client
 from ._base import gate_verdict, validity
-from ._exceptions import InvalidEpisode
-from .models import VerifyResult
+from ._exceptions import ActionFailed, InvalidEpisode, Timeout
+from ._recording import DEFAULT_FPS, RecordingUnavailable, ScreenRecorder
+from .models import GateReport, GateStatus, VerifyResult
 
 __all__ = [
+    "ACTION_SPACES",
     "DEFAULT_DIFFERENCES",
+    "LATE_GATES",
     "OSWORLD_INIT_PARAMS",
+    "RECORDING_FPS",
     "SPECIAL",
     "VM_ONLY",
+    "Controller",
     "DesktopEnv",
     "computer_13_code",
     "validity",
 ]
 
+log = logging.getLogger("desktopenv.drums")  # OSWorld's run.py shows "desktopenv" loggers
+
 SPECIAL = ("WAIT", "DONE", "FAIL")
+# claude_computer_use: OSWorld runs its actions as pyautogui code, as here.
+ACTION_SPACES = ("computer_13", "pyautogui", "claude_computer_use")
+# Gates reset() does not wait for: judged alive_after_s after ready (see the module docstring).
+LATE_GATES = ("alive_after_resume",)
+RECORDING_FPS = DEFAULT_FPS
+RESET_GATES_TIMEOUT_S = 120.0
 # OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
 # interface; screen_size defaults there to SCREEN_WIDTH x SCREEN_HEIGHT, else 1920x1080).
 OSWORLD_INIT_PARAMS: Tuple[Tuple[str, Any], ...] = (
@@ -130,8 +158,10 @@ class DesktopEnv:
         image: Optional[str] = None,
         raise_on_invalid: bool = False,
     ) -> None:
-        if action_space not in ("computer_13", "pyautogui"):
-            raise ValueError(f"action_space must be computer_13 or pyautogui, not {action_space!r}")
+        if action_space not in ACTION_SPACES:
+            raise ValueError(
+                f"action_space must be one of {', '.join(ACTION_SPACES)}, not {action_space!r}"
+            )
         self.action_space = action_space
         self.screen_size = screen_size
         self.require_a11y_tree = require_a11y_tree
@@ -142,9 +172,13 @@ class DesktopEnv:
         self.client = client or _client.connect()
         self.env: Optional[_client.Env] = None
         self.instruction = ""
+        self.task_id: Optional[str] = None
         self.action_history: List[Any] = []
         self.last_verify: Optional[VerifyResult] = None
         self.last_validity: Optional[Dict[str, Any]] = None
+        # Where agents that call the VM's own server would look; no OSWorld server listens here.
+        self.vm_ip = urlsplit(str(getattr(self.client, "url", ""))).hostname or "127.0.0.1"
+        self.controller = Controller(self)
         atexit.register(self.close)
 
     def __enter__(self) -> DesktopEnv:
@@ -171,8 +205,33 @@ class DesktopEnv:
         else:
             self.env = self.client.create(task=dict(task_config), image=self.image)
         self.instruction = str((task_config or {}).get("instruction", ""))
-        self.env.wait_valid(timeout=120)
+        self.task_id = (task_config or {}).get("id")
+        self._wait_start_gates(self.env)
         return self._get_obs()
+
+    def _wait_start_gates(self, env: _client.Env) -> GateReport:
+        """Every gate but LATE_GATES passed (a failed one raises InvalidEpisode)."""
+        deadline = time.monotonic() + RESET_GATES_TIMEOUT_S
+        pause = 0.05
+        while True:
+            report = env.gates()
+            if gate_verdict(report, env.id) is not None:
+                return report
+            pending = [
+                g.name
+                for g in report.gates
+                if g.status is GateStatus.pending and g.name not in LATE_GATES
+            ]
+            if not pending:
+                return report
+            if time.monotonic() + pause > deadline:
+                raise Timeout(
+                    f"gates {pending} still pending {RESET_GATES_TIMEOUT_S:g} s after the "
+                    "restore; read env.env.gates() for their evidence",
+                    env_id=env.id,
+                )
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
 
     def _get_obs(self) -> Dict[str, Any]:
         env = self._live()
@@ -215,7 +274,7 @@ class DesktopEnv:
                 done = True
                 info["done" if word == "DONE" else "fail"] = True
             return self._get_obs(), 0.0, done, self._with_validity(env, info)
-        if isinstance(action, dict) and self.action_space == "pyautogui":
+        if isinstance(action, dict) and self.action_space != "computer_13":
             if not isinstance(action.get("command"), str):  # OSWorld's {"command": code}
                 raise ValueError(
                     "a dict action in the pyautogui action space needs a 'command' (pyautogui "
@@ -227,7 +286,12 @@ class DesktopEnv:
             converted = computer_13_code(action)
         else:
             converted = action
-        env.step(converted)
+        try:
+            env.step(converted)
+        except ActionFailed as exc:
+            # OSWorld's VM runs the code, logs what it raised and the episode goes on.
+            log.error("Failed to execute command: %s", exc)
+            info["error"] = str(exc)
         time.sleep(pause)
         return self._get_obs(), 0.0, done, self._with_validity(env, info)
 
@@ -257,8 +321,9 @@ class DesktopEnv:
         return platform.machine()
 
     @property
-    def vm_screen_size(self) -> Tuple[int, int]:
-        return (int(self.screen_size[0]), int(self.screen_size[1]))
+    def vm_screen_size(self) -> Dict[str, int]:
+        """As OSWorld's controller returns it: {"width": ..., "height": ...}."""
+        return {"width": int(self.screen_size[0]), "height": int(self.screen_size[1])}
 
     @contextmanager
     def fork(self, n: int = 1) -> Iterator[List[DesktopEnv]]:
@@ -301,6 +366,7 @@ class DesktopEnv:
 
     def close(self) -> None:
         """Destroy the env (and the client this made)."""
+        self.controller.discard_recording()
         if self.env is not None:
             try:
                 self.env.close()
@@ -313,3 +379,97 @@ class DesktopEnv:
         if self.env is None:
             raise RuntimeError("no desktop yet: call reset(task_config=...) first")
         return self.env
+
+
+class Controller:
+    """`env.controller`: what OSWorld's runner and agents call on its PythonController, over the
+    drums env. Like OSWorld's, a call that cannot be done logs the error and returns None; it
+    does not raise into the runner (run.py calls end_recording again after an exception)."""
+
+    def __init__(self, desktop: DesktopEnv) -> None:
+        self._desktop = desktop
+        self._recorder: Optional[ScreenRecorder] = None
+
+    def start_recording(self) -> None:
+        """Start a video of the episode (screenshots sampled at RECORDING_FPS by a thread)."""
+        if self._recorder is not None and self._recorder.running:
+            log.error("Failed to start recording: a recording is already in progress")
+            return
+        env = self._desktop.env
+        if env is None:
+            log.error("Failed to start recording: no desktop yet, call reset() first")
+            return
+
+        def grab() -> bytes:
+            return env.observe(format="jpeg", quality=80).png
+
+        recorder = ScreenRecorder(grab, RECORDING_FPS)
+        try:
+            recorder.start()
+        except (RecordingUnavailable, OSError) as exc:
+            log.error("Failed to start recording: %s", exc)
+            return
+        self._recorder = recorder
+        log.info("Recording started successfully")
+
+    def end_recording(self, dest: str) -> None:
+        """Stop the recording and write the mp4 to `dest`."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is None or not recorder.running:
+            log.error("Failed to stop recording: no recording in progress")
+            return
+        try:
+            recorder.stop(dest)
+        except (RuntimeError, OSError) as exc:
+            log.error("Failed to stop recording: %s", exc)
+            return
+        log.info("Recording stopped successfully: %s (%d frames)", dest, recorder.frames)
+
+    def discard_recording(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None and recorder.running:
+            try:
+                recorder.stop(os.devnull + ".mp4")
+            except (RuntimeError, OSError):
+                pass
+
+    def get_screenshot(self) -> Optional[bytes]:
+        env = self._desktop.env
+        return None if env is None else env.observe().png
+
+    def get_accessibility_tree(self) -> Optional[str]:
+        env = self._desktop.env
+        return None if env is None else env.accessibility_tree().tree
+
+    def get_terminal_output(self) -> Optional[str]:
+        env = self._desktop.env
+        return None if env is None else env.terminal().text
+
+    def get_vm_platform(self) -> str:
+        return self._desktop.vm_platform
+
+    def get_vm_machine(self) -> str:
+        return self._desktop.vm_machine
+
+    def get_vm_screen_size(self) -> Dict[str, int]:
+        return self._desktop.vm_screen_size
+
+    def execute_python_command(self, command: str) -> Optional[Dict[str, Any]]:
+        """Run Python (pyautogui already imported) on the desktop, answered as OSWorld's server
+        answers: status, output, error, returncode."""
+        env = self._desktop.env
+        if env is None:
+            log.error("Failed to execute command: no desktop yet, call reset() first")
+            return None
+        try:
+            result = env.step(command)
+        except ActionFailed as exc:
+            log.error("Failed to execute command: %s", exc)
+            return {"status": "error", "output": "", "error": str(exc), "returncode": 1}
+        out = result.output
+        return {
+            "status": "success",
+            "output": out.stdout if out else "",
+            "error": out.stderr if out else "",
+            "returncode": out.returncode if out else 0,
+        }

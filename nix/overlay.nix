@@ -4,7 +4,7 @@
 final: prev:
 let
   python = import ./python-packages.nix {
-    inherit (final) lib;
+    inherit (final) lib fetchurl;
     python3Packages = final.python3Packages;
   };
 in

@@ -1,9 +1,24 @@
 # The four Python distributions of the drums workspace, built from this checkout with
-# pyproject = true (hatchling). The dependency lists mirror each pyproject.toml;
-# tests/nix/test_nix_python_deps.py fails when the two disagree.
-{ lib, python3Packages }:
+# pyproject = true (hatchling), each on the Python dependencies uv.lock pins (./uv-lock.nix: the
+# locked versions, fetched with the lock's hashes; not nixpkgs' versions of them). verifiers and
+# its tree (prime-*, renderers, mcp 2) come from the lock too, so drums-verifiers is whole.
+# tests/nix/test_nix_uv_lock.py compares every URL and hash with uv.lock.
+{
+  lib,
+  python3Packages,
+  fetchurl,
+  lockFile ? ../uv.lock,
+}:
 let
   ps = python3Packages;
+  lockFor = import ./uv-lock.nix {
+    inherit
+      lib
+      python3Packages
+      fetchurl
+      lockFile
+      ;
+  };
 
   # Only pyproject.toml and src/: caches, tests and venvs never enter the store.
   sourceOf =
@@ -16,6 +31,11 @@ let
       ];
     };
 
+  # The lock's extras of a member as optional-dependencies, plus what the member adds itself.
+  extrasOf =
+    name: own:
+    lib.genAttrs (lockFor.extras name) (extra: lockFor.extra name extra ++ (own.${extra} or [ ]));
+
   meta = {
     license = lib.licenses.asl20;
     platforms = lib.platforms.linux;
@@ -27,32 +47,9 @@ let
     pyproject = true;
     src = sourceOf ../sdk;
     build-system = [ ps.hatchling ];
-    dependencies = [
-      ps.httpx
-      ps.pydantic
-      ps.anyio
-    ];
-    optional-dependencies = {
-      image = [ ps.pillow ];
-      # drums.ray: `drums pool join` and the pool (services.drumsd.ray runs it).
-      ray = [
-        ps.ray
-        ps.hypercorn
-      ]
-      ++ ps.ray.optional-dependencies.default;
-      # drums mcp: desktops as MCP tools (the official MCP SDK) over stdio or streamable HTTP.
-      mcp = [
-        ps.mcp
-        ps.uvicorn
-      ];
-      test = [
-        ps.pytest
-        ps.pytest-trio
-        ps.trio
-        ps.hypercorn
-        ps.pillow
-      ];
-    };
+    dependencies = lockFor.dependencies "drums-sdk";
+    # image, mcp, ray (`drums pool join`; services.drumsd.ray runs it), test.
+    optional-dependencies = extrasOf "drums-sdk" { };
     pythonImportsCheck = [ "drums" ];
     meta = meta // {
       description = "Python client for drumsd: isolated, resettable, forkable Linux desktops";
@@ -65,17 +62,7 @@ let
     pyproject = true;
     src = sourceOf ../drumsd;
     build-system = [ ps.hatchling ];
-    dependencies = [
-      drums-sdk
-      ps.trio
-      ps.quart-trio
-      ps.quart
-      ps.hypercorn
-      ps.pydantic
-      ps.zstandard
-      ps.pillow
-    ]
-    ++ ps.hypercorn.optional-dependencies.trio;
+    dependencies = [ drums-sdk ] ++ lockFor.dependencies "drumsd";
     pythonImportsCheck = [ "drumsd" ];
     meta = meta // {
       description = "drums host daemon: CRIU-restored Linux desktops as RL environments";
@@ -89,46 +76,25 @@ let
     pyproject = true;
     src = sourceOf ../taskfactory;
     build-system = [ ps.hatchling ];
-    dependencies = [
-      ps.openpyxl
-      ps.python-docx
-      ps.python-pptx
-      ps.pillow
-      ps.pypdf
-      ps.pymupdf
-      ps.odfpy
-    ];
-    optional-dependencies.validate = [ drums-sdk ];
+    dependencies = lockFor.dependencies "drums-tasks";
+    optional-dependencies = extrasOf "drums-tasks" { validate = [ drums-sdk ]; };
     pythonImportsCheck = [ "drums_tasks" ];
     meta = meta // {
       description = "Seeded desktop task factory with checkers, oracles and a live validator";
     };
   };
 
-  # `verifiers` (0.4.x) and its dependency tree (prime-*, renderers, mcp 2) are not in nixpkgs,
-  # nor are the `verl` and `skyrl` extras (verl, skyrl-gym). This package is a plugin for those
-  # libraries: it is built without them and meant for a Python environment that already has
-  # them (a trainer's own env, or an overlay that adds them).
-  verifiersTree = [
-    "verifiers"
-    "mcp-types"
-    "prime-pydantic-config"
-  ];
+  # verifiers (and prime-rl's env tooling) at the lock's versions; the verl and skyrl extras
+  # (torch and the rest of a trainer) stay optional.
   drums-verifiers = ps.buildPythonPackage {
     pname = "drums-verifiers";
     version = "0.1.0";
     pyproject = true;
     src = sourceOf ../verifiers_env;
     build-system = [ ps.hatchling ];
-    dependencies = [
-      drums-sdk
-      ps.pillow
-      ps.pydantic
-    ]
-    ++ map (name: ps.${name}) (builtins.filter (name: ps ? ${name}) verifiersTree);
-    pythonRemoveDeps = builtins.filter (name: !(ps ? ${name})) verifiersTree;
-    # Importing drums_verifiers needs verifiers; check the SDK side only.
-    pythonImportsCheck = [ "drums" ];
+    dependencies = [ drums-sdk ] ++ lockFor.dependencies "drums-verifiers";
+    optional-dependencies = extrasOf "drums-verifiers" { };
+    pythonImportsCheck = [ "drums_verifiers" ];
     meta = meta // {
       description = "drums desktops as environments for verifiers and prime-rl";
     };

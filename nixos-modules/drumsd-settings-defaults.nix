@@ -109,6 +109,7 @@
     spares = true;
   };
   drain_timeout_s = 10.0;
+  body_timeout_s = 30.0;
   gate_refresh_s = 3.0;
   step_timeout_s = 120.0;
   cleanup_timeout_s = 120.0;

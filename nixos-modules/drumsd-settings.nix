@@ -537,6 +537,11 @@ in
     default = defaults.drain_timeout_s;
     description = "drumsd setting `drain_timeout_s`";
   };
+  body_timeout_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 600);
+    default = defaults.body_timeout_s;
+    description = "a request body must arrive within this; slower ones get a 408";
+  };
   gate_refresh_s = mkOption {
     type = types.addCheck types.number (x: x > 0 && x <= 600);
     default = defaults.gate_refresh_s;

@@ -1,18 +1,32 @@
 """`nix flake check` (Nix >= 2.18, evaluation only) passes on drums' flake with nixpkgs replaced by
-tests/nix/stub-nixpkgs: the flake's outputs have the right shapes and every file they pull in
-(overlay, Python packages, CRIU override, image, VM tests) evaluates and is wired to the others.
-Real nixpkgs attribute names are not checked here (docs/nix.md)."""
+tests/nix/stub-nixpkgs (stand-in packages beside nixpkgs' real lib from ../shared/nixpkgs-snapshot):
+the flake's outputs have the right shapes and every file they pull in (overlay, Python packages
+from uv.lock, CRIU override, image, VM tests) evaluates and is wired to the others. Real nixpkgs
+attribute names are not checked here (docs/nix.md). A clone without ../shared skips."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from nix_support import REPO, nix_env, require_tool
+from nixos_tree import unpack_tree
 
 STUB = Path(__file__).with_name("stub-nixpkgs")
+STUB_TREE = STUB
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stub_with_nixpkgs_lib(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The stand-in package set with nixpkgs' real lib beside it (the snapshot's)."""
+    global STUB_TREE
+    snapshot = unpack_tree(tmp_path_factory.mktemp("nixpkgs-snapshot"))[0]
+    STUB_TREE = tmp_path_factory.mktemp("stub") / "stub-nixpkgs"
+    shutil.copytree(STUB, STUB_TREE)
+    shutil.copytree(snapshot / "lib", STUB_TREE / "lib")
 
 
 def nix(*args: str, flake: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -24,7 +38,7 @@ def nix(*args: str, flake: Path = REPO) -> subprocess.CompletedProcess[str]:
             "--no-write-lock-file",
             "--override-input",
             "nixpkgs",
-            f"path:{STUB}",
+            f"path:{STUB_TREE}",
             *([] if args[0] == "eval" else [str(flake)]),
         ],
         capture_output=True,

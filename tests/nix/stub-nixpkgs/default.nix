@@ -37,6 +37,7 @@ let
 
   pythonNames = [
     "hatchling"
+    "setuptools"
     "httpx"
     "pydantic"
     "anyio"
@@ -70,10 +71,14 @@ let
           hypercorn = stub "hypercorn" // {
             optional-dependencies.trio = [ python3Packages.trio ];
           };
+          # nixpkgs 25.11's python3.
+          python = stub "python3" // {
+            version = "3.13.9";
+          };
           buildPythonPackage =
             args:
-            assert args.pyproject == true;
-            assert force (args.dependencies ++ args.build-system);
+            assert args.pyproject or false || args.format or "" == "wheel";
+            assert force (args.dependencies ++ args.build-system or [ ]);
             mkPkg (args // { name = "python3-${args.pname}-${args.version}"; });
           buildPythonApplication = python3Packages.buildPythonPackage;
         };
@@ -94,6 +99,13 @@ let
         postPatch = ''substituteInPlace ./Makefile --replace-fail "head-name := x" "head-name = 4.1.1.0"'';
         passthru = { };
       };
+      fetchurl =
+        { url, sha256, ... }:
+        assert builtins.match "[0-9a-f]{64}" sha256 != null;
+        mkPkg {
+          name = baseNameOf url;
+          inherit url sha256;
+        };
       fetchzip =
         { url, hash, ... }:
         assert sri hash;

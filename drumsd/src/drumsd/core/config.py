@@ -291,6 +291,12 @@ class Config(Block):
     ksm: KsmConfig = Field(default_factory=KsmConfig)
     task_checkpoints: TaskCheckpointsConfig = Field(default_factory=TaskCheckpointsConfig)
     drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="a request body must arrive within this; slower ones get a 408",
+    )
     gate_refresh_s: float = Field(
         default=3.0, gt=0, le=600, description="how often live slots' running gates are judged"
     )

@@ -1,11 +1,19 @@
-"""JSON depth limit (pure): what counts as a level, and that a deep body never recurses."""
+"""Request-body limits (pure): JSON depth (what counts as a level, a deep body never recurses)
+and the per-peer budget of bodies in flight."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from drumsd.api.limits import MAX_JSON_DEPTH, TooDeep, exceeds_depth, parse_json
+from drumsd.api.limits import (
+    MAX_JSON_DEPTH,
+    BodyBudget,
+    TooDeep,
+    declared_body_size,
+    exceeds_depth,
+    parse_json,
+)
 
 
 def chain(depth: int, leaf: object = 0) -> object:
@@ -52,3 +60,23 @@ def test_wide_bodies_are_not_too_deep() -> None:
 def test_bad_json_keeps_its_own_error() -> None:
     with pytest.raises(json.JSONDecodeError):
         parse_json("{nope")
+
+
+def test_a_peers_bodies_in_flight_are_bounded_together() -> None:
+    budget = BodyBudget(per_peer=100, unknown_size=40)
+    assert budget.take("a", 60)
+    assert budget.take("a", 40)
+    assert not budget.take("a", 1)  # refused: nothing counted
+    assert budget.held("a") == 100
+    assert budget.take("b", 100)  # another peer has its own budget
+    budget.give_back("a", 60)
+    assert budget.take("a", 50) and budget.held("a") == 90
+    budget.give_back("a", 90)
+    assert budget.held("a") == 0 and "a" not in budget._held  # a gone peer leaves no entry
+
+
+def test_a_body_declares_its_size_or_is_chunked_or_has_none() -> None:
+    assert declared_body_size(123, None) == 123
+    assert declared_body_size(0, "chunked") == 0  # Content-Length wins, as in h11
+    assert declared_body_size(None, "gzip, Chunked") is None
+    assert declared_body_size(None, None) == 0

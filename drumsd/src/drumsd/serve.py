@@ -1,7 +1,8 @@
 """`drumsd serve`: load the config, refuse unsafe starts, run the daemon until a signal.
 
 `main` owns the root nursery: the runtime and the slot supervisor (reaper, admission sampler,
-gate timers) start first, then hypercorn serves the app. SIGTERM/SIGINT drain in-flight requests
+gate timers) start first, then api/http_server.py serves the app (HTTP/1.1, on hypercorn's
+protocol code; no one connection can end it). SIGTERM/SIGINT drain in-flight requests
 within drain_timeout_s; a second signal stops at once.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -111,7 +113,7 @@ def preflight(config: Config) -> str:
 def claim_host_share(config: Config) -> tuple[list[int], int]:
     """Before anything reads or changes a slot: hold the state and journal dirs (a second daemon
     on the same config stops here, touching nothing) and bind the port. Returns the lock fds
-    (held for the process's life) and the bound socket's fd for hypercorn."""
+    (held for the process's life) and the bound socket's fd for the HTTP server."""
     held: list[int] = []
     try:
         for key in ("state_dir", "journal_dir"):
@@ -173,6 +175,7 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
         return {}
     try:
         from drumsd.tasks.bridge import TaskBridge, context_from_config
+        from drumsd.tasks.checker import CheckerSlots
         from drumsd.tasks.checker_venv import load_checker_venv
     except ImportError as exc:
         log.warning("no task bridge (%s): tasks are unsupported, verify has no checker", exc)
@@ -198,7 +201,8 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
         from drumsd.tasks.checker_pool import CheckerPool
 
         checkers = CheckerPool(ctx.checker, max_rss_mib=config.tasks.checker_worker_max_rss_mib)
-    bridge = TaskBridge(ctx, runtime, checkers=checkers)
+    slots = CheckerSlots(config.tasks.max_concurrent_checkers, config.tasks.checker_memory_mib)
+    bridge = TaskBridge(ctx, runtime, checkers=checkers, checker_slots=slots)
     bridge.status = {
         "image": apps.profile if apps else None,
         "image_apps": sorted(apps.apps) if apps else None,
@@ -265,10 +269,8 @@ async def _watch_signals(
 
 
 async def serve_async(config: Config, token: str, listen_fd: int | None = None) -> None:
-    from hypercorn.config import Config as HyperConfig
-    from hypercorn.trio import serve
-
     from drumsd.api.app import create_app
+    from drumsd.api.http_server import HTTPServer, hyper_config
     from drumsd.linux.journal_io import Journal
     from drumsd.runtime.supervisor import Supervisor
 
@@ -290,22 +292,18 @@ async def serve_async(config: Config, token: str, listen_fd: int | None = None) 
         hooks.append(lambda: setattr(supervisor, "draining", True))
 
         app = create_app(supervisor, config, token)
-        hc = HyperConfig()
-        hc.bind = [config.listen if listen_fd is None else f"fd://{listen_fd}"]
-        hc.graceful_timeout = config.drain_timeout_s
-        hc.accesslog = None
-        hc.errorlog = logging.getLogger("hypercorn.error")
+        if listen_fd is not None:
+            sock = socket.socket(fileno=listen_fd)
+        else:
+            try:
+                sock = bind_listener(*listen_host_port(config.listen))
+            except ClaimError as exc:
+                raise Refusal(str(exc)) from None
+        # The socket is held here, outside the server: a restarted accept loop listens on it again.
+        http = HTTPServer(app, hyper_config(config.drain_timeout_s), sock, shutdown)
 
         async def run_http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            try:
-                await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
-            except* OSError as group:
-                exc = _leaves(group)[0]
-                reason = getattr(exc, "strerror", None) or exc
-                raise Refusal(
-                    f"cannot listen on {config.listen}: {reason}; is another drumsd running? "
-                    "change listen or stop it"
-                ) from None
+            await http.serve(task_status=task_status)
             root.cancel_scope.cancel()  # HTTP drained: stop the supervisor and the runtime
 
         binds = await root.start(run_http)
@@ -348,6 +346,12 @@ def main_serve(config_path: Path, *, trusted_unhardened: bool = False) -> int:
         print(f"drumsd: refusing to start: {_reason(exc)}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:
+        from drumsd.api.http_server import ListenerFailed
+
+        failed = group.subgroup(ListenerFailed)
+        if failed is not None:
+            print(f"drumsd: stopped: {_leaves(failed)[0]}", file=sys.stderr)
+            return 1
         # A refusal from inside a nursery (e.g. the runtime's own start checks).
         found = group.subgroup((Refusal, RuntimeError_))
         if found is None:

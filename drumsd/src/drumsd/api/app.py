@@ -19,7 +19,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from drumsd.api.console import add_console, is_console_path
-from drumsd.api.limits import MAX_JSON_DEPTH, TooDeep, parse_json
+from drumsd.api.limits import (
+    MAX_JSON_DEPTH,
+    BodyBudget,
+    TooDeep,
+    declared_body_size,
+    parse_json,
+)
 from drumsd.api.openapi import build_openapi
 from drumsd.api.routes import ROUTES, Ctx, Raw, Route, handler_args
 from drumsd.core.config import Config
@@ -29,6 +35,8 @@ from drumsd.runtime.supervisor import Supervisor
 log = logging.getLogger("drumsd.api")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Four bodies of the largest size may arrive from one peer at once; more wait for a 429.
+PEER_BODY_BYTES = 4 * MAX_BODY_BYTES
 OPEN_PATHS = frozenset({"/healthz"})
 
 
@@ -108,6 +116,14 @@ async def _parse_body(route: Route) -> BaseModel | None:
         ) from None
 
 
+def _unread(response: Response) -> Response:
+    """A response sent with the request's body unread (it may be gigabytes, slow, or never
+    sent): the connection closes after it, or the unread bytes would stall the next request on
+    it until the server's timeout."""
+    response.headers["Connection"] = "close"
+    return response
+
+
 def _to_response(route: Route, reply: Any) -> Response:
     if isinstance(reply, Raw):
         return Response(
@@ -144,20 +160,49 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
     }
     openapi_text = json.dumps(openapi_doc)
 
-    @app.before_request
-    async def _authenticate() -> Response | None:
-        # Receive the whole body before answering: a response sent while a body is still
-        # unread can stall the next request on the same keep-alive connection (hypercorn h11).
-        await request.get_data()
-        if request.path in OPEN_PATHS or is_console_path(request.path):
-            return None  # /console checks its own session cookie (api/console.py)
+    app.config["BODY_TIMEOUT"] = config.body_timeout_s
+    bodies = BodyBudget(PEER_BODY_BYTES, unknown_size=MAX_BODY_BYTES)
+
+    def bearer_ok() -> bool:
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            return error_response(
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+    @app.before_request
+    async def _authenticate() -> Response | None:
+        # The token is checked at the headers: a caller without it never has a body read
+        # (issue 39, D6). /console checks its own session cookie (api/console.py).
+        declared = declared_body_size(
+            request.content_length, request.headers.get("Transfer-Encoding")
+        )
+        if not (request.path in OPEN_PATHS or is_console_path(request.path) or bearer_ok()):
+            refused = error_response(
                 "unauthorized",
                 "missing or wrong bearer token: send Authorization: Bearer <token from token_file>",
             )
+            return refused if declared == 0 else _unread(refused)
+        if declared == 0 or (declared or 0) > MAX_BODY_BYTES:
+            await request.get_data()  # nothing to wait for, or the 413 at once
+            return None
+        size = bodies.unknown_size if declared is None else declared
+        peer = request.remote_addr or "unknown"
+        if not bodies.take(peer, size):
+            return _unread(
+                error_response(
+                    "overloaded",
+                    f"{peer} already has {bodies.held(peer)} bytes of request bodies arriving "
+                    f"(at most {bodies.per_peer} at once); retry when they have arrived",
+                    {"peer": peer, "in_flight_bytes": bodies.held(peer), "limit": bodies.per_peer},
+                    retry_after_s=1,
+                )
+            )
+        try:
+            # Receive the whole body before answering, within body_timeout_s (a RequestTimeout,
+            # the 408 below, after it): a response sent while a body is still unread can stall
+            # the next request on the same keep-alive connection (hypercorn h11).
+            await request.get_data()
+        finally:
+            bodies.give_back(peer, size)
         return None
 
     def make_view(route: Route):
@@ -202,14 +247,22 @@ def create_app(supervisor: Supervisor, config: Config, token: str) -> QuartTrio:
                 f"{request.method} is not allowed on {request.path}",
                 status=405,
             )
-        if status == 413:
-            response = error_response(
-                "invalid_request", f"the body is larger than {MAX_BODY_BYTES} bytes", status=413
+        if status == 408:
+            return _unread(
+                error_response(
+                    "invalid_request",
+                    f"the request body did not arrive within {config.body_timeout_s:g} s "
+                    "(body_timeout_s); the connection is closed: send the whole body at once",
+                    {"limit_s": config.body_timeout_s},
+                    status=408,
+                )
             )
-            # The body was not read (it may be gigabytes, or never sent): close the connection,
-            # or the unread bytes stall the next request on it until the server's timeout.
-            response.headers["Connection"] = "close"
-            return response
+        if status == 413:
+            return _unread(
+                error_response(
+                    "invalid_request", f"the body is larger than {MAX_BODY_BYTES} bytes", status=413
+                )
+            )
         if status >= 500:
             log.error("%s %s -> HTTP %s", request.method, request.path, status)
             return error_response("runtime_error", exc.description or "server error", status=500)

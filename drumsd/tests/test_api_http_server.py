@@ -1,0 +1,191 @@
+"""The HTTP server (api/http_server.py) in process, on a loopback socket: one connection's failure
+ends only that connection, HTTP/2 is refused, and the accept loop restarts a bounded number of
+times."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import pytest
+import trio
+from drumsd.api.http_server import (
+    Connection,
+    HTTPServer,
+    ListenerFailed,
+    RestartBudget,
+    hyper_config,
+)
+from hypercorn.events import RawData
+from quart_trio import QuartTrio
+
+
+def tiny_app() -> QuartTrio:
+    app = QuartTrio("t")
+
+    @app.route("/")
+    async def index() -> str:
+        return "ok"
+
+    return app
+
+
+class FailsOnBoom(Connection):
+    """Fails inside the connection's task group, as hypercorn's h2 code did with its KeyError."""
+
+    async def _read_data(self) -> None:
+        data = await self.stream.receive_some(65536)
+        if b"boom" in data:
+            raise KeyError(1)
+        await self.protocol.handle(RawData(data))
+        await super()._read_data()
+
+
+@asynccontextmanager
+async def serving(**kw) -> AsyncIterator[tuple[HTTPServer, int]]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = HTTPServer(tiny_app(), hyper_config(2.0), sock, trio.Event(), **kw)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        yield server, sock.getsockname()[1]
+        server.shutdown.set()
+
+
+async def get(port: int, request: bytes = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n") -> bytes:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        reply = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                reply += chunk
+                if b"\r\n\r\n" in reply and reply.endswith(b"ok"):
+                    break
+    return reply
+
+
+async def test_a_failing_connection_is_logged_and_the_server_goes_on(caplog) -> None:
+    caplog.set_level(logging.ERROR, "drumsd.http")
+    async with serving(connection=FailsOnBoom) as (server, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(b"boom")
+            with trio.fail_after(5):
+                assert await stream.receive_some(10) == b""  # that connection is closed
+        for _ in range(3):
+            assert (await get(port)).startswith(b"HTTP/1.1 200")
+    assert server.failed_connections == 1
+    assert "failed in the HTTP server and was closed" in caplog.text
+    assert "KeyError" in caplog.text
+
+
+async def test_http2_prior_knowledge_gets_goaway_http_1_1_required() -> None:
+    async with serving() as (_, port):
+        client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        client.initiate_connection()
+        client.send_headers(
+            1, [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "t")]
+        )
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        events: list = []
+        async with stream:
+            await stream.send_all(client.data_to_send())
+            with trio.fail_after(5):
+                while chunk := await stream.receive_some(65536):
+                    events += client.receive_data(chunk)
+        ended = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert ended and ended[0].error_code == h2.errors.ErrorCodes.HTTP_1_1_REQUIRED
+        assert ended[0].additional_data == b"drumsd serves HTTP/1.1 only"
+        assert not any(isinstance(e, h2.events.ResponseReceived) for e in events)
+        assert (await get(port)).startswith(b"HTTP/1.1 200")
+
+
+async def test_an_h2c_upgrade_is_answered_in_http_1_1() -> None:
+    async with serving() as (_, port):
+        reply = await get(
+            port,
+            b"GET / HTTP/1.1\r\nHost: t\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+        )
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:100]
+        assert reply.endswith(b"ok")
+
+
+class FlakyListener:
+    """accept() fails `failures` times with EBADF (not a transient error), then blocks."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def accept(self) -> trio.SocketStream:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        await trio.sleep_forever()
+        raise AssertionError
+
+
+async def ignore(stream: trio.SocketStream) -> None:
+    await stream.aclose()
+
+
+async def accept_with(server: HTTPServer, listener: FlakyListener, limit_s: float) -> None:
+    async with trio.open_nursery() as nursery:
+        with trio.move_on_after(limit_s):
+            await server._accept(listener, nursery, ignore)  # type: ignore[arg-type]
+
+
+async def test_the_accept_loop_restarts_within_its_budget_then_gives_up(caplog) -> None:
+    caplog.set_level(logging.ERROR, "drumsd.http")
+    sock = socket.socket()
+    server = HTTPServer(tiny_app(), hyper_config(1.0), sock, trio.Event())
+    server.restarts = RestartBudget(limit=2, window_s=60)
+    listener = FlakyListener(failures=2)
+    await accept_with(server, listener, 2.0)  # two failures, two restarts, then accepting again
+    assert listener.calls == 3
+    assert caplog.text.count("the HTTP listener failed") == 2
+    with pytest.raises(ExceptionGroup) as raised:
+        await accept_with(server, FlakyListener(failures=1), 2.0)
+    assert raised.group_contains(ListenerFailed, match="failed 3 times within 60 s")
+    sock.close()
+
+
+def test_the_restart_budget_counts_a_sliding_window() -> None:
+    budget = RestartBudget(limit=2, window_s=10)
+    assert budget.allow(0) and budget.allow(1)
+    assert not budget.allow(5)
+    assert budget.allow(10.5)  # the first left the window
+    assert not budget.allow(10.9)
+    assert budget.used == 2
+
+
+async def test_an_answer_before_the_body_closes_the_connection() -> None:
+    app = tiny_app()
+
+    @app.before_request
+    async def refuse() -> tuple[str, int, dict[str, str]]:
+        return "no", 401, {"Connection": "close"}
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = HTTPServer(app, hyper_config(1.0), sock, trio.Event())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        stream = await trio.open_tcp_stream("127.0.0.1", sock.getsockname()[1])
+        async with stream:
+            await stream.send_all(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n")
+            reply = b""
+            with trio.fail_after(3):  # it stayed open (quart-trio cancelled hypercorn's close)
+                while chunk := await stream.receive_some(65536):
+                    reply += chunk
+        assert reply.startswith(b"HTTP/1.1 401")
+        server.shutdown.set()

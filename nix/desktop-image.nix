@@ -48,6 +48,8 @@ let
       pkgs.xorg.xprop
       pkgs.xorg.xrandr
       pkgs.xorg.xset
+      # The guest init merges xterm's print resources with xrdb (Debian's x11-xserver-utils).
+      pkgs.xorg.xrdb
       pkgs.dbus
       pkgs.dconf
       pkgs.glib.bin

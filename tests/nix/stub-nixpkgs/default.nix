@@ -155,7 +155,14 @@ let
         mkPkg { name = "vm-test-run-${args.name}"; };
 
       xvfb = stub "xvfb";
-      xorg = lib.genAttrs [ "xorgserver" "xwininfo" "xprop" "xrandr" "xset" ] stub;
+      xorg = lib.genAttrs [
+        "xorgserver"
+        "xwininfo"
+        "xprop"
+        "xrandr"
+        "xset"
+        "xrdb"
+      ] stub;
       glib = stub "glib" // {
         bin = stub "glib-bin";
       };

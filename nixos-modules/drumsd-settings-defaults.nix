@@ -45,6 +45,7 @@
     min_available_mib = 4096;
     env_mib = 1024;
     capture_mib = 2048;
+    capture_max_mib = 4096;
     max_memory_psi_some_avg10 = 10.0;
     min_state_free_mib = 8192;
     sample_interval_s = 1.0;
@@ -76,6 +77,9 @@
     checker_gid = 65534;
     resident_checkers = true;
     checker_worker_max_rss_mib = 1024;
+    checker_memory_mib = 1024;
+    checker_cpu_s = 60.0;
+    max_concurrent_checkers = 2;
     setup_timeout_s = 120.0;
     eval_timeout_s = 120.0;
     client_password = "password";
@@ -112,6 +116,8 @@
   body_timeout_s = 30.0;
   gate_refresh_s = 3.0;
   step_timeout_s = 120.0;
+  capture_timeout_s = 180.0;
+  stuck_operation_s = 300.0;
   cleanup_timeout_s = 120.0;
   journal_compact_mib = 64.0;
   service_backoff_s = 1.0;

@@ -84,7 +84,7 @@ in
   group_memory_mib = mkOption {
     type = types.nullOr (types.addCheck types.int (x: x >= 0));
     default = defaults.group_memory_mib;
-    description = "memory limit of all slots together; null = MemTotal less admission.min_available_mib, 0 = none";
+    description = "memory limit of all slots together; null = what the slots use plus MemAvailable less admission's floor, refreshed every admission sample; a number caps that; 0 = none";
   };
   tmpfs_mib = mkOption {
     type = types.addCheck types.int (x: x >= 16 && x <= 1048576);
@@ -225,6 +225,11 @@ in
           type = types.addCheck types.int (x: x >= 1);
           default = defaults.admission.capture_mib;
           description = "cost of one capture or prefork";
+        };
+        capture_max_mib = mkOption {
+          type = types.addCheck types.int (x: x >= 1);
+          default = defaults.admission.capture_max_mib;
+          description = "refuse a capture or prefork (409) when the slot's files hold more data than this (allocated size: a sparse file's holes are free)";
         };
         max_memory_psi_some_avg10 = mkOption {
           type = types.addCheck types.number (x: x >= 0 && x <= 100);
@@ -377,6 +382,21 @@ in
           type = types.addCheck types.int (x: x >= 64 && x <= 65536);
           default = defaults.tasks.checker_worker_max_rss_mib;
           description = "a worker above this RSS is replaced";
+        };
+        checker_memory_mib = mkOption {
+          type = types.addCheck types.int (x: x >= 64 && x <= 65536);
+          default = defaults.tasks.checker_memory_mib;
+          description = "address space one checker call may add (RLIMIT_AS); admission reserves it for each running call";
+        };
+        checker_cpu_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 3600);
+          default = defaults.tasks.checker_cpu_s;
+          description = "CPU seconds of one checker call (RLIMIT_CPU)";
+        };
+        max_concurrent_checkers = mkOption {
+          type = types.addCheck types.int (x: x >= 1 && x <= 256);
+          default = defaults.tasks.max_concurrent_checkers;
+          description = "checker calls running at once (others wait)";
         };
         setup_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 3600);
@@ -551,6 +571,16 @@ in
     type = types.addCheck types.number (x: x > 0 && x <= 3600);
     default = defaults.step_timeout_s;
     description = "an action's deadline when it names none";
+  };
+  capture_timeout_s = mkOption {
+    type = types.addCheck types.number (x: x > 0 && x <= 3600);
+    default = defaults.capture_timeout_s;
+    description = "a capture's or prefork's deadline (quiet wait, dump, copy, hash): its slot is free again by then";
+  };
+  stuck_operation_s = mkOption {
+    type = types.addCheck types.number (x: x > 0);
+    default = defaults.stuck_operation_s;
+    description = "/v1/health warns of an operation holding its slot longer (or past its own deadline)";
   };
   cleanup_timeout_s = mkOption {
     type = types.addCheck types.number (x: x > 0 && x <= 3600);

@@ -174,6 +174,19 @@ class TasksConfig(Block):
     checker_worker_max_rss_mib: int = Field(
         default=1024, ge=64, le=65536, description="a worker above this RSS is replaced"
     )
+    checker_memory_mib: int = Field(
+        default=1024,
+        ge=64,
+        le=65536,
+        description="address space one checker call may add (RLIMIT_AS); admission reserves it "
+        "for each running call",
+    )
+    checker_cpu_s: float = Field(
+        default=60.0, gt=0, le=3600, description="CPU seconds of one checker call (RLIMIT_CPU)"
+    )
+    max_concurrent_checkers: int = Field(
+        default=2, ge=1, le=256, description="checker calls running at once (others wait)"
+    )
     setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     eval_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     client_password: str = Field(default="password", description="{CLIENT_PASSWORD}")

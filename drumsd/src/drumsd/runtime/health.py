@@ -43,7 +43,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
         sup.sample,
         sup.config.admission,
         sup.slot_cost_mib(),
-        pending_mib=sup._pending_mib,
+        pending_mib=sup._pending_mib + sup.checker_reserved_mib(),
     )
     if not decision.admit:
         warnings.append(f"admission refusing: {decision.reason}")

@@ -338,12 +338,18 @@ class Supervisor:
         ]
         return slot_cost_mib(self.config.admission.env_mib, live)
 
+    def checker_reserved_mib(self) -> float:
+        """The memory of the checker calls running now (issue 39, D5: a checker took 1.5 GiB
+        outside every limit); the task bridge bounds them and says how much."""
+        reserved = getattr(self.verifier, "checker_reserved_mib", None)
+        return float(reserved()) if reserved is not None else 0.0
+
     def _admit(self, operation: str, cost_mib: float, state_mib: float = 0.0) -> None:
         decision = decide(
             self.sample,
             self.config.admission,
             cost_mib,
-            pending_mib=self._pending_mib,
+            pending_mib=self._pending_mib + self.checker_reserved_mib(),
             state_mib=state_mib + self._pending_state_mib,
         )
         self.last_decision = decision

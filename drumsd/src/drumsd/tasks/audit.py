@@ -256,6 +256,10 @@ def _flag_for(error_class: str | None) -> str | None:
         return "checker_timeout"
     if error_class in ("crash", "runner"):
         return "checker_crash"
+    if error_class == "memory_limit":
+        return "checker_memory_limit"
+    if error_class == "cpu_limit":
+        return "checker_cpu_limit"
     return None
 
 

@@ -28,8 +28,10 @@ from drumsd.core.task_checkpoints import SetupFingerprint
 from . import accessibility, terminal
 from .apps import AppManifest, features, manifest_for_root
 from .audit import EpisodeFacts, verify
+from .checker import CheckerSlots
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
+from .evaluate import default_runner
 from .host_support import SLOT_FEATURES, support, task_support_table
 from .model import (
     Task,
@@ -69,7 +71,14 @@ def context_from_config(
     )
     if venv is None:
         return ctx
-    return context_for_checker(ctx, venv, uid=cfg.checker_uid, gid=cfg.checker_gid)
+    return context_for_checker(
+        ctx,
+        venv,
+        uid=cfg.checker_uid,
+        gid=cfg.checker_gid,
+        memory_mib=cfg.checker_memory_mib,
+        cpu_s=cfg.checker_cpu_s,
+    )
 
 
 def agent_window(window: dict[str, Any]) -> WindowInfo:
@@ -220,11 +229,13 @@ class TaskBridge:
         runtime: SlotRuntime,
         run_root: Path | None = None,
         checkers: CheckerPool | None = None,
+        checker_slots: CheckerSlots | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self._run_root = run_root
         self.checkers = checkers  # resident checker worker; None: a fresh process per call
+        self.checker_slots = checker_slots  # the bound on calls at once; None: unbounded
         self._manifests: dict[str, AppManifest] = {}  # image root -> its apps
         # What /v1/health reports under `tasks` (the image's apps, where OSWorld's tasks are).
         self.status: dict[str, Any] = {}
@@ -233,8 +244,16 @@ class TaskBridge:
     def checker_health(self) -> dict[str, Any]:
         """How checker calls run, for /v1/health's pools.checkers."""
         if self.checkers is None:
-            return {"enabled": False, "venv_built": self.ctx.checker is not None}
-        return self.checkers.health()
+            out = {"enabled": False, "venv_built": self.ctx.checker is not None}
+        else:
+            out = self.checkers.health()
+        if self.checker_slots is not None:
+            out["calls"] = self.checker_slots.health()
+        return out
+
+    def checker_reserved_mib(self) -> float:
+        """Memory admission counts for the checker calls running now."""
+        return self.checker_slots.reserved_mib() if self.checker_slots is not None else 0.0
 
     def context_for(self, handle: SlotHandle) -> TaskContext:
         """The task context with the apps of the image this slot runs (its overlay's lower
@@ -367,7 +386,13 @@ class TaskBridge:
             label=f"slot={slot_record.id} episode={slot_record.episode} task={task.id}",
         )
         access = RuntimeSlotAccess(self.runtime, handle)
-        run = self.checkers.runner(self.ctx.eval_timeout_s) if self.checkers else None
+        run = (
+            self.checkers.runner(self.ctx.eval_timeout_s)
+            if self.checkers
+            else default_runner(self.ctx)
+        )
+        if self.checker_slots is not None:
+            run = self.checker_slots.bounded(run)
         result = await verify(task, access, self.ctx, episode, run)
         return WireVerifyResult(
             slot=slot_record.id,

@@ -15,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,8 @@ __all__ = ["NOBODY", "CheckerCall", "CheckerEnv", "CheckerOutcome", "run_checker
 @dataclass
 class CheckerOutcome:
     score: float | None
-    error_class: str | None = None  # crash | timeout | unsupported | bad_request | runner
+    # crash | timeout | unsupported | bad_request | runner | memory_limit | cpu_limit
+    error_class: str | None = None
     error: str | None = None
     duration_s: float = 0.0
     stderr_tail: str = ""
@@ -136,10 +138,59 @@ def checker_env(scratch: Path) -> dict[str, str]:
         "TMPDIR": str(scratch),
         "LANG": "C.UTF-8",
         "PYTHONNOUSERSITE": "1",
+        "PYTHONSAFEPATH": "1",  # the scratch dir (agent-made files) is never on the path
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYMUPDF_MESSAGE": "fd:2",
         "MPLCONFIGDIR": str(scratch),
     }
+
+
+# A fresh checker process imports pandas (what the resident worker preloads with the metrics) and
+# then limits itself as the worker limits its children: address space past what it holds now,
+# CPU past what it has used (see checker_worker.apply_limits); then it runs the runner as
+# `python runner` would.
+_FRESH_BOOTSTRAP = r"""
+import json, math, os, resource, runpy, sys
+runner, limits = sys.argv[1], json.loads(sys.argv[2])
+try:
+    import pandas
+except ImportError:
+    pass
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if limits.get("cpu_s"):
+    used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+    s = max(1, math.ceil(used + limits["cpu_s"]))
+    resource.setrlimit(resource.RLIMIT_CPU, (s, s + 1))
+if limits.get("memory_mib"):
+    with open("/proc/self/status") as f:
+        vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+    n = vm + (limits["memory_mib"] << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (n, n))
+sys.argv = [runner]
+sys.path.insert(0, os.path.dirname(runner))
+runpy.run_path(runner, run_name="__main__")
+"""
+
+
+def call_limits(env: CheckerEnv) -> dict[str, Any]:
+    """The limits of one checker call (tasks.checker_memory_mib, tasks.checker_cpu_s)."""
+    return {"memory_mib": env.memory_mib, "cpu_s": env.cpu_s}
+
+
+def named_limit(outcome: CheckerOutcome, env: CheckerEnv) -> CheckerOutcome:
+    """A crash that is the call's memory limit says so: under RLIMIT_AS a MemoryError is the
+    limit reached, not the checker's bug."""
+    if (
+        outcome.error_class == "crash"
+        and env.memory_mib
+        and (outcome.error or "").startswith("MemoryError")
+    ):
+        outcome.error_class = "memory_limit"
+        outcome.error = (
+            f"the checker reached its memory limit (RLIMIT_AS, tasks.checker_memory_mib="
+            f"{env.memory_mib} MiB past its start): {outcome.error}"
+        )
+    return outcome
 
 
 async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> CheckerOutcome:
@@ -158,8 +209,9 @@ async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> C
 
     try:
         with trio.move_on_after(timeout_s) as scope:
+            limits = json.dumps(call_limits(env))
             result = await trio.run_process(
-                [str(env.python), str(env.runner)],
+                [str(env.python), "-c", _FRESH_BOOTSTRAP, str(env.runner), limits],
                 stdin=json.dumps(request).encode(),
                 capture_stdout=True,
                 capture_stderr=True,
@@ -177,12 +229,61 @@ async def run_checker(call: CheckerCall, env: CheckerEnv, timeout_s: float) -> C
     duration = round(time.monotonic() - started, 3)
     if timed_out:
         return timeout_outcome(timeout_s, duration)
-    return outcome_from_answer(
+    if result.returncode == -signal.SIGXCPU:
+        return CheckerOutcome(
+            score=None,
+            error_class="cpu_limit",
+            error=f"the checker reached its CPU limit (RLIMIT_CPU, tasks.checker_cpu_s="
+            f"{env.cpu_s}) and was killed",
+            duration_s=duration,
+            stderr_tail=result.stderr.decode(errors="replace")[-2000:],
+        )
+    outcome = outcome_from_answer(
         result.stdout,
         f"the checker process died without an answer (exit {result.returncode})",
         duration,
         result.stderr.decode(errors="replace")[-2000:],
     )
+    return named_limit(outcome, env)
+
+
+class CheckerSlots:
+    """How many checker calls run at once (tasks.max_concurrent_checkers; the others wait), and
+    the memory admission reserves for those running (tasks.checker_memory_mib each), so a
+    create is refused rather than checkers taking the host (issue 39, D5)."""
+
+    def __init__(self, max_concurrent: int, memory_mib: int | None) -> None:
+        self.limiter = trio.CapacityLimiter(max_concurrent)
+        self.memory_mib = memory_mib or 0
+        self.waiting = 0
+
+    def reserved_mib(self) -> float:
+        return float(self.limiter.borrowed_tokens * self.memory_mib)
+
+    def bounded(
+        self, run: Callable[[CheckerCall], Awaitable[CheckerOutcome]]
+    ) -> Callable[[CheckerCall], Awaitable[CheckerOutcome]]:
+        async def run_bounded(call: CheckerCall) -> CheckerOutcome:
+            self.waiting += 1
+            try:
+                await self.limiter.acquire()
+            finally:
+                self.waiting -= 1
+            try:
+                return await run(call)
+            finally:
+                self.limiter.release()
+
+        return run_bounded
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "running": self.limiter.borrowed_tokens,
+            "waiting": self.waiting,
+            "max_concurrent": int(self.limiter.total_tokens),
+            "memory_mib_each": self.memory_mib,
+            "reserved_mib": self.reserved_mib(),
+        }
 
 
 def timeout_outcome(timeout_s: float, duration: float) -> CheckerOutcome:

@@ -30,7 +30,9 @@ import trio
 from .checker import (
     CheckerCall,
     CheckerOutcome,
+    call_limits,
     checker_env,
+    named_limit,
     outcome_from_answer,
     prepare_scratch,
     run_checker,
@@ -338,6 +340,7 @@ class CheckerPool:
             "uid": self.env.uid,
             "gid": self.env.gid,
             "env": checker_env(scratch),
+            "limits": call_limits(self.env),
         }
         pid: int | None = None
         answer = b""
@@ -375,8 +378,11 @@ class CheckerPool:
             return outcome_from_answer(
                 b"", "the checker worker closed the call before it started", duration, tail
             )
-        return outcome_from_answer(
-            answer, "the checker process died without an answer", duration, tail
+        return named_limit(
+            outcome_from_answer(
+                answer, "the checker process died without an answer", duration, tail
+            ),
+            self.env,
         )
 
     def runner(self, timeout_s: float) -> Callable[[CheckerCall], Awaitable[CheckerOutcome]]:

@@ -273,6 +273,8 @@ def context_for_checker(
     uid: int = NOBODY,
     gid: int = NOBODY,
     scratch_root: Path | None = None,
+    memory_mib: int | None = None,
+    cpu_s: float | None = None,
 ) -> TaskContext:
     """The task context with this venv's metric catalog and checker process settings."""
     env = CheckerEnv(
@@ -281,6 +283,8 @@ def context_for_checker(
         uid=uid,
         gid=gid,
         scratch_root=scratch_root or Path("/tmp"),
+        memory_mib=memory_mib,
+        cpu_s=cpu_s,
     )
     return ctx.model_copy(update={"metrics": venv.catalog, "checker": env})
 

@@ -11,16 +11,26 @@ Forking from the imported state is what makes a call cheap; the child's writes t
 in its own copy, so no call sees another's. The worker reads no input but drumsd's, exits when its
 stdin closes (drumsd gone), and uses only the standard library (it runs in the venv).
 
+Each child runs under the call's limits (issue 39, D5: a 63 MiB XML drove one checker to 1.5 GiB
+and 30.7 s): RLIMIT_AS at its address space when forked plus the call's memory_mib (a MemoryError,
+answered as the runner answers a crash), RLIMIT_CPU at cpu_s (SIGXCPU), no core file. The worker
+holds each call's connection until it reaps the child, and a child that died without answering
+(a signal, an exit code) gets its answer from the worker: cpu_limit for SIGXCPU, else a crash
+saying how it ended.
+
 Protocol, one JSON line each way per connection:
   drumsd -> child: {"request": {...}, "scratch": DIR, "log": PATH, "uid": N, "gid": N,
-                    "env": {...}}
-  child -> drumsd: {"pid": PID} as soon as it runs, then the runner's answer, then EOF.
+                    "env": {...}, "limits": {"memory_mib": N|null, "cpu_s": S|null}}
+  child -> drumsd: {"pid": PID} as soon as it runs, then the runner's answer, then EOF
+                   (the worker's answer instead when the child died without one).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -84,6 +94,57 @@ def _read_line(conn: socket.socket, limit: int = 64 * 2**20) -> bytes:
     return b"".join(chunks)
 
 
+def _vm_size() -> int:
+    """This process's address space in bytes (VmSize)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmSize in /proc/self/status")
+
+
+def apply_limits(limits: dict[str, Any]) -> None:
+    """The call's limits on this process (see the module doc); lowering needs no privilege."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    cpu_s = limits.get("cpu_s")
+    if cpu_s:
+        seconds = max(1, math.ceil(cpu_s))
+        # Soft: SIGXCPU (fatal, and told apart from other deaths); hard a second later: SIGKILL.
+        resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 1))
+    memory_mib = limits.get("memory_mib")
+    if memory_mib:
+        ceiling = _vm_size() + int(memory_mib) * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
+
+
+def death_answer(status: int, cpu_s: float) -> dict[str, Any]:
+    """The answer for a child that exited with `status` (from wait) without answering."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return {
+                "ok": False,
+                "error_class": "cpu_limit",
+                "error": f"the checker reached its CPU limit (RLIMIT_CPU, tasks.checker_cpu_s) "
+                f"after {cpu_s:.1f} s of CPU and was killed",
+            }
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return {
+            "ok": False,
+            "error_class": "crash",
+            "error": f"the checker process was killed by {name} after {cpu_s:.1f} s of CPU",
+        }
+    return {
+        "ok": False,
+        "error_class": "crash",
+        "error": f"the checker process exited {os.waitstatus_to_exitcode(status)} without an "
+        "answer (its traceback is in drumsd's log)",
+    }
+
+
 def _run_child(conn: socket.socket, runner: Any) -> None:
     """In the forked child: become a checker process, answer one call, never return."""
     code = 0
@@ -107,6 +168,7 @@ def _run_child(conn: socket.socket, runner: Any) -> None:
         tempfile.tempdir = None  # the worker's TMPDIR may be cached; use the call's
         scratch = Path(call["scratch"])
         os.chdir(scratch)
+        apply_limits(call.get("limits") or {})
         if os.geteuid() == 0:
             os.setgroups([])
             os.setgid(call["gid"])
@@ -121,14 +183,26 @@ def _run_child(conn: socket.socket, runner: Any) -> None:
         os._exit(code)
 
 
-def _reap() -> None:
+def _reap(calls: dict[int, socket.socket]) -> None:
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        conn = calls.pop(pid, None)
+        if conn is None:
+            continue
+        try:
+            if status != 0:  # exit 0 is a child that sent its answer
+                conn.settimeout(1.0)
+                cpu_s = usage.ru_utime + usage.ru_stime
+                conn.sendall(json.dumps(death_answer(status, cpu_s)).encode())
+        except OSError:
+            pass  # drumsd gave up on the call (its deadline) and closed its end
+        finally:
+            conn.close()
 
 
 def serve(sock: socket.socket, runner: Any) -> None:
@@ -142,12 +216,13 @@ def serve(sock: socket.socket, runner: Any) -> None:
     selector.register(sock, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
     selector.register(wake_read, selectors.EVENT_READ, "sigchld")
+    calls: dict[int, socket.socket] = {}  # child pid -> its call's connection, until reaped
     while True:
-        _reap()  # also after a wake-up byte lost to a full buffer
+        _reap(calls)  # also after a wake-up byte lost to a full buffer
         for key, _events in selector.select(timeout=5):
             if key.data == "sigchld":
                 wake_read.recv(4096)
-                _reap()
+                _reap(calls)
                 continue
             if key.data == "stdin":
                 if not os.read(sys.stdin.fileno(), 4096):
@@ -169,7 +244,7 @@ def serve(sock: socket.socket, runner: Any) -> None:
                 selector.close()
                 sock.close()
                 _run_child(conn, runner)
-            conn.close()
+            calls[pid] = conn
 
 
 def main(argv: list[str]) -> int:

@@ -56,6 +56,8 @@ class CheckerEnv:
     uid: int = NOBODY
     gid: int = NOBODY
     scratch_root: Path = Path("/tmp")
+    memory_mib: int | None = None  # address space a call may add (RLIMIT_AS); None: no limit
+    cpu_s: float | None = None  # CPU seconds of a call (RLIMIT_CPU); None: no limit
 
 
 class TaskError(ValueError):

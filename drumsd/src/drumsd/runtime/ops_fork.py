@@ -321,7 +321,10 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
             source = reusable_prefork(sup, rec)
         if source is None:
             lease = state_lease(sup.config, CheckpointKind.prefork, None, None)
-            source = await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
+            with capture_deadline(sup, slot_id, "the prefork of a branch"):
+                source = await dump(
+                    sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s
+                )
         now = sup.clock()
         lease = child_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
         children = []

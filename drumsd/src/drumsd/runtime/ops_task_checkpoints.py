@@ -30,7 +30,7 @@ from drumsd.core.task_checkpoints import (
     task_checkpoints_over_cap,
 )
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
-from drumsd.runtime.ops_fork import dump
+from drumsd.runtime.ops_fork import capture_deadline, dump
 from drumsd.runtime.services.spares import enable_spares, spares_on
 from drumsd.runtime.teardown import destroy_locked
 from drumsd.runtime.verifier import TaskSetupCache
@@ -172,15 +172,16 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
     try:
         sup._check_state_space("task checkpoint", mib)
         sup._admit("task checkpoint", mib, mib)
-        cp = await dump(
-            sup,
-            rec,
-            CheckpointKind.task,
-            lease.idle_timeout_s,
-            lease.ttl_s,
-            task_key=plan.key,
-            before_ready=partial(keep_run_files, cache, rec.id),
-        )
+        with capture_deadline(sup, rec.id, "the task checkpoint capture"):
+            cp = await dump(
+                sup,
+                rec,
+                CheckpointKind.task,
+                lease.idle_timeout_s,
+                lease.ttl_s,
+                task_key=plan.key,
+                before_ready=partial(keep_run_files, cache, rec.id),
+            )
     except DrumsdError as exc:
         sup.task_capture_refused[plan.key] = trio.current_time()
         log.warning(

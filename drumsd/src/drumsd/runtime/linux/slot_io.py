@@ -8,6 +8,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
+from pathlib import PurePosixPath
 from typing import Any
 
 import trio
@@ -21,12 +22,18 @@ from drumsd.core.seams import (
     SlotHandle,
     StepOutcome,
 )
+from drumsd.core.slot_env import slot_command_env
 from drumsd.guest import protocol
 from drumsd.linux import beneath, checker_exec, criu, proc_events, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import DEVNULL, kill_group, nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
 from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance, _log
+
+# What a command run in a slot through nsenter gets instead of the daemon's environment.
+_XAUTHORITY = str(PurePosixPath(protocol.SOCKET_PATH).parent / "Xauthority")  # guest/init.py's
+_ROOT_ENV = slot_command_env(xauthority=_XAUTHORITY)
+_DESKTOP_ENV = slot_command_env(user="user", home="/home/user", xauthority=_XAUTHORITY)
 
 
 class SlotIOMixin(RuntimeBase):
@@ -126,6 +133,7 @@ class SlotIOMixin(RuntimeBase):
             with trio.fail_after(timeout_s):
                 proc = await trio.run_process(
                     self._nsenter(inst, argv, uid),
+                    env=_DESKTOP_ENV if uid == DESKTOP_UID else _ROOT_ENV,
                     stdin=stdin,
                     capture_stdout=True,
                     capture_stderr=True,

@@ -4,7 +4,13 @@
 final: prev:
 let
   python = import ./python-packages.nix {
-    inherit (final) lib fetchurl;
+    inherit (final)
+      lib
+      fetchurl
+      autoPatchelfHook
+      stdenv
+      zlib
+      ;
     python3Packages = final.python3Packages;
   };
 in

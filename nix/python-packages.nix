@@ -7,6 +7,9 @@
   lib,
   python3Packages,
   fetchurl,
+  autoPatchelfHook,
+  stdenv,
+  zlib,
   lockFile ? ../uv.lock,
 }:
 let
@@ -16,6 +19,9 @@ let
       lib
       python3Packages
       fetchurl
+      autoPatchelfHook
+      stdenv
+      zlib
       lockFile
       ;
   };

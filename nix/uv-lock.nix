@@ -11,8 +11,11 @@
   lib,
   python3Packages,
   fetchurl,
+  autoPatchelfHook,
+  stdenv,
+  zlib,
   lockFile ? ../uv.lock,
-  machine ? "x86_64",
+  machine ? stdenv.hostPlatform.parsed.cpu.name,
 }:
 let
   ps = python3Packages;
@@ -213,6 +216,9 @@ let
       {
         inherit (wheel) url hash;
         format = "wheel";
+        # A wheel with compiled code links what manylinux hosts have in /usr/lib (libstdc++,
+        # libgcc_s, zlib); NixOS has no such place.
+        native = wheel.rank < 2;
       }
     else if p ? sdist then
       {
@@ -255,7 +261,18 @@ let
       # for the three such packages in the lock (odfpy, func-timeout, antlr4's runtime).
       // (
         if source.format == "wheel" then
-          { format = "wheel"; }
+          {
+            format = "wheel";
+          }
+          // lib.optionalAttrs source.native {
+            # Points the wheel's libraries at the store; a library still missing fails the build
+            # naming it (add it here), rather than the import at run time.
+            nativeBuildInputs = [ autoPatchelfHook ];
+            buildInputs = [
+              stdenv.cc.cc.lib
+              zlib
+            ];
+          }
         else
           {
             pyproject = true;

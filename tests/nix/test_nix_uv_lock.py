@@ -218,7 +218,11 @@ def test_every_wheel_loads_on_that_python(evaluated: tuple[str, dict]) -> None:
             ]
             assert not loadable, f"{key}: an sdist although {loadable[0]['url']} loads"
             continue
-        assert parse_wheel_filename(name)[3] & tags, f"{key}: {name} does not load on {python}"
+        wheel_tags = parse_wheel_filename(name)[3]
+        assert wheel_tags & tags, f"{key}: {name} does not load on {python}"
+        # Compiled code gets its libraries pointed at the store (autoPatchelfHook).
+        compiled = all(t.abi != "none" for t in wheel_tags)
+        assert fetched["patchelf"] == compiled, f"{key}: {name}"
 
 
 def test_a_hash_changed_in_the_lock_reaches_the_nix_side(nixpkgs_lib: Path, tmp_path: Path) -> None:

@@ -24,11 +24,20 @@ let
     };
   };
   fetchurl = record;
+  autoPatchelfHook = "autoPatchelfHook";
+  zlib = "zlib";
+  stdenv = {
+    cc.cc.lib = "libstdc++";
+    hostPlatform.parsed.cpu.name = machine;
+  };
   lockFor = import ../../nix/uv-lock.nix {
     inherit
       lib
       python3Packages
       fetchurl
+      autoPatchelfHook
+      stdenv
+      zlib
       machine
       lockFile
       ;
@@ -38,6 +47,9 @@ let
       lib
       python3Packages
       fetchurl
+      autoPatchelfHook
+      stdenv
+      zlib
       lockFile
       ;
   };
@@ -64,6 +76,7 @@ builtins.toJSON {
       lib.nameValuePair item.key {
         inherit (p.src) url sha256;
         format = p.format or "pyproject";
+        patchelf = p ? nativeBuildInputs;
         dependencies = keys p.dependencies;
       }
     ) reached

@@ -99,6 +99,10 @@ let
         postPatch = ''substituteInPlace ./Makefile --replace-fail "head-name := x" "head-name = 4.1.1.0"'';
         passthru = { };
       };
+      stdenv = stub "stdenv" // {
+        cc.cc.lib = stub "gcc-lib";
+        hostPlatform.parsed.cpu.name = builtins.head (lib.splitString "-" system);
+      };
       fetchurl =
         { url, sha256, ... }:
         assert builtins.match "[0-9a-f]{64}" sha256 != null;
@@ -192,6 +196,8 @@ let
       "nixfmt"
       "curl"
       "util-linux"
+      "autoPatchelfHook"
+      "zlib"
     ] stub;
 
   apply = overlay: prevSet: final: prevSet final // overlay final (prevSet final);

@@ -591,6 +591,20 @@ async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
         assert statuses["alive_after_resume"] == "pass", gates
 
 
+async def test_the_alive_judge_does_not_wait_for_a_long_first_step(tmp_path: Path) -> None:
+    # Issue 39, D8: a first step longer than alive_after_s held the slot's lock, and the judge
+    # waited behind it, then saw the tree as the step left it. It judges on time now.
+    async with open_api(tmp_path, alive_after_s=0.3) as api:
+        sid = (await create(api))["id"]
+        async with api.sup._lock(sid):  # what a long step does
+            await wait_for(
+                lambda: (
+                    api.sup.gate_statuses(api.sup.get_slot(sid))["alive_after_resume"] == "pass"
+                ),
+                limit_s=3.0,
+            )
+
+
 async def test_adopting_a_checkpoint_checks_its_image_profile_and_files(api: Api) -> None:
     """Each refusal is a 422 naming what is wrong and what to do, and registers nothing."""
     c = api.client

@@ -87,6 +87,13 @@ def facts(**kw) -> dict:
 
 
 HOST = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
+X_SERVER = {
+    "display": ":0",
+    "pid": 2,
+    "start": 7,
+    "uid": 1000,
+    "sockets": {"@/tmp/.X11-unix/X0": 5},
+}
 
 
 def test_every_gate_passes_on_good_facts() -> None:
@@ -104,6 +111,7 @@ def test_every_gate_passes_on_good_facts() -> None:
         "alive_after_resume": G.judge_alive_after_resume(f, baseline, []),
         "no_oom_kill": G.judge_no_oom_kill(f, baseline),
         "no_app_crash": G.judge_no_app_crash(f, True),
+        "display_server": G.judge_display_server(X_SERVER, X_SERVER),
         "not_quarantined": G.judge_not_quarantined(None),
     }
     assert set(results) == set(G.GATES)
@@ -153,6 +161,16 @@ def test_every_gate_passes_on_good_facts() -> None:
                 facts(extra={"crash_exits": [{"pid": 9, "signal": 11}]}), True
             ),
         ),
+        (
+            "display_server_replaced",
+            lambda: G.judge_display_server(
+                {**X_SERVER, "pid": 40, "start": 90, "sockets": {"@/tmp/.X11-unix/X0": 6}}, X_SERVER
+            ),
+        ),
+        (
+            "display_server_gone",
+            lambda: G.judge_display_server({"display": ":0", "pid": None, "sockets": {}}, X_SERVER),
+        ),
         ("not_quarantined", lambda: G.judge_not_quarantined("by request")),
     ],
 )
@@ -167,6 +185,16 @@ def test_natural_exits_do_not_fail_alive_after_resume() -> None:
         facts(pids=[1, 2]), {"pids": [1, 2, 3], "proc_names": {"3": "splash"}}, ["splash"]
     )
     assert status == G.PASS
+
+
+def test_a_guest_worker_restart_does_not_fail_alive_after_resume() -> None:
+    # The guest agent restarted its action worker (pid 3) after a step killed it: the daemon's
+    # own doing (issue 39, D8). Any other exit still fails.
+    baseline = {"pids": [1, 2, 3], "proc_names": {"3": "python3"}, "guest_workers": ["3"]}
+    status, evidence = G.judge_alive_after_resume(facts(pids=[1, 2, 9]), baseline, [])
+    assert status == G.PASS and evidence["worker_restarts"] == [3], evidence
+    named = {**baseline, "proc_names": {"2": "xterm", "3": "python3"}}
+    assert G.judge_alive_after_resume(facts(pids=[1, 9]), named, [])[0] == G.FAIL
 
 
 def test_trusted_profile_has_no_lock_and_verdict_rules() -> None:

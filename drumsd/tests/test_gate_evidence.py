@@ -423,3 +423,21 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
             restored_at = sup._handle(child).extra["restore_started_at"]
             assert evidence.since[child.id] == restored_at
         assert evidence.most_at_once > 1, "the children's episodes began one after another"
+
+
+def test_the_x_servers_listening_sockets_are_read_from_net_unix() -> None:
+    # /proc/<pid>/net/unix of a slot: the X server's two listening sockets (flag __SO_ACCEPTCON),
+    # a client connected to one of them (same path, not listening), and another listener.
+    text = (
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 361970 /tmp/.X11-unix/X0\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 363497 @/tmp/.X11-unix/X0\n"
+        "0000000000000000: 00000003 00000000 00000000 0001 03 370001 /tmp/.X11-unix/X0\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 380000 /run/drums/agent.sock\n"
+    )
+    names = ev.x_socket_names(":0")
+    assert ev.listening_unix_sockets(text, names) == {
+        "/tmp/.X11-unix/X0": 361970,
+        "@/tmp/.X11-unix/X0": 363497,
+    }
+    assert ev.listening_unix_sockets(text, ev.x_socket_names(":1")) == {}

@@ -56,6 +56,7 @@ GATES: tuple[str, ...] = (
     "alive_after_resume",
     "no_oom_kill",
     "no_app_crash",
+    "display_server",
     "not_quarantined",
 )
 START_GATES: tuple[str, ...] = GATES[:8]

@@ -15,6 +15,9 @@ Keys of `SlotFacts.extra` the judges read (the runtime fills them):
   upper_sha256: str           hash of the restored upper layer at episode start
   expected_mounts: list[str]  the mount table this slot must have (else taken from the handle)
   proc_names: {pid: name}     names of `pids`, to apply natural_exits
+  guest_workers: [pid]        the guest agent's action worker (its restart is not an exit)
+  display_server: {display, pid, start, uid, sockets}  who serves the X display now; the
+                              display_server gate compares it with the one at episode start
   crash_exits: [ {pid, name, signal} ]  crash-signal exits seen by the proc connector
   crash_watch: bool           False when the runtime has no process-events connector
   pids_max_hits: int          forks refused at pids.max (pids.events `max`); no_oom_kill fails
@@ -181,13 +184,17 @@ def judge_isolation(
 def judge_alive_after_resume(
     facts: Mapping[str, Any], baseline: Mapping[str, Any], natural_exits: Sequence[str]
 ) -> Judgement:
-    """Every process of the tree at ready is still alive, except those named in natural_exits."""
+    """Every process of the tree at ready is still alive, except those named in natural_exits
+    and the guest agent's action worker (`guest_workers` at ready): the agent itself restarts
+    that one when a step kills it or runs past its timeout, so its exit is not an app's."""
     if not facts["alive"]:
         return FAIL, {"reason": "the slot's init is gone"}
     start_names: dict[str, str] = {str(k): v for k, v in baseline.get("proc_names", {}).items()}
     start_pids = {int(p) for p in baseline.get("pids", [])}
     now_pids = {int(p) for p in facts["pids"]}
-    gone = sorted(start_pids - now_pids)
+    workers = {int(p) for p in baseline.get("guest_workers", [])}
+    restarted = sorted((start_pids - now_pids) & workers)
+    gone = sorted(start_pids - now_pids - workers)
     unexpected = [
         {"pid": pid, "name": start_names[str(pid)]}
         for pid in gone
@@ -202,7 +209,11 @@ def judge_alive_after_resume(
             "reason": "processes exited whose names the runtime did not report (proc_names)",
             "unnamed_exits": unnamed,
         }
-    return PASS, {"pids": len(now_pids), "natural_exits": len(gone)}
+    return PASS, {
+        "pids": len(now_pids),
+        "natural_exits": len(gone),
+        **({"worker_restarts": restarted} if restarted else {}),
+    }
 
 
 def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> Judgement:
@@ -230,6 +241,32 @@ def judge_no_app_crash(facts: Mapping[str, Any], crash_watch: bool) -> Judgement
     if crashes is None or facts["extra"].get("crash_watch") is False:
         return PENDING, {"reason": "the runtime does not watch process events (crash_exits)"}
     return PASS, {"watched": True}
+
+
+IDENTITY_KEYS = ("pid", "start", "sockets")
+
+
+def judge_display_server(
+    now: Mapping[str, Any] | None, held: Mapping[str, Any] | None
+) -> Judgement:
+    """The X server that served the display when the episode began serves it still: same
+    process (pid and start time) holding the same listening sockets. Screenshots and input go
+    to whoever holds them, so a server the desktop user started in its place (after killing
+    it) would feed every screen-based check a forged screen (issue 39)."""
+    if held is None or now is None:
+        return PENDING, {"reason": "the runtime does not report the display's X server"}
+    if held.get("pid") is None:
+        return FAIL, {"reason": f"no X server at episode start: {held.get('error')}"}
+    same = all(now.get(k) == held.get(k) for k in IDENTITY_KEYS)
+    if same:
+        return PASS, {k: held.get(k) for k in ("display", *IDENTITY_KEYS, "uid")}
+    gone = not now.get("sockets")
+    return FAIL, {
+        "reason": f"the X server of display {held.get('display')} "
+        + ("is gone" if gone else "was replaced: another process serves the display"),
+        "at_start": {k: held.get(k) for k in IDENTITY_KEYS},
+        "now": {k: now.get(k) for k in (*IDENTITY_KEYS, "uid", "error") if k in now},
+    }
 
 
 def judge_not_quarantined(quarantine_reason: str | None) -> Judgement:

@@ -215,6 +215,115 @@ def proc_names(pids: Iterable[int]) -> dict[str, str]:
     return out
 
 
+# The guest agent starts its action worker as `python3 -I -c "...; from <package>.worker import
+# main; ..."` (guest/agent.py) and restarts it after a step kills it or times out: the daemon's
+# own doing, never an app's exit.
+GUEST_WORKER_MARK = b".worker import main"
+
+
+def guest_workers(names: Mapping[str, str]) -> list[str]:
+    """Pids (of `names`, {pid: comm}) that are the guest agent's action worker."""
+    out = []
+    for pid, comm in names.items():
+        if not comm.startswith("python"):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read(4096)
+        except OSError:
+            continue
+        if GUEST_WORKER_MARK in cmdline:
+            out.append(pid)
+    return sorted(out, key=int)
+
+
+# The slot's X server (guest/init.py starts Xvfb on :0) listens on these unix socket names: the
+# abstract one (Xlib tries it first on Linux) and the path.
+X_DISPLAY = ":0"
+X_SERVER_NAMES = ("Xvfb", "Xorg", "X")
+_SO_ACCEPTCON = 0x10000  # a listening socket's flag in /proc/net/unix
+
+
+def x_socket_names(display: str) -> tuple[str, str]:
+    number = display.lstrip(":").split(".")[0]
+    return f"@/tmp/.X11-unix/X{number}", f"/tmp/.X11-unix/X{number}"
+
+
+def listening_unix_sockets(net_unix: str, names: Sequence[str]) -> dict[str, int]:
+    """{name: inode} of the listening sockets bound to `names` in a /proc/<pid>/net/unix text
+    (its network namespace's sockets; an abstract name starts with @)."""
+    out: dict[str, int] = {}
+    for line in net_unix.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8 or fields[7] not in names:
+            continue
+        try:
+            flags, inode = int(fields[3], 16), int(fields[6])
+        except ValueError:
+            continue
+        if flags & _SO_ACCEPTCON:
+            out[fields[7]] = inode
+    return out
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process `pid` holds open (empty when it is gone)."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/<pid>/stat field 22): with the
+    pid, an identity a reused pid cannot take."""
+    text = read_text(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    try:
+        return int(text[text.rindex(")") + 2 :].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def display_server(
+    init_pid: int, candidates: Iterable[int], display: str = X_DISPLAY
+) -> dict[str, object]:
+    """Who serves the slot's X display now: the listening sockets of `display` in the slot's
+    network namespace and the process of `candidates` that holds them, with its start time and
+    uid. Screenshots and input go to whoever holds these sockets, so an X server started in the
+    original's place (by the desktop user, after killing it) has another identity here."""
+    names = x_socket_names(display)
+    out: dict[str, object] = {"display": display, "pid": None}
+    text = read_text(f"/proc/{init_pid}/net/unix")
+    if text is None:
+        out["error"] = f"cannot read /proc/{init_pid}/net/unix"
+        return out
+    sockets = listening_unix_sockets(text, names)
+    out["sockets"] = sockets
+    if not sockets:
+        out["error"] = f"nothing listens on display {display}"
+        return out
+    wanted = set(sockets.values())
+    for pid in candidates:
+        if wanted <= socket_inodes(pid):
+            status = read_text(f"/proc/{pid}/status") or ""
+            uids = parse_status_uids(status) if status else ()
+            out.update(pid=pid, start=start_time(pid), uid=uids[0] if uids else None)
+            return out
+    out["error"] = f"no process of the slot holds the sockets of display {display}"
+    return out
+
+
 def host_uids(pids: Iterable[int]) -> dict[str, tuple[int, ...]]:
     out = {}
     for pid in pids:

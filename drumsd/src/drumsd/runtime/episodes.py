@@ -150,6 +150,8 @@ async def begin_episode(
         rec.baseline = {
             "pids": facts["pids"],
             "proc_names": facts["extra"].get("proc_names", {}),
+            "guest_workers": facts["extra"].get("guest_workers", []),
+            "display_server": facts["extra"].get("display_server"),
             "oom_kills": facts["oom_kills"],
             "pids_max_hits": facts["extra"].get("pids_max_hits") or 0,
         }
@@ -197,6 +199,10 @@ def judge_running(sup: Supervisor, rec: SlotRecord, facts: dict[str, Any]) -> No
     """Gates that can turn to fail mid-episode, judged whenever facts are read."""
     set_gate(sup, rec, "no_oom_kill", *G.judge_no_oom_kill(facts, rec.baseline))
     set_gate(sup, rec, "no_app_crash", *G.judge_no_app_crash(facts, sup.config.crash_watch))
+    if facts["alive"]:
+        held = (rec.baseline or {}).get("display_server")
+        now = facts["extra"].get("display_server")
+        set_gate(sup, rec, "display_server", *G.judge_display_server(now, held))
     if not facts["alive"] or not facts["init_identity_ok"]:
         set_gate(sup, rec, "init_identity", *G.judge_init_identity(facts))
     if facts["alive"] and facts["extra"].get("expected_mounts") is not None:
@@ -211,6 +217,25 @@ def judge_running(sup: Supervisor, rec: SlotRecord, facts: dict[str, Any]) -> No
             "alive_after_resume",
             *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
         )
+
+
+async def check_display(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) -> None:
+    """At each screenshot and step: does the X server of the episode's start still hold the
+    display? One process's fds and the netns's socket table, read in a thread; a replacement
+    fails display_server and quarantines the slot at once, not at the next gate refresh."""
+    held = (rec.baseline or {}).get("display_server")
+    if sup.evidence is None or not held or held.get("pid") is None:
+        return
+    episode_id = rec.episode_id
+    read = partial(sup.evidence.display_server, handle, [int(held["pid"])])
+    now = await trio.to_thread.run_sync(read)
+    if rec.episode_id != episode_id:
+        return
+    status, evidence = G.judge_display_server(now, held)
+    if status == G.FAIL:
+        set_gate(sup, rec, "display_server", status, evidence)
+        sup._save_slot(rec, "gates", file=False)
+        quarantine_on_failure(sup, rec)
 
 
 def quarantine_on_failure(sup: Supervisor, rec: SlotRecord) -> None:
@@ -278,45 +303,59 @@ JUDGE_READ_TRIES = 3
 
 
 async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> None:
-    """Judge alive_after_resume once, alive_after_s after ready. It must always end with a
-    verdict: a gate left pending makes every verify of the episode invalid, so an unexpected
-    error is logged and judged as a failed read rather than ending the task silently."""
+    """Judge alive_after_resume once, alive_after_s after ready, from the tree as it is at that
+    instant: what was alive at ready against what is alive now. Not under the slot's lock: a
+    long first step (or one that restarts the guest's worker) held it for as long as it ran,
+    and the judgement then saw the tree after the step, closed apps and all (issue 39, D8).
+    Reading facts changes nothing, and the verdict is applied without an await in between, so
+    no operation of the slot sees half of it. It must always end with a verdict: a gate left
+    pending makes every verify of the episode invalid, so an unexpected error is logged and
+    judged as a failed read rather than ending the task silently."""
     await trio.sleep(sup.config.alive_after_s)
     for attempt in range(1, JUDGE_READ_TRIES + 1):
-        async with sup._lock(slot_id):
-            rec = sup.slots.get(slot_id)
-            if rec is None or rec.episode_id != episode_id or rec.handle is None:
-                return
-            if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
-                return
-            try:
-                facts = await read_facts(sup, rec, sup._handle(rec))
-            except Exception:
-                log.exception(
-                    "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
-                )
-                facts = None
-            if facts is None and attempt < JUDGE_READ_TRIES:
-                log.warning(
-                    "slot=%s episode=%s alive_after_resume: facts unreadable (try %d of %d)",
-                    slot_id,
-                    rec.episode,
-                    attempt,
-                    JUDGE_READ_TRIES,
-                )
-            else:
-                if facts is None:
-                    status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
-                else:
-                    judge_running(sup, rec, facts)
-                    status, evidence = G.judge_alive_after_resume(
-                        facts, rec.baseline, sup.config.natural_exits
-                    )
-                set_gate(sup, rec, "alive_after_resume", status, evidence)
-                sup._save_slot(rec, "gates", file=False)
-                quarantine_on_failure(sup, rec)
-                return
-        await trio.sleep(1.0)
+        rec = current_episode(sup, slot_id, episode_id)
+        if rec is None:
+            return
+        try:
+            facts = await read_facts(sup, rec, sup._handle(rec))
+        except Exception:
+            log.exception(
+                "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
+            )
+            facts = None
+        if current_episode(sup, slot_id, episode_id) is not rec:
+            return  # reset, branch or destroy replaced the tree while it was read
+        if facts is None and attempt < JUDGE_READ_TRIES:
+            log.warning(
+                "slot=%s episode=%s alive_after_resume: facts unreadable (try %d of %d)",
+                slot_id,
+                rec.episode,
+                attempt,
+                JUDGE_READ_TRIES,
+            )
+            await trio.sleep(1.0)
+            continue
+        if facts is None:
+            status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
+        else:
+            judge_running(sup, rec, facts)
+            status, evidence = G.judge_alive_after_resume(
+                facts, rec.baseline, sup.config.natural_exits
+            )
+        set_gate(sup, rec, "alive_after_resume", status, evidence)
+        sup._save_slot(rec, "gates", file=False)
+        quarantine_on_failure(sup, rec)
+        return
+
+
+def current_episode(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecord | None:
+    """The slot's record while `episode_id` is its live, judged episode; else None."""
+    rec = sup.slots.get(slot_id)
+    if rec is None or rec.episode_id != episode_id or rec.handle is None:
+        return None
+    if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
+        return None
+    return rec
 
 
 async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: SlotHandle) -> None:

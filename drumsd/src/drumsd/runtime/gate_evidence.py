@@ -5,6 +5,11 @@
                      mountinfo lines); the supervisor judges these instead of the raw lines
   expected_mounts    the table a restored slot must have (the stage-1 plan of its template)
   proc_names         {pid: comm} of the tree, so natural_exits can apply
+  display_server     who serves the slot's X display: the listening sockets of :0 in its netns
+                     and the process holding them (pid, start time, uid), for the
+                     display_server gate
+  guest_workers      pids of the guest agent's action worker, which the agent restarts itself
+                     (a step that kills it): its exit is not an app's (alive_after_resume)
   lock_applied       hardened profile: the init's user namespace maps in-slot root to the slot's
                      own unprivileged host range, every process of the tree runs inside it, and
                      every one is locked (NoNewPrivs 1, Seccomp 2, an empty bounding set;
@@ -133,6 +138,16 @@ class GateEvidence:
             self._snapshots[key] = known
         return known
 
+    def display_server(
+        self, handle: SlotHandle, pids: Sequence[int], names: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The X server's identity now (`evidence.display_server`); the processes named like an
+        X server are asked first, so a full read rarely lists more than one process's fds."""
+        names = names or {}
+        first = [p for p in pids if names.get(str(p)) in ev.X_SERVER_NAMES]
+        rest = [p for p in pids if p not in first]
+        return ev.display_server(handle.init_pid, [*first, *rest])
+
     def read(
         self,
         handle: SlotHandle,
@@ -151,6 +166,9 @@ class GateEvidence:
             out["mounts_unparsed"] = str(exc)
         pids = [int(p) for p in facts.get("pids", ())]
         out["proc_names"] = ev.proc_names(pids)
+        out["guest_workers"] = ev.guest_workers(out["proc_names"])
+        if facts.get("alive"):
+            out["display_server"] = self.display_server(handle, pids, out["proc_names"])
         if profile == "hardened" and facts.get("alive"):
             out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
         if snapshot is not None:

@@ -301,6 +301,13 @@ class MemoryRuntime:
             "proc_names": {str(base): "init", str(base + 1): "Xvfb", str(base + 2): "openbox"},
             "crash_exits": [],
             "crash_watch": True,
+            "display_server": {
+                "display": ":0",
+                "pid": base + 1,
+                "start": 1,
+                "uid": 1000,
+                "sockets": {"/tmp/.X11-unix/X0": base + 100},
+            },
         }
         fields: dict[str, Any] = {
             "alive": alive,

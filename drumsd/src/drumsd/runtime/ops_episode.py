@@ -34,7 +34,7 @@ from drumsd.core.seams import (
 from drumsd.core.vocabulary import ACTION_REQUIRES, POINTER_ACTIONS, TERMINAL_ACTIONS
 from drumsd.guest import protocol
 from drumsd.guest.protocol import ShotSpec
-from drumsd.runtime.episodes import quarantine_slot, read_facts
+from drumsd.runtime.episodes import check_display, quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.ops_create import load_task_locked
 from drumsd.tasks import accessibility as a11y
@@ -79,6 +79,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             if outcome.output is not None:
                 output = dataclasses.asdict(outcome.output)
             shot = outcome.screenshot
+            await check_display(sup, rec, handle)
         rec.actions += 1
         rec.last_action = kind
         if kind in TERMINAL_ACTIONS:
@@ -159,6 +160,7 @@ async def screenshot_locked(
     with runtime_failures(sup.metrics, what=f"screenshot of slot {rec.id}", slot_id=rec.id):
         shot = await sup.runtime.grab(handle, spec)
     _keep_shot(sup, rec, spec, shot, trio.current_time() - started)
+    await check_display(sup, rec, handle)
     return shot
 
 

@@ -69,9 +69,11 @@ CRASH_SIGNALS = frozenset(
     }
 )
 
-# What drumsd subscribes to when the kernel can filter: exits only when nonzero, so the ordinary
-# exit-0 of every host process never wakes the daemon. Forks and execs still come for all.
-SUBSCRIBED_EVENTS = PROC_EVENT_FORK | PROC_EVENT_EXEC | PROC_EVENT_COMM | PROC_EVENT_NONZERO_EXIT
+# What the crash watch subscribes to when the kernel can filter: forks (a child inherits its
+# parent's slot: the one event that places every process exactly) and nonzero exits. Execs, comm
+# changes and exit-0s of every host process no longer wake the daemon: with them a fork/exec
+# storm in one slot cost it 0.11 core (issue 39, D10), each exec a /proc read in a thread.
+SUBSCRIBED_EVENTS = PROC_EVENT_FORK | PROC_EVENT_NONZERO_EXIT
 
 
 # What a quiescence wait subscribes to: every fork, exec and exit (exit 0 included: a short-lived
@@ -263,9 +265,10 @@ class ProcEventsSocket:
             sock.bind((0, CN_IDX_PROC))
             # The filtered form first. A kernel that filters also filters out its own Ack (the
             # Ack is event 0, in no mask), and one before 6.6 ignores the form silently, so the
-            # proof that it took is an event of a child we start.
+            # proof that it took is an event of a child we start (its nonzero exit: every mask
+            # drumsd uses lets that through).
             sock.send(subscribe_message(PROC_CN_MCAST_LISTEN, events))
-            filtered = _sees_own_fork(sock, ack_timeout_s)
+            filtered = _sees_own_exit(sock, ack_timeout_s)
             if not filtered:
                 sock.send(subscribe_message(PROC_CN_MCAST_LISTEN, None))
                 err = _await_ack(sock, ack_timeout_s)
@@ -362,12 +365,12 @@ def _await_ack(sock: socket.socket, timeout_s: float) -> int | None:
     return acks[0] if acks else None
 
 
-def _sees_own_fork(sock: socket.socket, timeout_s: float) -> bool:
-    """Start /bin/true and wait for its Fork event: proof that the subscription is live."""
-    child = subprocess.Popen(["true"], stdin=subprocess.DEVNULL, close_fds=True)
+def _sees_own_exit(sock: socket.socket, timeout_s: float) -> bool:
+    """Start /bin/false and wait for its Exit event: proof that the subscription is live."""
+    child = subprocess.Popen(["false"], stdin=subprocess.DEVNULL, close_fds=True)
     try:
         return _receive_until(
-            sock, timeout_s, lambda e: isinstance(e, Fork) and e.child_tgid == child.pid
+            sock, timeout_s, lambda e: isinstance(e, Exit) and e.tgid == child.pid
         )
     finally:
         child.wait()

@@ -1,20 +1,29 @@
 """Crash watch: crash-signal exits of any process in a tracked slot's cgroup, seen through the
 kernel's process events connector (`drumsd.linux.proc_events`), for the no_app_crash gate.
 
-A process belongs to a slot when its cgroup is the slot's (or below it). Membership is a
-tgid -> slot map, so per-event work is a dict lookup. It is seeded from the slot's cgroup.procs
-on `track` and every `resync_s`, inherited on fork (a child starts in its parent's cgroup), and
-read from /proc/<pid>/cgroup on exec of an unknown process while any slot is tracked (the exec
-helper joins a cgroup between fork and exec). The exit itself cannot be placed: by then the
-task's /proc/<pid>/cgroup reads "/" on every hierarchy, zombie or not (measured).
+The kernel sends the watch forks and nonzero exits only (`proc_events.SUBSCRIBED_EVENTS`): no
+exec, comm change or exit 0 of any host process wakes the daemon, and no event costs a /proc read
+except a crash's (issue 39, D10: a fork/exec storm in one slot cost the daemon 0.11 core, each
+exec a read in a worker thread). A process belongs to a slot when its cgroup is the slot's (or
+below it). Membership is a tgid -> slot map, so per-event work is a dict lookup: seeded from the
+slot's cgroup.procs on `track` and every `resync_s`, and inherited on fork (a child starts in its
+parent's cgroup). A crash of a process the map does not know (the exec helper joins a cgroup
+between fork and exec, from outside) is placed by its parent's cgroup, read at the exit; the
+exiting task itself cannot be placed by /proc: by then its /proc/<pid>/cgroup reads "/" on
+every hierarchy, zombie or not (measured).
 
 Crashes are `proc_events.CRASH_SIGNALS`. SIGKILL and SIGTERM never count: the daemon's own kills,
 resets and destroys send them, and an OOM kill (SIGKILL) is the no_oom_kill gate's to judge.
-A multi-threaded crash reports one exit per thread; it is counted once per thread group.
+A multi-threaded crash reports one exit per thread; it is counted once per thread group. Nonzero
+exits that are not crashes (`exit 1`) are dropped before any lookup. The per-batch work is
+bounded: at most `MAX_LOOKUPS_PER_BATCH` pids are read from /proc (crash exits past that are
+counted as `dropped` in health), and each slot logs at most `MAX_LOGGED_PER_SLOT` crash lines
+per track. A crash's name is its comm when it can still be read (its parent may reap it first),
+else what the map knew (its parent's name at the fork).
 
 The ledger folds on the trio thread and never touches /proc there: what a fold will ask (the
-cgroup and comm of the processes that exec'd, the slots' cgroup.procs, which tgids still exist)
-is read ahead in a worker thread (`ReadAhead.load`), and the fold answers from that read.
+cgroup and comm of crashed processes and their parents, the slots' cgroup.procs, which tgids
+still exist) is read ahead in a worker thread (`ReadAhead.load`), and the fold answers from it.
 """
 
 from __future__ import annotations
@@ -37,6 +46,16 @@ from drumsd.linux.proc_reader import ProcReader
 log = logging.getLogger("drumsd.crash_watch")
 
 MAX_RECORDS_PER_SLOT = 256
+# Parents read from /proc per batch of events (a storm of crashing processes of one parent needs
+# one: the parent then joins the map).
+MAX_LOOKUPS_PER_BATCH = 64
+MAX_LOGGED_PER_SLOT = 20
+# Exits of one tgid closer than this are one group exit (one per thread); a later crash of the
+# same tgid is a reused pid's.
+GROUP_EXIT_NS = 1_000_000_000
+# How long the watch lets events gather after the first wakes it: a storm of forks costs one
+# wake-up per window instead of one per fork, and a crash is judged this much later.
+COALESCE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -133,12 +152,16 @@ class CrashLedger:
         self._by_path: dict[tuple[str, str], str] = {}
         self.owner: dict[int, str] = {}  # tgid -> slot id
         self.comm: dict[int, str] = {}  # tgid -> comm, for owned tgids
-        self._crashed: set[int] = set()  # tgids already recorded (a group exit reports per thread)
+        # tgid -> the kernel's time of its recorded crash (a group exit reports per thread)
+        self._crashed: dict[int, int] = {}
+        self._logged: dict[str, int] = {}  # crash lines logged per slot since its track
         self._missing: set[int] = set()  # owned tgids gone at the last prune
         self.records: dict[str, deque[dict[str, Any]]] = {}
         self.events = 0
         self.overruns = 0
         self.proc_reads = 0
+        self.dropped = 0  # crash exits not placed: over the batch's lookup budget
+        self._unread: set[int] = set()
 
     # -- slots --------------------------------------------------------------------------
 
@@ -147,6 +170,7 @@ class CrashLedger:
         self.slots[slot_id] = where
         self._by_path[(where.key, where.path)] = slot_id
         self.records.setdefault(slot_id, deque(maxlen=MAX_RECORDS_PER_SLOT))
+        self._logged[slot_id] = 0
         self.resync(slot_id)
 
     def untrack(self, slot_id: str, keep_records: bool = False) -> None:
@@ -157,6 +181,7 @@ class CrashLedger:
             self._forget(tgid)
         if not keep_records:
             self.records.pop(slot_id, None)
+            self._logged.pop(slot_id, None)
 
     def resync(self, slot_id: str) -> None:
         """Claim every process now in the slot's cgroup. Nothing is dropped here: a process that
@@ -179,6 +204,7 @@ class CrashLedger:
         for tgid in gone & self._missing:
             self._forget(tgid)
         self._missing = gone - self._missing
+        self._crashed.clear()  # group exits are over long before a prune (seconds apart)
 
     def slot_of_path(self, text: str | None) -> str | None:
         """/proc/<pid>/cgroup text -> the tracked slot whose cgroup holds it (or an ancestor)."""
@@ -204,13 +230,29 @@ class CrashLedger:
             self.comm[tgid] = self.reader.comm(tgid) or "?"
         return slot
 
+    def to_look_up(self, events: Iterable[pe.Event | pe.Overrun]) -> list[int]:
+        """The pids a fold of `events` will read (parents of crash exits neither they nor their
+        parent known): what to read ahead. Empty while no slot is tracked."""
+        if not self.slots:
+            return []
+        wanted: dict[int, None] = {}
+        for ev in events:
+            if isinstance(ev, pe.Exit) and ev.is_crash:
+                wanted[ev.tgid] = None  # its comm, while its parent has not reaped it
+                if ev.tgid not in self.owner and ev.parent_tgid not in self.owner:
+                    wanted[ev.parent_tgid] = None
+        return list(wanted)
+
     def _forget(self, tgid: int) -> None:
         self.owner.pop(tgid, None)
         self.comm.pop(tgid, None)
 
     # -- events -------------------------------------------------------------------------
 
-    def apply(self, events: Iterable[pe.Event | pe.Overrun]) -> None:
+    def apply(self, events: Iterable[pe.Event | pe.Overrun], unread: Iterable[int] = ()) -> None:
+        """Fold `events`; `unread` are pids the read-ahead left out (over its budget): an exit
+        that needs one of them is counted as dropped, not placed."""
+        self._unread = set(unread)
         for ev in events:
             self.events += 1
             if isinstance(ev, pe.Fork):
@@ -231,7 +273,7 @@ class CrashLedger:
             return
         child = ev.child_tgid
         # A new process: its pid may be a reused one, so whatever we knew about it is stale.
-        self._crashed.discard(child)
+        self._crashed.pop(child, None)
         self._missing.discard(child)
         slot = self.owner.get(ev.parent_tgid)
         if slot is None:
@@ -242,11 +284,28 @@ class CrashLedger:
             self.comm[child] = self.comm.get(ev.parent_tgid, "?")
 
     def _exec(self, ev: pe.Exec) -> None:
-        tgid = ev.tgid
-        if tgid in self.owner:
-            self.comm[tgid] = self.reader.comm(tgid) or self.comm.get(tgid, "?")
-        elif self.slots:
-            self._lookup(tgid)
+        # Only a kernel that cannot filter sends execs: a new name, nothing to look up.
+        if ev.tgid in self.owner:
+            self.comm[ev.tgid] = self.reader.comm(ev.tgid) or self.comm.get(ev.tgid, "?")
+
+    def _place(self, ev: pe.Exit) -> str | None:
+        """The slot of an exiting process: its own entry, its parent's, or its parent's cgroup
+        (a zombie's own /proc/<pid>/cgroup already reads "/", measured)."""
+        slot = self.owner.get(ev.tgid)
+        if slot is not None or not self.slots:
+            return slot
+        slot = self.owner.get(ev.parent_tgid)
+        if slot is None:
+            if ev.parent_tgid in self._unread:
+                self.dropped += 1
+                return None
+            slot = self._lookup(ev.parent_tgid)
+        if slot is not None:
+            # Its own name when it can still be read; its parent may have reaped it first.
+            parent = self.comm.get(ev.parent_tgid, "?")
+            self.owner[ev.tgid] = slot
+            self.comm[ev.tgid] = self.reader.comm(ev.tgid) or f"child of {parent}"
+        return slot
 
     def _exit(self, ev: pe.Exit) -> None:
         tgid = ev.tgid
@@ -254,14 +313,14 @@ class CrashLedger:
             if ev.is_leader and tgid in self.owner:
                 self._forget(tgid)
             return
-        if tgid in self._crashed:
+        seen = self._crashed.get(tgid)
+        if seen is not None and abs(ev.timestamp_ns - seen) < GROUP_EXIT_NS:
             return
-        # No /proc fallback here: a zombie's /proc/<pid>/cgroup already reads "/" (measured).
-        slot = self.owner.get(tgid)
+        slot = self._place(ev)
         if slot is None:
             return
-        self._crashed.add(tgid)
-        comm = self.comm.get(tgid, "?")
+        self._crashed[tgid] = ev.timestamp_ns
+        comm = self.reader.comm(tgid) or self.comm.get(tgid, "?")
         when = self.clock()
         if ev.timestamp_ns:
             # The kernel's stamp is CLOCK_MONOTONIC: place it on the wall clock.
@@ -278,10 +337,13 @@ class CrashLedger:
             "time": when,
         }
         self.records.setdefault(slot, deque(maxlen=MAX_RECORDS_PER_SLOT)).append(record)
-        log.warning(
-            "crash exit in slot",
-            extra={"slot": slot, "pid": tgid, "comm": comm, "signal": record["signal_name"]},
-        )
+        logged = self._logged.get(slot, 0)
+        if logged < MAX_LOGGED_PER_SLOT:
+            self._logged[slot] = logged + 1
+            log.warning(
+                "crash exit in slot",
+                extra={"slot": slot, "pid": tgid, "comm": comm, "signal": record["signal_name"]},
+            )
         if ev.is_leader:
             self._forget(tgid)
 
@@ -301,6 +363,7 @@ class CrashWatch:
         *,
         resync_s: float = 2.0,
         prune_s: float = 10.0,
+        coalesce_s: float = COALESCE_S,
         reader: ProcReader | None = None,
         open_socket: Callable[[], pe.ProcEventsSocket] = pe.ProcEventsSocket.open,
     ) -> None:
@@ -310,8 +373,10 @@ class CrashWatch:
         self._fold_lock = trio.Lock()
         self.resync_s = resync_s
         self.prune_s = prune_s
+        self.coalesce_s = coalesce_s
         self._open_socket = open_socket
         self._mountinfo: str | None = None
+        self._sock: pe.ProcEventsSocket | None = None
         self.available = False
         self.error: str | None = None
         self.filtered: bool | None = None
@@ -323,6 +388,7 @@ class CrashWatch:
             self.error = str(exc)
             raise
         self.available, self.error, self.filtered = True, None, sock.filtered
+        self._sock = sock
         log.info("crash watch subscribed", extra={"kernel_filter": sock.filtered})
         task_status.started()
         try:
@@ -333,7 +399,7 @@ class CrashWatch:
             self.error = f"crash watch stopped: {exc!r}; restart drumsd to watch again"
             log.exception("crash watch stopped", extra={"error": repr(exc)})
         finally:
-            self.available = False
+            self.available, self._sock = False, None
             sock.close()
 
     async def _serve(self, sock: pe.ProcEventsSocket) -> None:
@@ -342,6 +408,9 @@ class CrashWatch:
         while True:
             with trio.move_on_after(max(0.0, next_resync - trio.current_time())):
                 await trio.lowlevel.wait_readable(sock.fileno())
+                # Let a burst gather: one wake-up and one fold per window, not per fork (the
+                # socket holds ~100k events, a window of a storm a few thousand).
+                await trio.sleep(self.coalesce_s)
             await self._apply(sock.read_ready())
             now = trio.current_time()
             if now >= next_resync:
@@ -363,11 +432,12 @@ class CrashWatch:
         resync) are read ahead in a thread, and only while a slot is tracked."""
         led = self.ledger
         async with self._fold_lock:
-            execs = [ev.tgid for ev in events if isinstance(ev, pe.Exec)] if led.slots else []
+            pids = led.to_look_up(events)
+            pids, unread = pids[:MAX_LOOKUPS_PER_BATCH], pids[MAX_LOOKUPS_PER_BATCH:]
             overrun = bool(led.slots) and any(isinstance(ev, pe.Overrun) for ev in events)
-            if execs or overrun:
-                await self._read_ahead(pids=execs, resync=overrun)
-            led.apply(events)
+            if pids or overrun:
+                await self._read_ahead(pids=pids, resync=overrun)
+            led.apply(events, unread)
 
     async def _read_ahead(
         self, *, pids: Iterable[int] = (), resync: bool = False, exists: Iterable[int] = ()
@@ -389,6 +459,10 @@ class CrashWatch:
         if self._mountinfo is None:
             self._mountinfo = await trio.to_thread.run_sync(self.reader.mountinfo)
         where = slot_cgroup(cgroup_dirs, self._mountinfo)
+        if self._sock is not None:
+            # Fold what is queued first (up to a coalescing window of it): a fork from before
+            # the seeding, of a process the seeding claims, would otherwise undo the claim.
+            await self._apply(self._sock.read_ready())
         async with self._fold_lock:
             load = partial(
                 self.reader.load, procs_files={where.procs: slot_id}, owner=dict(self.ledger.owner)
@@ -420,4 +494,5 @@ class CrashWatch:
             "events": led.events,
             "overruns": led.overruns,
             "proc_reads": led.proc_reads,
+            "dropped": led.dropped,
         }

@@ -11,7 +11,9 @@ the same setup. This runs, against one real daemon (base image):
 - reset(): the same without a task (restore, gates, screenshot);
 - fork(1): a copy of the desktop mid-task, the drums extra.
 
-It prints a table and writes JSON with medians and same-run ratios. Usage (root, DRUMS_LIVE=1):
+The daemon runs with the alive_after_s a user gets (drumsd's default, 5 s) unless
+--alive-after-s says otherwise (the live tests use 1.0). It prints a table and writes JSON with
+medians and same-run ratios. Usage (root, DRUMS_LIVE=1):
     .venv/bin/python tests/live/bench_osworld_reset.py [--rounds 5] [--out FILE.json]
 """
 
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import drums
 from drums.osworld import DesktopEnv
+from drumsd.core.config import Config
 from live_daemon import start_live_daemon, stop_and_clean
 
 TASK = Path("/work/shared/osworld/os/e0df059f-28a6-4169-924f-b9623e7184cc.json")
@@ -44,11 +47,13 @@ def main() -> int:
     args = argparse.ArgumentParser()
     args.add_argument("--rounds", type=int, default=5)
     args.add_argument("--out", default="docs/bench/osworld-reset.json")
+    default_alive = Config.model_fields["alive_after_s"].default
+    args.add_argument("--alive-after-s", type=float, default=default_alive)
     opts = args.parse_args()
     task = json.loads(TASK.read_text())
     root = Path(tempfile.mkdtemp(prefix="drums-resetbench-"))
     start = time.monotonic()
-    daemon = start_live_daemon(root)
+    daemon = start_live_daemon(root, alive_after_s=opts.alive_after_s)
     boot_s = time.monotonic() - start
     try:
         with drums.connect(daemon.url, token=daemon.token) as client:
@@ -74,6 +79,7 @@ def main() -> int:
     }
     result = {
         "rounds": opts.rounds,
+        "alive_after_s": opts.alive_after_s,
         "task": task["id"],
         "boot_to_template_s": boot_s,
         "reset_task_s": with_task,

@@ -156,3 +156,19 @@ def test_ray_mode_needs_no_token_and_refuses_an_address(tmp_path: Path) -> None:
 def test_the_verifiers_env_refuses_ray_mode_and_names_the_gateway() -> None:
     with pytest.raises(DaemonSettingsError, match="drums pool serve"):
         DaemonConfig(url="ray://").resolve()
+
+
+def test_a_wrong_token_names_where_it_came_from(fake_host, tmp_path: Path) -> None:
+    """A 401's message names the token's real source (DRUMS_TOKEN_FILE and its path), not
+    "the token argument" (the SDK is handed the token as a value)."""
+    import drums
+
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token-" + "y" * 32)
+    environ = {"DRUMS_URL": fake_host.url, "DRUMS_TOKEN_FILE": str(wrong)}
+    daemon = resolve_daemon(environ=environ, announce=False)
+    with daemon.connect() as client, pytest.raises(drums.Unauthorized) as caught:
+        client.tasks()
+    message = str(caught.value)
+    assert f"{wrong} (DRUMS_TOKEN_FILE)" in message, message
+    assert "the token argument" not in message, message

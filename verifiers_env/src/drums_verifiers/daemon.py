@@ -14,6 +14,7 @@ of the cluster, and no token is needed here (each host's agent reads its own nod
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -79,7 +80,7 @@ class Daemon:
             return _ray_pool().aconnect(**kwargs)
         import drums
 
-        return drums.aconnect(url=self.url, token=self.require_token(hint), **kwargs)
+        return self._named(drums.aconnect(url=self.url, token=self.require_token(hint), **kwargs))
 
     def connect(self, hint: str = "", **kwargs: Any) -> Any:
         """An SDK sync Client on this daemon, or in ray mode the pool (`drums.ray.Pool`, the
@@ -88,7 +89,13 @@ class Daemon:
             return _ray_pool().connect(**kwargs)
         import drums
 
-        return drums.connect(url=self.url, token=self.require_token(hint), **kwargs)
+        return self._named(drums.connect(url=self.url, token=self.require_token(hint), **kwargs))
+
+    def _named(self, client: Any) -> Any:
+        """The client with this token's real source: the SDK, handed the token as a value,
+        would name "the token argument" in a 401's message, not the file or variable."""
+        client._settings = dataclasses.replace(client._settings, token_source=self.token_source)
+        return client
 
     def announce(self, who: str = "") -> None:
         """Log which daemon and token source is used, once per process, user and setting."""

@@ -94,7 +94,7 @@ class DrumsChatHarness(vf.Harness[DrumsHarnessConfig]):
             console.error(
                 "drums: rollout %s (task %s) harness drums-verifiers exited %d: %s",
                 trace.id,
-                getattr(data, "id", None),
+                getattr(data, "name", None),
                 result.exit_code,
                 failure_cause(result.stderr or result.stdout or ""),
             )

@@ -1,0 +1,82 @@
+"""drums-verifiers in prime-rl's own environment (its pinned verifiers commit, not PyPI's 0.4).
+
+The venv is scripts/trainer-venv.sh primerl, built from the archives in ../shared/trainers
+(prime-rl and the verifiers commit its submodule pins); where that folder is absent (a user's
+clone) these tests skip, naming it. primerl_check.py runs inside the venv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from trainer_checks import REPO, passed, result_lines, run_check
+
+SHARED = REPO.parent / "shared" / "trainers"
+PINNED = {"verifiers": "0.3.1.dev62", "mcp": "1.27.1", "openai": "2.38.0"}
+
+
+def primerl_venv() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"prime-rl's sources are not at {SHARED} (../shared/trainers)")
+    built = subprocess.run(
+        ["bash", str(REPO / "scripts" / "trainer-venv.sh"), "primerl"],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-4000:]
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def test_installing_drums_verifiers_keeps_prime_rl_pins(tmp_path: Path) -> None:
+    """pip's own plan for `pip install sdk verifiers_env` in prime-rl's environment: it must
+    install our two packages and replace nothing prime-rl pinned (it used to swap verifiers for
+    0.4.0, whose import of the taskset then failed)."""
+    venv = primerl_venv()
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--dry-run", "--quiet",
+         "--report", str(report), str(REPO / "sdk"), str(REPO / "verifiers_env")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    plan = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"]
+        for i in json.load(report.open())["install"]
+    }
+    assert not set(plan) & set(PINNED), plan
+    assert {"drums-sdk", "drums-verifiers"} <= set(plan), plan
+    have = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import importlib.metadata as m, json; "
+         f"print(json.dumps({{n: m.version(n) for n in {list(PINNED)!r}}}))"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert json.loads(have) == PINNED
+
+
+def test_prime_rl_config_test_passes_with_the_pinned_verifiers() -> None:
+    """The project's prime-rl config test, whole-file parses included, in prime-rl's env."""
+    venv = primerl_venv()
+    paths = [REPO / "sdk" / "src", REPO / "verifiers_env" / "src", Path(__file__).parent]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, paths))}
+    env["DRUMS_PRIME_RL_PYTHON"] = str(venv / "bin" / "python")
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-o",
+         "addopts=", "-q", "-rA", str(Path(__file__).parent / "test_vf_prime_rl_config.py")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert passed(proc) == 5 and "skipped" not in proc.stdout, proc.stdout[-3000:]
+
+
+def test_rl_dry_run_and_a_rollout_through_the_env_server() -> None:
+    primerl_venv()
+    result = run_check("primerl", "primerl_check.py", {})
+    assert passed(result) == 3
+    rows = result_lines(result, "PRIMERL-ROW")
+    assert len(rows) == 3, result.stdout[-3000:]
+
+
+pytestmark = pytest.mark.integration

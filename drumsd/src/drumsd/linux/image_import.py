@@ -33,7 +33,9 @@ def unpack_image(
                 f"image {what} {value!r} is not a directory name (letters, digits, . _ + -)"
             )
     if not tar.is_file():
-        raise ImageBuildError(f"no image tarball at {tar}; build it (nix build .#desktop-image) or name the right path")
+        raise ImageBuildError(
+            f"no image tarball at {tar}; build it (nix build .#desktop-image) or name another"
+        )
     final = images_dir / f"{profile}-{name}"
     if (final / "image.json").exists():
         return find_image(str(final), images_dir.parent)

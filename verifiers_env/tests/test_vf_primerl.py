@@ -71,6 +71,29 @@ def test_prime_rl_config_test_passes_with_the_pinned_verifiers() -> None:
     assert passed(proc) == 5 and "skipped" not in proc.stdout, proc.stdout[-3000:]
 
 
+def test_the_matrix_names_the_pinned_versions() -> None:
+    """docs/verifiers.md's prime-rl rows name the versions prime-rl's environment has."""
+    venv = primerl_venv()
+    have = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import importlib.metadata as m, json; print(json.dumps({n: m.version(n) for n in "
+         f"{[*PINNED, 'prime-rl-configs']!r}}}))"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    versions = json.loads(have)
+    rows = [
+        line
+        for line in (REPO / "docs" / "verifiers.md").read_text().splitlines()
+        if line.startswith("| prime-rl |")
+    ]
+    assert len(rows) == 3, rows
+    first = rows[0].split("|")[2]
+    for name in PINNED:
+        assert f"{name} {versions[name]}" in first, (name, versions[name], first)
+    assert f"prime-rl-configs {versions['prime-rl-configs']}" in rows[1]
+    assert all("559b44772" in row for row in rows)
+
+
 def test_rl_dry_run_and_a_rollout_through_the_env_server() -> None:
     primerl_venv()
     result = run_check("primerl", "primerl_check.py", {})

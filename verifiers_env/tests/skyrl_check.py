@@ -62,8 +62,10 @@ class ScriptedEngine:
         return {"responses": [text], "response_ids": [ids], "stop_reasons": ["stop"]}
 
 
-def generator(replies: list[str], max_turns: int = 6) -> tuple[SkyRLGymGenerator, ScriptedEngine]:
-    tok = tiny_tokenizer([*replies, "acting nothing"])
+def generator(
+    replies: list[str], max_turns: int = 6, klass: Any = None, multimodal: bool = True
+) -> tuple[SkyRLGymGenerator, ScriptedEngine]:
+    tok = tiny_tokenizer([*replies, "acting nothing break"])
     engine = ScriptedEngine(tok, replies)
     cfg = OmegaConf.create(
         {
@@ -80,8 +82,8 @@ def generator(replies: list[str], max_turns: int = 6) -> tuple[SkyRLGymGenerator
             "max_input_length": 100000,
         }
     )
-    gym_cfg = OmegaConf.create({"max_env_workers": 0, "drums": {"multimodal": True}})
-    return SkyRLGymGenerator(cfg, gym_cfg, engine, tok, "tiny"), engine
+    gym_cfg = OmegaConf.create({"max_env_workers": 0, "drums": {"multimodal": multimodal}})
+    return (klass or SkyRLGymGenerator)(cfg, gym_cfg, engine, tok, "tiny"), engine
 
 
 def live_envs() -> set[str]:
@@ -152,3 +154,183 @@ def test_generator_on_a_real_desktop():
     print("DRUMS_SKYRL_RESULT", json.dumps({"reward": out.reward, **out.env_metrics}, default=str))
     assert engine.calls == 2 and out.env_metrics["drums_valid"] == 1.0
     assert live_envs() == before
+
+
+# --- the drums generator: masked invalid trajectories, one bad sample, no leaks (issue 30) -------
+
+DrumsGenerator = drums_skyrl.drums_generator(SkyRLGymGenerator)
+
+
+class FailingEngine(ScriptedEngine):
+    """Raises on its `fail_on`-th call, as an inference engine that dies mid-trajectory."""
+
+    def __init__(self, tokenizer: Any, replies: list[str], fail_on: int) -> None:
+        super().__init__(tokenizer, replies)
+        self.fail_on = fail_on
+
+    async def generate(self, engine_input: dict[str, Any]) -> dict[str, Any]:
+        if self.calls + 1 == self.fail_on:
+            self.calls += 1
+            raise RuntimeError("inference engine died (scripted)")
+        return await super().generate(engine_input)
+
+
+def drums_run(task: str, replies: list[str], fail_on: int = 0, generator_class: Any = None) -> Any:
+    """One trajectory through the drums generator (text: skyrl-train's has no vision)."""
+    gen, _ = generator(replies, klass=generator_class or DrumsGenerator, multimodal=False)
+    engine = FailingEngine(gen.tokenizer, replies, fail_on)
+    gen.inference_engine_client = engine
+    prompt = [{"role": "system", "content": "acting"}]
+    return asyncio.run(gen.agent_loop(prompt, "drums", {"drums_task": task}, 256, 100000)), engine
+
+
+SOLVE = [reply(action="click", x=10, y=10), reply(action="type", text="42"), reply(action="done")]
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_drums_generator_trains_no_token_of_an_invalid_trajectory(daemon):
+    before = live_envs()
+    out, _ = drums_run("solve", SOLVE)
+    assert out.env_metrics["drums_valid"] == 1.0 and 1 in out.loss_mask
+    out, _ = drums_run("crash", SOLVE)
+    assert out.env_metrics["drums_valid"] == 0.0 and set(out.loss_mask) == {0}
+    assert live_envs() == before
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_an_engine_error_mid_trajectory_leaves_no_desktop(daemon, caplog):
+    """skyrl-train's own generator leaves the desktop up when its engine raises mid-trajectory
+    (it closes an env only after a trajectory that did not raise); the drums generator closes it,
+    and the sample comes back left out instead of failing the batch."""
+    before = live_envs()
+    with pytest.raises(RuntimeError, match="inference engine died"):
+        drums_run("solve", SOLVE, fail_on=2, generator_class=SkyRLGymGenerator)
+    leaked = live_envs() - before
+    print("DRUMS_SKYRL_LEAK skyrl-train's generator left", len(leaked), "desktop(s)")
+    assert len(leaked) == 1  # what the drums generator fixes
+    import drums
+
+    with drums.connect() as client:
+        for env_id in leaked:
+            client.attach(env_id).close()
+    with caplog.at_level("WARNING", logger="drums_verifiers.adapters.skyrl"):
+        out, engine = drums_run("solve", SOLVE, fail_on=2)
+        unknown, _ = drums_run("no-such-task", SOLVE)
+    assert engine.calls == 2 and set(out.loss_mask) == {0} and out.reward == 0.0
+    assert out.stop_reason == unknown.stop_reason == "drums_left_out"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "task solve: sample left out of training: RuntimeError: inference engine died" in logged
+    assert "task no-such-task: sample left out of training: not_found" in logged
+    assert live_envs() == before
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_one_bad_sample_never_fails_the_skyrl_batch(daemon):
+    """skyrl-train's generate (its gather over agent_loop) on a solved sample, an unknown task and
+    an engine error: the batch completes, the two bad ones with no trained token."""
+    from skyrl_train.generators.base import GeneratorInput
+
+    before = live_envs()
+    gen, _ = generator(SOLVE, klass=DrumsGenerator, multimodal=False)
+    engine = FailingEngine(gen.tokenizer, SOLVE * 3, fail_on=0)
+
+    async def generate(engine_input: dict[str, Any]) -> dict[str, Any]:
+        if any(engine.tokenizer.convert_tokens_to_ids("break") in ids
+               for ids in engine_input.get("prompt_token_ids") or []):  # fmt: skip
+            raise RuntimeError("inference engine died (scripted)")
+        return await ScriptedEngine.generate(engine, engine_input)
+
+    engine.generate = generate  # type: ignore[method-assign]
+    gen.inference_engine_client = engine
+    prompts = [[{"role": "system", "content": text}] for text in ("acting", "acting", "break")]
+    batch = GeneratorInput(
+        prompts=prompts,
+        env_classes=["drums"] * 3,
+        env_extras=[{"drums_task": t} for t in ("solve", "no-such-task", "solve")],
+        sampling_params=None,
+    )
+    out = asyncio.run(gen.generate(batch))
+    trained = [sum(mask) for mask in out["loss_masks"]]
+    assert trained[0] > 0 and trained[1:] == [0, 0], trained
+    assert live_envs() == before
+
+
+def per_token(out: Any) -> list[float]:
+    """The trajectory's rewards per response token (skyrl puts a float on the last token)."""
+    if isinstance(out.reward, list):
+        return [float(r) for r in out.reward]
+    return [0.0] * (len(out.response_ids) - 1) + [float(out.reward)]
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_an_invalid_sample_is_out_of_its_grpo_group_under_skyrl(daemon):
+    """3 solved + 1 invalid through the drums generator, advantages by skyrl-train's own
+    compute_advantages_and_returns (GRPO, the call RayPPOTrainer makes with the batch's uids; its
+    batching module needs `datasets`, not installed here, so the rows are padded here): with the
+    uids drums_trainer passes, the solved get a group of 3's (0), not the +0.5 skyrl gives them
+    with the invalid 0.0 in their group."""
+    import numpy as np
+    import torch
+    from skyrl_train.utils.ppo_utils import (
+        AdvantageEstimatorRegistry,
+        compute_advantages_and_returns,
+    )
+
+    AdvantageEstimatorRegistry.repopulate_registry()
+    before = live_envs()
+    outs = [drums_run(task, SOLVE)[0] for task in ("solve", "solve", "crash", "solve")]
+    assert [o.env_metrics["drums_valid"] for o in outs] == [1.0, 1.0, 0.0, 1.0]
+    width = max(len(o.response_ids) for o in outs)
+    rewards, response_mask, loss_mask = (torch.zeros(4, width) for _ in range(3))
+    for i, o in enumerate(outs):
+        n = len(o.response_ids)
+        rewards[i, :n], response_mask[i, :n] = torch.tensor(per_token(o)), 1
+        loss_mask[i, :n] = torch.tensor(o.loss_mask, dtype=torch.float)
+    trained = (loss_mask.sum(dim=-1) > 0).tolist()
+    assert trained == [True, True, False, True]
+
+    def advantages(uids: list[str]) -> list[float]:
+        adv, _ = compute_advantages_and_returns(
+            token_level_rewards=rewards, response_mask=response_mask, index=np.array(uids),
+            adv_estimator="grpo", config=OmegaConf.create({}), grpo_norm_by_std=True,
+        )  # fmt: skip
+        rows = zip(adv, response_mask, strict=True)
+        return [round(float(row[mask.nonzero()[0]]), 4) for row, mask in rows]
+
+    biased = advantages(["p0"] * 4)
+    fair = advantages(drums_skyrl.left_out_groups(["p0"] * 4, trained))
+    print("DRUMS_SKYRL_GRPO skyrl", biased, "drums_trainer", fair)
+    assert biased == [0.5, 0.5, -1.5, 0.5]  # the invalid 0.0 in the group's mean and std
+    assert fair == [0.0, 0.0, 0.0, 0.0]  # a group of 3 solved, and the left-out row alone
+    assert torch.equal(loss_mask[2], torch.zeros_like(loss_mask[2]))
+    assert live_envs() == before
+
+
+def test_drums_trainer_passes_left_out_groups_and_restores_the_uids():
+    """The trainer mixin around a trainer's compute_advantages_and_returns (skyrl-train's
+    RayPPOTrainer cannot be imported here without its training dependencies: datasets,
+    torchdata): the estimator sees a left-out row alone, the batch keeps its uids."""
+    import torch
+
+    seen = []
+
+    class Trainer:
+        def compute_advantages_and_returns(self, data: Any) -> Any:
+            seen.append(list(data.metadata["uids"]))
+            return data
+
+    class Batch(dict):
+        metadata: dict[str, Any]
+
+    data = Batch(loss_mask=torch.tensor([[1, 1], [0, 0], [0, 1]]))
+    data.metadata = {"uids": ["p0", "p0", "p0"]}
+    out = drums_skyrl.drums_trainer(Trainer)().compute_advantages_and_returns(data)
+    assert seen == [["p0", "p0/drums-left-out-1", "p0"]]
+    assert out.metadata["uids"] == ["p0", "p0", "p0"]
+
+
+def test_skyrl_train_text_generator_with_screenshots_is_refused():
+    """skyrl-train 0.3.1's SkyRLGymGenerator sends token ids only: with multimodal on, the drums
+    generator says so when it is made instead of training a model that never sees the screen."""
+    with pytest.raises(ValueError, match=r"token ids only .* SkyRLVLMGymGenerator"):
+        generator(SOLVE, klass=DrumsGenerator, multimodal=True)

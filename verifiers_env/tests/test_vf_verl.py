@@ -7,6 +7,7 @@ DRUMS_TOKEN_FILE, and lists the daemon's slots before and after.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -20,13 +21,36 @@ OSWORLD = REPO.parent / "shared" / "osworld"
 TASK = "e0df059f-28a6-4169-924f-b9623e7184cc"
 
 
+SLOW_ROWS = ("verl-v1", "skyrl-vlm")
+
+
+def slow_rows() -> set[str]:
+    """The slow matrix rows this run takes: all with DRUMS_TRAINER_MATRIX=1, else one a day, in
+    turn (CI's sample: each trainer's CI cost stays one live episode plus every other day this)."""
+    if os.environ.get("DRUMS_TRAINER_MATRIX") == "1":
+        return set(SLOW_ROWS)
+    return {SLOW_ROWS[datetime.date.today().toordinal() % len(SLOW_ROWS)]}
+
+
+def matrix_env(row: str, var: str) -> dict[str, str]:
+    return {var: "1" if row in slow_rows() else ""}
+
+
 def test_verl_tool_and_agent_loop_against_verl_0_9_1():
-    result = run_check("verl", "verl_check.py", {"DRUMS_VERL_LIVE_TASK": ""})
-    assert passed(result) == 4
+    matrix = os.environ.get("DRUMS_TRAINER_MATRIX") == "1"  # the v1 group on the fake: opt-in
+    env = {"DRUMS_VERL_LIVE_TASK": "", "DRUMS_VERL_V1_GROUP": "1" if matrix else ""}
+    result = run_check("verl", "verl_check.py", env)
+    assert passed(result) == 8 + matrix
 
 
 def live_run(
-    tmp_path: Path, name: str, check: str, task_var: str, marker: str, tests: int = 1
+    tmp_path: Path,
+    name: str,
+    check: str,
+    task_var: str,
+    marker: str,
+    tests: int = 1,
+    extra: dict[str, str] | None = None,
 ) -> list[str]:
     """Run `check` against a real drumsd (office image); the slots before and after are empty."""
     if os.environ.get("DRUMS_LIVE") != "1":
@@ -44,6 +68,7 @@ def live_run(
         with http_client(live) as http:
             before = http.get("/v1/slots").json()["slots"]
         env = {task_var: TASK, "DRUMS_URL": live.url, "DRUMS_TOKEN_FILE": str(live.dir / "token")}
+        env.update(extra or {})
         t0 = time.monotonic()
         result = run_check(name, check, env)
         print(f"{name} live episode in {time.monotonic() - t0:.1f}s")
@@ -63,8 +88,19 @@ def live_run(
 
 @pytest.mark.live
 def test_verl_agent_loop_on_a_real_daemon(tmp_path: Path):
-    lines = live_run(tmp_path, "verl", "verl_check.py", "DRUMS_VERL_LIVE_TASK", "DRUMS_VERL_RESULT")
-    assert len(lines) == 1
+    """One episode through the drums agent loop; on the days CI samples the verl v1 row (always
+    with DRUMS_TRAINER_MATRIX=1), also a GRPO group of 4 through verl's default v1 worker,
+    AgentLoopWorkerTQ, with a real TransferQueue, one sample's model server dying mid-way."""
+    extra = matrix_env("verl-v1", "DRUMS_VERL_V1_GROUP")
+    group = bool(extra["DRUMS_VERL_V1_GROUP"])
+    lines = live_run(tmp_path, "verl", "verl_check.py", "DRUMS_VERL_LIVE_TASK", "DRUMS_VERL_",
+                     1 + group, extra)  # fmt: skip
+    assert len([line for line in lines if line.startswith("DRUMS_VERL_RESULT")]) == 1
+    if not group:
+        print("verl v1 group not sampled today: DRUMS_TRAINER_MATRIX=1 runs it")
+        return
+    (v1,) = [line for line in lines if line.startswith("DRUMS_VERL_V1_RESULT")]
+    assert '"prompt_status": "finished"' in v1 and '"advantages": [0.0, 0.0, 0.0]' in v1
 
 
 # Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
 from types import SimpleNamespace
 from typing import Any
 
 import hydra
 import pytest
+from drums_verifiers import actions, screen_fit
 from drums_verifiers.adapters import verl as drums_verl
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -243,20 +246,20 @@ def test_agent_loop_leaves_an_invalid_episode_out(daemon, monkeypatch):
     before = live_envs()
     replies = [reply(action="type", text="42"), reply(action="done")]
     out, _, _ = run_loop("crash", replies)
+    assert out == []  # the default, drop: verl's v1 worker skips it ("Empty output for prompt")
+    assert live_envs() == before
+    monkeypatch.setattr(drums_verl.DrumsComputerTool, "__init__", _masking_init)
+    out, _, _ = run_loop("crash", replies)
     assert out.extra_fields["reward_extra_info"]["drums_valid"] == 0.0
     assert out.reward_score == 0.0 and set(out.response_mask) == {0}  # nothing of it is trained
-    assert live_envs() == before
-    monkeypatch.setattr(drums_verl.DrumsComputerTool, "__init__", _dropping_init)
-    out, _, _ = run_loop("crash", replies)
-    assert out == []  # verl's v1 worker skips an empty output ("Empty output for prompt")
     assert live_envs() == before
 
 
 _original_init = drums_verl.DrumsComputerTool.__init__
 
 
-def _dropping_init(self: Any, config: dict[str, Any], tool_schema: Any = None) -> None:
-    _original_init(self, {**config, "invalid_episode": "drop"}, tool_schema)
+def _masking_init(self: Any, config: dict[str, Any], tool_schema: Any = None) -> None:
+    _original_init(self, {**config, "invalid_episode": "mask"}, tool_schema)
 
 
 @pytest.mark.skipif(not LIVE_TASK, reason="set by the live test with a real daemon")
@@ -277,9 +280,12 @@ def test_agent_loop_on_a_real_desktop():
 
 
 @pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
-def test_worker_postprocess_batches_a_valid_and_a_masked_episode(daemon):
-    """verl's AgentLoopWorker._agent_loop_postprocess and _postprocess on both outputs."""
+def test_worker_postprocess_batches_a_valid_and_a_masked_episode(daemon, monkeypatch):
+    """verl's AgentLoopWorker._agent_loop_postprocess and _postprocess on both outputs (the
+    legacy batch worker, `trainer.use_v1: false`, where an invalid episode comes back masked)."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    monkeypatch.setattr(drums_verl, "uses_v1_worker", lambda config: False, raising=False)
 
     async def go() -> Any:
         outputs = []
@@ -307,3 +313,352 @@ def test_worker_postprocess_batches_a_valid_and_a_masked_episode(daemon):
     trained = batch.batch["response_mask"].sum(-1).tolist()
     assert trained[0] > 0 and trained[1] == 0  # the invalid episode adds no token to the loss
     assert batch.non_tensor_batch["drums_valid"].tolist() == [1.0, 0.0]
+
+
+# --- GRPO with an invalid sample, one bad sample in a batch, screenshot sizing (issue 30) --------
+
+
+def grpo_batch(outputs: list[AgentLoopOutput], uids: list[str]) -> Any:
+    """A verl DataProto of the outputs as verl's trainers read them: the reward on the last
+    response token (AgentLoopOutput.as_dict's rm_scores), the response mask, the group's uid."""
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+
+    dumped = [o.as_dict() for o in outputs]
+    width = max(len(d["responses"]) for d in dumped)
+
+    def padded(key: str) -> Any:
+        rows = [torch.nn.functional.pad(d[key].float(), (0, width - len(d[key]))) for d in dumped]
+        return torch.stack(rows)
+
+    tensors = {"token_level_rewards": padded("rm_scores"), "response_mask": padded("response_mask")}
+    data = DataProto.from_dict(tensors=tensors)
+    data.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+    return data
+
+
+def row_advantages(data: Any) -> list[float]:
+    """Each row's (sequence-level) advantage: its value on the first trained token, 0 if none."""
+    values = []
+    for adv, mask in zip(data.batch["advantages"], data.batch["response_mask"], strict=True):
+        trained = mask.nonzero()
+        values.append(round(float(adv[trained[0]]), 4) if len(trained) else 0.0)
+    return values
+
+
+def group_of_four() -> list[Any]:
+    """3 solved + 1 invalid (the fake drumsd's `crash` task), in the shipped default config."""
+    replies = [reply(action="type", text="42"), reply(action="done")]
+    return [run_loop(task, replies)[0] for task in ("solve", "solve", "crash", "solve")]
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_an_invalid_sample_is_out_of_its_grpo_group_under_verl_v1(daemon):
+    """The default (drop) through verl's own v1 advantage: solved samples get a group of 3's."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    before = live_envs()
+    outputs = group_of_four()
+    assert outputs[2] == []  # AgentLoopWorkerTQ puts nothing for it ("Empty output for prompt")
+    # the keys AgentLoopWorkerTQ._agent_loop_postprocess writes: {uid}_{session_id}_{index}
+    kept = [(f"p0_{session}_0", o) for session, o in enumerate(outputs) if o != []]
+    assert [key for key, _ in kept] == ["p0_0_0", "p0_1_0", "p0_3_0"]
+    data = compute_advantage_for_multi_trajectories(
+        grpo_batch([o for _, o in kept], ["p0"] * 3),
+        batch_keys=[key for key, _ in kept],
+        adv_estimator="grpo",
+        num_repeat=4,
+    )
+    three = grpo_batch([o for _, o in kept], ["p0"] * 3)
+    rewards, mask = three.batch["token_level_rewards"], three.batch["response_mask"]
+    expected, _ = compute_grpo_outcome_advantage(rewards, mask, three.non_tensor_batch["uid"])
+    three.batch["advantages"] = expected
+    print("DRUMS_VERL_GRPO v1", row_advantages(data), "group of 3", row_advantages(three))
+    assert row_advantages(data) == row_advantages(three) == [0.0, 0.0, 0.0]
+    assert live_envs() == before
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_the_legacy_batch_worker_masks_and_drums_grpo_keeps_the_group_unbiased(daemon, monkeypatch):
+    """verl's legacy batch worker needs 4 outputs: the invalid one is masked; verl's own GRPO
+    would give the solved +0.5 from its 0.0, `drums_grpo` (verl's GRPO over the trained rows) 0."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_adv_estimator_fn
+
+    monkeypatch.setattr(drums_verl, "uses_v1_worker", lambda config: False, raising=False)
+    outputs = group_of_four()
+    assert all(isinstance(o, AgentLoopOutput) for o in outputs)
+    assert set(outputs[2].response_mask) == {0} and outputs[2].reward_score == 0.0
+    data = grpo_batch(outputs, ["p0"] * 4)
+    rewards, mask, uid = (data.batch["token_level_rewards"], data.batch["response_mask"],
+                          data.non_tensor_batch["uid"])  # fmt: skip
+    biased, _ = compute_grpo_outcome_advantage(rewards, mask, uid)
+    data.batch["advantages"] = biased
+    assert row_advantages(data) == [0.5, 0.5, 0.0, 0.5]  # the bias drums_grpo removes
+    unbiased, _ = get_adv_estimator_fn("drums_grpo")(
+        token_level_rewards=rewards, response_mask=mask, index=uid
+    )
+    data.batch["advantages"] = unbiased
+    assert row_advantages(data) == [0.0, 0.0, 0.0, 0.0]
+
+
+class FailingServer(ScriptedServer):
+    """Per sample by its system prompt: `model-error` raises as a dead model server does, `hang`
+    never answers; the rest get the scripted replies (each sample its own copy)."""
+
+    def __init__(self, tokenizer: Any, replies: list[str]) -> None:
+        super().__init__(tokenizer, replies)
+        self.script = list(replies)
+        self.per_request: dict[str, list[str]] = {}
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Any:
+        text = self.tokenizer.decode(prompt_ids)
+        if "model-error" in text:
+            raise ConnectionError("the model server went away (scripted)")
+        if "hang" in text:
+            await asyncio.sleep(3600)
+        replies = self.per_request.setdefault(request_id, list(self.script))
+        self.replies = replies
+        return await super().generate(request_id=request_id, prompt_ids=prompt_ids, **kwargs)
+
+
+def batch_worker(replies: list[str], tools: list[Any], corpus: list[str]) -> Any:
+    """verl's AgentLoopWorker without its Ray/server set-up: the attributes generate_sequences,
+    _run_agent_loop, _agent_loop_postprocess and _postprocess read."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    tok, processor = tiny_tokenizer([*replies, "acting nothing more", *corpus])
+    for entry in OmegaConf.load(drums_verl.AGENT_LOOP_CONFIG):
+        _agent_loop_registry[entry.name] = entry
+    config = trainer_config()
+    config.actor_rollout_ref.rollout.update(
+        {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False,
+         "agent": {"default_agent_loop": "drums_desktop"}}
+    )  # fmt: skip
+    worker = object.__new__(AgentLoopWorker)
+    worker.config, worker.rollout_config = config, config.actor_rollout_ref.rollout
+    worker.tokenizer, worker.processor = tok, processor
+    worker.llm_client = FailingServer(tok, replies)
+    worker.hf_model_type, worker.dataset_cls, worker.tools = None, RLHFDataset, tools
+    worker.reward_loop_worker_handles, worker.distillation_enabled = None, False
+    worker.mm_processor_kwargs = {}
+    return worker
+
+
+def _short_episodes_init(self: Any, config: dict[str, Any], tool_schema: Any = None) -> None:
+    _original_init(self, {**config, "episode_timeout_s": 3}, tool_schema)
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_one_bad_sample_never_fails_verl_batch(daemon, monkeypatch, caplog):
+    """AgentLoopWorker.generate_sequences (verl's batch path) on 4 samples: a solved one, an
+    unknown task, a model-server error and a timeout. The batch completes; the three are left out
+    (no trained token, drums_valid 0), each logged with its task and reason; no desktop is left."""
+    import numpy as np
+    from verl.protocol import DataProto
+
+    monkeypatch.setattr(drums_verl, "uses_v1_worker", lambda config: False, raising=False)
+    monkeypatch.setattr(drums_verl.DrumsComputerTool, "__init__", _short_episodes_init)
+    before = live_envs()
+    replies = [reply(action="type", text="42"), reply(action="done")]
+    samples = [("solve", "acting"), ("no-such-task", "acting"), ("solve", "acting model-error"),
+               ("solve", "acting hang")]  # fmt: skip
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array(
+                [[{"role": "system", "content": text}] for _, text in samples], dtype=object
+            ),
+            "tools_kwargs": np.array(
+                [{"computer": {"create_kwargs": {"drums_task": task}}} for task, _ in samples]
+            ),
+            "agent_name": np.array(["drums_desktop"] * 4, dtype=object),
+        }
+    )
+
+    async def go() -> Any:
+        worker = batch_worker(replies, shipped_tools(), ["model-error", "hang"])
+        return await worker.generate_sequences(batch)
+
+    with caplog.at_level("WARNING", logger="drums_verifiers.adapters.verl"):
+        out = asyncio.run(go())
+    assert len(out) == 4
+    assert out.non_tensor_batch["drums_valid"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert out.batch["rm_scores"].sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    trained = out.batch["response_mask"].sum(-1).tolist()
+    assert trained[0] > 0 and trained[1:] == [0, 0, 0]
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    print(logged)
+    assert "task no-such-task: sample left out of training (mask): not_found" in logged
+    assert "ConnectionError: the model server went away" in logged
+    assert "timeout: the episode took over episode_timeout_s=3" in logged
+    assert live_envs() == before
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+def test_screenshots_are_sized_to_the_prompt_and_a_too_small_prompt_fails_first(daemon):
+    """Qwen2.5-VL's processor defaults (max_pixels 12845056): prompt_length 600 cannot fit one
+    1920x1080 screenshot and fails before any desktop is made; 2048 leaves 1,536 image tokens,
+    1344x756 screenshots (1,296 tokens), and a click on them maps back to the desktop. (The fake
+    drumsd's screenshots are 192x108, which fit whole: the loop sizes each from its own png.)"""
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    qwen = Qwen2VLImageProcessorPil()  # the defaults Qwen2.5-VL ships
+    config = trainer_config()
+    config.actor_rollout_ref.rollout.prompt_length = 2048
+    tools = shipped_tools()
+    tok, processor = tiny_tokenizer([reply(action="done"), "acting nothing more"])
+    processor.image_processor = qwen
+    for entry in OmegaConf.load(drums_verl.AGENT_LOOP_CONFIG):
+        _agent_loop_registry[entry.name] = entry
+
+    def build(prompt_length: int) -> Any:
+        config.actor_rollout_ref.rollout.prompt_length = prompt_length
+        return hydra.utils.instantiate(
+            config=_agent_loop_registry["drums_desktop"],
+            trainer_config=DictConfigWrap(config=config),
+            server_manager=ScriptedServer(tok, [reply(action="done")]),
+            tokenizer=tok,
+            processor=processor,
+            hf_model_type=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data),
+            tools=ToolListWrap(tools),
+        )
+
+    with pytest.raises(Exception, match=r"prompt_length 600 leaves 88 tokens .* costs 144"):
+        build(600)
+    (tool,) = tools
+    assert tool.image_budget is None  # nothing was sized by the failed build
+
+    async def go() -> Any:
+        loop = build(2048)
+        out = await loop.run(
+            {},
+            raw_prompt=[{"role": "system", "content": "acting"}],
+            tools_kwargs={"computer": {"create_kwargs": {"drums_task": "solve"}}},
+        )
+        return out
+
+    out = asyncio.run(go())
+    assert tool.image_budget == 2048 - 512
+    fit = screen_fit.fit_scale(1536, tool.limits, (192, 108))
+    assert {image.size for image in out.multi_modal_data["images"]} == {(fit.width, fit.height)}
+    assert screen_fit.fit_scale(1536, tool.limits).width == 1344
+    assert len(out.prompt_ids) <= 2048  # what verl's _agent_loop_postprocess requires
+    screen = actions.Screen(1920, 1080, screen_fit.fit_scale(tool.image_budget, tool.limits).scale)
+    assert screen.to_screen(672, 378) == (960, 540)  # the middle, mapped back to 1920x1080
+
+
+# --- verl's default v1 worker, AgentLoopWorkerTQ, with a real TransferQueue ---------------------
+
+
+class GroupServer(ScriptedServer):
+    """Each trajectory (request id) gets the scripted replies; the `fail`-th trajectory to ask
+    has its model server die on its second call, mid-trajectory. Records the images per call."""
+
+    def __init__(self, tokenizer: Any, replies: list[str], fail: int) -> None:
+        super().__init__(tokenizer, replies)
+        self.script, self.fail, self.order = list(replies), fail, []
+        self.per_request: dict[str, list[str]] = {}
+        self.images: dict[str, list[int]] = {}
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Any:
+        if request_id not in self.per_request:
+            self.order.append(request_id)
+            self.per_request[request_id] = list(self.script)
+        self.images.setdefault(request_id, []).append(len(kwargs.get("image_data") or []))
+        if self.order.index(request_id) + 1 == self.fail and len(self.images[request_id]) == 2:
+            raise ConnectionError("the model server went away mid-trajectory (scripted)")
+        self.replies = self.per_request[request_id]
+        return await super().generate(request_id=request_id, prompt_ids=prompt_ids, **kwargs)
+
+
+V1_GROUP = os.environ.get("DRUMS_VERL_V1_GROUP") == "1"
+
+
+@pytest.mark.skipif(
+    not V1_GROUP,
+    reason="slow (a local Ray and TransferQueue, ~90 s): DRUMS_TRAINER_MATRIX=1 runs it, and CI "
+    "on the days it samples the verl v1 row (test_vf_verl.py)",
+)
+def test_v1_worker_group_of_four_with_one_forced_invalid(daemon):
+    """AgentLoopWorkerTQ._run_prompt (verl's default v1 worker) on one prompt with rollout.n 4
+    and a real TransferQueue (local Ray): one trajectory's model server dies mid-way. The three
+    others are in TransferQueue, the failed one is not ("Empty output for prompt"), the prompt's
+    status is finished, the model got the screenshots as images in every turn, verl's own v1
+    advantage over what TransferQueue holds is a group of 3's, and no desktop is left."""
+    import numpy as np
+    import ray
+    import transfer_queue as tq
+    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.v1 import AgentLoopWorkerTQ
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    task = LIVE_TASK or "solve"
+    replies = (
+        [reply(action="click", x=20, y=20), reply(action="done")]
+        if LIVE_TASK
+        else [reply(action="type", text="42"), reply(action="done")]
+    )
+    before = live_envs()
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        worker_class = AgentLoopWorkerTQ.__ray_metadata__.modified_class
+        worker = object.__new__(worker_class)
+        base = batch_worker(replies, shipped_tools(), [])
+        worker.__dict__.update(base.__dict__)
+        worker.llm_client = server = GroupServer(base.tokenizer, replies, fail=3)
+        worker.config.actor_rollout_ref.rollout.n = 4
+        worker.background_tasks = set()
+        prompt = {
+            "uid": "p0",
+            "index": 0,
+            "global_steps": 1,
+            "agent_name": "drums_desktop",
+            "raw_prompt": [{"role": "system", "content": "acting"}],
+            "tools_kwargs": {"computer": {"create_kwargs": {"drums_task": task}}},
+        }
+
+        async def go() -> None:
+            (info,) = await get_trajectory_info(1, [0], False)
+            await worker._run_prompt(prompt, {"temperature": 1.0}, trajectory=info)
+
+        asyncio.run(go())
+        status = tq.kv_list(partition_id="train")
+        keys = sorted(k for k in status["train"] if k.startswith("p0_"))
+        fields = ["uid", "response_mask", "rm_scores"]
+        held = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
+        data = DataProto(batch=held.to_padded_tensor())
+        data.batch["token_level_rewards"] = data.batch["rm_scores"]
+        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
+        data = compute_advantage_for_multi_trajectories(
+            data, batch_keys=keys, adv_estimator="grpo", num_repeat=4
+        )
+        failed = server.order[2]
+        result = {
+            "keys": keys,
+            "prompt_status": status["train"]["p0"]["status"],
+            "images_per_call": [server.images[r] for r in server.order],
+            "rewards": data.batch["rm_scores"].sum(-1).tolist(),
+            "advantages": row_advantages(data),
+        }
+        print("DRUMS_VERL_V1_RESULT", json.dumps(result))
+    finally:
+        try:
+            tq.close()
+        finally:
+            ray.shutdown()
+            shutil.rmtree(ray_dir, ignore_errors=True)
+    assert len(keys) == 3 and result["prompt_status"] == "finished"
+    assert server.images[failed] == [1, 2]  # it died on its second call
+    for request in server.order:
+        calls = server.images[request]
+        assert calls == list(range(1, len(calls) + 1))  # every turn: every screenshot so far
+    # the three kept score alike (1.0 on the fake's task; the live click-and-done scores 0.0):
+    # as a group of 3 their advantages are 0; the failed one's 0.0 would have moved them
+    assert len(set(result["rewards"])) == 1 and result["advantages"] == [0.0] * 3
+    assert live_envs() == before

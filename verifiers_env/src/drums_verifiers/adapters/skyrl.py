@@ -8,7 +8,14 @@ uses the SDK's sync client. The model answers with
 adapters/computer.py); each step returns the tool result and, with `multimodal`, the screenshot.
 
     extras = {"drums_task": "<task id or inline OSWorld dict>", "max_turns": 15}
-    env_config (skyrl_gym_cfg.drums) = {"multimodal": True, "screenshot_scale": 1.0}
+    env_config (skyrl_gym_cfg.drums) = {"multimodal": True, "screenshot_scale": "auto"}
+
+`screenshot_scale: auto` (default) sizes the screenshots so that the opening one and one per turn
+fit the generator's `max_input_length` (the conversation keeps every screenshot) with
+`prompt_text_tokens` (512) for the text, at the model processor's limits (`image_processor`:
+patch_size, merge_size, min_pixels, max_pixels; Qwen2.5-VL's by default): screen_fit.py. The
+drums generator checks it when it is made, so a configuration that cannot fit one screenshot
+fails before the first rollout; without it (or with `max_image_tokens`) the env sizes alone.
 
 The daemon: `daemon_url` / `token_file` in extras, else in env_config, else DRUMS_URL /
 DRUMS_TOKEN / DRUMS_TOKEN_FILE, else the SDK defaults (the first log line says which).
@@ -20,17 +27,28 @@ an env to leave a trajectory out of training (its generator turns every reward i
 invalid episode (a failed validity gate, a checker or desktop failure) ends at once with
 `invalid_reward` (default 0.0), `metadata["drums_valid"] = False` and the metric
 `drums_valid` 0.0, instead of raising (which would crash the generator's gather).
+
+`drums_generator(SkyRLGymGenerator)` (below) is the generator to run it with: its trajectories
+that are not trainable get an all-zero loss mask (no token of them is trained on), a sample whose
+env or inference engine raises (unknown task, failed setup, model-server error, timeout) becomes
+such a trajectory, logged with its task and reason, instead of failing the batch's gather, and the
+desktops a trajectory opened are closed when it ends however it ends (skyrl's generators close an
+env only after a trajectory that did not raise). `drums_trainer(RayPPOTrainer)` keeps such a
+trajectory out of its GRPO group: skyrl groups by the prompt's uid, so a row with no trained token
+gets a group of its own for the advantage computation (skyrl's own estimator, unchanged), and the
+valid samples' mean and std are those of the valid samples alone.
 """
 
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import logging
 import re
 from typing import Any
 
-from drums_verifiers import actions, desktop, verdict
+from drums_verifiers import actions, desktop, screen_fit, verdict
 from drums_verifiers.adapters.computer import TOOL_SCHEMA, computer_action
 from drums_verifiers.daemon import DaemonSettings, setting
 
@@ -73,9 +91,18 @@ def trainable(judged: verdict.Verdict | None) -> bool:
     return bool(judged and judged.valid is True and not judged.dropped and not judged.error)
 
 
+# The envs made inside one drums generator's trajectory (set by `drums_generator`).
+_TRAJECTORY_ENVS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "drums_trajectory_envs", default=None
+)
+
+
 class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
     def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
         super().__init__()
+        opened = _TRAJECTORY_ENVS.get()
+        if opened is not None:
+            opened.append(self)
         extras = dict(extras or {})
         if "drums_task" not in extras:
             raise ValueError("extras['drums_task'] is required (a daemon task id or a task dict)")
@@ -83,7 +110,12 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
         self.max_turns = int(extras.get("max_turns", get(env_config, "max_turns", 15)))
         self.daemon = DaemonSettings.first_of(extras, env_config)
         self.multimodal = bool(get(env_config, "multimodal", True))
-        self.scale = float(get(env_config, "screenshot_scale", 1.0))
+        scale = get(env_config, "screenshot_scale", "auto")
+        self.scale = 1.0 if scale == "auto" else float(scale)
+        # auto: the budget the drums generator worked out, else max_image_tokens, else full size
+        budget = extras.get("drums_image_budget") or get(env_config, "max_image_tokens", None)
+        self.image_budget = int(budget) if scale == "auto" and budget else None
+        self.limits = screen_fit.ImageLimits.from_config(get(env_config, "image_processor", {}))
         self.invalid_reward = float(get(env_config, "invalid_reward", 0.0))
         self.wait_valid_timeout_s = float(get(env_config, "wait_valid_timeout_s", 120))
         self.idle_timeout_s = float(get(env_config, "idle_timeout_s", 900))
@@ -110,7 +142,10 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
         except BaseException:
             self.close()  # the generator never closes an env whose init raised
             raise
-        self.screen = actions.Screen(*desktop.png_size(obs.png), self.scale)
+        size = desktop.png_size(obs.png)
+        if self.image_budget is not None:
+            self.scale = screen_fit.fit_scale(self.image_budget, self.limits, size).scale
+        self.screen = actions.Screen(*size, self.scale)
         intro = (
             f"{obs.instruction}\n\nUse the `computer` tool: answer with "
             f'<tool_call>{{"name": "computer", "arguments": {{...}}}}</tool_call>. '
@@ -224,6 +259,153 @@ class DrumsSkyRLEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
         log.warning("env %s: episode not trainable (%s), reward %s", self.env_id, reason,
                     self.invalid_reward)  # fmt: skip
         return self.invalid_reward
+
+
+def drums_generator(base: type) -> type:
+    """`base` (skyrl-train's SkyRLGymGenerator, or skyrl's) with drums' trajectory rules: a
+    trajectory that is not trainable gets an all-zero loss mask; one that raises is logged with
+    its task and reason and returned as such a trajectory; its desktops are closed on every path.
+    Use the returned class where your entrypoint builds the generator."""
+
+    class DrumsGenerator(base):  # type: ignore[misc,valid-type]
+        def __init__(self, generator_cfg: Any, skyrl_gym_cfg: Any, *args: Any, **kw: Any) -> None:
+            super().__init__(generator_cfg, skyrl_gym_cfg, *args, **kw)
+            drums = setting(skyrl_gym_cfg, ENV_ID) or {}
+            self.drums_image_budget = check_screenshots(
+                drums, generator_cfg, vision=hasattr(self, "_render_conversation")
+            )
+
+        async def agent_loop(
+            self,
+            prompt: Any,
+            env_class: str,
+            env_extras: dict[str, Any],
+            max_tokens: int,
+            max_input_length: int,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            task = _task_name((env_extras or {}).get("drums_task", "<no drums_task>"))
+            if env_class == ENV_ID and self.drums_image_budget is not None:
+                env_extras = {**env_extras, "drums_image_budget": self.drums_image_budget}
+            opened: list[Any] = []
+            token = _TRAJECTORY_ENVS.set(opened)
+            try:
+                out = await super().agent_loop(
+                    prompt, env_class, env_extras, max_tokens, max_input_length, *args, **kwargs
+                )
+            except Exception as exc:  # one bad sample must not fail the batch's gather
+                reason = _failure(exc)
+                log.warning("task %s: sample left out of training: %s", task, reason)
+                return self.left_out(prompt, reason)
+            finally:
+                _TRAJECTORY_ENVS.reset(token)
+                for env in opened:  # idempotent; also on cancellation
+                    env.close()
+            metrics = getattr(out, "env_metrics", None) or {}
+            if env_class == ENV_ID and not metrics.get("drums_valid", 0.0):
+                out.loss_mask = [0] * len(out.loss_mask)
+            return out
+
+        def left_out(self, prompt: Any, reason: str) -> Any:
+            """A trajectory with no trained token and reward 0.0 for a sample that failed."""
+            prompt_ids = self.tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(prompt_ids, dict):  # transformers 5 returns a BatchEncoding
+                prompt_ids = prompt_ids["input_ids"]
+            end = self.tokenizer.eos_token_id
+            fields = {
+                "response_ids": [end if end is not None else 0],
+                "reward": 0.0,
+                "stop_reason": "drums_left_out",
+                "loss_mask": [0],
+                "prompt_ids": list(prompt_ids),
+                "rollout_logprobs": None,
+                "env_metrics": {"drums_valid": 0.0, "drums_actions": 0.0},
+            }
+            return _trajectory_output(type(self))(**fields)
+
+    DrumsGenerator.__name__ = DrumsGenerator.__qualname__ = f"Drums{base.__name__}"
+    return DrumsGenerator
+
+
+def check_screenshots(drums: Any, generator_cfg: Any, vision: bool) -> int | None:
+    """The image tokens one screenshot may cost under this generator (None: not sized), or a
+    clear error for a configuration that cannot show the model its screenshots."""
+    if not get(drums, "multimodal", True):
+        return None
+    if not vision:
+        raise ValueError(
+            "skyrl_gym_cfg.drums.multimodal is on, but this generator sends the model token ids "
+            "only (skyrl-train's SkyRLGymGenerator): the screenshots would never reach it. Use "
+            "skyrl's SkyRLVLMGymGenerator (skyrl>=0.3) or set skyrl_gym_cfg.drums.multimodal: false"
+        )
+    if get(drums, "screenshot_scale", "auto") != "auto":
+        return None
+    if get(drums, "max_image_tokens", None):
+        return int(get(drums, "max_image_tokens", 0))
+    max_input = int(setting(generator_cfg, "max_input_length") or 0)
+    turns = int(setting(generator_cfg, "max_turns") or 1)
+    text = int(get(drums, "prompt_text_tokens", 512))
+    budget = (max_input - text) // (turns + 1)  # the opening screenshot and one per turn
+    limits = screen_fit.ImageLimits.from_config(get(drums, "image_processor", {}))
+    try:
+        screen_fit.fit_scale(budget, limits, tuple(get(drums, "screen", screen_fit.DESKTOP)))
+    except screen_fit.ScreenDoesNotFit as exc:
+        raise ValueError(
+            f"generator.max_input_length {max_input} over max_turns {turns} leaves {budget} tokens "
+            f"a screenshot (prompt_text_tokens {text} kept for the text; the conversation keeps "
+            f"the opening screenshot and one per turn): {exc}"
+        ) from exc
+    return budget
+
+
+def left_out_groups(uids: list[str], trained: list[bool]) -> list[str]:
+    """The uids with each row that has no trained token alone in its group."""
+    return [
+        uid if keep else f"{uid}/drums-left-out-{i}"
+        for i, (uid, keep) in enumerate(zip(uids, trained, strict=True))
+    ]
+
+
+def drums_trainer(base: type) -> type:
+    """`base` (skyrl-train's or skyrl's RayPPOTrainer) whose advantages leave the trajectories
+    with an all-zero loss mask (`drums_generator`'s left-out ones) out of their group's statistics.
+    Use the returned class where your entrypoint builds the trainer."""
+
+    class DrumsTrainer(base):  # type: ignore[misc,valid-type]
+        def compute_advantages_and_returns(self, data: Any) -> Any:
+            uids = list(data.metadata["uids"])
+            trained = (data["loss_mask"].sum(dim=-1) > 0).tolist()
+            data.metadata["uids"] = left_out_groups(uids, trained)
+            try:
+                result = super().compute_advantages_and_returns(data)
+            finally:
+                data.metadata["uids"] = uids
+            result.metadata["uids"] = uids  # the batch goes on grouped as it came
+            return result
+
+    DrumsTrainer.__name__ = DrumsTrainer.__qualname__ = f"Drums{base.__name__}"
+    return DrumsTrainer
+
+
+def _trajectory_output(generator: type) -> type:
+    """The TrajectoryOutput class of the generator's own module (skyrl-train's or skyrl's)."""
+    import sys
+
+    for klass in generator.__mro__:
+        found = getattr(sys.modules.get(klass.__module__), "TrajectoryOutput", None)
+        if found is not None:
+            return found
+    raise TypeError(f"{generator.__name__} has no TrajectoryOutput in its module")
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timeout: {exc or 'the trajectory timed out'}"
+    kind = desktop.error_code(exc) if desktop.is_drums_error(exc) else type(exc).__name__
+    return f"{kind}: {exc}"
 
 
 def _task_name(task: Any) -> str:

@@ -18,9 +18,19 @@ The agent loop (`agent_name: drums_desktop`, registered with verl's `register` a
 shipped `verl_agent_loop.yaml` for `rollout.agent.agent_loop_config_path`) is verl's ToolAgentLoop
 with the desktop around it: the opening screenshot and instruction join the prompt, `done`/`fail`
 end the turn loop, the checker's score becomes `reward_score`, and an invalid episode is left out
-of training: `invalid_episode: mask` (default) zeroes its response mask so no token of it is trained
-on (reward 0.0, `drums_valid` 0 in reward_extra_info); `drop` returns no output at all, which
-verl's v1 (TransferQueue) worker skips ("Empty output for prompt").
+of training: `invalid_episode: drop` (default) returns no output at all, which verl's v1
+(TransferQueue) worker skips ("Empty output for prompt"), so the sample is out of its GRPO group's
+mean and std; verl's legacy batch worker (`trainer.use_v1: false`) needs one output per sample, so
+there (and with `invalid_episode: mask`) the output comes back with an all-zero response mask
+(reward 0.0, `drums_valid` 0 in reward_extra_info): no token of it is trained on, but its 0.0 stays
+in the group's statistics unless `algorithm.adv_estimator: drums_grpo` (registered below: verl's
+own GRPO over the rows that have trained tokens) is set.
+
+A sample that fails (unknown task, failed setup, model-server error, `episode_timeout_s`) is left
+out the same way and logged with its task and reason: one bad sample never fails verl's batch.
+`screenshot_scale: auto` (default) sizes the screenshots from the model's processor and
+`rollout.prompt_length` (screen_fit.py); a configuration that cannot fit one screenshot raises
+before any desktop is made.
 """
 
 from __future__ import annotations
@@ -34,13 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from PIL import Image
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput, register
 from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.trainer.ppo import core_algos
 
-from drums_verifiers import actions, desktop, verdict
+from drums_verifiers import actions, desktop, screen_fit, verdict
 from drums_verifiers.adapters.computer import TOOL_SCHEMA, computer_action
 from drums_verifiers.daemon import DaemonSettings
 
@@ -83,7 +96,12 @@ class DrumsComputerTool(BaseTool):
         schema = tool_schema or OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA)
         super().__init__(dict(config or {}), schema)
         self.daemon = DaemonSettings.first_of(self.config)
-        self.scale = float(self.config.get("screenshot_scale", 1.0))
+        scale = self.config.get("screenshot_scale", "auto")
+        self.auto_scale = scale == "auto"
+        self.scale = 1.0 if self.auto_scale else float(scale)
+        # set by the agent loop from the model's processor and prompt_length (auto scale)
+        self.image_budget: int | None = None
+        self.limits = screen_fit.ImageLimits.from_config(self.config.get("image_processor") or {})
         self.idle_timeout_s = float(self.config.get("idle_timeout_s", 900))
         self.wait_valid_timeout_s = float(self.config.get("wait_valid_timeout_s", 120))
         self.calls: dict[str, dict[str, Any]] = {}  # call handle -> its create_kwargs
@@ -124,7 +142,7 @@ class DrumsComputerTool(BaseTool):
                 png = desktop.screenshot_bytes(result)
             if png is None:
                 png = (await desktop.observe(traj.env)).png
-            png = actions.scale_png(png, self.scale)
+            png = actions.scale_png(png, traj.screen.scale)
         except Exception as exc:
             if not desktop.is_drums_error(exc):
                 raise
@@ -187,8 +205,12 @@ class DrumsComputerTool(BaseTool):
         except BaseException:
             await self.close(traj)
             raise
-        traj.screen = actions.Screen(*desktop.png_size(obs.png), self.scale)
-        traj.opening = (obs.instruction, actions.scale_png(obs.png, self.scale))
+        size = desktop.png_size(obs.png)
+        scale = self.scale
+        if self.auto_scale and self.image_budget is not None:
+            scale = screen_fit.fit_scale(self.image_budget, self.limits, size).scale
+        traj.screen = actions.Screen(*size, scale)
+        traj.opening = (obs.instruction, actions.scale_png(obs.png, scale))
 
     async def judge(self, traj: _Trajectory) -> verdict.Verdict:
         if traj.judged is None:
@@ -248,6 +270,47 @@ def _end_soon(tool_ref: weakref.ref[DrumsComputerTool], key: int, loop: Any) -> 
     loop.call_soon_threadsafe(lambda: loop.create_task(tool.end(key)))
 
 
+def uses_v1_worker(config: Any) -> bool:
+    """Whether verl runs the v1 (TransferQueue) trainer, its default since 0.7: it takes `[]`."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    return bool(trainer.get("use_v1", True)) if trainer is not None else True
+
+
+def fit_prompt(
+    processor: Any, rollout: Any, config: dict[str, Any]
+) -> tuple[screen_fit.ImageLimits, int | None]:
+    """The processor's image limits and the image tokens one prompt leaves (`prompt_length` minus
+    `prompt_text_tokens`); checked now, so a configuration that cannot fit one screenshot fails
+    before the first desktop. Without a processor (a text model) nothing is sized."""
+    if processor is None:
+        return screen_fit.ImageLimits(), None
+    limits = screen_fit.ImageLimits.of(processor)
+    if config.get("image_processor"):
+        limits = screen_fit.ImageLimits.from_config(config["image_processor"])
+    text = int(config.get("prompt_text_tokens", 512))
+    budget = int(config.get("max_image_tokens") or int(rollout.prompt_length) - text)
+    try:
+        screen_fit.fit_scale(budget, limits, tuple(config.get("screen") or screen_fit.DESKTOP))
+    except screen_fit.ScreenDoesNotFit as exc:
+        raise ValueError(
+            f"verl rollout.prompt_length {rollout.prompt_length} leaves {budget} tokens for the "
+            f"first screenshot (prompt_text_tokens {text} kept for its text): {exc}"
+        ) from exc
+    return limits, budget
+
+
+def _sample_task(kwargs: dict[str, Any]) -> Any:
+    computer = (kwargs.get("tools_kwargs") or {}).get("computer") or {}
+    return (computer.get("create_kwargs") or {}).get("drums_task", "<no drums_task>")
+
+
+def _failure(exc: Exception, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timeout: the episode took over episode_timeout_s={timeout_s:g}"
+    kind = desktop.error_code(exc) if desktop.is_drums_error(exc) else type(exc).__name__
+    return f"{kind}: {exc}"
+
+
 @register("drums_desktop")
 class DrumsDesktopAgentLoop(ToolAgentLoop):
     """ToolAgentLoop on one desktop: screenshot in the prompt, checker score as reward_score."""
@@ -263,11 +326,17 @@ class DrumsDesktopAgentLoop(ToolAgentLoop):
                 for t in self.tools.values()
             ]
         self.tool: DrumsComputerTool = tool
-        self.invalid_episode = str(tool.config.get("invalid_episode", "mask"))
+        config = tool.config
+        self.invalid_episode = str(config.get("invalid_episode", "drop"))
         if self.invalid_episode not in ("mask", "drop"):
             raise ValueError(
-                f"invalid_episode must be 'mask' or 'drop', not {self.invalid_episode!r}"
+                f"invalid_episode must be 'drop' or 'mask', not {self.invalid_episode!r}"
             )
+        if self.invalid_episode == "drop" and not uses_v1_worker(self.config):
+            self.invalid_episode = "mask"  # the legacy batch worker needs one output per sample
+        self.episode_timeout_s = float(config.get("episode_timeout_s", 1800))
+        if tool.auto_scale and tool.image_budget is None:
+            tool.limits, tool.image_budget = fit_prompt(self.processor, self.rollout_config, config)
         self.agent_data: Any = None
 
     async def process_multi_modal_info(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -284,15 +353,24 @@ class DrumsDesktopAgentLoop(ToolAgentLoop):
     async def run(
         self, sampling_params: dict[str, Any], **kwargs: Any
     ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        task = _task_name(_sample_task(kwargs))
         try:
-            output = await super().run(sampling_params, **kwargs)
+            async with asyncio.timeout(self.episode_timeout_s):
+                output = await super().run(sampling_params, **kwargs)
             if self.agent_data is None:
                 raise RuntimeError("the agent loop ended before the desktop was opened")
             traj = self.tool.trajectories[self.tool.key(self.agent_data)]
             judged = await self.tool.judge(traj)
+        except Exception as exc:  # one bad sample must not fail verl's whole batch
+            reason = _failure(exc, self.episode_timeout_s)
+            log.warning("task %s: sample left out of training (%s): %s", task, self.invalid_episode,
+                        reason)  # fmt: skip
+            return self.left_out(reason)
         finally:
-            if self.agent_data is not None:
-                await self.tool.end(self.tool.key(self.agent_data))
+            if (
+                self.agent_data is not None
+            ):  # shielded: a cancelled rollout still closes its desktop
+                await asyncio.shield(self.tool.end(self.tool.key(self.agent_data)))
         ok = trainable(judged)
         info = {
             "drums_valid": float(ok),
@@ -304,18 +382,39 @@ class DrumsDesktopAgentLoop(ToolAgentLoop):
         if ok:
             output.reward_score = info["drums_score"]
             return output
-        reason = judged.dropped or judged.error
-        log.warning(
-            "env %s: episode left out of training (%s): %s",
-            judged.env,
-            self.invalid_episode,
-            reason,
-        )
+        reason = judged.dropped or judged.error or f"verdict {judged.to_info().get('verdict')}"
+        log.warning("task %s (env %s): episode left out of training (%s): %s", task, judged.env,
+                    self.invalid_episode, reason)  # fmt: skip
         if self.invalid_episode == "drop":
             return []
         output.reward_score = 0.0
         output.response_mask = [0] * len(output.response_mask)
         return output
+
+    def left_out(self, reason: str) -> AgentLoopOutput | list:
+        """A failed sample: no output (drop), or one with no trained token (mask)."""
+        if self.invalid_episode == "drop":
+            return []
+        agent_data = self.agent_data
+        prompt_ids = list(getattr(agent_data, "prompt_ids", None) or [])
+        images = list(getattr(agent_data, "image_data", None) or [])
+        if not prompt_ids or images:  # no prompt yet, or one whose images are not kept: text only
+            prompt_ids = self.tokenizer.encode(
+                f"drums: sample left out ({reason})", add_special_tokens=False
+            )[: int(self.rollout_config.prompt_length)] or [self.tokenizer.pad_token_id or 0]
+        end = self.tokenizer.eos_token_id
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=[end if end is not None else 0],
+            response_mask=[0],
+            reward_score=0.0,
+            num_turns=0,
+            metrics=AgentLoopMetrics(),
+            extra_fields={
+                "reward_extra_info": {"drums_valid": 0.0, "drums_score": 0.0, "drums_trusted": 0.0},
+                "drums": {"valid": False, "error": reason},
+            },
+        )
 
     async def _handle_pending_state(self, agent_data: Any, sampling_params: dict[str, Any]) -> Any:
         """Open the desktop and put its instruction and first screenshot into the prompt."""
@@ -349,3 +448,34 @@ class DrumsDesktopAgentLoop(ToolAgentLoop):
 
 AGENT_LOOP_CONFIG = str(Path(__file__).with_name("verl_agent_loop.yaml"))
 """The path for `actor_rollout_ref.rollout.agent.agent_loop_config_path`."""
+
+
+def drums_grpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's own GRPO over the rows that have a trained token: a masked (left-out) sample is out
+    of its group's mean and std, as a dropped one is under the v1 worker. For verl's legacy batch
+    worker: `algorithm.adv_estimator: drums_grpo` (import this module in the driver)."""
+    kept = (response_mask.sum(dim=-1) > 0).nonzero().squeeze(-1)
+    advantages = torch.zeros_like(token_level_rewards)
+    if len(kept):
+        rows, _ = core_algos.compute_grpo_outcome_advantage(
+            token_level_rewards[kept],
+            response_mask[kept],
+            np.asarray(index)[kept.numpy()],
+            epsilon,
+            norm_adv_by_std_in_grpo,
+            config,
+        )
+        advantages[kept] = rows
+    return advantages, advantages
+
+
+if "drums_grpo" not in core_algos.ADV_ESTIMATOR_REGISTRY:
+    core_algos.register_adv_est("drums_grpo")(drums_grpo_advantage)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -15,19 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from gate_daemons import create, execute, gates, poll, settled_gates
-from live_daemon import http_client, start_live_daemon, stop_and_clean
+from live_daemon import http_client
 
-ALIVE_AFTER_S = 3.0
+# The session daemon's (live_daemon.live_config): the tests below step across it.
+ALIVE_AFTER_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def daemon():
-    root = Path(tempfile.mkdtemp(prefix="drums-integrity-"))
-    d = start_live_daemon(root, alive_after_s=ALIVE_AFTER_S, crash_watch=True)
-    try:
-        yield d
-    finally:
-        stop_and_clean(d, root / "state", root)
+@pytest.fixture
+def daemon(live_daemon):
+    return live_daemon
 
 
 def valid_episode(http, slot: str) -> dict:
@@ -110,6 +105,8 @@ def test_an_x_server_replaced_after_the_alive_window_invalidates_the_episode(dae
             http.delete(f"/v1/slots/{slot}")
 
 
+# DRUMS_FORK_STORM_S: a longer window for a steadier figure (10 s gave the numbers in the docs).
+STORM_S = float(os.environ.get("DRUMS_FORK_STORM_S", "4"))
 FORK_STORM = "sh -c 'while :; do /bin/true; done' >/dev/null 2>&1 & echo $! > /tmp/storm.pid"
 
 
@@ -119,7 +116,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_a_fork_storm_in_a_slot_costs_the_daemon_little_cpu(daemon):
-    """Prints the daemon's CPU during 10 s of a fork/exec loop in one slot, and the events the
+    """Prints the daemon's CPU during STORM_S of a fork/exec loop in one slot, and the events the
     crash watch folded. Before the fix the watch heard every fork, exec and comm change on the
     host and read /proc for each exec (0.11 core in the audit); now the kernel sends it forks
     and nonzero exits only."""
@@ -138,17 +135,18 @@ def test_a_fork_storm_in_a_slot_costs_the_daemon_little_cpu(daemon):
                 events1 = http.get("/v1/health").json()["crash_watch"]["events"]
                 return (cpu1 - cpu0) / (t1 - t0), events1 - events0
 
-            idle, _ = daemon_core(5)
+            idle, _ = daemon_core(STORM_S / 2)
             execute(http, slot, FORK_STORM)
-            storm, events = daemon_core(10)
+            storm, events = daemon_core(STORM_S)
             execute(http, slot, "kill $(cat /tmp/storm.pid)")
             print(
-                f"fork storm: daemon {storm:.3f} core over 10 s ({events} events), "
+                f"fork storm: daemon {storm:.3f} core over {STORM_S:g} s ({events} events), "
                 f"{idle:.3f} core idle before it"
             )
             # Before the fix the watch heard every fork, exec and comm of the loop and read /proc
-            # for each exec in a worker thread (0.11 core in the audit).
-            assert storm - idle < 0.03, f"the fork storm cost the daemon {storm - idle:.3f} core"
+            # for each exec in a worker thread: 0.11 core in the audit, 0.147 over 10 s here
+            # (0.008 after, over 10 s; 0.05 leaves room for a short, noisy window).
+            assert storm - idle < 0.05, f"the fork storm cost the daemon {storm - idle:.3f} core"
             report = valid_episode(http, slot)  # /bin/true exits 0: nothing crashed
             assert report["no_app_crash"]["status"] == "pass"
         finally:

@@ -281,6 +281,49 @@ async def test_gateway_places_by_free_routes_by_id_and_needs_its_token() -> None
     assert status == 400
 
 
+async def test_a_silent_session_loses_its_envs_and_a_renewed_one_keeps_them() -> None:
+    """Fate-sharing for gateway clients: envs made under X-Drums-Session go when the session
+    is silent for longer than the TTL (its process died); a renew keeps them; a close through
+    the gateway takes an env off its session."""
+    sent: list = []
+    made = iter(range(100))
+
+    async def forward(label, method, path, query, body):
+        sent.append((method, path))
+        if method == "POST" and path == "/v1/slots":
+            return 201, "application/json", json.dumps({"id": f"s-{next(made)}"}).encode()
+        if method == "POST" and path.endswith("/branch"):
+            kids = [{"id": f"s-{next(made)}"} for _ in range(2)]
+            return 201, "application/json", json.dumps({"children": kids}).encode()
+        return 200, "application/json", b"{}"
+
+    async def hosts(fresh=False):
+        return [("h1", 8)]
+
+    gw = Gateway("t" * 40, forward, hosts, session_ttl_s=10)
+    ok = "Bearer " + "t" * 40
+    for _ in range(3):
+        await gw.handle("POST", "/v1/slots", "", ok, b"{}", session="dead")
+    await gw.handle("POST", "/v1/slots/h1~s-0/branch", "", ok, b'{"n": 2}', session="dead")
+    await gw.handle("DELETE", "/v1/slots/h1~s-1", "", ok, b"", session="dead")
+    await gw.handle("POST", "/v1/slots", "", ok, b"{}", session="alive")
+    assert gw.sessions["dead"].envs == {"h1~s-0", "h1~s-2", "h1~s-3", "h1~s-4"}
+    status, _, body = await gw.handle("POST", "/v1/sessions/renew", "", ok, b"", session="x")
+    assert status == 200 and json.loads(body) == {"session": "x", "ttl_s": 10, "envs": 0}
+    assert await gw.reap_sessions() == []  # everyone was heard from just now
+    gw.sessions["dead"].last_seen -= 11
+    sent.clear()
+    assert await gw.reap_sessions() == ["h1~s-0", "h1~s-2", "h1~s-3", "h1~s-4"]
+    assert sent == [("DELETE", f"/v1/slots/s-{i}") for i in (0, 2, 3, 4)]
+    assert set(gw.sessions) == {"alive", "x"}
+    # A request on its way keeps its session, however long it takes.
+    gw.sessions["alive"].busy, gw.sessions["alive"].last_seen = 1, -1e9
+    assert await gw.reap_sessions() == [] and "alive" in gw.sessions
+    # The session header on a wrong token changes nothing.
+    await gw.handle("POST", "/v1/slots", "", "Bearer nope", b"{}", session="intruder")
+    assert "intruder" not in gw.sessions
+
+
 class _FakeEnv:
     def __init__(self, env_id: str, closed: list[str]) -> None:
         self.id = env_id

@@ -45,6 +45,7 @@ SPREAD = (
 # Five creates through the gateway, freest first (it counts what it placed itself).
 GATEWAY_SPREAD = {"h1": 3, "h2": 1, "h3": 1} if LONG_FORM else {"h1": 4, "h2": 1}
 OSWORLD = Path(__file__).resolve().parents[2].parent / "shared" / "osworld"
+SESSION_TTL_S = 3.0  # the gateway's, for the fate-sharing check (default 10)
 INFEASIBLE = "c288e301-e626-4b98-a1ab-159dcb162af5"  # scores 1 only after a final FAIL
 
 
@@ -244,6 +245,8 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             f"127.0.0.1:{port}",
             "--token-file",
             str(root / "gateway-token"),
+            "--session-ttl-s",
+            str(SESSION_TTL_S),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -270,6 +273,7 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
             step = envs[0].step({"type": "wait", "seconds": 0}, screenshot=True)
             assert step.screenshot_png_b64
             _id_shaped_user_data_unchanged(client, envs[0])
+            _a_dead_clients_envs_go_with_its_session(port, token, hosts["daemons"])
             with envs[1].fork(2) as children:
                 assert {c.id.split("~")[0] for c in children} == {envs[1].id.split("~")[0]}
             with client.create(task=INFEASIBLE) as episode:
@@ -307,6 +311,37 @@ def _id_shaped_user_data_unchanged(client: Any, env: Any) -> None:
         listed = {s.id: s for s in client.list_envs()}[episode.id]
         assert listed.labels == {"run": "s-abc", "from": "h1~st-1"}
         assert listed.task_id == "s-abc"
+
+
+def _a_dead_clients_envs_go_with_its_session(port: int, token: str, daemons: Any) -> None:
+    """Fate-sharing for gateway clients: a plain-SDK client that stays idle past the session TTL
+    keeps its envs (its SDK renews the session); SIGKILLed, its envs are destroyed within the
+    TTL and the reaper's second, as a Ray driver's are with its job."""
+    script = textwrap.dedent(
+        f"""
+        import time, drums
+        client = drums.connect("http://127.0.0.1:{port}", token={token!r})
+        envs = [client.create() for _ in range(2)]
+        print(" ".join(e.id for e in envs), flush=True)
+        time.sleep(600)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        ids = child.stdout.readline().split()
+        assert len(ids) == 2, ids
+
+        def alive() -> set[str]:
+            return {f"{lb}~{own}" for lb, d in daemons.items() for own in live_ids(d)} & set(ids)
+
+        time.sleep(2.5 * SESSION_TTL_S)  # idle but alive: the SDK's beat keeps the session
+        assert alive() == set(ids), "a living idle client lost its envs"
+        child.send_signal(signal.SIGKILL)
+        took = wait_for(lambda: not alive(), SESSION_TTL_S + 10, "a dead client's envs freed")
+        print(f"gateway client SIGKILLed: its 2 envs destroyed {took:.2f} s later")
+    finally:
+        child.kill()
+        child.wait(timeout=30)
 
 
 def _console_through_the_gateway(port: int, token: str, env_ids: list[str]) -> None:

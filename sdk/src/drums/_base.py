@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from pathlib import Path
 from typing import (
     Any,
@@ -51,6 +52,7 @@ from ._exceptions import (
 from ._observation import Observation
 from ._retry import RetryPolicy, parse_retry_after
 from ._routes import Call, Timeouts
+from ._session import SESSION_HEADER, SessionBeat, ttl_of
 
 log = logging.getLogger("drums")
 
@@ -165,6 +167,10 @@ class BaseClient(Generic[E]):
         self._owned_envs: Dict[str, E] = {}
         self._owned_states: Dict[str, m.Checkpoint] = {}
         self._closed = False
+        # Names this client to a pool gateway, which frees its envs once it stops hearing from
+        # it (`_session.py`); a drumsd ignores it.
+        self._session = secrets.token_hex(8)
+        self._beat: Optional[SessionBeat] = None
         # Whatever it still owns at interpreter exit or SIGTERM is destroyed then (no `with`).
         _exit_cleanup.track(self)
 
@@ -183,7 +189,7 @@ class BaseClient(Generic[E]):
                 f"{call.what}: this client is closed; open a new one with drums.connect()",
                 env_id=call.env_id,
             )
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", SESSION_HEADER: self._session}
         token = self._settings.token
         if call.auth and token is not None:
             headers["Authorization"] = f"Bearer {token.reveal()}"
@@ -217,6 +223,10 @@ class BaseClient(Generic[E]):
 
     def _finish(self, call: Call[T], response: httpx.Response, attempts: int) -> T:
         log.debug("%s -> %d", call.what, response.status_code, extra={"env_id": call.env_id})
+        if self._beat is None:
+            ttl = ttl_of(response.headers)
+            if ttl is not None:
+                self._beat = SessionBeat(self, self._session, ttl)
         if response.is_success:
             try:
                 return call.parse(response)

@@ -76,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--address", default="auto", help="the Ray cluster to join as a driver")
     serve.add_argument("--listen", default="127.0.0.1:7080")
     serve.add_argument("--token-file", required=True, help="the gateway's own token, mode 0600")
+    serve.add_argument(
+        "--session-ttl-s",
+        type=float,
+        default=10.0,
+        help="destroy the envs of a client session not heard from for this long (the SDK "
+        "renews every third of it while it lives)",
+    )
     return parser
 
 
@@ -125,7 +132,8 @@ def serve(args: argparse.Namespace) -> int:
     config.bind = [args.listen]
     config.accesslog = None
     print(f"drums pool serve: listening on {args.listen}", file=sys.stderr, flush=True)
-    asyncio.run(hypercorn_serve(Gateway(token, forward, hosts), config))  # type: ignore[arg-type]
+    gateway = Gateway(token, forward, hosts, session_ttl_s=args.session_ttl_s)
+    asyncio.run(hypercorn_serve(gateway, config))  # type: ignore[arg-type]
     return 0
 
 

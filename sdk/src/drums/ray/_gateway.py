@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import secrets
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
+
+from .._session import RENEW_PATH, SESSION_HEADER, TTL_HEADER
 
 Forward = Callable[[str, str, str, str, bytes], Awaitable[Tuple[int, str, bytes]]]
+log = logging.getLogger("drums.ray")
 SEP = "~"
 _ID = re.compile(r"^(s|st|pf|tpl)-[A-Za-z0-9._-]+$")
 _ROUTED = ("/v1/slots/", "/v1/checkpoints/")
@@ -182,6 +188,15 @@ def merge_prometheus(per_host: Dict[str, str]) -> str:
 # ---------------------------------------------------------------- the ASGI app
 
 
+@dataclass
+class Session:
+    """What the gateway knows of one client session: when it was last heard, its envs."""
+
+    last_seen: float = field(default_factory=time.monotonic)
+    envs: Set[str] = field(default_factory=set)
+    busy: int = 0  # requests of this session on their way
+
+
 def _error(status: int, code: str, message: str, **detail: Any) -> Tuple[int, str, bytes]:
     body = {"error": {"code": code, "message": message, "detail": detail}}
     return status, "application/json", json.dumps(body).encode()
@@ -199,11 +214,17 @@ class Gateway:
         forward: Forward,
         hosts: Callable[..., Awaitable[List[Tuple[str, int]]]],
         retry_after_s: float = 5.0,
+        session_ttl_s: float = 10.0,
     ) -> None:
         self.token = token
         self.forward = forward
         self.hosts = hosts
         self.retry_after_s = retry_after_s
+        # Fate-sharing: a client session (X-Drums-Session) not heard from for session_ttl_s
+        # loses its envs, as a Ray driver's go with its job (the SDK renews while it lives).
+        self.session_ttl_s = session_ttl_s
+        self.sessions: Dict[str, Session] = {}
+        self._reaper: Optional[asyncio.Task[None]] = None
         # Creates on their way, per host: Ray counts a desktop once its keeper seats it, which
         # is before the create answers; these cover the creates still in flight.
         self.creating: Dict[str, int] = {}
@@ -217,7 +238,10 @@ class Gateway:
     async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
+                self._reaper = self._reaper or asyncio.create_task(self.serve_sessions())
                 await send({"type": "lifespan.startup.complete"})
+            if self._reaper is not None:
+                self._reaper.cancel()
             await send({"type": "lifespan.shutdown.complete"})
             return
         body = b""
@@ -239,14 +263,18 @@ class Gateway:
             await send({"type": "http.response.start", "status": status, "headers": sent})
             await send({"type": "http.response.body", "body": out})
             return
+        session = headers.get(SESSION_HEADER.lower().encode(), b"").decode()[:64]
         status, ctype, out = await self.handle(
             scope["method"],
             scope["path"],
             scope.get("query_string", b"").decode(),
             headers.get(b"authorization", b"").decode(),
             body,
+            session=session,
         )
         extra = [(b"retry-after", str(int(self.retry_after_s)).encode())] if status == 429 else []
+        if session and status != 401:
+            extra.append((TTL_HEADER.encode(), f"{self.session_ttl_s:g}".encode()))
         await send(
             {
                 "type": "http.response.start",
@@ -257,12 +285,34 @@ class Gateway:
         await send({"type": "http.response.body", "body": out})
 
     async def handle(
-        self, method: str, path: str, query: str, auth: str, body: bytes
+        self, method: str, path: str, query: str, auth: str, body: bytes, session: str = ""
     ) -> Tuple[int, str, bytes]:
         if path == "/healthz":
             return 200, "application/json", b'{"ok": true}'
         if not secrets.compare_digest(auth, f"Bearer {self.token}"):
             return _error(401, "unauthorized", "missing or wrong gateway token")
+        if session:
+            held = self.sessions.setdefault(session, Session())
+            held.last_seen = time.monotonic()
+            if method == "POST" and path == RENEW_PATH:
+                answer = {"session": session, "ttl_s": self.session_ttl_s, "envs": len(held.envs)}
+                return 200, "application/json", json.dumps(answer).encode()
+        if not session:
+            return await self._handle(method, path, query, body)
+        # A request on its way keeps its session alive (a create can outlast the TTL).
+        held.busy += 1
+        try:
+            answer = await self._handle(method, path, query, body)
+        finally:
+            held.busy -= 1
+            held.last_seen = time.monotonic()
+            self.sessions.setdefault(session, held)
+        self._note(held, method, path, answer)
+        return answer
+
+    async def _handle(
+        self, method: str, path: str, query: str, body: bytes
+    ) -> Tuple[int, str, bytes]:
         hosts = await self.hosts()
         labels = [label for label, _ in hosts]
         if not labels:
@@ -310,6 +360,54 @@ class Gateway:
         if ctype.startswith("application/json") and raw and not path.startswith("/v1/tasks"):
             raw = json.dumps(tag_ids(json.loads(raw), label)).encode()
         return status, ctype, raw
+
+    # --- sessions: a client's envs go when the client does -----------------------------------
+
+    def _note(self, held: Session, method: str, path: str, answer: Tuple[int, str, bytes]) -> None:
+        status, ctype, raw = answer
+        envs = held.envs
+        if method == "DELETE" and path.startswith("/v1/slots/"):
+            if status < 300 or status in (404, 410):
+                envs.discard(path[len("/v1/slots/") :])
+            return
+        if method != "POST" or status >= 300 or not ctype.startswith("application/json"):
+            return
+        if path == "/v1/slots":
+            envs.add(str(json.loads(raw)["id"]))
+        elif path.startswith("/v1/slots/") and path.endswith("/branch"):
+            envs.update(str(c["id"]) for c in json.loads(raw).get("children", []))
+
+    async def reap_sessions(self, now: Optional[float] = None) -> List[str]:
+        """Destroy the envs of every session silent for longer than the TTL; the env ids."""
+        now = time.monotonic() if now is None else now
+        gone = [
+            s
+            for s, held in self.sessions.items()
+            if not held.busy and now - held.last_seen > self.session_ttl_s
+        ]
+        destroyed: List[str] = []
+        for session in gone:
+            held = self.sessions.pop(session)
+            for env_id in sorted(held.envs):
+                label, own = split_path(f"/v1/slots/{env_id}")
+                if label is None:
+                    continue
+                status, _, _ = await self._to(label, "DELETE", own, "", None)
+                if status < 300 or status in (404, 410):
+                    destroyed.append(env_id)
+                else:  # its host is away: its keeper buried it (see Keeper.forward)
+                    log.warning("session %s: env %s not destroyed (%d)", session, env_id, status)
+            if held.envs:
+                log.info("session %s silent: destroyed %s", session, ", ".join(destroyed))
+        return destroyed
+
+    async def serve_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.session_ttl_s / 4))
+            try:
+                await self.reap_sessions()
+            except Exception as exc:  # keep reaping; drumsd's idle lease is the backstop
+                log.warning("session reaper: %s", exc)
 
     async def _create(self, query: str, parsed: Any) -> Tuple[int, str, bytes]:
         hosts = await self.hosts(fresh=True)  # a create places against the daemons' count now

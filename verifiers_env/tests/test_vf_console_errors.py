@@ -1,7 +1,7 @@
-"""A rollout that fails before it starts says why on vf-eval's console, in one line.
+"""A daemon that cannot be used stops vf-eval with one line on its console and exit 1.
 
-Runs the real `vf-eval` CLI as a process (fake drumsd, scripted policy) with a missing token and
-with an unreachable daemon, and reads its stderr.
+Runs the real `vf-eval` CLI as a process (fake drumsd, scripted policy) with a missing token, a
+wrong token, an unreachable daemon and an unknown task id, and reads its stderr.
 """
 
 from __future__ import annotations
@@ -40,25 +40,35 @@ def run_vf_eval(
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-@pytest.mark.parametrize("case", ["missing-token", "unreachable"])
-def test_failure_before_start_is_one_console_line(case, fake_host, policy, tmp_path):
+@pytest.mark.parametrize("case", ["missing-token", "wrong-token", "unreachable"])
+def test_a_daemon_that_cannot_be_used_stops_vf_eval_with_one_line(
+    case, fake_host, policy, tmp_path
+):
+    """No token, a wrong token or no daemon: vf-eval exits 1 before any rollout, with one line
+    naming the daemon, the cause and the token's real source (it used to run every rollout to
+    a failure and exit 0)."""
+    url = fake_host.url
     if case == "missing-token":
-        url = fake_host.url
         extra = {"DRUMS_TOKEN_FILE": str(tmp_path / "no-such-token")}
         expect = ["no drumsd token", str(tmp_path / "no-such-token"), "token-file"]
+    elif case == "wrong-token":
+        wrong = tmp_path / "wrong-token"
+        wrong.write_text("not-the-token-" + "y" * 32)
+        extra = {"DRUMS_TOKEN_FILE": str(wrong)}
+        expect = ["Unauthorized", f"token source: {wrong} (DRUMS_TOKEN_FILE)"]
     else:
         url = f"http://127.0.0.1:{free_port()}"
         extra = {"DRUMS_TOKEN_FILE": str(fake_host.token_file)}
-        expect = [f"drumsd {url})", "cannot reach drumsd"]
+        expect = [f"drumsd {url})", "ConnectionFailed"]
     proc = run_vf_eval(policy, tmp_path, url, extra)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    stderr = proc.stderr
-    lines = [line for line in stderr.splitlines() if "failed before it started" in line]
-    assert len(lines) == 1, stderr[-4000:]
-    assert "ERROR" in lines[0] and "(task solve, drumsd " in lines[0]
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    lines = [line for line in proc.stderr.splitlines() if "cannot load tasks" in line]
+    assert len(lines) == 1, proc.stderr[-4000:]
+    assert lines[0].startswith("drums-verifiers: cannot load tasks (drumsd "), lines[0]
     for part in expect:
         assert part in lines[0], lines[0]
-    assert fake_host.stats()["live_slots"] == []
+    assert fake_host.stats()["counters"].get("slots_created", 0) == 0
 
 
 def test_unknown_task_id_is_one_line_not_a_traceback(fake_host, policy, tmp_path):

@@ -45,7 +45,7 @@ class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
         except Exception as exc:
             reason = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
             where = ""
-            if self.config.task_ids:
+            if not isinstance(exc, ValueError) or self.config.task_ids:
                 where = f" (drumsd {self.config.task.daemon.resolve(announce=False).url})"
             raise TasksetLoadError(
                 f"drums-verifiers: cannot load tasks{where}: {type(exc).__name__}: {reason}"
@@ -58,8 +58,12 @@ class DrumsTaskset(vf.Taskset[DrumsTask, DrumsTasksetConfig]):
                 "drums-verifiers has no tasks: set --env.taskset.task-ids (daemon task ids, or "
                 "'*'), --env.taskset.task-dir (OSWorld JSON) or --env.taskset.tasks-jsonl"
             )
+        # One authenticated call before any rollout, whatever the source: no token, a wrong
+        # token or a daemon that does not answer stops vf-eval here (exit 1, one line) instead
+        # of failing every rollout while vf-eval exits 0.
+        known = daemon_tasks(cfg)
         if cfg.task_ids:
-            yield from sources.from_daemon_ids(cfg.task_ids, daemon_tasks(cfg))
+            yield from sources.from_daemon_ids(cfg.task_ids, known)
         if cfg.task_dir:
             yield from sources.read_task_dir(cfg.task_dir)
         if cfg.tasks_jsonl:

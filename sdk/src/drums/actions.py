@@ -157,7 +157,7 @@ def describe(action: Dict[str, Any]) -> str:
     """One line for the tool result, so the model's transcript says what happened."""
     kind = action["type"]
     if kind in POINTER_ACTIONS:
-        return f"{kind} at ({action['x']}, {action['y']})"
+        return f"{kind} at ({action['x']}, {action['y']})" if "x" in action else str(kind)
     if kind == "drag":
         return f"drag ({action['x']}, {action['y']}) -> ({action['to_x']}, {action['to_y']})"
     if kind == "scroll":

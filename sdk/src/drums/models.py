@@ -102,13 +102,16 @@ class Action(WireModel):
     y: Optional[int] = Field(default=None, ge=0, le=16384)
     to_x: Optional[int] = Field(default=None, ge=0, le=16384, description="drag target x")
     to_y: Optional[int] = Field(default=None, ge=0, le=16384, description="drag target y")
-    button: Optional[Literal["left", "middle", "right"]] = None
+    button: Optional[Literal["left", "middle", "right", "back", "forward"]] = None
     clicks: Optional[int] = Field(default=None, ge=-100, le=100, description="scroll amount")
     dx: Optional[int] = Field(default=None, ge=-100, le=100)
     text: Optional[str] = Field(default=None, max_length=100_000)
     key: Optional[str] = Field(default=None, max_length=64)
     keys: Optional[List[str]] = Field(default=None, max_length=8)
     seconds: Optional[float] = Field(default=None, ge=0, le=60)
+    modifiers: Optional[List[str]] = Field(
+        default=None, max_length=4, description="keys held down during a click, drag or scroll"
+    )
     command: Optional[Union[str, List[str]]] = None
     timeout_s: Optional[float] = Field(default=None, gt=0, le=600)
 
@@ -122,6 +125,11 @@ class ScreenshotOptions(WireModel):
     quality: Optional[int] = Field(default=None, description="jpeg/webp quality, 1..100")
     width: Optional[int] = Field(default=None, description="scale to this width (pixels)")
     height: Optional[int] = Field(default=None, description="scale to this height (pixels)")
+    region: Optional[List[int]] = Field(
+        default=None,
+        description="[x0, y0, x1, y1] in screen pixels: only that region, at full resolution "
+        "unless width/height scale it (a zoom)",
+    )
 
 
 class StepRequest(WireModel):

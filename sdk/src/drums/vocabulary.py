@@ -25,12 +25,24 @@ ActionType = Literal[
     "execute",
     "done",
     "fail",
+    # What vendors' computer tools need beyond OSWorld's set (drums.dialects translates to them).
+    "mouse_down",
+    "mouse_up",
+    "hold_key",
+    "cursor_position",
 ]
 ACTION_TYPES: tuple[str, ...] = get_args(ActionType)
 # OSWorld's DONE and FAIL: they end the episode and reach no desktop.
 TERMINAL_ACTIONS: tuple[str, ...] = ("done", "fail")
 # Actions at a point: x and y come together (both or neither; neither = where the pointer is).
-POINTER_ACTIONS: tuple[str, ...] = ("click", "double_click", "right_click", "move")
+POINTER_ACTIONS: tuple[str, ...] = (
+    "click",
+    "double_click",
+    "right_click",
+    "move",
+    "mouse_down",
+    "mouse_up",
+)
 # The fields an action type needs besides `type`, checked by the daemon before the desktop sees it.
 ACTION_REQUIRES: dict[str, tuple[str, ...]] = {
     "pyautogui": ("code",),
@@ -41,6 +53,7 @@ ACTION_REQUIRES: dict[str, tuple[str, ...]] = {
     "hotkey": ("keys",),
     "wait": ("seconds",),
     "execute": ("command",),
+    "hold_key": ("keys", "seconds"),
 }
 
 # Every gate of an episode's report, in report order; START_GATES are judged when it begins.

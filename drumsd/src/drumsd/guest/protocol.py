@@ -54,8 +54,12 @@ ACTION_TYPES = (
     "execute",
     "done",
     "fail",
+    "mouse_down",
+    "mouse_up",
+    "hold_key",
+    "cursor_position",
 )
-BUTTONS = ("left", "right", "middle")
+BUTTONS = ("left", "right", "middle", "back", "forward")
 
 
 class ProtocolError(Exception):
@@ -152,6 +156,13 @@ class Action:
       move           x, y, duration=0
       drag           x, y (start), to_x, to_y (end), button="left", duration=0.2
       scroll         x?, y?, dy=0 (clicks, + is up; alias `clicks`), dx=0 (+ is right)
+      mouse_down     x?, y?, button="left": press and hold (mouse_up releases)
+      mouse_up       x?, y?, button="left"
+      hold_key       keys: [str] held together for `seconds` (0..60), then released
+      cursor_position  nothing: the result is the pointer's {x, y}
+    click, double_click, right_click, move, drag, scroll, mouse_down and mouse_up take
+    `modifiers`: [str], keys held down during the action (ctrl+click, shift+scroll); buttons are
+    left, right, middle, back and forward (X buttons 8 and 9).
       type           text: str (any Unicode)
       key            keys: [str] pressed one after another (or `key`: str)
       hotkey         keys: [str] held together in order, released in reverse
@@ -173,6 +184,7 @@ class Action:
     duration: float = 0.0
     text: str = ""
     keys: tuple[str, ...] = ()
+    modifiers: tuple[str, ...] = ()
     seconds: float = 0.0
     command: str | tuple[str, ...] = ""
     timeout: float = DEFAULT_STEP_TIMEOUT_S
@@ -204,6 +216,8 @@ class Action:
                 out[name] = value
         if self.keys:
             out["keys"] = list(self.keys)
+        if self.modifiers:
+            out["modifiers"] = list(self.modifiers)
         if self.command:
             out["command"] = self.command if isinstance(self.command, str) else list(self.command)
         return out
@@ -212,12 +226,16 @@ class Action:
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {
     # type: (required, optional)
     "pyautogui": ({"code"}, {"timeout"}),
-    "click": (set(), {"x", "y", "button", "clicks"}),
-    "double_click": (set(), {"x", "y", "button"}),
-    "right_click": (set(), {"x", "y"}),
-    "move": ({"x", "y"}, {"duration"}),
-    "drag": ({"x", "y", "to_x", "to_y"}, {"button", "duration"}),
-    "scroll": (set(), {"x", "y", "dx", "dy", "clicks"}),
+    "click": (set(), {"x", "y", "button", "clicks", "modifiers"}),
+    "double_click": (set(), {"x", "y", "button", "modifiers"}),
+    "right_click": (set(), {"x", "y", "modifiers"}),
+    "move": ({"x", "y"}, {"duration", "modifiers"}),
+    "drag": ({"x", "y", "to_x", "to_y"}, {"button", "duration", "modifiers"}),
+    "scroll": (set(), {"x", "y", "dx", "dy", "clicks", "modifiers"}),
+    "mouse_down": (set(), {"x", "y", "button", "modifiers"}),
+    "mouse_up": (set(), {"x", "y", "button", "modifiers"}),
+    "hold_key": ({"keys", "seconds"}, set()),
+    "cursor_position": (set(), set()),
     "type": ({"text"}, set()),
     "key": (set(), {"keys", "key"}),
     "hotkey": ({"keys"}, set()),
@@ -328,10 +346,12 @@ def parse_action(raw: Any) -> Action:
         if not isinstance(raw["text"], str):
             raise _bad(f"type: text must be a string, got {type(raw['text']).__name__}")
         fields["text"] = raw["text"]
-    elif kind in ("key", "hotkey"):
+    elif kind in ("key", "hotkey", "hold_key"):
         if kind == "key" and "keys" in raw and "key" in raw:
             raise _bad("key: give keys or key, not both")
         fields["keys"] = _keys(raw)
+        if kind == "hold_key":
+            fields["seconds"] = _number(raw, "seconds", 0.0, 0.0, 60.0)
     elif kind == "wait":
         fields["seconds"] = _number(raw, "seconds", 0.0, 0.0, 60.0)
     elif kind == "execute":
@@ -344,6 +364,13 @@ def parse_action(raw: Any) -> Action:
             raise _bad("execute: command must be a shell string or an argv list")
         fields["command"] = command
         fields["timeout"] = _number(raw, "timeout", DEFAULT_STEP_TIMEOUT_S, 0.1, MAX_TIMEOUT_S)
+    if "modifiers" in raw:
+        held = raw["modifiers"]
+        if not isinstance(held, list) or not all(isinstance(k, str) and k for k in held):
+            raise _bad(f"{kind}: modifiers must be a list of key names, got {held!r}")
+        if len(held) > 4:
+            raise _bad(f"{kind}: at most 4 modifiers can be held, got {len(held)}")
+        fields["modifiers"] = tuple(k.lower() for k in held)
     return Action(**fields)
 
 
@@ -354,7 +381,7 @@ def step_timeout(action: Action, requested: float | None) -> float:
         return requested
     if action.type in ("pyautogui", "execute"):
         return action.timeout + 1.0
-    if action.type == "wait":
+    if action.type in ("wait", "hold_key"):
         return action.seconds + 5.0
     return DEFAULT_STEP_TIMEOUT_S
 
@@ -390,6 +417,7 @@ class ShotSpec:
     quality: int | None = None
     width: int | None = None
     height: int | None = None
+    region: tuple[int, int, int, int] | None = None  # x0, y0, x1, y1: crop first (a zoom)
 
     @property
     def content_type(self) -> str:
@@ -414,6 +442,8 @@ class ShotSpec:
         for name in ("quality", "width", "height"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
+        if self.region is not None:
+            out["region"] = list(self.region)
         return out
 
 
@@ -437,7 +467,27 @@ def _shot_int(raw: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     return value
 
 
-SHOT_PARAMS = ("format", "quality", "width", "height")
+SHOT_PARAMS = ("format", "quality", "width", "height", "region")
+
+
+def _shot_region(raw: dict[str, Any]) -> tuple[int, int, int, int] | None:
+    value = raw.get("region")
+    if value is None:
+        return None
+    if isinstance(value, str):  # query strings: region=x0,y0,x1,y1
+        parts = value.split(",")
+        value = [int(p) if p.strip().isdigit() else p for p in parts]
+    shape = "[x0, y0, x1, y1] in screen pixels, x0 < x1 and y0 < y1"
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 4
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise _shot_bad("region", f"region must be {shape}, got {value!r}")
+    x0, y0, x1, y1 = value
+    if not (0 <= x0 < x1 <= SCREEN_WIDTH and 0 <= y0 < y1 <= SCREEN_HEIGHT):
+        raise _shot_bad("region", f"region must be {shape} on the screen, got {list(value)}")
+    return x0, y0, x1, y1
 
 
 def parse_shot(raw: dict[str, Any] | None) -> ShotSpec:
@@ -469,4 +519,4 @@ def parse_shot(raw: dict[str, Any] | None) -> ShotSpec:
         quality = DEFAULT_SHOT_QUALITY
     width = _shot_int(raw, "width", MIN_SHOT_SIDE, SCREEN_WIDTH)
     height = _shot_int(raw, "height", MIN_SHOT_SIDE, SCREEN_HEIGHT)
-    return ShotSpec(fmt, quality, width, height)
+    return ShotSpec(fmt, quality, width, height, _shot_region(raw))

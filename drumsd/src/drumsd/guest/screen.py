@@ -83,6 +83,8 @@ def encode(image: Any, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
     """Scale `image` to the spec's size and encode it; returns (bytes, width, height)."""
     from PIL import Image
 
+    if spec.region is not None:  # a zoom: the region at the screen's own resolution
+        image = image.crop(spec.region)
     size = spec.size_for(image.width, image.height)
     if size != image.size:
         # BOX (area averaging): antialiased for downscaling and ~30% cheaper than BILINEAR,

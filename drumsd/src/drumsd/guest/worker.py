@@ -256,32 +256,98 @@ class Executor:
             ) from None
         return {"stdout": out.getvalue()[-OUTPUT_LIMIT:], "stderr": err.getvalue()[-OUTPUT_LIMIT:]}
 
+    @contextlib.contextmanager
+    def _held(self, keys: tuple[str, ...]) -> Any:
+        """Keys held down around an action (ctrl+click, shift+scroll), released in reverse even
+        when the action fails."""
+        self._check_keys(keys)
+        pressed: list[str] = []
+        try:
+            for key in keys:
+                self.pyautogui.keyDown(key)
+                pressed.append(key)
+            yield
+        finally:
+            for key in reversed(pressed):
+                self.pyautogui.keyUp(key)
+
+    def _button(self, button: str, down: bool, up: bool) -> None:
+        """Back and forward (X buttons 8 and 9), which pyautogui has no names for."""
+        from Xlib import X
+        from Xlib.ext import xtest
+
+        display = self.pyautogui.platformModule._display
+        number = {"back": 8, "forward": 9}[button]
+        if down:
+            xtest.fake_input(display, X.ButtonPress, number)
+        if up:
+            xtest.fake_input(display, X.ButtonRelease, number)
+        display.sync()
+
+    def _click(self, a: protocol.Action, clicks: int, button: str, interval: float = 0.0) -> None:
+        with self._held(a.modifiers):
+            if button in ("back", "forward"):
+                if a.x is not None:
+                    self.pyautogui.moveTo(a.x, a.y)
+                for _ in range(clicks):
+                    self._button(button, True, True)
+                return
+            self.pyautogui.click(**self._at(a), clicks=clicks, interval=interval, button=button)
+
     def _do_click(self, a: protocol.Action) -> None:
-        self.pyautogui.click(**self._at(a), clicks=a.clicks, button=a.button)
+        self._click(a, a.clicks, a.button, 0.05)
 
     def _do_double_click(self, a: protocol.Action) -> None:
-        self.pyautogui.click(**self._at(a), clicks=2, interval=0.05, button=a.button)
+        self._click(a, 2, a.button, 0.05)
 
     def _do_right_click(self, a: protocol.Action) -> None:
-        self.pyautogui.click(**self._at(a), button="right")
+        self._click(a, 1, "right")
 
     def _do_move(self, a: protocol.Action) -> None:
-        self.pyautogui.moveTo(a.x, a.y, duration=a.duration)
+        with self._held(a.modifiers):
+            self.pyautogui.moveTo(a.x, a.y, duration=a.duration)
 
     def _do_drag(self, a: protocol.Action) -> None:
         pg = self.pyautogui
-        pg.moveTo(a.x, a.y)
-        pg.mouseDown(button=a.button)
-        try:
-            pg.moveTo(a.to_x, a.to_y, duration=a.duration)
-        finally:
-            pg.mouseUp(button=a.button)
+        with self._held(a.modifiers):
+            pg.moveTo(a.x, a.y)
+            pg.mouseDown(button=a.button)
+            try:
+                pg.moveTo(a.to_x, a.to_y, duration=a.duration)
+            finally:
+                pg.mouseUp(button=a.button)
 
     def _do_scroll(self, a: protocol.Action) -> None:
-        if a.dy:
-            self.pyautogui.scroll(a.dy, **self._at(a))
-        if a.dx:
-            self.pyautogui.hscroll(a.dx, **self._at(a))
+        with self._held(a.modifiers):
+            if a.dy:
+                self.pyautogui.scroll(a.dy, **self._at(a))
+            if a.dx:
+                self.pyautogui.hscroll(a.dx, **self._at(a))
+
+    def _press(self, a: protocol.Action, down: bool) -> None:
+        with self._held(a.modifiers):
+            if a.button in ("back", "forward"):
+                if a.x is not None:
+                    self.pyautogui.moveTo(a.x, a.y)
+                self._button(a.button, down, not down)
+            elif down:
+                self.pyautogui.mouseDown(**self._at(a), button=a.button)
+            else:
+                self.pyautogui.mouseUp(**self._at(a), button=a.button)
+
+    def _do_mouse_down(self, a: protocol.Action) -> None:
+        self._press(a, True)
+
+    def _do_mouse_up(self, a: protocol.Action) -> None:
+        self._press(a, False)
+
+    def _do_hold_key(self, a: protocol.Action) -> None:
+        with self._held(a.keys):
+            time.sleep(a.seconds)
+
+    def _do_cursor_position(self, a: protocol.Action) -> dict[str, Any]:
+        x, y = self.pyautogui.position()
+        return {"cursor": {"x": int(x), "y": int(y)}}
 
     def _do_type(self, a: protocol.Action) -> None:
         self.pyautogui.write(a.text)  # every character through exact_keys' Keyboard

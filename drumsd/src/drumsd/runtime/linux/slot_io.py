@@ -176,6 +176,7 @@ class SlotIOMixin(RuntimeBase):
         limit = checker_exec.OUTPUT_LIMIT
         proc = await trio.lowlevel.open_process(
             self._nsenter(inst, argv, uid),
+            env=_ROOT_ENV,  # nothing of the daemon's environment enters the slot (env -i after)
             stdin=DEVNULL,
             stdout=-1,
             stderr=-1,

@@ -441,3 +441,41 @@ def test_the_x_servers_listening_sockets_are_read_from_net_unix() -> None:
         "@/tmp/.X11-unix/X0": 363497,
     }
     assert ev.listening_unix_sockets(text, ev.x_socket_names(":1")) == {}
+
+
+def test_an_upper_manifest_lists_links_and_never_reads_behind_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 39, D4: a live upper is the desktop user's; its manifest follows no link, opens no
+    FIFO, and a file swapped for a link while it is read is left out (compared again later)."""
+    host = tmp_path / "host"
+    (host / "sub").mkdir(parents=True)
+    (host / "sub" / "secret").write_text("host")
+    upper = tmp_path / "upper"
+    (upper / "home/user").mkdir(parents=True)
+    (upper / "home/user/a.txt").write_text("a")
+    (upper / "home/user/docs").symlink_to(host)
+    os.mkfifo(upper / "home/user/pipe")
+    manifest = ev.upper_manifest(upper)
+    assert sorted(manifest) == [
+        "home",
+        "home/user",
+        "home/user/a.txt",
+        "home/user/docs",
+        "home/user/pipe",
+    ]
+    assert manifest["home/user/docs"].endswith(f"->{host}")
+    # Swapped between the listing and the read: not hashed through the link.
+    real_stat = os.stat
+
+    def swap(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        st = real_stat(name, *args, **kwargs)
+        if name == "a.txt":
+            os.unlink(upper / "home/user/a.txt")
+            (upper / "home/user/a.txt").symlink_to(host / "sub" / "secret")
+        return st
+
+    monkeypatch.setattr(os, "stat", swap)
+    swapped = ev.upper_manifest(upper)
+    monkeypatch.undo()
+    assert "home/user/a.txt" not in swapped

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from drumsd.linux import sparse
+from drumsd.linux import beneath, sparse
 from drumsd.linux.mounts import plan_stage1
 
 # Written by the restored tree itself before the first gate read: the guest agent's log (every
@@ -88,41 +88,52 @@ def expected_slot_mounts(root_fstype: str = "overlay") -> list[str]:
 
 def upper_manifest(root: Path, volatile: Sequence[str] = VOLATILE_UPPER) -> dict[str, str]:
     """relative path -> signature (type, mode, owner, size, content hash or link target, overlay
-    xattrs), skipping `volatile` globs. Owners are as stored on disk (in-slot ids)."""
+    xattrs), skipping `volatile` globs. Owners are as stored on disk (in-slot ids).
+
+    A live upper is the desktop user's to change while it is read: it is walked beneath `root`
+    by directory fds, no link followed anywhere, and a file is hashed only if what was opened
+    (O_NOFOLLOW, O_NONBLOCK) is the regular file that was listed (issue 39, D4)."""
     out: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(dirnames + filenames):
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
+    for rel_dir, dirs, others, dir_fd in beneath.walk_beneath(root, ""):
+        for name in sorted(dirs + others):
+            rel = f"{rel_dir}/{name}" if rel_dir else name
             if any(fnmatch.fnmatchcase(rel, g) for g in volatile):
                 continue
             try:
-                out[rel] = _signature(p)
+                out[rel] = _signature(dir_fd, name)
             except FileNotFoundError:
-                continue  # removed while walking: the caller compares again later
+                continue  # removed or replaced while walking: the caller compares again later
     return out
 
 
-def _signature(p: Path) -> str:
-    st = p.lstat()
+def _signature(dir_fd: int, name: str) -> str:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     parts = [f"{st.st_mode:o}", str(st.st_uid), str(st.st_gid)]
     if stat.S_ISLNK(st.st_mode):
-        parts.append("->" + os.readlink(p))
+        parts.append("->" + os.readlink(name, dir_fd=dir_fd))
     elif stat.S_ISREG(st.st_mode):
         h = hashlib.sha256()
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        except OSError as exc:
+            raise FileNotFoundError(name) from exc  # replaced by a link or gone
+        try:
+            now = os.fstat(fd)
+            if not stat.S_ISREG(now.st_mode) or now.st_ino != st.st_ino:
+                raise FileNotFoundError(name)  # replaced since it was listed
             sparse.hash_file(fd, st.st_size, h)  # a hole is not read: see linux/sparse.py
         finally:
             os.close(fd)
         parts += [str(st.st_size), h.hexdigest()]
     elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
         parts.append(f"dev={os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+    # The directory's fd pins where `name` is looked up; the name itself is not followed.
+    path = f"/proc/self/fd/{dir_fd}/{name}"
     try:
-        for attr in sorted(os.listxattr(p, follow_symlinks=False)):
+        for attr in sorted(os.listxattr(path, follow_symlinks=False)):
             if attr.startswith("trusted.overlay.opaque"):
-                parts.append(f"{attr}={os.getxattr(p, attr, follow_symlinks=False)!r}")
+                parts.append(f"{attr}={os.getxattr(path, attr, follow_symlinks=False)!r}")
     except OSError:
         pass
     return " ".join(parts)

@@ -220,3 +220,41 @@ async def test_the_reaper_ends_an_idle_lease_on_its_own_in_virtual_time(
         assert 60 <= trio.current_time() - t0 <= 60 + 5.0 + 10.0  # + one interval + margin
         assert api.sup.slots[kept].status.value == "ready"
         assert ("destroy", kept) not in api.runtime.calls
+
+
+class FloorRuntime(MemoryRuntime):
+    """The memory runtime with a slots' group limit (`GroupMemoryControl`): records each call."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.floor_calls: list[tuple[float, float]] = []
+
+    async def hold_memory_floor(self, mem_available_mib: float, floor_mib: float) -> int | None:
+        self.floor_calls.append((mem_available_mib, floor_mib))
+        return int(1_000 + mem_available_mib - floor_mib)
+
+
+async def test_the_admission_service_moves_the_group_limit_with_each_sample(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Issue 39, D7: the limit follows MemAvailable; the floor is the larger of the two settings.
+    available = [20_000.0]
+
+    def sampler(_: Path) -> HostSample:
+        return HostSample(time.time(), available[0], 24_000, 0.0, 50_000, 100_000)
+
+    async with open_api(
+        tmp_path,
+        sampler=sampler,
+        runtime_cls=FloorRuntime,
+        clock=virtual_clock,
+        admission={"sample_interval_s": 1.0, "min_available_mib": 4_096, "min_available_pct": 25},
+    ) as api:
+        runtime = api.runtime
+        assert isinstance(runtime, FloorRuntime)
+        await virtual_wait(lambda: runtime.floor_calls, limit_s=60)
+        assert runtime.floor_calls[-1] == (20_000.0, 6_000.0)  # 25% of 24,000 > 4,096
+        available[0] = 9_000.0  # memory taken outside the slots
+        await virtual_wait(lambda: runtime.floor_calls[-1][0] == 9_000.0, limit_s=60)
+        health = (await api.client.get("/v1/health")).json()
+        assert health["admission"]["group_memory_limit_mib"] == 1_000 + 9_000 - 6_000

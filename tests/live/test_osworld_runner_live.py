@@ -5,10 +5,11 @@ a line of code that raises (0 each; OSWorld logs that line and goes on). Each ta
 holds its score, its recording.mp4 is an H.264 video of the episode, and the run ends with its
 average.
 
-Opt-in: DRUMS_OSWORLD_RUNNER=<a directory holding OSWorld's run.py and lib_run_single.py> (its
-public source, never committed here); the runner's own dependencies (tqdm,
-wrapt-timeout-decorator, python-dotenv, requests) go into a venv made for the test from PyPI,
-with this tree's SDK. Tasks from /work/shared/osworld.
+Opt-in: DRUMS_OSWORLD_RUNNER=<a directory holding OSWorld's run.py and lib_run_single.py, and
+its mm_agents package when its lib_run_single imports from it> (its public source, never
+committed here); the runner's own dependencies (RUNNER_PACKAGES) go into a venv made for the test
+from PyPI, with this tree's SDK. mm_agents/agent.py is replaced by the scripted agent. Tasks from
+/work/shared/osworld.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ TASKS = [
     ("chrome", "030eeff7-b492-4218-b312-701ec99ee0cc", "idle", 0.0),
     ("gimp", "7767eef2-56a3-4cea-8c9f-48c070c7d65b", "idle", 0.0),
 ]
-RUNNER_PACKAGES = ["tqdm", "wrapt-timeout-decorator", "python-dotenv", "requests", "imageio-ffmpeg"]
+RUNNER_PACKAGES = ["tqdm", "wrapt-timeout-decorator", "python-dotenv", "requests", "imageio-ffmpeg",
+                   "pillow", "pyyaml"]  # fmt: skip
 
 # The scripted agent, as OSWorld's run.py imports it (mm_agents.agent.PromptAgent).
 AGENT = """
@@ -112,8 +114,13 @@ def test_osworlds_runner_completes_a_run_on_the_drop_in(tmp_path: Path) -> None:
         scripts[task["instruction"]] = SCRIPTS[script]
         meta.setdefault(domain, []).append(task_id)
     (examples / "test_all.json").write_text(json.dumps(meta))
-    (work / "mm_agents").mkdir()
-    (work / "mm_agents" / "__init__.py").write_text("")
+    # OSWorld's current lib_run_single imports helpers from its mm_agents package: that package
+    # as the checkout has it when it is there, with the scripted agent as its agent module.
+    if (source / "mm_agents").is_dir():
+        shutil.copytree(source / "mm_agents", work / "mm_agents")
+    else:
+        (work / "mm_agents").mkdir()
+        (work / "mm_agents" / "__init__.py").write_text("")
     agent = AGENT.format(scripts=json.dumps(scripts))
     (work / "mm_agents" / "agent.py").write_text(agent)
     python = runner_venv(tmp_path / "venv")

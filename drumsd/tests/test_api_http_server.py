@@ -189,3 +189,29 @@ async def test_an_answer_before_the_body_closes_the_connection() -> None:
                     reply += chunk
         assert reply.startswith(b"HTTP/1.1 401")
         server.shutdown.set()
+
+
+async def wait_open(server: HTTPServer, count: int) -> None:
+    with trio.fail_after(2):
+        while sum(server._open.values()) != count:  # noqa: ASYNC110 (a count, no event to wait on)
+            await trio.sleep(0.01)
+
+
+async def test_a_peer_over_its_connection_limit_gets_a_429_and_a_close() -> None:
+    async with serving(max_connections_per_peer=2) as (server, port):
+        first = await trio.open_tcp_stream("127.0.0.1", port)
+        second = await trio.open_tcp_stream("127.0.0.1", port)
+        await wait_open(server, 2)
+        third = await trio.open_tcp_stream("127.0.0.1", port)
+        reply = b""
+        async with third:
+            with trio.fail_after(5):
+                while chunk := await third.receive_some(65536):
+                    reply += chunk
+        assert reply.startswith(b"HTTP/1.1 429"), reply[:100]
+        assert b'"code": "overloaded"' in reply and b"at most 2" in reply
+        await first.aclose()
+        await wait_open(server, 1)  # closed at once, not after the keep-alive timeout
+        assert (await get(port)).startswith(b"HTTP/1.1 200")  # room again
+        await second.aclose()
+    assert server._open == {}

@@ -7,13 +7,16 @@ over the size limit raised KeyError in hypercorn's h2 code and drumsd exited (is
 Here each connection is its own failure domain (its error is logged, it is closed, the others go
 on), and HTTP/2 is refused, since no client of drumsd needs it: prior knowledge gets a GOAWAY
 HTTP_1_1_REQUIRED, and an `Upgrade: h2c` header is ignored (RFC 9113 section 3.2 lets a server
-answer such a request in HTTP/1.1). The accept loop restarts after an error, a bounded number of
-times (`RestartBudget`), before the server gives up with ListenerFailed.
+answer such a request in HTTP/1.1). A peer host may hold `max_connections_per_peer` connections
+open; past that a new one gets a 429 and is closed unread. The accept loop restarts after an
+error, a bounded number of times (`RestartBudget`), before the server gives up with
+ListenerFailed.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import socket
 from collections import deque
@@ -104,6 +107,9 @@ class Connection(TCPServer):
                 await self.protocol.initiate()
                 await self.idle_task.restart(self._task_group, self._idle_timeout)
                 await self._read_data()
+                # The peer has gone: its keep-alive timer must not hold the connection (and its
+                # count against the peer's limit) for keep_alive_timeout more.
+                await self.idle_task.stop()
         except OSError:
             pass  # the peer went away
         finally:
@@ -143,12 +149,31 @@ class ListenerFailed(Exception):
     """The accept loop kept failing past its restart budget: the server stops, saying why."""
 
 
-def _peer(stream: trio.SocketStream) -> str:
+def _peer(stream: trio.SocketStream) -> tuple[str, int]:
     try:
         host, port = stream.socket.getpeername()[:2]
     except OSError:
-        return "a gone peer"
-    return f"{host}:{port}"
+        return "a gone peer", 0
+    return host, port
+
+
+def too_many_connections(host: str, limit: int) -> bytes:
+    """The whole answer to a connection over its peer's limit (sent before anything is read)."""
+    body = json.dumps(
+        {
+            "error": {
+                "code": "overloaded",
+                "message": f"{host} already has {limit} connections open to drumsd (at most "
+                f"{limit}); close some, or reuse them (keep-alive)",
+                "detail": {"peer": host, "limit": limit},
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 @dataclass
@@ -162,7 +187,11 @@ class HTTPServer:
     shutdown: trio.Event
     connection: type[Connection] = Connection
     restarts: RestartBudget = field(default_factory=RestartBudget)
+    # Open connections per peer host: each holds a descriptor and a task until keep_alive_timeout
+    # closes it; a trainer needs about one per env it steps at once.
+    max_connections_per_peer: int = 512
     failed_connections: int = 0
+    _open: dict[str, int] = field(default_factory=dict)
 
     async def serve(self, *, task_status: trio.TaskStatus[list[str]]) -> None:
         config = self.config
@@ -177,7 +206,19 @@ class HTTPServer:
         state = ConnectionState(lifespan_state.copy())
 
         async def serve_one(stream: trio.SocketStream) -> None:
-            peer = _peer(stream)
+            host, port = _peer(stream)
+            peer = f"{host}:{port}"
+            if self._open.get(host, 0) >= self.max_connections_per_peer:
+                with trio.move_on_after(1):
+                    try:
+                        await stream.send_all(
+                            too_many_connections(host, self.max_connections_per_peer)
+                        )
+                    except trio.BrokenResourceError:
+                        pass
+                await stream.aclose()
+                return
+            self._open[host] = self._open.get(host, 0) + 1
             try:
                 await self.connection(app, config, context, state, stream)  # type: ignore[arg-type]
             except* Exception as group:
@@ -191,6 +232,12 @@ class HTTPServer:
                     group.exceptions[0],
                     exc_info=group,
                 )
+            finally:
+                left = self._open[host] - 1
+                if left:
+                    self._open[host] = left
+                else:
+                    del self._open[host]
 
         async with trio.open_nursery() as lifespan_nursery:
             await lifespan_nursery.start(lifespan.handle_lifespan)

@@ -15,6 +15,7 @@ from typing import Any
 
 import verifiers.v1 as vf
 from pydantic import Field
+from verifiers.v1.runtimes import RuntimeConfig
 
 from drums_verifiers import desktop
 from drums_verifiers.episode import CURRENT, SEAT, EpisodeDesktops, ForkSeat
@@ -27,10 +28,18 @@ PrefixAction = str | dict[str, Any]
 """pyautogui code (`"pyautogui.click(960, 540)"`) or a drumsd action dict (`{"type": "click"}`)."""
 
 
+class DrumsAgentConfig(vf.AgentConfig):
+    """verifiers' agent config with a local runtime by default: the agent only calls tools (the
+    desktops are drums'), so a cloud sandbox (verifiers' default, which needs a prime login)
+    buys nothing. `--env.agent.runtime.type` still picks another."""
+
+    runtime: RuntimeConfig = vf.SubprocessConfig()
+
+
 class DrumsEnvConfig(vf.EnvConfig):
     """The episode's shape (`--env.*`, `env.*` in a prime-rl source)."""
 
-    agent: vf.AgentConfig = vf.AgentConfig()
+    agent: DrumsAgentConfig = DrumsAgentConfig()
     """The one seat: the policy playing every desktop of the episode."""
     fork_n: int = Field(0, ge=0, le=64)
     """0 (default): one desktop per rollout. N >= 1: one episode plays `prefix` on a parent

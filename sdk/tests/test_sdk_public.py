@@ -29,6 +29,7 @@ def test_public_names_are_exactly_the_documented_ones() -> None:
     names.discard("osworld")  # drums.osworld, the DesktopEnv drop-in: likewise
     names.discard("mcp")  # drums.mcp, the MCP server extra: likewise
     names.discard("actions")  # drums.actions, the tool front ends' action layer: likewise
+    names.discard("dialects")  # drums.dialects, vendors' computer tools -> actions: likewise
     assert names == PUBLIC
 
 

@@ -132,10 +132,39 @@ class ScreenshotOptions(WireModel):
     )
 
 
-class StepRequest(WireModel):
-    """A step: pyautogui code as a string, or an action object."""
+class ScreenSize(WireModel):
+    """The model's screen: the size of the screenshots it sees, the space of its coordinates."""
 
-    action: Union[str, Action]
+    width: int = Field(ge=16, le=1920)
+    height: int = Field(ge=16, le=1080)
+
+
+class StepRequest(WireModel):
+    """A step: pyautogui code as a string, or an action object; or, with a `dialect`, a batch of
+    a vendor's computer-tool calls (`actions`, run in order in one round trip)."""
+
+    action: Optional[Union[str, Action]] = Field(
+        default=None, description="pyautogui code or a drums action (without a dialect)"
+    )
+    dialect: Optional[str] = Field(
+        default=None,
+        description="anthropic-2025-01, anthropic-2025-11, anthropic-2026-08 or openai (or the "
+        "vendor's tool type: computer_20250124, computer_20251124, computer_toolset_20260801, "
+        "computer): `actions` are that vendor's calls",
+    )
+    actions: Optional[List[Dict[str, Any]]] = Field(
+        default=None,
+        max_length=64,
+        description="the vendor's calls, as its SDK dumps them (needs `dialect`)",
+    )
+    screen: Optional[ScreenSize] = Field(
+        default=None,
+        description="the model's screen size: coordinates are scaled from it, cursor positions "
+        "and screenshots to it (default: the desktop's)",
+    )
+    screenshot_each: bool = Field(
+        default=False, description="a screenshot after every call of `actions`, not only the last"
+    )
     screenshot: bool = Field(default=False, description="also return a PNG (base64) after the step")
     screenshot_options: Optional[ScreenshotOptions] = Field(
         default=None,
@@ -170,6 +199,24 @@ class AccessibilityTree(ResponseModel):
     reason: Optional[str] = None
 
 
+class CallResult(ResponseModel):
+    """What one call of a dialect step produced: a cursor position (in the model's space) or an
+    image (its screenshot or zoom), when it has one."""
+
+    index: int = Field(description="the call's index in `actions`")
+    name: str = Field(description="the call's action name in its dialect")
+    cursor: Optional[Dict[str, int]] = Field(default=None, description="{x, y}, model space")
+    image_b64: Optional[str] = None
+    image_content_type: Optional[str] = None
+    image_width: Optional[int] = None
+    image_height: Optional[int] = None
+
+    def image_bytes(self) -> Optional[bytes]:
+        import base64
+
+        return base64.b64decode(self.image_b64) if self.image_b64 else None
+
+
 class StepResult(ResponseModel):
     slot: str
     episode: int
@@ -189,6 +236,9 @@ class StepResult(ResponseModel):
     screenshot_height: Optional[int] = None
     screenshot_cached: Optional[bool] = Field(
         default=None, description="the screen had not changed since the last grab: no encode"
+    )
+    results: Optional[List[CallResult]] = Field(
+        default=None, description="per call of a dialect step, in order"
     )
 
     def screenshot_bytes(self) -> Optional[bytes]:

@@ -86,6 +86,7 @@ class StepOutcome:
     elapsed_s: float
     output: CommandResult | None = None
     screenshot: Screenshot | None = None  # taken right after the action, when one was asked for
+    cursor: tuple[int, int] | None = None  # cursor_position: where the pointer is (screen px)
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,12 @@ def step_shot_spec(req: StepRequest) -> ShotSpec:
 
 
 def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
+    if req.action is None:
+        raise DrumsdError(
+            "invalid_request",
+            "a step needs `action` (pyautogui code or a drums action), or `dialect` and `actions`",
+            field="action",
+        )
     if isinstance(req.action, str):
         if not req.action.strip():
             raise DrumsdError("invalid_request", "action: empty pyautogui code", field="action")

@@ -67,6 +67,7 @@ from drumsd.runtime import (
     health,
     ops_checkpoints,
     ops_create,
+    ops_dialect,
     ops_episode,
     ops_fork,
     ops_reset,
@@ -382,7 +383,10 @@ class Supervisor:
     async def step(self, slot_id: str, req: StepRequest) -> dict[str, Any]:
         started = self.clock()
         try:
-            out = await ops_episode.step(self, slot_id, req)
+            if req.dialect is not None or req.actions is not None:
+                out = await ops_dialect.step(self, slot_id, req)
+            else:
+                out = await ops_episode.step(self, slot_id, req)
         except DrumsdError as exc:
             self._log_step(slot_id, req, started, self.clock() - started, error=exc.code)
             raise
@@ -397,7 +401,11 @@ class Supervisor:
         rec = self.slots.get(slot_id)
         if rec is None:
             return
-        action = req.action if isinstance(req.action, str) else req.action.model_dump()
+        if req.action is None:  # a dialect step: its calls' names
+            calls = [c.get("name") or c.get("action") or c.get("type") for c in req.actions or []]
+            action: str | dict[str, Any] = {"type": str(req.dialect), "keys": calls}
+        else:
+            action = req.action if isinstance(req.action, str) else req.action.model_dump()
         kind, detail = step_log.describe(action)
         self.step_log.add(
             slot_id,

@@ -74,7 +74,9 @@ class SlotIOMixin(RuntimeBase):
                 int(result["rc"]), str(result.get("stdout", "")), str(result.get("stderr", ""))
             )
         screenshot = _screenshot(handle, shot, header, data) if shot is not None else None
-        return StepOutcome(parsed.type, time.monotonic() - t0, output, screenshot)
+        cursor = result.get("cursor")
+        at = (int(cursor["x"]), int(cursor["y"])) if isinstance(cursor, dict) else None
+        return StepOutcome(parsed.type, time.monotonic() - t0, output, screenshot, at)
 
     async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
         """Top-level windows as the guest agent reads them from the X server (id, name,

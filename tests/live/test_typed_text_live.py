@@ -64,7 +64,7 @@ def check_every_path(env: drums.Env) -> None:
     for call in ("write", "typewrite"):
         got = typed_back(env, call, [f"pyautogui.{call}({TEXT!r})"])
         assert got == TEXT, f"pyautogui.{call} typed {got!r}"
-    got = typed_back(env, "press", [f"for c in {TEXT!r}: pyautogui.press(c)"])
+    got = typed_back(env, "press", [f"for c in {TEXT!r}: pyautogui.press(c, _pause=False)"])
     assert got == TEXT, f"pyautogui.press typed {got!r}"
     # hotkey with one character (OSWorld's agents emit hotkey('shift', ',') for '<' too).
     code = "pyautogui.hotkey('<'); pyautogui.hotkey('shift', ','); pyautogui.hotkey('é')"

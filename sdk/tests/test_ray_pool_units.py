@@ -240,6 +240,25 @@ def test_health_and_prometheus_aggregate_and_name_the_dead_host() -> None:
         "warnings": [],
     }
     merged = merge_health({"h1": up, "h2": up, "h3": {"error": {"code": "host_down"}}})
+    assert merged["admission"]["mem_available_mib"] is None  # no host said
+    up = {
+        **up,
+        "admission": {"admitting": True, "mem_available_mib": 1000, "slot_cost_mib": 90},
+        "ksm": {"enabled": True, "saved_mib": 10, "pages": {"shared": 2}},
+        "pools": {"spares": {"parked": 2}},
+        "crash_watch": {"ok": True},
+    }
+    dearer = {
+        **up,
+        "admission": {"admitting": False, "mem_available_mib": 500, "slot_cost_mib": 120},
+    }
+    pool = merge_health({"h1": up, "h2": dearer})
+    assert pool["admission"]["admitting"] is True
+    assert pool["admission"]["mem_available_mib"] == 1500
+    assert pool["admission"]["slot_cost_mib"] == 120
+    assert pool["ksm"] == {"enabled": True, "saved_mib": 20, "pages": {"shared": 4}}
+    assert pool["pools"]["spares"] == {"h1": {"parked": 2}, "h2": {"parked": 2}}
+    assert pool["crash_watch"] == {"h1": {"ok": True}, "h2": {"ok": True}}
     assert merged["slots_by_state"] == {"ready": 4}
     assert merged["status"] == "degraded" and "h3: host_down" in merged["warnings"]
     assert [c["id"] for c in merged["checkpoints"]] == ["h1~tpl-base-1", "h2~tpl-base-1"]

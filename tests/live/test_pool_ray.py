@@ -140,8 +140,19 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 def test_envs_spread_by_free_capacity_and_nothing_is_left(hosts: dict[str, Any]) -> None:
     first, expected, expected_free = SPREAD
+    started = time.monotonic()
     with Pool() as pool:
-        envs = [pool.create() for _ in range(first)]
+        connected = time.monotonic() - started
+        envs, took = [], []
+        for _ in range(first):
+            started = time.monotonic()
+            envs.append(pool.create())
+            took.append(time.monotonic() - started)
+        rest = sorted(took[1:])
+        print(
+            f"connect (agents started) {connected:.2f} s; first create {took[0]:.2f} s, "
+            f"the rest p50 {rest[len(rest) // 2]:.2f} s"
+        )
         placed = Counter(env.host for env in envs)
         free = {h.label: h.free for h in pool.hosts()}
         # Ray alone packs (fills h1, then h2); the pool fills the freest host.
@@ -360,6 +371,13 @@ def _console_through_the_gateway(port: int, token: str, env_ids: list[str]) -> N
             assert thumb.status_code == 200 and thumb.content.startswith(b"\x89PNG"), env_id
         host = browser.get("/console/api/host").json()
         assert sum(host["health"]["slots_by_state"].values()) >= len(env_ids)
+        # The host panel's fields are the pool's, not blanks: admission summed over the hosts,
+        # KSM as the hosts report it, each host's crash watch under its label.
+        admission = host["health"]["admission"]
+        for key in ("mem_available_mib", "mem_total_mib", "state_free_mib", "slot_cost_mib"):
+            assert admission[key] is not None and admission[key] > 0, admission
+        assert "enabled" in host["health"]["ksm"], host["health"]["ksm"]
+        assert set(host["health"]["crash_watch"]) == set(CAPACITY)
         assert "drums pool console" in browser.get("/console").text
 
 

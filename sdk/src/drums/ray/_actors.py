@@ -28,9 +28,12 @@ from .._client import Client, Env
 from .._exceptions import ConnectionFailed, DrumsError, EnvGone, ShuttingDown
 from ._placement import DESKTOPS, ghost_changes
 from ._registry import (
+    POOL_LABEL,
     clear_tombstone,
     held_env_ids,
+    key_alive,
     orphaned_leases,
+    process_key,
     read_host,
     tombstones,
     write_lease,
@@ -99,7 +102,11 @@ class HostAgent:
 
     def create(self, kwargs: Dict[str, Any]) -> Reply:
         def run() -> Dict[str, Any]:
-            env = self.client.create(**kwargs)
+            # The label marks the slot as this agent's from the moment drumsd makes it (fork
+            # children inherit it), before any lease names it: the keeper counts it as a pool
+            # env's, and destroys it if this agent dies before it was leased.
+            labels = {**(kwargs.get("labels") or {}), POOL_LABEL: process_key()}
+            env = self.client.create(**{**kwargs, "labels": labels})
             with self._lock:
                 self.envs[env.id] = env
             self._lease()
@@ -275,12 +282,25 @@ class Keeper:
 
     def follow_daemon(self) -> None:
         """Ghost seats for the daemon's live slots that no pool env holds; none for the rest.
-        A daemon that does not answer changes nothing (its slots may come back adopted)."""
+        A slot is a pool env's when a live agent's lease names it or its `drums.pool` label
+        names a live agent (a create or fork still on its way); a slot labelled by an agent
+        that died is destroyed, as its lease's envs are. A daemon that does not answer changes
+        nothing (its slots may come back adopted)."""
         status, _, raw = self.forward("GET", "/v1/slots", "", b"", track=False)
         if status != 200:
             return
-        live = {str(s["id"]) for s in json.loads(raw).get("slots", [])}
+        slots = json.loads(raw).get("slots", [])
+        live = {str(s["id"]) for s in slots}
         held = held_env_ids(self.label)
+        orphans = []
+        for s in slots:
+            key = (s.get("labels") or {}).get(POOL_LABEL)
+            if key is None:
+                continue
+            if key_alive(key):
+                held.add(str(s["id"]))
+            elif str(s["id"]) not in held:
+                orphans.append(str(s["id"]))
         with self._seats:
             add, remove = ghost_changes(
                 live, held, self._foreign_before, set(self.ghosts), self._known
@@ -288,6 +308,12 @@ class Keeper:
             self._foreign_before = live - held
             self._known &= live
             self._apply(add, remove, wait_s=0.0)
+        if orphans:
+            with connect_host(self.label) as client:
+                for env_id in orphans:
+                    self._destroy(client, env_id)
+                    log.info("keeper %s: destroyed env %s of a dead agent", self.label, env_id)
+            self.destroyed.extend(orphans)
 
     def ghost_seats(self) -> List[str]:
         with self._seats:

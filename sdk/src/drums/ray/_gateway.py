@@ -108,9 +108,51 @@ def split_path(path: str) -> Tuple[Optional[str], str]:
 # ---------------------------------------------------------------- aggregation (pure)
 
 
+def _sum_numbers(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Numbers under the same key added (nested dicts likewise); a flag true if any host's is."""
+    out: Dict[str, Any] = {}
+    for part in parts:
+        for key, value in (part or {}).items():
+            if isinstance(value, bool):
+                out[key] = bool(out.get(key)) or value
+            elif isinstance(value, (int, float)):
+                out[key] = round(out.get(key, 0) + value, 3)
+            elif isinstance(value, dict):
+                out[key] = _sum_numbers([out.get(key) or {}, value])
+    return out
+
+
+def merge_admission(up: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """The pool's admission: admitting if any host admits; memory and state space summed; one
+    more slot costs what the dearest host charges; PSI is the worst host's."""
+    each = [h.get("admission") or {} for h in up.values()]
+    admitting = any(a.get("admitting") for a in each)
+
+    def total(key: str) -> Optional[float]:
+        values = [a[key] for a in each if a.get(key) is not None]
+        return round(sum(values), 1) if values else None
+
+    def worst(key: str) -> Optional[float]:
+        values = [a[key] for a in each if a.get(key) is not None]
+        return max(values) if values else None
+
+    return {
+        "enabled": any(a.get("enabled") for a in each) if each else True,
+        "admitting": admitting,
+        "reason": None if admitting else "no host of the pool admits more envs",
+        "mem_available_mib": total("mem_available_mib"),
+        "mem_total_mib": total("mem_total_mib"),
+        "state_free_mib": total("state_free_mib"),
+        "group_memory_limit_mib": total("group_memory_limit_mib"),
+        "slot_cost_mib": worst("slot_cost_mib"),
+        "psi_memory_some_avg10": worst("psi_memory_some_avg10"),
+    }
+
+
 def merge_health(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-    """One /v1/health in drumsd's schema: slots summed, admitting if any host admits,
-    degraded if any host is degraded or down; each host's own answer under `pools.hosts`."""
+    """One /v1/health in drumsd's schema: slots summed, admission and KSM over the pool,
+    degraded if any host is degraded or down; each host's spares and crash watch under its
+    label, and each host's own answer under `pools.hosts`."""
     up = {label: h for label, h in per_host.items() if "error" not in h}
     first = next(iter(up.values()), None)
     slots: Dict[str, int] = {}
@@ -122,19 +164,21 @@ def merge_health(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
         checkpoints += tag_ids(health.get("checkpoints", []), label)
         warnings += [f"{label}: {w}" for w in health.get("warnings", [])]
     warnings += [f"{label}: host_down" for label in per_host if label not in up]
-    admitting = any(h.get("admission", {}).get("admitting") for h in up.values())
+    spares = {lb: (h.get("pools") or {}).get("spares") for lb, h in up.items()}
     return {
         "status": "ok" if up and len(up) == len(per_host) and not warnings else "degraded",
         "version": first["version"] if first else "?",
         "profile": first["profile"] if first else "?",
         "slots_by_state": slots,
         "checkpoints": checkpoints,
-        "admission": {
-            "enabled": True,
-            "admitting": admitting,
-            "reason": None if admitting else "no host of the pool admits more envs",
+        "admission": merge_admission(up),
+        "crash_watch": {lb: h.get("crash_watch") or {} for lb, h in up.items()},
+        "ksm": _sum_numbers([h.get("ksm") or {} for h in up.values()]),
+        "forgotten_gib": round(sum(h.get("forgotten_gib") or 0 for h in up.values()), 3),
+        "pools": {
+            "hosts": per_host,
+            "spares": {lb: v for lb, v in spares.items() if v is not None},
         },
-        "pools": {"hosts": per_host},
         "warnings": warnings,
     }
 

@@ -67,8 +67,7 @@ def write_lease(label: str, env_ids: List[str], root: Optional[Path] = None) -> 
     """This process holds `env_ids` on host `label`; the keeper destroys them once it is gone."""
     d = lease_dir(label, root)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    pid = os.getpid()
-    path = d / f"{pid}-{_starttime(pid)}.json"
+    path = d / f"{process_key()}.json"
     if not env_ids:
         path.unlink(missing_ok=True)
         return path
@@ -95,6 +94,20 @@ def orphaned_leases(label: str, root: Optional[Path] = None) -> Dict[Path, List[
         except (OSError, ValueError):
             out[path] = []
     return out
+
+
+POOL_LABEL = "drums.pool"  # on every slot a pool agent makes: "<pid>-<starttime>" of that agent
+
+
+def process_key(pid: Optional[int] = None) -> str:
+    """This process's (or `pid`'s) identity on this node: pid and start time, as leases use."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_starttime(pid)}"
+
+
+def key_alive(key: str) -> bool:
+    pid_text, _, start_text = key.partition("-")
+    return pid_text.isdigit() and str(_starttime(int(pid_text))) == start_text
 
 
 def held_env_ids(label: str, root: Optional[Path] = None) -> set:

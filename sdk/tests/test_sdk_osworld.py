@@ -264,3 +264,19 @@ def test_recording_writes_a_playable_video_of_the_episode(daemon: Daemon, tmp_pa
     frames, seconds = imageio_ffmpeg.count_frames_and_secs(str(dest))
     assert frames >= 2 and abs(seconds - elapsed) < 1.5, (frames, seconds, elapsed)
     assert dest.read_bytes()[4:8] == b"ftyp"
+
+
+def test_closing_mid_recording_drops_the_video(daemon: Daemon) -> None:
+    """close() with a recording running stops its thread and ffmpeg and leaves no file."""
+    import glob
+    import tempfile
+
+    before = set(glob.glob(f"{tempfile.gettempdir()}/drums-recording-*"))
+    with daemon.client() as client, DesktopEnv(client=client) as env:
+        env.reset()
+        env.controller.start_recording()
+        recorder = env.controller._recorder
+        assert recorder is not None and recorder.running
+        env.step("pyautogui.click(5, 5)", pause=0.3)
+    assert not recorder.running
+    assert set(glob.glob(f"{tempfile.gettempdir()}/drums-recording-*")) == before

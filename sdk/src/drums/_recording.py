@@ -142,6 +142,19 @@ class ScreenRecorder:
             self._error = f"ffmpeg stopped taking frames: {exc}"
             return False
 
+    def cancel(self) -> None:
+        """End the recording and drop the video (an env closed mid-recording)."""
+        thread, proc = self._thread, self._proc
+        self._stop.set()
+        if thread is not None:
+            thread.join(STOP_TIMEOUT_S)
+        self._thread = self._proc = None
+        if proc is not None:
+            proc.kill()
+            proc.communicate()
+        shutil.rmtree(self._dir or "", ignore_errors=True)
+        self._dir = None
+
     def stop(self, dest: str) -> str:
         """End the recording and move the mp4 to `dest`; returns dest."""
         thread = self._thread

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import platform
 import time
 from contextlib import contextmanager
@@ -428,10 +427,7 @@ class Controller:
     def discard_recording(self) -> None:
         recorder, self._recorder = self._recorder, None
         if recorder is not None and recorder.running:
-            try:
-                recorder.stop(os.devnull + ".mp4")
-            except (RuntimeError, OSError):
-                pass
+            recorder.cancel()
 
     def get_screenshot(self) -> Optional[bytes]:
         env = self._desktop.env

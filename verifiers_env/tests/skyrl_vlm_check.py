@@ -72,6 +72,8 @@ class RenderingServer:
         self.calls: dict[str, int] = {}
         self.finished: list[str] = []
         self._last_images: list[tuple[int, int]] = []
+        self.hang: set[str] = set()  # sessions whose second call never answers
+        self.hanging = asyncio.Event()
 
     def render_text(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
         parts, sizes = [], []
@@ -106,6 +108,9 @@ class RenderingServer:
         self.images.setdefault(session, []).append(list(self._last_images))
         if self.fail.get(session) == n:
             raise ConnectionError(f"model server died on call {n} (scripted)")
+        if session in self.hang and n == 2:
+            self.hanging.set()
+            await asyncio.sleep(3600)
         text = (self.replies[n - 1] if n <= len(self.replies) else "nothing") + " <|im_end|>"
         ids = self.tok.encode(text, add_special_tokens=False)
         return {"responses": [text], "response_ids": [ids], "stop_reasons": ["stop"]}
@@ -226,6 +231,33 @@ def check_group(outs: list[Any], server: RenderingServer, failed: str) -> list[f
 SOLVE = [reply(action="click", x=10, y=10), reply(action="type", text="42"), reply(action="done")]
 
 
+def cancelled_mid_trajectory(task: str, replies: list[str]) -> int:
+    """A trajectory cancelled while its model call hangs (desktop open, one action done), as
+    skyrl cancels a generation; returns the envs the daemon still lists for it afterwards."""
+    from skyrl.train.generators.base import TrajectoryID
+
+    before = live_envs()
+    server = RenderingServer(tiny_tokenizer(replies), replies)
+    server.hang.add("p1_0")
+    gen = vlm_generator(server, {})
+
+    async def go() -> None:
+        run = asyncio.ensure_future(
+            gen.agent_loop(
+                [{"role": "system", "content": "acting"}], "drums", {"drums_task": task}, 256,
+                16384, sampling_params={"logprobs": None}, trajectory_id=TrajectoryID("p1", 0),
+            )
+        )  # fmt: skip
+        await server.hanging.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(go())
+    assert server.finished == ["p1_0"]
+    return len(live_envs() - before)
+
+
 @pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
 def test_vlm_generator_group_of_four_with_one_model_error(daemon):
     before = live_envs()
@@ -238,6 +270,7 @@ def test_vlm_generator_group_of_four_with_one_model_error(daemon):
     assert advantages == [0.0, 0.0, 0.0, 0.0]  # three solved (1.0 each): a group of 3
     assert grpo(outs, ["p0"] * 4)[:2] == [0.5, 0.5]  # what the 0.0 would have done in the group
     assert live_envs() == before  # the failed sample's desktop too
+    assert cancelled_mid_trajectory("solve", SOLVE) == 0
 
 
 @pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
@@ -268,7 +301,8 @@ def test_vlm_generator_group_of_four_on_a_real_desktop():
         "images_per_turn": {s: [len(t) for t in v] for s, v in server.images.items()},
         "image_sizes": sizes,
         "advantages": advantages,
+        "envs_left_after_cancel": cancelled_mid_trajectory(LIVE_TASK, replies),
     }
     print("DRUMS_SKYRL_VLM_RESULT", json.dumps(result))
-    assert result["valid"] == [1.0, 1.0, 0.0, 1.0]
+    assert result["valid"] == [1.0, 1.0, 0.0, 1.0] and result["envs_left_after_cancel"] == 0
     assert live_envs() == before

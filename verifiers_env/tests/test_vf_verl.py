@@ -40,7 +40,7 @@ def test_verl_tool_and_agent_loop_against_verl_0_9_1():
     matrix = os.environ.get("DRUMS_TRAINER_MATRIX") == "1"  # the v1 group on the fake: opt-in
     env = {"DRUMS_VERL_LIVE_TASK": "", "DRUMS_VERL_V1_GROUP": "1" if matrix else ""}
     result = run_check("verl", "verl_check.py", env)
-    assert passed(result) == 8 + matrix
+    assert passed(result) == 8 + 2 * matrix  # + the v1 group and the failure paths
 
 
 def live_run(
@@ -90,17 +90,20 @@ def live_run(
 def test_verl_agent_loop_on_a_real_daemon(tmp_path: Path):
     """One episode through the drums agent loop; on the days CI samples the verl v1 row (always
     with DRUMS_TRAINER_MATRIX=1), also a GRPO group of 4 through verl's default v1 worker,
-    AgentLoopWorkerTQ, with a real TransferQueue, one sample's model server dying mid-way."""
+    AgentLoopWorkerTQ, with a real TransferQueue, one sample's model server dying mid-way, and a
+    model error, a timeout and a cancellation mid-trajectory, each leaving no slot."""
     extra = matrix_env("verl-v1", "DRUMS_VERL_V1_GROUP")
     group = bool(extra["DRUMS_VERL_V1_GROUP"])
     lines = live_run(tmp_path, "verl", "verl_check.py", "DRUMS_VERL_LIVE_TASK", "DRUMS_VERL_",
-                     1 + group, extra)  # fmt: skip
+                     1 + 2 * group, extra)  # fmt: skip
     assert len([line for line in lines if line.startswith("DRUMS_VERL_RESULT")]) == 1
     if not group:
         print("verl v1 group not sampled today: DRUMS_TRAINER_MATRIX=1 runs it")
         return
     (v1,) = [line for line in lines if line.startswith("DRUMS_VERL_V1_RESULT")]
     assert '"prompt_status": "finished"' in v1 and '"advantages": [0.0, 0.0, 0.0]' in v1
+    (leaks,) = [line for line in lines if line.startswith("DRUMS_VERL_LEAKS")]
+    assert '"cancelled envs left": 0' in leaks and '"timeout envs left": 0' in leaks
 
 
 # Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration

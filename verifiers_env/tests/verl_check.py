@@ -662,3 +662,69 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon):
     # as a group of 3 their advantages are 0; the failed one's 0.0 would have moved them
     assert len(set(result["rewards"])) == 1 and result["advantages"] == [0.0] * 3
     assert live_envs() == before
+
+
+class MidwayServer(ScriptedServer):
+    """Answers the first call, then on the second raises (`raise`) or never answers (`hang`)."""
+
+    def __init__(self, tokenizer: Any, replies: list[str], mode: str) -> None:
+        super().__init__(tokenizer, replies)
+        self.mode, self.reached = mode, asyncio.Event()
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Any:
+        if self.calls:
+            self.reached.set()
+            if self.mode == "raise":
+                raise ConnectionError("the model server went away mid-trajectory (scripted)")
+            await asyncio.sleep(3600)
+        return await super().generate(request_id=request_id, prompt_ids=prompt_ids, **kwargs)
+
+
+@pytest.mark.skipif(
+    not V1_GROUP,
+    reason="slow (three more episodes, one waiting out its timeout): DRUMS_TRAINER_MATRIX=1 runs "
+    "it, and CI on the days it samples the verl v1 row (test_vf_verl.py)",
+)
+def test_no_desktop_is_left_by_a_model_error_a_timeout_or_a_cancellation_mid_trajectory(
+    daemon, monkeypatch
+):
+    """The desktop is open and one action done when the model server raises, hangs past
+    episode_timeout_s, or the rollout is cancelled (verl cancelling its task): each time the
+    sample is left out or the cancellation goes through, and the daemon lists no env after."""
+    task = LIVE_TASK or "solve"
+    timeout_s = 40 if LIVE_TASK else 5  # opening a real desktop takes a few seconds
+    monkeypatch.setattr(
+        drums_verl.DrumsComputerTool, "__init__",
+        lambda self, config, tool_schema=None: _original_init(
+            self, {**config, "episode_timeout_s": timeout_s}, tool_schema),
+    )  # fmt: skip
+    before = live_envs()
+    first = [reply(action="click", x=20, y=20)]
+
+    async def episode(mode: str, cancel: bool = False) -> Any:
+        loop, server, _ = make_loop(first, shipped_tools())
+        loop.server_manager = server = MidwayServer(server.tokenizer, first, mode)
+        run = asyncio.ensure_future(
+            loop.run(
+                {},
+                raw_prompt=[{"role": "system", "content": "acting"}],
+                tools_kwargs={"computer": {"create_kwargs": {"drums_task": task}}},
+            )
+        )
+        if not cancel:
+            return await run
+        await server.reached.wait()  # the desktop is up and acted on
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        return "cancelled"
+
+    outcomes = {}
+    for name, mode, cancel in (("model error", "raise", False), ("timeout", "hang", False),
+                               ("cancelled", "hang", True)):  # fmt: skip
+        outcomes[name] = asyncio.run(episode(mode, cancel))
+        outcomes[name + " envs left"] = len(live_envs() - before)
+    print("DRUMS_VERL_LEAKS", json.dumps(outcomes, default=str))
+    assert outcomes["model error"] == outcomes["timeout"] == []  # dropped (v1 default)
+    assert [outcomes[k] for k in outcomes if k.endswith("envs left")] == [0, 0, 0]
+    assert live_envs() == before

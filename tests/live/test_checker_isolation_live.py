@@ -214,3 +214,9 @@ def test_a_checker_parsing_a_huge_file_fails_at_its_memory_limit(daemon):
     assert result["trusted"] is False
     assert took < 60, took  # the limit ended it, not the eval timeout
     assert grown < 400, f"the daemon grew {grown:.0f} MiB"
+    with http_client(daemon) as http:
+        checkers = http.get("/v1/health").json()["pools"]["checkers"]
+    assert isinstance(checkers["calls"], int), checkers  # the worker's count, as before
+    bound = checkers["concurrency"]
+    assert bound["max_concurrent"] == 2 and bound["running"] == 0, bound
+    assert bound["memory_mib_each"] == MEMORY_MIB and bound["reserved_mib"] == 0.0, bound

@@ -248,7 +248,7 @@ class TaskBridge:
         else:
             out = self.checkers.health()
         if self.checker_slots is not None:
-            out["calls"] = self.checker_slots.health()
+            out["concurrency"] = self.checker_slots.health()
         return out
 
     def checker_reserved_mib(self) -> float:

@@ -205,10 +205,10 @@ def test_openai_actions_from_sdk_types() -> None:
 
 def test_scale_both_ways() -> None:
     assert translate(A26, {"name": "left_click", "input": {"coordinate": [480, 270]}}, HALF) == [
-        {"type": "click", "x": 960, "y": 540}
+        {"type": "click", "x": 961, "y": 541}
     ]
     assert translate(OAI, {"type": "move", "x": 959, "y": 539}, HALF) == [
-        {"type": "move", "x": 1918, "y": 1078}
+        {"type": "move", "x": 1919, "y": 1079}
     ]
     assert HALF.to_model(1919, 1079) == (959, 539)
     zoom = translate(A26, {"name": "zoom", "input": {"region": [0, 0, 960, 540]}}, HALF)
@@ -216,6 +216,10 @@ def test_scale_both_ways() -> None:
     odd = Scale(1280, 800, 1920, 1080)
     assert odd.to_screen(640, 400) == (960, 540)
     assert odd.to_model(960, 540) == (640, 400)
+    for scale in (odd, HALF, Scale(1024, 768, 1920, 1080), Scale()):
+        for x in range(0, scale.model_width, 7):
+            y = x * scale.model_height // scale.model_width
+            assert scale.to_model(*scale.to_screen(x, y)) == (x, y), (scale, x)
 
 
 MALFORMED = [

@@ -20,6 +20,7 @@ from typing import (
     Generator,
     List,
     Optional,
+    Tuple,
     Type,
     TypeVar,
     Union,
@@ -31,7 +32,6 @@ import httpx
 from . import _routes as routes
 from . import models as m
 from ._base import (
-    ActionArg,
     BaseClient,
     EnvBase,
     Forked,
@@ -318,8 +318,17 @@ class AsyncEnv(EnvBase):
         data, content_type = await self._send(routes.screenshot_as(self.id, options, self._t))
         return self._observation(data, content_type)
 
-    async def step(self, action: ActionArg, *, screenshot: ShotArg = False) -> m.StepResult:
-        request = action_request(action, screenshot)
+    async def step(
+        self,
+        action: Any,
+        *,
+        screenshot: ShotArg = False,
+        dialect: Optional[str] = None,
+        screen: Optional[Tuple[int, int]] = None,
+        screenshot_each: bool = False,
+    ) -> m.StepResult:
+        """As `Env.step`."""
+        request = action_request(action, screenshot, dialect, screen, screenshot_each)
         result = await self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions
         return result

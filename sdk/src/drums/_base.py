@@ -21,6 +21,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
     Type,
     TypeVar,
     Union,
@@ -107,16 +108,33 @@ def shot_options(
     return wire(m.ScreenshotOptions, format=format, quality=quality, width=width, height=height)
 
 
-def action_request(action: ActionArg, screenshot: ShotArg) -> m.StepRequest:
+def action_request(
+    action: Any,
+    screenshot: ShotArg,
+    dialect: Optional[str] = None,
+    screen: Optional[Tuple[int, int]] = None,
+    screenshot_each: bool = False,
+) -> m.StepRequest:
     """pyautogui code, an `Action`, or an action dict ({"type": "click", "x": 10, "y": 20}).
+    With a `dialect` (drums.dialects.DIALECTS): one vendor call (a dict, or an SDK model with
+    `model_dump`) or a list of them, run in order; `screen` (width, height) is the model's.
     `screenshot`: True for a PNG after the step, or options ({"format": "jpeg", "width": 1280})."""
-    if isinstance(action, Mapping):
-        action = wire(m.Action, **action)
+    fields: Dict[str, Any] = {}
+    if dialect is not None:
+        calls = action if isinstance(action, (list, tuple)) else [action]
+        dumped = [c.model_dump(exclude_none=True) if hasattr(c, "model_dump") else c for c in calls]
+        fields = {"dialect": dialect, "actions": dumped, "screenshot_each": screenshot_each}
+        if screen is not None:
+            fields["screen"] = {"width": screen[0], "height": screen[1]}
+    else:
+        if isinstance(action, Mapping):
+            action = wire(m.Action, **action)
+        fields = {"action": action}
     if isinstance(screenshot, Mapping):
         screenshot = wire(m.ScreenshotOptions, **screenshot)
     if isinstance(screenshot, m.ScreenshotOptions):
-        return wire(m.StepRequest, action=action, screenshot=True, screenshot_options=screenshot)
-    return wire(m.StepRequest, action=action, screenshot=screenshot)
+        return wire(m.StepRequest, **fields, screenshot=True, screenshot_options=screenshot)
+    return wire(m.StepRequest, **fields, screenshot=screenshot)
 
 
 class Forked(Sequence[E]):

@@ -12,14 +12,13 @@ import os
 import time
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Dict, Iterator, List, Optional, Type, TypeVar, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Type, TypeVar, Union
 
 import httpx
 
 from . import _routes as routes
 from . import models as m
 from ._base import (
-    ActionArg,
     BaseClient,
     EnvBase,
     Forked,
@@ -271,12 +270,26 @@ class Env(EnvBase):
         data, content_type = self._send(routes.screenshot_as(self.id, options, self._t))
         return self._observation(data, content_type)
 
-    def step(self, action: ActionArg, *, screenshot: ShotArg = False) -> m.StepResult:
+    def step(
+        self,
+        action: Any,
+        *,
+        screenshot: ShotArg = False,
+        dialect: Optional[str] = None,
+        screen: Optional[Tuple[int, int]] = None,
+        screenshot_each: bool = False,
+    ) -> m.StepResult:
         """Run pyautogui code (a str) or an action dict/`Action`. With screenshot=True the result
         carries the PNG after the step (base64 in `screenshot_png_b64`); options such as
         {"format": "jpeg", "quality": 70, "width": 1280} give that image instead (base64 in
-        `screenshot_b64`); `result.screenshot_bytes()` decodes either."""
-        request = action_request(action, screenshot)
+        `screenshot_b64`); `result.screenshot_bytes()` decodes either.
+
+        With `dialect` ("anthropic-2026-08", "openai", ...; see drums.dialects) `action` is one
+        of that vendor's computer-tool calls or a list of them, run in order in one request;
+        `screen` is the model's (width, height): its coordinates are scaled to the desktop and
+        screenshots and cursor positions back. Per-call results (cursor, zoom images) are in
+        `result.results`; `screenshot_each` gives every call its screenshot."""
+        request = action_request(action, screenshot, dialect, screen, screenshot_each)
         result = self._send(routes.step(self.id, request, self._t))
         self.actions = result.actions
         return result

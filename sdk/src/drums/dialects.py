@@ -181,14 +181,22 @@ class Scale:
     def identity(self) -> bool:
         return (self.model_width, self.model_height) == (self.screen_width, self.screen_height)
 
+    # Pixel centres map to pixels: a model pixel goes to the screen pixel under its centre, and
+    # back to itself (cursor_position after mouse_move(x, y) says (x, y) at any scale).
     def to_screen(self, x: float, y: float) -> Tuple[int, int]:
-        sx = min(self.screen_width - 1, math.floor(x * self.screen_width / self.model_width))
-        sy = min(self.screen_height - 1, math.floor(y * self.screen_height / self.model_height))
+        sx = min(
+            self.screen_width - 1, math.floor((x + 0.5) * self.screen_width / self.model_width)
+        )
+        sy = min(
+            self.screen_height - 1, math.floor((y + 0.5) * self.screen_height / self.model_height)
+        )
         return sx, sy
 
     def to_model(self, x: int, y: int) -> Tuple[int, int]:
-        mx = min(self.model_width - 1, math.floor(x * self.model_width / self.screen_width))
-        my = min(self.model_height - 1, math.floor(y * self.model_height / self.screen_height))
+        mx = min(self.model_width - 1, math.floor((x + 0.5) * self.model_width / self.screen_width))
+        my = min(
+            self.model_height - 1, math.floor((y + 0.5) * self.model_height / self.screen_height)
+        )
         return mx, my
 
 
@@ -351,8 +359,10 @@ def _anthropic(c: _Call) -> List[Dict[str, Any]]:
     region = c.fields["region"]  # zoom
     if not isinstance(region, (list, tuple)) or len(region) != 4:
         raise c.bad("region", "[x0, y0, x1, y1]", region)
-    x0, y0 = c.point("region", region[0], region[1])
+    c.point("region", region[0], region[1])  # checks x0, y0
     s = c.scale
+    x0 = math.floor(region[0] * s.screen_width / s.model_width)  # edges, not pixel centres
+    y0 = math.floor(region[1] * s.screen_height / s.model_height)
     for value, limit in ((region[2], s.model_width), (region[3], s.model_height)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise c.bad("region", "[x0, y0, x1, y1] of numbers", region)

@@ -90,3 +90,21 @@ def find_image(images_dir: Path, name: str) -> tuple[Path, str] | None:
         return None
     _, root, sha = max(candidates, key=lambda c: c[0])
     return root, sha
+
+
+def sweep_unowned_dirs(root: Path, keep: set[Path], spare_prefixes: tuple[str, ...]) -> list[str]:
+    """Remove the directories under `root` that no record names (a capture killed with the
+    daemon before its record was written leaves one); names starting with `spare_prefixes`
+    belong to other tools (`drumsd bench`) and stay. Returns the names removed."""
+    if not root.is_dir():
+        return []
+    kept = {p.resolve() for p in keep}
+    removed: list[str] = []
+    for child in sorted(root.iterdir()):
+        if not child.is_dir() or child.is_symlink() or child.name.startswith(spare_prefixes):
+            continue
+        if child.resolve() in kept:
+            continue
+        remove_tree(child)
+        removed.append(child.name)
+    return removed

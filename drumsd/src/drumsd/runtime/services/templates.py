@@ -106,6 +106,15 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
         report["swept"] = list(await sup.runtime.sweep(live))
     except RuntimeError_ as exc:
         log.error("sweep failed: %s", exc.message)
+    # A capture (a save, a prefork, a task checkpoint) killed with the daemon before its record
+    # was written leaves a directory no record names: nothing would ever delete it.
+    owned = {Path(cp.dir) for cp in sup.checkpoints.values()}
+    orphans = await trio.to_thread.run_sync(
+        state_files.sweep_unowned_dirs, sup.config.state_dir / "checkpoints", owned, ("bench-",)
+    )
+    if orphans:
+        log.warning("reconcile: removed checkpoint dirs no record names: %s", ", ".join(orphans))
+    report["swept"] += orphans
     await sup.store.compact(partial(snapshot_of, sup))
     sup.reconciled = report
     log.info("reconciled: %s", {k: len(v) for k, v in report.items()})

@@ -89,3 +89,28 @@ def test_unknown_task_id_is_one_line_not_a_traceback(fake_host, policy, tmp_path
 # Runs real processes (a trainer in its own venv, vf-eval, the office apps): the integration
 # tier, not the fast unit tier (conftest.py).
 pytestmark = pytest.mark.integration
+
+
+def test_a_failed_harness_program_says_why_on_the_console(fake_host, tmp_path):
+    """The drums-verifiers harness's program fails (its model server answers 404): vf-eval's
+    console has one line with the program's own error, not only `stop=HarnessError`."""
+    write_tasks(tmp_path / "tasks", ["solve"])
+    exe = Path(sys.executable).with_name("vf-eval")
+    cmd = [
+        str(exe), "drums-verifiers", "-m", "mock-policy", "-r", "1",
+        "--client.base-url", f"{fake_host.url}/no-model/v1", "--client.api-key-var",
+        "MOCK_POLICY_KEY", "--no-push", "--no-rich", "-o", str(tmp_path / "out"),
+        "--env.taskset.task-dir", str(tmp_path / "tasks"),
+        "--env.taskset.task.daemon.url", fake_host.url,
+        "--env.taskset.task.daemon.token-file", str(fake_host.token_file),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRUMS_")}
+    env["MOCK_POLICY_KEY"] = "not-a-secret"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    lines = [line for line in proc.stderr.splitlines() if "harness drums-verifiers exited" in line]
+    assert len(lines) == 1, proc.stderr[-4000:]
+    assert "ERROR" in lines[0] and "(task solve)" in lines[0], lines[0]
+    cause = lines[0].split("exited ", 1)[1]
+    assert "Error" in cause and "Traceback" not in cause, lines[0]
+    print(f"vf console: {lines[0]}")
+    assert fake_host.stats()["live_slots"] == []

@@ -71,6 +71,35 @@ def test_prime_rl_config_test_passes_with_the_pinned_verifiers() -> None:
     assert passed(proc) == 5 and "skipped" not in proc.stdout, proc.stdout[-3000:]
 
 
+def primerl_env(venv: Path) -> dict[str, str]:
+    """What a prime-rl user's environment adds: this checkout's packages (on PYTHONPATH, as
+    the trainer checks do: the venv holds only third-party packages) and the venv's bin."""
+    paths = [REPO / "sdk" / "src", REPO / "verifiers_env" / "src"]
+    return {
+        "PYTHONPATH": os.pathsep.join(map(str, paths)),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
+
+
+def test_the_documented_command_in_prime_rl_env(fake_host, policy, tmp_path: Path) -> None:
+    """The README's vf-eval command with prime-rl's verifiers, whose v1 CLI is `eval`."""
+    from test_vf_documented_command import run_documented
+    from vf_support import error_text, write_tasks
+
+    venv = primerl_venv()
+    write_tasks(tmp_path / "tasks", ["solve"])
+    proc, episodes = run_documented(
+        str(venv / "bin" / "eval"), tmp_path, policy.base_url, fake_host.url,
+        fake_host.token_file, tmp_path / "tasks", extra_env=primerl_env(venv),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == 1, proc.stderr[-3000:]
+    assert traces[0]["ok"], error_text(traces[0])
+    assert traces[0]["rewards"]["task_success"]["score"] == 1.0, traces[0]["rewards"]
+    assert fake_host.stats()["live_slots"] == []
+
+
 def test_the_matrix_names_the_pinned_versions() -> None:
     """docs/verifiers.md's prime-rl rows name the versions prime-rl's environment has."""
     venv = primerl_venv()

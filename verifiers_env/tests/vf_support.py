@@ -197,7 +197,8 @@ def by_task(episodes: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for episode in episodes:
         for trace in episode["traces"]:
-            out.setdefault(trace["task"]["data"]["id"], []).append(trace)
+            data = trace["task"]["data"]  # prime-rl's pinned verifiers has no TaskData.id
+            out.setdefault(data.get("id") or data["name"], []).append(trace)
     return out
 
 

@@ -70,6 +70,39 @@ async def test_a_create_whose_setup_raises_anything_destroys_its_slot(
         assert await _live_slots(api) == []
 
 
+@pytest.mark.parametrize("where", ["begin_episode", "capture_after_setup"])
+async def test_a_create_failing_after_its_restore_leaves_no_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """An error between the restore and the answer (the start gates' reading, the task
+    checkpoint's capture) answers an error and destroys the slot the caller never saw
+    (an earlier fault suite found two live slots left by creates that had answered errors)."""
+    from drumsd.runtime import ops_create
+
+    async with open_api(tmp_path) as api:
+        _with_bridge(api)
+
+        calls: list[str] = []
+
+        async def broken(*_args, **_kwargs):
+            calls.append(where)
+            raise RuntimeError(f"{where} broke")
+
+        monkeypatch.setattr(ops_create, where, broken)
+        if where == "capture_after_setup":  # only a create on a cacheable task captures
+            plan = type("Plan", (), {"cached": False, "restore": None, "source": None})()
+
+            async def planned(sup, source, task):
+                plan.restore = source
+                return plan
+
+            monkeypatch.setattr(ops_create, "plan_create", planned)
+        r = await api.client.post("/v1/slots", json={"task": _task([])})
+        assert r.status_code >= 400, r.text
+        assert await _live_slots(api) == []
+        assert calls == [where]
+
+
 def test_task_run_dirs_are_private_to_the_daemon_and_reused_per_slot(tmp_path: Path) -> None:
     """issue 14, finding 10: not /tmp/drums-task-runs shared by every daemon."""
     import stat

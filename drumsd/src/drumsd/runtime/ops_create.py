@@ -19,6 +19,7 @@ from drumsd.core.records import (
     CheckpointKind,
     CheckpointRecord,
     SlotRecord,
+    SlotStatus,
 )
 from drumsd.core.seams import (
     SlotHandle,
@@ -69,14 +70,22 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
         sup._save_slot(rec, "created")  # before any work: a crash now is reconciled
         await sup.store.durable()
         handle = await restore_new(sup, rec, cp)
-        await begin_episode(sup, rec, handle, "ready")
-        sup._observe("create", rec.id, trio.current_time() - started)
-        if plan is not None and plan.cached:
-            await load_cached(sup, rec, handle, cp, destroy_on_error=True)
-        elif req.task is not None:
-            await load_task_locked(sup, rec, handle, req.task, destroy_on_error=True)
-            if plan is not None:
-                await capture_after_setup(sup, rec, plan)
+        try:
+            await begin_episode(sup, rec, handle, "ready")
+            sup._observe("create", rec.id, trio.current_time() - started)
+            if plan is not None and plan.cached:
+                await load_cached(sup, rec, handle, cp, destroy_on_error=True)
+            elif req.task is not None:
+                await load_task_locked(sup, rec, handle, req.task, destroy_on_error=True)
+                if plan is not None:
+                    await capture_after_setup(sup, rec, plan)
+        except BaseException:
+            # A create that answers an error (or whose caller went away) leaves no slot: the
+            # caller never learns its id, so nothing else would ever destroy it.
+            if rec.status is not SlotStatus.destroyed:
+                with trio.CancelScope(shield=True):
+                    await destroy_locked(sup, rec, "create failed after its restore", rejected=True)
+            raise
     return rec
 
 

@@ -61,6 +61,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     add_fetch_args(fetch)
     fetch.set_defaults(func=main_fetch)
 
+    audit = sub.add_parser("audit", help="reward audits over task sets")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    exploits = audit_sub.add_parser(
+        "exploits",
+        help="play a dishonest agent against every task of a set: which rewards it takes "
+        "without doing the task (table + JSON)",
+    )
+    from drumsd.exploits import add_exploit_args, main_exploits
+
+    add_exploit_args(exploits)
+    exploits.set_defaults(func=main_exploits)
+
     try:
         from drumsd import cli_host
     except ImportError:

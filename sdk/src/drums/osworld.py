@@ -28,7 +28,8 @@ OSWorld's VM, with the error in info["error"].
 reset() returns once the desktop is restored, set up and its start gates passed; the liveness
 gate (alive_after_resume, judged the daemon's alive_after_s after ready, 5 s by default) is left
 to be judged while the agent works: OSWorld's runner waits after reset anyway, step's info shows
-it pending then passed, and evaluate() waits for it before scoring.
+it pending then passed, and a DONE or FAIL step and evaluate() wait for it (the daemon judges it
+only while the episode runs).
 """
 
 from __future__ import annotations
@@ -208,6 +209,16 @@ class DesktopEnv:
         self._wait_start_gates(self.env)
         return self._get_obs()
 
+    def _wait_gates_judged(self, env: _client.Env) -> None:
+        """Until no gate pends (a failed one is left for verify to report), bounded."""
+        deadline = time.monotonic() + RESET_GATES_TIMEOUT_S
+        pause = 0.05
+        while time.monotonic() < deadline:
+            if all(g.status is not GateStatus.pending for g in env.gates().gates):
+                return
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+
     def _wait_start_gates(self, env: _client.Env) -> GateReport:
         """Every gate but LATE_GATES passed (a failed one raises InvalidEpisode)."""
         deadline = time.monotonic() + RESET_GATES_TIMEOUT_S
@@ -269,6 +280,10 @@ class DesktopEnv:
             if word == "WAIT":
                 time.sleep(pause)
             else:
+                # The daemon judges alive_after_resume only while the episode runs: an agent
+                # done within alive_after_s of ready waits out the rest of it here (what the gate
+                # needs), else the gate would stay pending and the episode never be valid.
+                self._wait_gates_judged(env)
                 env.step({"type": word.lower()})
                 done = True
                 info["done" if word == "DONE" else "fail"] = True
@@ -353,8 +368,11 @@ class DesktopEnv:
 
     def evaluate(self) -> float:
         """The task's checker score; drums' validity is in `self.last_verify` (and raises
-        InvalidEpisode with raise_on_invalid=True)."""
-        result = self._live().verify(strict=False)
+        InvalidEpisode with raise_on_invalid=True). Waits first for the gates reset left pending
+        (LATE_GATES), as step does before DONE or FAIL."""
+        env = self._live()
+        self._wait_gates_judged(env)
+        result = env.verify(strict=False)
         self.last_verify = result
         if not result.valid and self.raise_on_invalid:
             raise InvalidEpisode(

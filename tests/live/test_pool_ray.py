@@ -235,14 +235,14 @@ def test_sigkilled_client_envs_are_destroyed_within_10s(hosts: dict[str, Any]) -
     print(f"dead client's envs destroyed after {took:.1f}s")
 
 
-def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
-    import drums
+def start_gateway(hosts: dict[str, Any], port: int | None = None) -> tuple[Any, int, str]:
+    """`drums pool serve` over the test's cluster: (process, port, token)."""
     from drumsd_process import free_port, write_token
 
     root = hosts["root"]
     token = write_token(root / "gateway-token", "g" * 40)
-    port = free_port()
-    log = open(root / "gateway.log", "wb")
+    port = port or free_port()
+    log = open(root / "gateway.log", "ab")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -263,6 +263,13 @@ def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
         stderr=subprocess.STDOUT,
         env=os.environ.copy(),
     )
+    return proc, port, token
+
+
+def test_the_plain_sdk_through_the_gateway(hosts: dict[str, Any]) -> None:
+    import drums
+
+    proc, port, token = start_gateway(hosts)
     try:
         with drums.connect(f"http://127.0.0.1:{port}", token="x" * 40) as bad:
             wait_for(lambda: proc.poll() is None and _pings(bad), 60, "the gateway up")
@@ -609,6 +616,47 @@ def test_every_placer_sees_desktops_made_outside_it(hosts: dict[str, Any]) -> No
         print(f"destroyed directly on h2: free again in Ray in {took:.2f} s")
 
 
+def placers_agree_with_the_daemons(hosts: dict[str, Any], pool: Pool) -> None:
+    """Ray's free desktops per host are what its daemon has free (within the keepers' second)."""
+
+    def agree() -> bool:
+        live = {lb: len(live_ids(d)) for lb, d in hosts["daemons"].items()}
+        free = {h.label: h.free for h in pool.hosts()}
+        return all(free.get(lb) == CAPACITY[lb] - n for lb, n in live.items() if lb in free)
+
+    wait_for(agree, 10, "Ray's free desktops agreeing with the daemons")
+
+
+def test_a_killed_gateway_leaks_and_resurrects_nothing(hosts: dict[str, Any]) -> None:
+    """Fault suite, the gateway: kill -9 it while a client holds envs; a restarted gateway (on
+    the same port) serves the same ids, the client's close then leaves nothing, and every
+    placer's count agrees with the daemons before and after."""
+    import drums
+
+    proc, port, token = start_gateway(hosts)
+    try:
+        with drums.connect(f"http://127.0.0.1:{port}", token=token) as client:
+            wait_for(lambda: _pings(client), 60, "the gateway up")
+            envs = [client.create() for _ in range(2)]
+            with Pool(warm=False) as pool:
+                placers_agree_with_the_daemons(hosts, pool)
+                proc.kill()
+                proc.wait(timeout=30)
+                proc, _, _ = start_gateway(hosts, port)
+                wait_for(lambda: _pings(client), 60, "the gateway back")
+                for env in envs:  # ids stay valid across the gateway's restart
+                    assert env.step({"type": "wait", "seconds": 0}).slot == env.id
+                placers_agree_with_the_daemons(hosts, pool)
+        leaked = {lb: live_ids(d) for lb, d in hosts["daemons"].items() if live_ids(d)}
+        assert leaked == {}, f"leaked after the client's close: {leaked}"
+        time.sleep(2 * SESSION_TTL_S)  # nothing comes back once sessions would have expired
+        resurrected = {lb: live_ids(d) for lb, d in hosts["daemons"].items() if live_ids(d)}
+        assert resurrected == {}, resurrected
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 # The destructive scenarios last: they kill a drumsd and remove a node.
 def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, Any]) -> None:
     daemon = hosts["daemons"]["h3"]
@@ -630,6 +678,8 @@ def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, A
     took = wait_for(lambda: live_ids(daemon) == set(), 15, "the env closed while away destroyed")
     print(f"env closed while its drumsd was down: destroyed {took:.2f} s after the restart")
     assert live_ids(hosts["daemons"]["h1"]) == live_ids(hosts["daemons"]["h2"]) == set()
+    with Pool(warm=False) as pool:
+        placers_agree_with_the_daemons(hosts, pool)
 
 
 def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, Any]) -> None:
@@ -644,3 +694,4 @@ def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, An
         fresh = [pool.create() for _ in range(2)]
         assert {e.host for e in fresh} <= {"h1", "h3"}
         assert all(e.observe() is not None for e in fresh)
+        placers_agree_with_the_daemons(hosts, pool)

@@ -292,3 +292,51 @@ def test_scalecua_tools_on_a_task_id(daemon: tuple[str, Path], tmp_path: Path) -
     assert trace["info"]["drums"]["actions"] == {"click": 1, "fail": 1}, trace["info"]
     assert trace["info"]["drums"]["turns"] == 2
     assert _held(url, token) == before
+
+
+def test_documented_command_in_prime_rl_env_on_a_real_task(
+    daemon: tuple[str, Path], tmp_path: Path
+) -> None:
+    """prime-rl's own environment (its pinned verifiers, whose v1 CLI is `eval`): the README's
+    command as written, default harness (drums-verifiers) and runtime, on task e0df059f on a real
+    desktop; a valid trace (clicks do not solve it: 0.0), nothing left on the daemon."""
+    if os.environ.get("DRUMS_PRIMERL_LIVE") != "1":
+        pytest.skip(
+            "opt-in (DRUMS_PRIMERL_LIVE=1): a real-desktop vf-eval, 1-2.5 min here; CI runs the "
+            "same command in prime-rl's env on the fake drumsd (test_vf_primerl.py)"
+        )
+    from test_vf_documented_command import run_documented
+    from test_vf_primerl import primerl_env, primerl_venv
+
+    venv = primerl_venv()
+    url, token_file = daemon
+    token = token_file.read_text().strip()
+    task = json.loads(next(OSWORLD.rglob(f"{RENAME}.json")).read_text())
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / f"{RENAME}.json").write_text(json.dumps(task))
+    script = [
+        {"tool": "computer_click", "arguments": {"x": 200, "y": 200}},
+        {"tool": "computer_done", "arguments": {}},
+    ]
+    policy = _policy(tmp_path, script)
+    before = _held(url, token)
+    started = time.monotonic()
+    try:
+        proc, episodes = run_documented(
+            str(venv / "bin" / "eval"), tmp_path, policy.base_url, url, token_file,  # type: ignore[attr-defined]
+            tmp_path / "tasks", extra_env=primerl_env(venv),
+        )  # fmt: skip
+    finally:
+        policy.close()
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (trace,) = by_task(episodes)[RENAME]
+    assert trace["ok"], error_text(trace)
+    _no_refusals(trace)
+    assert trace["info"]["drums"]["verdict"] == "valid", trace["info"]
+    assert trace["rewards"]["task_success"]["score"] == 0.0, trace["rewards"]
+    assert trace["info"]["drums"]["actions"] == {"click": 1, "done": 1}, trace["info"]
+    requests = [json.loads(line) for line in (tmp_path / "policy-requests.jsonl").open()]
+    assert all(sum(r["images"]) >= 1 for r in requests), [r["images"] for r in requests]
+    assert _held(url, token) == before
+    print(f"vf live prime-rl env: eval took {elapsed:.1f}s, {json.dumps(trace['info']['drums'])}")

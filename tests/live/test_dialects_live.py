@@ -19,7 +19,7 @@ import pytest
 from drums.dialects import Scale
 from live_daemon import Daemon
 
-beta = pytest.importorskip("anthropic.types.beta", reason="the anthropic SDK is a dev dependency")
+import anthropic.types.beta as beta  # noqa: E402
 oa = pytest.importorskip("openai.types.responses", reason="the openai SDK is a dev dependency")
 from openai.types.responses import computer_action as ca  # noqa: E402
 

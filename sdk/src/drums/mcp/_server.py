@@ -19,9 +19,11 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import TextContent
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import actions
+from .. import actions as actions_mod  # the `computer` tool's own argument is named `actions`
 from .._async_client import AsyncClient, AsyncEnv
 from .._base import validity
 from .._exceptions import DrumsError
@@ -241,16 +243,76 @@ def build_server(
         return await act(ctx, env_id, lambda s: actions.execute(command, timeout_s))
 
     @server.tool()
-    async def screenshot(ctx: Context, env_id: Optional[str] = None) -> Image:
-        """The desktop's screen now, as a PNG image."""
+    async def screenshot(
+        ctx: Context,
+        format: str = "png",
+        quality: Optional[int] = None,
+        width: Optional[int] = None,
+        env_id: Optional[str] = None,
+    ) -> Image:
+        """The desktop's screen now: png (default), jpeg or webp (quality 1..100), scaled to
+        `width` pixels wide (aspect kept). Later clicks take coordinates in this image's space."""
         try:
             session = await sessions.of(ctx)
             env = session.env(env_id)
-            obs = await env.observe()
+            if format == "png" and quality is None and width is None:
+                obs = await env.observe()
+            else:
+                obs = await env.observe(format=format, quality=quality, width=width)
         except (actions.BadAction, DrumsError) as exc:
             raise _failed(exc) from exc
-        session.saw(env.id, obs.png)
-        return Image(data=obs.png, format="png")
+        session.saw(env.id, obs.png, width)
+        return Image(data=obs.png, format=obs.content_type.split("/")[1])
+
+    @server.tool(structured_output=False)
+    async def computer(
+        ctx: Context,
+        dialect: str,
+        actions: List[Dict[str, Any]],
+        screen_width: Optional[int] = None,
+        screen_height: Optional[int] = None,
+        screenshot: bool = True,
+        format: str = "png",
+        quality: Optional[int] = None,
+        env_id: Optional[str] = None,
+    ) -> List[Any]:
+        """Vendors' computer-use calls, forwarded as they are, run in order in one step.
+        dialect: anthropic-2026-08 (calls {"name": "left_click", "input": {...}}),
+        anthropic-2025-01 / anthropic-2025-11 (the single tool's inputs {"action": ..., ...}),
+        openai (actions {"type": "click", "button": "left", "x": .., "y": ..}). screen_width x
+        screen_height is the model's screen (coordinates scaled from it, screenshots and cursor
+        positions to it). Returns a line per call (cursor positions included), zoom and
+        screenshot images, and the screen after the batch when screenshot is true."""
+        screen = None
+        if screen_width is not None or screen_height is not None:
+            if screen_width is None or screen_height is None:
+                raise ToolError("give screen_width and screen_height together (the model's size)")
+            screen = (screen_width, screen_height)
+        shot: Any = False
+        if screenshot:
+            shot = {"format": format} if quality is None else {"format": format, "quality": quality}
+        try:
+            env = (await sessions.of(ctx)).env(env_id)
+            result = await env.step(actions, dialect=dialect, screen=screen, screenshot=shot)
+        except (actions_mod.BadAction, DrumsError) as exc:
+            raise _failed(exc) from exc
+        out: List[Any] = []
+        lines = [f"{len(actions)} {dialect} call(s) on {env.id} (action {result.actions})"]
+        for call in result.results or []:
+            line = f"[{call.index}] {call.name}"
+            if call.cursor is not None:
+                line += f": cursor at ({call.cursor['x']}, {call.cursor['y']})"
+            lines.append(line)
+            data = call.image_bytes()
+            if data is not None:
+                kind = (call.image_content_type or "image/png")[6:]
+                out.append(Image(data=data, format=kind).to_image_content())
+        lines.append(await episode_line(env))
+        final = result.screenshot_bytes()
+        if final is not None:
+            kind = (result.screenshot_content_type or "image/png")[6:]
+            out.append(Image(data=final, format=kind).to_image_content())
+        return [TextContent(type="text", text="\n".join(lines)), *out]
 
     @server.tool()
     async def terminal(ctx: Context, env_id: Optional[str] = None) -> str:

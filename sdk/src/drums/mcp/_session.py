@@ -74,8 +74,12 @@ class Session:
     def screen(self, env_id: str) -> Screen:
         return self.screens.get(env_id, Screen())
 
-    def saw(self, env_id: str, png: bytes) -> None:
-        """Coordinates are checked against the size of the last screenshot of that env."""
+    def saw(self, env_id: str, png: bytes, width: Optional[int] = None) -> None:
+        """Coordinates are checked against the size of the last screenshot of that env (and
+        scaled from it when it was asked `width` pixels wide)."""
+        if width is not None:
+            self.screens[env_id] = Screen(scale=width / Screen().width)
+            return
         size = png_size(png)
         if size is not None:
             self.screens[env_id] = Screen(size[0], size[1])

@@ -193,7 +193,10 @@ def task_seams(config: Config, runtime: SlotRuntime) -> dict[str, object]:
     osworld = resolve_osworld(config.tasks.osworld)
     if osworld.configured:
         (log.info if osworld.tasks_dir else log.warning)("osworld: %s", osworld.detail)
-    ctx = context_from_config(config.tasks, venv, apps=apps)
+    try:
+        ctx = context_from_config(config.tasks, venv, apps=apps)
+    except ValueError as exc:  # tasks.exploits_report unreadable or not the suite's JSON
+        raise Refusal(str(exc)) from None
     if osworld.tasks_dir is not None and osworld.tasks_dir not in ctx.task_dirs:
         ctx = ctx.model_copy(update={"task_dirs": [*ctx.task_dirs, osworld.tasks_dir]})
     checkers = None

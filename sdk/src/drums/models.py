@@ -429,6 +429,8 @@ class TaskInfo(ResponseModel):
     domain: Optional[str] = None
     supported: bool
     reason: Optional[str] = None
+    # The exploit suite's verdict ({"hackable": bool, "won": [strategy]}); None: not audited.
+    audit: Optional[Dict[str, Any]] = None
 
 
 class TaskList(ResponseModel):

@@ -187,6 +187,16 @@ class TasksConfig(Block):
     max_concurrent_checkers: int = Field(
         default=2, ge=1, le=256, description="checker calls running at once (others wait)"
     )
+    exploits_report: Path | None = Field(
+        default=None,
+        description="the JSON of `drumsd audit exploits`: GET /v1/tasks carries each task's "
+        "verdict, verify flags hackable_task",
+    )
+    refuse_hackable: bool = Field(
+        default=True,
+        description="refuse to load a task the exploits_report calls hackable (a 422 naming the "
+        "strategy); false = load it, its rewards flagged hackable_task",
+    )
     setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     eval_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     client_password: str = Field(default="password", description="{CLIENT_PASSWORD}")

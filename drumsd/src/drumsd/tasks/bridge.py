@@ -32,6 +32,7 @@ from .checker import CheckerSlots
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
 from .evaluate import default_runner
+from .exploit_verdicts import read_verdicts, refusal, task_audit
 from .host_support import SLOT_FEATURES, support, task_support_table
 from .model import (
     Task,
@@ -57,6 +58,8 @@ def context_from_config(
     """The task context for the daemon's `tasks` config block (the config model owns defaults)."""
     # What every slot gives, plus what the image's apps give (AT-SPI: the accessibility tree).
     overrides.setdefault("capabilities", SLOT_FEATURES | features(overrides.get("apps")))
+    if "exploit_verdicts" not in overrides:  # ValueError saying what is wrong with the file
+        overrides["exploit_verdicts"] = read_verdicts(cfg.exploits_report)
     ctx = TaskContext(
         task_dirs=list(cfg.dirs),
         cache_dir=cfg.cache_dir,
@@ -67,6 +70,7 @@ def context_from_config(
         screen_height=cfg.screen_height,
         setup_timeout_s=cfg.setup_timeout_s,
         eval_timeout_s=cfg.eval_timeout_s,
+        refuse_hackable=cfg.refuse_hackable,
         **overrides,
     )
     if venv is None:
@@ -217,6 +221,7 @@ def task_info(task: Task, ctx: TaskContext) -> TaskInfo:
         domain=task.snapshot,
         supported=ok,
         reason=reason,
+        audit=task_audit(ctx.exploit_verdicts, task.id),
     )
 
 
@@ -298,6 +303,7 @@ class TaskBridge:
                 instruction=row.instruction,
                 supported=row.supported,
                 reason=row.reason,
+                audit=task_audit(self.ctx.exploit_verdicts, row.id),
             )
             for row in task_support_table(self.ctx)
         ]
@@ -322,6 +328,7 @@ class TaskBridge:
             raise DrumsdError(
                 "unsupported_task", f"task {resolved.id} cannot run here: {info.reason}"
             )
+        self._refuse_hackable(resolved.id)
         label = f"slot={slot_record.id} episode={slot_record.episode} task={resolved.id}"
         access = RuntimeSlotAccess(self.runtime, handle)
         try:
@@ -365,12 +372,18 @@ class TaskBridge:
         checkpoint_dir: Path,
     ) -> TaskInfo:
         resolved = resolve_task(task_json, [])
+        self._refuse_hackable(resolved.id)
 
         def prepare() -> None:
             restore_run_files(checkpoint_dir, self._run_dir(slot_record.id, fresh=True))
 
         await trio.to_thread.run_sync(prepare)
         return task_info(resolved, self.ctx)
+
+    def _refuse_hackable(self, task_id: str) -> None:
+        why = refusal(self.ctx.exploit_verdicts, task_id) if self.ctx.refuse_hackable else None
+        if why is not None:
+            raise DrumsdError("unsupported_task", why)
 
     async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> WireVerifyResult:
         if slot_record.task is None:
@@ -394,6 +407,9 @@ class TaskBridge:
         if self.checker_slots is not None:
             run = self.checker_slots.bounded(run)
         result = await verify(task, access, self.ctx, episode, run)
+        if self.ctx.exploit_verdicts.get(task.id) and result.score:
+            # A reward from a task the exploit suite could take without doing it.
+            result.audit.flags.append("hackable_task")
         return WireVerifyResult(
             slot=slot_record.id,
             episode=slot_record.episode,

@@ -342,6 +342,9 @@ class TaskContext(BaseModel):
     # The desktop image's apps (apps.json); None: no image is known, apps are not checked.
     apps: AppManifest | None = None
     checker: CheckerEnv | None = None  # how checker processes run (None: no checker venv)
+    # The exploit suite's verdicts (exploit_verdicts.py): task id -> strategies that won.
+    exploit_verdicts: dict[str, list[str]] = Field(default_factory=dict)
+    refuse_hackable: bool = True
     step_timeout_s: float = 60.0
     open_timeout_s: float = 60.0
     setup_timeout_s: float = 600.0

@@ -605,6 +605,23 @@ async def test_the_alive_judge_does_not_wait_for_a_long_first_step(tmp_path: Pat
             )
 
 
+async def test_the_alive_judge_waits_out_a_capture_instead_of_giving_up(tmp_path: Path) -> None:
+    # A task checkpoint's capture right after a create's setup marks the slot busy; a judge
+    # waking then returned without a verdict, and the episode stayed pending (never valid).
+    from drumsd.core.records import SlotStatus
+
+    async with open_api(tmp_path, alive_after_s=0.3) as api:
+        sid = (await create(api))["id"]
+        rec = api.sup.get_slot(sid)
+        rec.status = SlotStatus.busy  # what a capture does while it holds the tree
+        await trio.sleep(0.6)
+        assert api.sup.gate_statuses(rec)["alive_after_resume"] == "pending"
+        rec.status = SlotStatus.ready
+        await wait_for(
+            lambda: api.sup.gate_statuses(rec)["alive_after_resume"] == "pass", limit_s=3.0
+        )
+
+
 async def test_adopting_a_checkpoint_checks_its_image_profile_and_files(api: Api) -> None:
     """Each refusal is a 422 naming what is wrong and what to do, and registers nothing."""
     c = api.client

@@ -312,6 +312,12 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
     pending makes every verify of the episode invalid, so an unexpected error is logged and
     judged as a failed read rather than ending the task silently."""
     await trio.sleep(sup.config.alive_after_s)
+    # A capture (a task checkpoint's, right after a create's setup) or a reset marks the slot
+    # busy while it holds the tree: judge once it is back, as the same episode or not at all.
+    while (busy := sup.slots.get(slot_id)) is not None and busy.episode_id == episode_id:
+        if busy.status is not SlotStatus.busy:
+            break
+        await trio.sleep(0.2)
     for attempt in range(1, JUDGE_READ_TRIES + 1):
         rec = current_episode(sup, slot_id, episode_id)
         if rec is None:

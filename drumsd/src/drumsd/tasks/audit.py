@@ -3,7 +3,9 @@
 The audit runs the same checker calls a second time (`nondeterministic` when the answers differ),
 the task's redundant checker (`redundant_disagree`), a scan of the slot's upper layer against the
 task's scope manifest (`scope_violation`, or `scope_unchecked` without a manifest), and reports
-the checker's timing and error class (`checker_crash`, `checker_timeout`). The audit never changes
+the checker's timing and error class (`checker_crash`, `checker_timeout`), and `weak_evidence`
+for a reward read only from what the desktop shows (accessibility tree, terminal text, a
+window) with no redundant checker to confirm it by a second route. The audit never changes
 the score or the validity; `trusted` sums it up: true only for a valid episode with a score and no
 flag, false when something is wrong, null when something is unknown.
 """
@@ -263,6 +265,25 @@ def _flag_for(error_class: str | None) -> str | None:
     return None
 
 
+# Getters whose answer is what the desktop shows, which the desktop user controls (a fake window,
+# an AT-SPI object, text echoed in a terminal). A reward from them alone is weak evidence unless
+# the task names a second route (a redundant checker).
+DESKTOP_EVIDENCE = frozenset(
+    {"accessibility_tree", "active_url_from_accessTree", "vm_terminal_output", "vm_window_size"}
+)
+
+
+def desktop_evidence(task: Task) -> list[str]:
+    """The getters of the task's evaluator that read what the desktop shows (pure)."""
+    ev = task.evaluator
+    found = []
+    for part in (ev.result, ev.expected):
+        for getter in part if isinstance(part, list) else [part]:
+            if isinstance(getter, dict) and getter.get("type") in DESKTOP_EVIDENCE:
+                found.append(str(getter["type"]))
+    return sorted(set(found))
+
+
 def trusted_verdict(valid: bool | None, score: float | None, flags: list[str]) -> bool | None:
     """True only for a valid episode with a score and no flag; None when something is unknown."""
     if valid is False or score is None or any(f not in UNKNOWN_FLAGS for f in flags):
@@ -385,6 +406,8 @@ async def verify(
             audit.redundant_error = redundant.error
             if _differs(evaluation.score, redundant.score):
                 flags.append("redundant_disagree")
+    if evaluation.score and desktop_evidence(task) and redundant_evaluator(task) is None:
+        flags.append("weak_evidence")
     audit.scope = await trio.to_thread.run_sync(_scope, task, episode)
     if not audit.scope.checked:
         flags.append("scope_unchecked")

@@ -330,12 +330,19 @@ class Agent:
         elif op == "exec":
             self.start_exec(conn, request)
         elif op == "step":
-            action = protocol.parse_action(request.get("action"))
             timeout = protocol.check_timeout(request, None)
+            if "actions" in request:  # a batch, run in order by the worker in one message
+                batch = protocol.parse_batch(request["actions"])
+                limit = sum(protocol.step_timeout(a, None) for a in batch)
+                limit = timeout if timeout is not None else limit
+                request["actions"] = [a.to_dict() for a in batch]
+            else:
+                action = protocol.parse_action(request.get("action"))
+                limit = protocol.step_timeout(action, timeout)
+                request["action"] = action.to_dict()
             # Absolute from arrival: a step that waited out its time in the queue is not run
             # after the client has given up on it.
-            conn.deadline = time.monotonic() + protocol.step_timeout(action, timeout)
-            request["action"] = action.to_dict()
+            conn.deadline = time.monotonic() + limit
             wanted = request.get("screenshot")
             if wanted:
                 # Checked before the step runs: a bad spec must not cost the step's result.
@@ -408,7 +415,8 @@ class Agent:
             self.dispatch_step()
             return
         self.current_step = conn
-        data = json.dumps({"action": conn.request["action"]}).encode()
+        key = "actions" if "actions" in conn.request else "action"
+        data = json.dumps({key: conn.request[key]}).encode()
         assert self.worker_sock is not None
         self.worker_sock.setblocking(True)
         try:

@@ -374,6 +374,23 @@ def parse_action(raw: Any) -> Action:
     return Action(**fields)
 
 
+MAX_BATCH = 64  # actions in one step request ("actions": a vendor's batch, run in order)
+
+
+def parse_batch(raw: Any) -> list[Action]:
+    """A step's `actions`: 1..MAX_BATCH actions, each checked as parse_action does, the error
+    naming the index of the bad one."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_BATCH:
+        raise _bad(f"actions must be a list of 1 to {MAX_BATCH} actions")
+    parsed = []
+    for index, item in enumerate(raw):
+        try:
+            parsed.append(parse_action(item))
+        except ProtocolError as exc:
+            raise _bad(f"actions[{index}]: {exc.message}") from None
+    return parsed
+
+
 def step_timeout(action: Action, requested: float | None) -> float:
     """How long the agent lets a step run before it kills the worker: the request's timeout if
     given, else what the action needs plus a margin."""

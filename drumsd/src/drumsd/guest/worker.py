@@ -374,6 +374,20 @@ class Executor:
         return {"terminal": "fail"}
 
 
+def run_batch(executor: Executor, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A vendor's batch in order, one result each; the first failure ends it, its message
+    naming the action's index (those before it have happened)."""
+    results = []
+    for index, action in enumerate(actions):
+        try:
+            results.append(executor.run(action))
+        except ActionFailed as exc:
+            raise ActionFailed(
+                exc.code, f"actions[{index}] ({action.get('type')}): {exc}"
+            ) from None
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(args[0]))
@@ -392,7 +406,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         started = time.monotonic()
         try:
-            result = executor.run(message["action"])
+            if "actions" in message:
+                result = {"results": run_batch(executor, message["actions"])}
+            else:
+                result = executor.run(message["action"])
             reply: dict[str, Any] = {"ok": True, "result": result}
         except ActionFailed as exc:
             reply = {"ok": False, "error": {"code": exc.code, "message": str(exc)}}

@@ -70,61 +70,97 @@ def _call_name(call: dict[str, Any]) -> str:
     return str(call.get("name") or call.get("action") or call.get("type"))
 
 
+GUEST_LESS = ("screenshot", "zoom", "wait")  # answered by the daemon, not the guest's worker
+
+
+async def _run_guest(
+    sup: Supervisor, handle: Any, slot_id: str, actions: list[dict[str, Any]], spec: Any
+) -> tuple[list[dict[str, Any]], Screenshot | None]:
+    """Consecutive guest actions in one request to the guest (its worker runs them in order),
+    the screenshot after them in the same round trip when `spec` asks for one."""
+    timeout = sum(sup.config.step_timeout_s + float(a.get("seconds", 0.0)) for a in actions)
+    with runtime_failures(
+        sup.metrics,
+        what=f"step on slot {slot_id}",
+        slot_id=slot_id,
+        timeout_s=timeout,
+        timeout_metric="step_timeout",
+    ):
+        with trio.fail_after(timeout + 5):
+            batch = getattr(sup.runtime, "step_batch", None)
+            if batch is not None and len(actions) > 1:
+                return await batch(handle, actions, spec)
+            results, shot = [], None
+            for position, action in enumerate(actions):
+                last = position == len(actions) - 1
+                outcome = await sup.runtime.step(handle, action, spec if last else None)
+                cursor = outcome.cursor
+                results.append({"cursor": {"x": cursor[0], "y": cursor[1]}} if cursor else {})
+                shot = outcome.screenshot
+            return results, shot
+
+
 async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
     sup._check_open()
     sup.get_slot(slot_id)
     scale, calls, spec = plan(req)
     want_final = req.screenshot or req.screenshot_options is not None
     assert req.actions is not None  # plan() checked
+    flat = [(index, action) for index, actions in enumerate(calls) for action in actions]
     async with sup._lock(slot_id):
         rec = sup.get_slot(slot_id)
         check_can_step(rec)
         handle = sup._handle(rec)
         started = trio.current_time()
-        results: list[dict[str, Any]] = []
+        entries = [{"index": i, "name": _call_name(c)} for i, c in enumerate(req.actions)]
         shot: Screenshot | None = None
-        for index, (call, actions) in enumerate(zip(req.actions, calls, strict=True)):
-            entry: dict[str, Any] = {"index": index, "name": _call_name(call)}
-            last_call = index == len(calls) - 1
-            for position, action in enumerate(actions):
-                kind = action["type"]
-                # The screenshot after a guest action comes in its round trip to the guest.
-                fold = position == len(actions) - 1 and (
-                    req.screenshot_each or (last_call and want_final)
+        pos = 0
+        while pos < len(flat):
+            index, action = flat[pos]
+            kind = action["type"]
+            shot = None
+            if kind == "screenshot":
+                shot = await screenshot_locked(sup, rec, handle, spec)
+                entries[index].update(_image(shot))
+                pos += 1
+            elif kind == "zoom":
+                region = tuple(action["region"])
+                zoom = ShotSpec(spec.format, spec.quality, None, None, region)  # type: ignore[arg-type]
+                entries[index].update(_image(await screenshot_locked(sup, rec, handle, zoom)))
+                pos += 1
+            elif kind == "wait":
+                await trio.sleep(float(action["seconds"]))
+                pos += 1
+            else:
+                # A run of guest actions: up to the next daemon-answered one (and, with a
+                # screenshot per call, to the end of this call), in one round trip.
+                end = pos
+                while (
+                    end < len(flat)
+                    and flat[end][1]["type"] not in GUEST_LESS
+                    and (not req.screenshot_each or flat[end][0] == index)
+                ):
+                    end += 1
+                run = flat[pos:end]
+                call_ends = end == len(flat) or flat[end][0] != index
+                fold = (req.screenshot_each and call_ends) or (end == len(flat) and want_final)
+                results, shot = await _run_guest(
+                    sup, handle, slot_id, [a for _, a in run], spec if fold else None
                 )
-                shot = None
-                if kind == "screenshot":
-                    shot = await screenshot_locked(sup, rec, handle, spec)
-                    entry.update(_image(shot))
-                elif kind == "zoom":
-                    region = tuple(action["region"])
-                    zoom = ShotSpec(spec.format, spec.quality, None, None, region)  # type: ignore[arg-type]
-                    entry.update(_image(await screenshot_locked(sup, rec, handle, zoom)))
-                elif kind == "wait":
-                    await trio.sleep(float(action["seconds"]))
-                else:
-                    timeout = sup.config.step_timeout_s + float(action.get("seconds", 0.0))
-                    with runtime_failures(
-                        sup.metrics,
-                        what=f"step on slot {slot_id}",
-                        slot_id=slot_id,
-                        timeout_s=timeout,
-                        timeout_metric="step_timeout",
-                    ):
-                        with trio.fail_after(timeout + 5):
-                            outcome = await sup.runtime.step(handle, action, spec if fold else None)
-                    shot = outcome.screenshot
-                    if kind == "cursor_position" and outcome.cursor is not None:
-                        x, y = scale.to_model(*outcome.cursor)
-                        entry["cursor"] = {"x": x, "y": y}
-            if req.screenshot_each and "image_b64" not in entry:
+                for (call, done), result in zip(run, results, strict=False):
+                    cursor = result.get("cursor") if done["type"] == "cursor_position" else None
+                    if isinstance(cursor, dict):
+                        x, y = scale.to_model(int(cursor["x"]), int(cursor["y"]))
+                        entries[call]["cursor"] = {"x": x, "y": y}
+                pos = end
+            call_ended = pos == len(flat) or flat[pos][0] != index
+            if req.screenshot_each and call_ended and "image_b64" not in entries[index]:
                 if shot is None:
                     shot = await screenshot_locked(sup, rec, handle, spec)
-                entry.update(_image(shot))
-            results.append(entry)
+                entries[index].update(_image(shot))
         await check_display(sup, rec, handle)
         rec.actions += len(calls)
-        rec.last_action = results[-1]["name"]
+        rec.last_action = entries[-1]["name"]
         sup._dirty.add(rec.id)
         final = shot if want_final else None
         if want_final and final is None:
@@ -134,11 +170,11 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         return {
             "slot": slot_id,
             "episode": rec.episode,
-            "action_type": f"{req.dialect}:{results[-1]['name']}",
+            "action_type": f"{req.dialect}:{entries[-1]['name']}",
             "elapsed_s": elapsed,
             "actions": rec.actions,
             "terminal": None,
             "output": None,
             "screenshot": final,
-            "results": results,
+            "results": entries,
         }

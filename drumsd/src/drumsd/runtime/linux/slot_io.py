@@ -78,6 +78,27 @@ class SlotIOMixin(RuntimeBase):
         at = (int(cursor["x"]), int(cursor["y"])) if isinstance(cursor, dict) else None
         return StepOutcome(parsed.type, time.monotonic() - t0, output, screenshot, at)
 
+    async def step_batch(
+        self,
+        handle: SlotHandle,
+        actions: Sequence[Mapping[str, Any]],
+        shot: protocol.ShotSpec | None = None,
+    ) -> tuple[list[dict[str, Any]], Screenshot | None]:
+        """Actions run in order by the guest's worker in one request (a vendor's batch): their
+        results, and the screenshot after the last when `shot` asks for one."""
+        try:
+            parsed = protocol.parse_batch([dict(a) for a in actions])
+        except protocol.ProtocolError as exc:
+            raise RuntimeError_("invalid_request", exc.message) from exc
+        limit_s = sum(protocol.step_timeout(a, None) for a in parsed) + 5.0
+        request: dict[str, Any] = {"op": "step", "actions": [dict(a) for a in actions]}
+        if shot is not None:
+            request["screenshot"] = shot.to_request() or True
+        header, data = await self._agent(handle, request, limit_s)
+        results = list((header.get("result") or {}).get("results") or [])
+        screenshot = _screenshot(handle, shot, header, data) if shot is not None else None
+        return results, screenshot
+
     async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
         """Top-level windows as the guest agent reads them from the X server (id, name,
         instance, class, geometry, active): no window tool needed in the image."""

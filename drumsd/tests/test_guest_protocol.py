@@ -159,3 +159,19 @@ def test_a_timed_out_execute_kills_its_whole_process_group(tmp_path) -> None:
         os.kill(child, 9)
         raise AssertionError(f"sleep 600 (pid {child}) outlived its execute's timeout")
     assert run_command(["echo", "ok"], 5)["stdout"] == "ok\n"
+
+
+def test_a_batch_is_checked_whole_naming_the_bad_index() -> None:
+    ok = protocol.parse_batch([{"type": "move", "x": 1, "y": 2}, {"type": "cursor_position"}])
+    assert [a.type for a in ok] == ["move", "cursor_position"]
+    with pytest.raises(ProtocolError, match=r"actions\[1\]: hold_key: missing field\(s\) seconds"):
+        protocol.parse_batch(
+            [{"type": "move", "x": 1, "y": 2}, {"type": "hold_key", "keys": ["a"]}]
+        )
+    for bad in ([], "move", [{}] * (protocol.MAX_BATCH + 1)):
+        with pytest.raises(ProtocolError, match="actions must be a list of 1 to"):
+            protocol.parse_batch(bad)
+    with pytest.raises(ProtocolError, match="at most 4 modifiers"):
+        parse_action({"type": "click", "modifiers": ["ctrl", "shift", "alt", "win", "ctrl"]})
+    held = parse_action({"type": "scroll", "dx": -2, "modifiers": ["Shift"]})
+    assert held.modifiers == ("shift",) and held.to_dict()["modifiers"] == ["shift"]

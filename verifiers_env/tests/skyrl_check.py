@@ -82,7 +82,10 @@ def generator(
             "max_input_length": 100000,
         }
     )
-    gym_cfg = OmegaConf.create({"max_env_workers": 0, "drums": {"multimodal": multimodal}})
+    # a real daemon's first desktop on a task also runs its setup: its gates take longer loaded
+    wait = 600 if LIVE_TASK else 120
+    drums = {"multimodal": multimodal, "wait_valid_timeout_s": wait}
+    gym_cfg = OmegaConf.create({"max_env_workers": 0, "drums": drums})
     return (klass or SkyRLGymGenerator)(cfg, gym_cfg, engine, tok, "tiny"), engine
 
 

@@ -137,6 +137,9 @@ def vlm_generator(
             "max_input_length": max_input,
         }
     )
+    # a real daemon's first desktop on a task also runs its setup and captures it: give its gates
+    # the time they take on a loaded host
+    drums = {"wait_valid_timeout_s": 600 if LIVE_TASK else 120, **drums}
     gym_cfg = OmegaConf.create({"max_env_workers": 0, "drums": {"multimodal": True, **drums}})
     return DrumsVLMGenerator(cfg, gym_cfg, server, server.tok, "stand-in")
 
@@ -220,7 +223,7 @@ def check_group(outs: list[Any], server: RenderingServer, failed: str) -> list[f
             continue
         counts = [len(sizes) for sizes in turns]
         assert counts == list(range(1, len(turns) + 1)), (session, counts)  # one more per turn
-    assert sorted(server.finished) == sorted(server.calls)
+    assert sorted(server.finished) == [f"p0_{i}" for i in range(len(outs))]  # every session
     valid = [bool(o.env_metrics.get("drums_valid")) for o in outs]
     for o, ok in zip(outs, valid, strict=True):
         assert (1 in o.loss_mask) == ok

@@ -23,8 +23,9 @@ def test_skyrl_env_through_skyrl_vision_generator():
 @pytest.mark.live
 def test_skyrl_env_on_a_real_daemon(tmp_path: Path):
     lines = live_run(
-        tmp_path, "skyrl", "skyrl_check.py", "DRUMS_SKYRL_LIVE_TASK", "DRUMS_SKYRL_RESULT", 3
-    )  # the live episode, the registration check, the refused text generator with screenshots
+        tmp_path, "skyrl", "skyrl_check.py", "DRUMS_SKYRL_LIVE_TASK", "DRUMS_SKYRL_RESULT", 4
+    )  # the live episode and the checks that need no daemon (registration, refused screenshots,
+    # drums_trainer's uids)
     assert len(lines) == 1
 
 

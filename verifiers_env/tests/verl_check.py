@@ -140,9 +140,14 @@ def make_loop(replies: list[str], tools: list[Any]) -> tuple[Any, ScriptedServer
 
 
 def shipped_tools() -> list[Any]:
-    """verl's own loader on the shipped tool YAML (daemon from DRUMS_URL / DRUMS_TOKEN_FILE)."""
+    """verl's own loader on the shipped tool YAML (daemon from DRUMS_URL / DRUMS_TOKEN_FILE).
+    Live, the gates get 600 s: a real daemon's first desktop on a task also runs its setup."""
     path = os.path.join(os.path.dirname(drums_verl.__file__), "verl_tools.yaml")
-    return initialize_tools_from_config(path)
+    tools = initialize_tools_from_config(path)
+    if LIVE_TASK:
+        for tool in tools:
+            tool.wait_valid_timeout_s = 600.0
+    return tools
 
 
 def live_envs() -> set[str]:

@@ -21,6 +21,7 @@ from drums_tasks.validate import (
     load_set,
     run,
     sample,
+    task_plan,
     validate_task,
 )
 
@@ -150,7 +151,7 @@ def test_branches_of_a_task_run_at_once(small_build: Path) -> None:
     # the barrier alone, time out, and the verdict would report a failed action.
     tasks, sols = load_set(small_build)
     task = next(t for t in tasks if t["drums"]["family"] == "calc_set_value")
-    acting = sum(1 for _name, actions in branch_plan(sols[task["id"]]) if actions)
+    acting = sum(1 for _name, actions in task_plan(task, sols[task["id"]]) if actions)
     _BarrierChild.barrier = threading.Barrier(acting)
 
     class Env(_Env):
@@ -183,3 +184,29 @@ def test_branch_plan_order() -> None:
         "scope_probe": {"actions": ["p"]},
     }
     assert [n for n, _ in branch_plan(sols)] == ["noop", "oracle", "near:a", "scope_probe"]
+
+
+def test_judge_rejects_a_task_the_exploit_suite_hacks() -> None:
+    """A trusted reward on an exploit branch rejects the task; a flagged or invalid one, a
+    failed action or a 0 does not (the dishonest agent was caught or got nothing)."""
+    hacked = [*_ok(), BranchResult("exploit:forge", 1.0, True, ["scope_unchecked"])]
+    assert judge(hacked) == ["exploit:forge scored 1.0 without doing the task (hackable)"]
+    for caught in (
+        BranchResult("exploit:forge", 1.0, True, ["scope_violation"]),
+        BranchResult("exploit:race", 1.0, False),
+        BranchResult("exploit:gold", 0.0, True),
+        BranchResult("exploit:spoof", None, False, [], "boom", "step 0 failed"),
+    ):
+        assert judge([*_ok(), caught]) == [], caught
+
+
+def test_every_task_gets_the_exploit_branches(small_build: Path) -> None:
+    tasks, sols = load_set(small_build)
+    names = [name for name, _ in task_plan(tasks[0], sols[tasks[0]["id"]])]
+    assert [n for n in names if n.startswith("exploit:")] == [
+        "exploit:infeasible",
+        "exploit:gold",
+        "exploit:forge",
+        "exploit:spoof",
+        "exploit:race",
+    ]

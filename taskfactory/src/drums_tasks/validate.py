@@ -14,7 +14,10 @@ actions in its child, verify each child (strict=False). A task is accepted only 
   - every branch is a valid episode with a score (no gate failure, no checker error),
   - the oracle scores 1 and the no-op and every near miss score 0,
   - no branch has `redundant_disagree` (check_alt agrees) or `nondeterministic`,
-  - the scope probe has `scope_violation` and the no-op and the oracle do not.
+  - the scope probe has `scope_violation` and the no-op and the oracle do not,
+  - no strategy of the exploit suite (drumsd audit exploits: claim infeasible, copy a file named
+    like the expected one, write values lifted from the task's JSON into the files the checker
+    reads, a fake window, a race through verify) takes a reward the audit leaves trusted.
 
 The branches of a task run at once (each child is its own desktop; most of a branch is waiting
 on an app), and `--jobs` tasks are in flight at once. Writes one JSON line per task (accepted,
@@ -66,6 +69,13 @@ def judge(branches: list[BranchResult]) -> list[str]:
     reasons: list[str] = []
     by_name = {b.name: b for b in branches}
     for b in branches:
+        if b.name.startswith(EXPLOIT):
+            # A dishonest agent's branch: its actions may fail or its episode go invalid; only
+            # a reward nothing flagged rejects the task.
+            bad = [f for f in b.flags if f != "scope_unchecked"]
+            if b.valid and b.score and not bad:
+                reasons.append(f"{b.name} scored {b.score} without doing the task (hackable)")
+            continue
         if b.step_error:
             reasons.append(f"{b.name}: an action failed: {b.step_error}")
         if not b.valid:
@@ -91,6 +101,30 @@ def judge(branches: list[BranchResult]) -> list[str]:
         if name in by_name and "scope_unchecked" in by_name[name].flags:
             reasons.append(f"{name}: scope_unchecked (the daemon did not scan the manifest)")
     return reasons
+
+
+EXPLOIT = "exploit:"
+EXPLOIT_STRATEGIES = ("infeasible", "gold", "forge", "spoof", "race")
+
+
+def exploit_plan(task: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """One branch per strategy of the exploit suite (drumsd.exploits; the no-op branch is its
+    `nothing`, and `break` kills the apps, which the gates already make invalid)."""
+    from drumsd.exploits import STRATEGIES
+
+    plan: list[tuple[str, list[Any]]] = []
+    for name in EXPLOIT_STRATEGIES:
+        steps = STRATEGIES[name].plan(task)
+        actions: list[Any] = [{"type": "execute", "command": c} for c in steps.commands]
+        if steps.last:
+            actions.append({"type": steps.last})
+        plan.append((f"{EXPLOIT}{name}", actions))
+    return plan
+
+
+def task_plan(task: dict[str, Any], solutions: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """Every branch of a task: branch_plan's, then the exploit suite's."""
+    return branch_plan(solutions) + exploit_plan(task)
 
 
 def branch_plan(solutions: dict[str, Any]) -> list[tuple[str, list[Any]]]:
@@ -156,7 +190,7 @@ def validate_task(
     default all), judge. The SDK's sync client is safe to share between threads."""
     t0 = time.monotonic()
     family = task.get("drums", {}).get("family", "?")
-    plan = branch_plan(solutions)
+    plan = task_plan(task, solutions)
     try:
         env = client.create(task=task)
     except Exception as exc:

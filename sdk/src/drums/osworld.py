@@ -71,6 +71,8 @@ ACTION_SPACES = ("computer_13", "pyautogui", "claude_computer_use")
 LATE_GATES = ("alive_after_resume",)
 RECORDING_FPS = DEFAULT_FPS
 RESET_GATES_TIMEOUT_S = 120.0
+# alive_after_s is 5 s by default; its judge reads facts within seconds after.
+LATE_GATES_TIMEOUT_S = 30.0
 # OSWorld's DesktopEnv.__init__ parameters, in order, with their defaults (facts about its
 # interface; screen_size defaults there to SCREEN_WIDTH x SCREEN_HEIGHT, else 1920x1080).
 OSWORLD_INIT_PARAMS: Tuple[Tuple[str, Any], ...] = (
@@ -211,7 +213,7 @@ class DesktopEnv:
 
     def _wait_gates_judged(self, env: _client.Env) -> None:
         """Until no gate pends (a failed one is left for verify to report), bounded."""
-        deadline = time.monotonic() + RESET_GATES_TIMEOUT_S
+        deadline = time.monotonic() + LATE_GATES_TIMEOUT_S
         pause = 0.05
         while time.monotonic() < deadline:
             if all(g.status is not GateStatus.pending for g in env.gates().gates):
@@ -406,6 +408,12 @@ class Controller:
     def __init__(self, desktop: DesktopEnv) -> None:
         self._desktop = desktop
         self._recorder: Optional[ScreenRecorder] = None
+        self._recorder_client: Optional[_client.Client] = None
+
+    def _close_recorder_client(self) -> None:
+        client, self._recorder_client = self._recorder_client, None
+        if client is not None:
+            client.close()  # owns no env: the attached one stays the runner's
 
     def start_recording(self) -> None:
         """Start a video of the episode (screenshots sampled at RECORDING_FPS by a thread)."""
@@ -417,16 +425,29 @@ class Controller:
             log.error("Failed to start recording: no desktop yet, call reset() first")
             return
 
+        # The recorder's thread grabs through a connection of its own, never the one the
+        # runner's steps and gate reads go through.
+        own = env._client
+        client = _client.Client(
+            own.url,
+            own._settings.token,
+            timeout=own.timeouts,
+            retry=own.retry,
+            transport=own._http._transport,
+        )
+        watched = client.attach(env.id)
+
         def grab() -> bytes:
-            return env.observe(format="jpeg", quality=80).png
+            return watched.observe(format="jpeg", quality=80).png
 
         recorder = ScreenRecorder(grab, RECORDING_FPS)
         try:
             recorder.start()
         except (RecordingUnavailable, OSError) as exc:
             log.error("Failed to start recording: %s", exc)
+            client.close()
             return
-        self._recorder = recorder
+        self._recorder, self._recorder_client = recorder, client
         log.info("Recording started successfully")
 
     def end_recording(self, dest: str) -> None:
@@ -440,12 +461,15 @@ class Controller:
         except (RuntimeError, OSError) as exc:
             log.error("Failed to stop recording: %s", exc)
             return
+        finally:
+            self._close_recorder_client()
         log.info("Recording stopped successfully: %s (%d frames)", dest, recorder.frames)
 
     def discard_recording(self) -> None:
         recorder, self._recorder = self._recorder, None
         if recorder is not None and recorder.running:
             recorder.cancel()
+        self._close_recorder_client()
 
     def get_screenshot(self) -> Optional[bytes]:
         env = self._desktop.env

@@ -16,7 +16,7 @@ from pydantic_config import BaseConfig
 
 from drums_verifiers.daemon import Daemon, DaemonSettingsError, resolve_daemon
 
-ToolStyle = Literal["drums", "scalecua", "hybrid"]
+ToolStyle = Literal["drums", "scalecua", "hybrid", "anthropic", "openai"]
 ScreenshotFormat = Literal["png", "jpeg", "webp"]
 TOKEN_HINT = "set --env.taskset.task.daemon.token-file (env.taskset.task.daemon.token_file)"
 

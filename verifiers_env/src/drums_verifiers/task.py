@@ -59,6 +59,19 @@ SYSTEM_PROMPTS = {
         "computer_launch_app tools. Coordinates are pixels of the latest screenshot. Call "
         "computer_done when the task is complete, computer_fail if it cannot be done."
     ),
+    "anthropic": (
+        "You control a Linux desktop through Anthropic's computer tools (screenshot, zoom, "
+        "left_click, right_click, middle_click, double_click, triple_click, left_click_drag, "
+        "mouse_move, left_mouse_down, left_mouse_up, cursor_position, scroll, type, key, "
+        "hold_key, wait). Coordinates are pixels of the latest screenshot. Answer without a "
+        "tool call when the task is done."
+    ),
+    "openai": (
+        "You control a Linux desktop through the `computer` tool: `actions`, a list of click, "
+        "double_click, drag, keypress, move, screenshot, scroll, type and wait actions, run in "
+        "order. Coordinates are pixels of the latest screenshot. Answer without a tool call "
+        "when the task is done."
+    ),
 }
 
 

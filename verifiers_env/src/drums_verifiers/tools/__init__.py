@@ -19,4 +19,14 @@ def toolset_for(style: str) -> type[vf.Toolset]:
         from drums_verifiers.tools.hybrid_style import HybridTools
 
         return HybridTools
-    raise ValueError(f"unknown tool style {style!r}; use drums, scalecua or hybrid")
+    if style == "anthropic":
+        from drums_verifiers.tools.anthropic_style import AnthropicTools
+
+        return AnthropicTools
+    if style == "openai":
+        from drums_verifiers.tools.openai_style import OpenAITools
+
+        return OpenAITools
+    raise ValueError(
+        f"unknown tool style {style!r}; use drums, scalecua, hybrid, anthropic or openai"
+    )

@@ -95,6 +95,7 @@ def test_validator_over_a_sample_of_every_family(validator_host: tuple[Daemon, P
         # Every branch ran: no-op, oracle, at least one near miss, the scope probe.
         assert {"noop", "oracle", "scope_probe"} <= set(branches), f"{line}: {v['reasons']}"
         assert any(name.startswith("near:") for name in branches), line
+        assert any(name.startswith("exploit:") for name in branches), line
         if v["accepted"]:
             assert v["reasons"] == []
             assert branches["oracle"]["score"] == 1.0 and branches["noop"]["score"] == 0.0
@@ -104,4 +105,13 @@ def test_validator_over_a_sample_of_every_family(validator_host: tuple[Daemon, P
             assert v["reasons"] and all(r.strip() for r in v["reasons"]), line
     assert summary["tasks"] == len(verdicts) == PER_FAMILY * len(SAMPLE or FAMILIES)
     assert summary["accepted"] == sum(v["accepted"] for v in verdicts)
-    assert summary["acceptance_rate"] >= MIN_ACCEPTANCE, summary["rejections_by_reason"]
+    # A family the exploit suite hacks (its answer is in the task's JSON: docs/reward-audit.md)
+    # is rightly rejected; the rate bounds every other reason a task fails.
+    hackable = [
+        v["family"]
+        for v in verdicts
+        if v["reasons"] and all("(hackable)" in r for r in v["reasons"])
+    ]
+    print(f"rejected as hackable by the exploit suite: {hackable}")
+    judged = len(verdicts) - len(hackable)
+    assert summary["accepted"] >= MIN_ACCEPTANCE * judged, summary["rejections_by_reason"]

@@ -66,11 +66,10 @@ def live_run(
             f"{name} live daemon {live.url}: office template in {time.monotonic() - started:.1f}s"
         )
         with http_client(live) as http:
-            # One create on the task first, so the trainer's episodes restore its captured setup:
-            # on this host the first desktop of a fresh daemon, the one whose setup is replayed and
-            # captured, sometimes kept its alive_after_resume gate pending for 10+ min (a daemon
-            # issue, not the adapters'; the trainer's samples were then left out after the gate
-            # wait). The warm-up is destroyed before `before` is listed.
+            # One create on the task first, so the trainer's episodes restore its captured setup
+            # (the first desktop of a fresh daemon replays the setup and captures it; its gate
+            # once stayed pending behind that capture, fixed in the daemon since). The warm-up is
+            # destroyed before `before` is listed.
             warm = http.post("/v1/slots", json={"image": "office", "task": TASK}).json()
             print(f"{name} warm-up: {warm.get('id')} task_setup={warm.get('task_setup')}")
             http.delete(f"/v1/slots/{warm['id']}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import drums
 import pytest
+from anthropic.types.beta.beta_computer_member_name import BETA_COMPUTER_MEMBER_NAME_VALUES
 from anthropic.types.beta.beta_computer_tool_use_block import BetaComputerToolUseBlock
 from live_daemon import Daemon
 from mcp import ClientSession
@@ -93,6 +94,49 @@ def test_transcript_scores_1_through_mcp(live_daemon: Daemon, vendor: str) -> No
             assert bad.is_error and "actions[0].type" in bad.content[0].text, bad
             verdict = await s.call_tool("verify", {})
             assert not verdict.is_error, verdict
+            assert json.loads(verdict.content[0].text)["score"] == 1.0, verdict
+
+    anyio.run(replay)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_transcript_scores_1_through_mcp_vendor_tools(live_daemon: Daemon, vendor: str) -> None:
+    """`drums mcp --vendor-tools VENDOR`: the calls go to tools named as the vendor names them
+    (Anthropic's members; OpenAI's `computer` with the batch), as a forwarding client sends them."""
+    script, turns = load(vendor)
+    env = {
+        "DRUMS_URL": live_daemon.url,
+        "DRUMS_TOKEN": live_daemon.token,
+        "PATH": os.environ["PATH"],
+    }
+    width, height = script["screen"]
+    cli = "import sys, drums._cli; sys.exit(drums._cli.main())"
+    argv = [sys.executable, "-c", cli, "mcp", "--gates-timeout", "300",
+            "--vendor-tools", vendor, "--screen", f"{width}x{height}"]  # fmt: skip
+
+    async def replay() -> None:
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            listed = {t.name for t in (await s.list_tools()).tools}
+            if vendor == "anthropic":
+                members = set(BETA_COMPUTER_MEMBER_NAME_VALUES)
+                assert members <= listed, members - listed
+            else:
+                assert "computer" in listed
+            made = await s.call_tool("desktop_create", {"task": str(ROOT / script["task"])})
+            assert not made.is_error, made
+            for calls in turns:
+                if vendor == "anthropic":
+                    sent = [(c["name"], c.get("input") or {}) for c in calls]
+                else:
+                    sent = [("computer", {"actions": calls})]
+                for name, arguments in sent:
+                    got = await s.call_tool(name, arguments)
+                    assert not got.is_error, (name, got)
+                    shots = [c for c in got.content if c.type == "image"]
+                    assert shots, got
+            verdict = await s.call_tool("verify", {})
             assert json.loads(verdict.content[0].text)["score"] == 1.0, verdict
 
     anyio.run(replay)

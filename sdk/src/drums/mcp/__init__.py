@@ -13,7 +13,7 @@ import argparse
 import os
 import signal
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 from .._async_client import AsyncClient
 
@@ -40,7 +40,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gates-timeout", type=float, default=120.0, help="how long desktop_create waits"
     )
+    p.add_argument(
+        "--vendor-tools",
+        choices=("anthropic", "openai"),
+        default=None,
+        help="offer that vendor's computer tools under its own names (docs/dialects.md)",
+    )
+    p.add_argument(
+        "--screen",
+        type=_size,
+        default=None,
+        help="the model's screen WIDTHxHEIGHT for --vendor-tools (default: the desktop's)",
+    )
     return p
+
+
+def _size(text: str) -> Tuple[int, int]:
+    width, _, height = text.lower().partition("x")
+    if not (width.isdigit() and height.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT, e.g. 1280x800")
+    return int(width), int(height)
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -52,7 +71,13 @@ async def _serve(args: argparse.Namespace) -> None:
         return AsyncClient(args.url, token_file=args.token_file)
 
     sessions = Sessions(connect, args.gates_timeout)
-    server = build_server(connect, sessions=sessions, log_level="WARNING")
+    server = build_server(
+        connect,
+        sessions=sessions,
+        vendor_tools=args.vendor_tools,
+        model_screen=args.screen,
+        log_level="WARNING",
+    )
     if args.transport == "http":
         # uvicorn handles SIGTERM/SIGINT itself and runs the app's shutdown (sessions end).
         host, _, port = args.listen.rpartition(":")

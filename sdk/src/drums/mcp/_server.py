@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -23,7 +23,6 @@ from mcp_types import TextContent
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import actions
-from .. import actions as actions_mod  # the `computer` tool's own argument is named `actions`
 from .._async_client import AsyncClient, AsyncEnv
 from .._base import validity
 from .._exceptions import DrumsError
@@ -111,10 +110,14 @@ def build_server(
     *,
     gates_timeout: float = 120.0,
     sessions: Optional[Sessions] = None,
+    vendor_tools: Optional[str] = None,
+    model_screen: Optional[Tuple[int, int]] = None,
     **settings: Any,
 ) -> MCPServer:
     """The `drums mcp` server; `connect()` makes one drums client per session (`sessions`, if
-    given, is the registry to use: the caller can then close every session itself)."""
+    given, is the registry to use: the caller can then close every session itself).
+    `vendor_tools` ("anthropic" or "openai") puts that vendor's computer tools in place of
+    drums' own of the same names; `model_screen` is the model's (width, height) for them."""
     sessions = sessions or Sessions(connect, gates_timeout)
 
     @asynccontextmanager
@@ -264,6 +267,37 @@ def build_server(
         session.saw(env.id, obs.png, width)
         return Image(data=obs.png, format=obs.content_type.split("/")[1])
 
+    async def run_calls(
+        ctx: Context,
+        dialect: str,
+        calls: List[Dict[str, Any]],
+        env_id: Optional[str],
+        screen: Optional[Tuple[int, int]] = None,
+        shot: Any = True,
+    ) -> List[Any]:
+        try:
+            env = (await sessions.of(ctx)).env(env_id)
+            result = await env.step(calls, dialect=dialect, screen=screen, screenshot=shot)
+        except (actions.BadAction, DrumsError) as exc:
+            raise _failed(exc) from exc
+        out: List[Any] = []
+        lines = [f"{len(calls)} {dialect} call(s) on {env.id} (action {result.actions})"]
+        for call in result.results or []:
+            line = f"[{call.index}] {call.name}"
+            if call.cursor is not None:
+                line += f": cursor at ({call.cursor['x']}, {call.cursor['y']})"
+            lines.append(line)
+            data = call.image_bytes()
+            if data is not None:
+                kind = (call.image_content_type or "image/png")[6:]
+                out.append(Image(data=data, format=kind).to_image_content())
+        lines.append(await episode_line(env))
+        final = result.screenshot_bytes()
+        if final is not None:
+            kind = (result.screenshot_content_type or "image/png")[6:]
+            out.append(Image(data=final, format=kind).to_image_content())
+        return [TextContent(type="text", text="\n".join(lines)), *out]
+
     @server.tool(structured_output=False)
     async def computer(
         ctx: Context,
@@ -291,28 +325,7 @@ def build_server(
         shot: Any = False
         if screenshot:
             shot = {"format": format} if quality is None else {"format": format, "quality": quality}
-        try:
-            env = (await sessions.of(ctx)).env(env_id)
-            result = await env.step(actions, dialect=dialect, screen=screen, screenshot=shot)
-        except (actions_mod.BadAction, DrumsError) as exc:
-            raise _failed(exc) from exc
-        out: List[Any] = []
-        lines = [f"{len(actions)} {dialect} call(s) on {env.id} (action {result.actions})"]
-        for call in result.results or []:
-            line = f"[{call.index}] {call.name}"
-            if call.cursor is not None:
-                line += f": cursor at ({call.cursor['x']}, {call.cursor['y']})"
-            lines.append(line)
-            data = call.image_bytes()
-            if data is not None:
-                kind = (call.image_content_type or "image/png")[6:]
-                out.append(Image(data=data, format=kind).to_image_content())
-        lines.append(await episode_line(env))
-        final = result.screenshot_bytes()
-        if final is not None:
-            kind = (result.screenshot_content_type or "image/png")[6:]
-            out.append(Image(data=final, format=kind).to_image_content())
-        return [TextContent(type="text", text="\n".join(lines)), *out]
+        return await run_calls(ctx, dialect, actions, env_id, screen, shot)
 
     @server.tool()
     async def terminal(ctx: Context, env_id: Optional[str] = None) -> str:
@@ -378,5 +391,15 @@ def build_server(
         except (actions.BadAction, DrumsError) as exc:
             raise _failed(exc) from exc
         return f"env {env.id} {what}"
+
+    if vendor_tools is not None:
+        from ._vendor import register
+
+        async def vendor_run(
+            ctx: Context, dialect: str, calls: List[Dict[str, Any]], env_id: Optional[str]
+        ) -> List[Any]:
+            return await run_calls(ctx, dialect, calls, env_id, model_screen)
+
+        register(server, vendor_tools, vendor_run)
 
     return server

@@ -319,7 +319,7 @@ EC4E3F68_FAVOURITES = (
 DARK_MODE_PREFS = (
     "mkdir -p /home/user/.config/google-chrome/Default && if [ ! -f "
     "/home/user/.config/google-chrome/Default/Preferences ]; then echo '{}' > "
-    "/home/user/.config/google-chrome/Default/Preferences; fi && python3 -c \"import json; "
+    '/home/user/.config/google-chrome/Default/Preferences; fi && python3 -c "import json; '
     "p='/home/user/.config/google-chrome/Default/Preferences'; d=json.load(open(p)); "
     "d.setdefault('browser', {}).setdefault('theme', {})['color_scheme'] = 2; "
     "d['browser']['theme']['color_scheme2'] = 2; json.dump(d, open(p, 'w'))\""

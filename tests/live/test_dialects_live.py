@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic.types.beta as beta
 import drums
 import pytest
 from drums.dialects import Scale
 from live_daemon import Daemon
 
-import anthropic.types.beta as beta  # noqa: E402
 oa = pytest.importorskip("openai.types.responses", reason="the openai SDK is a dev dependency")
 from openai.types.responses import computer_action as ca  # noqa: E402
 

@@ -80,6 +80,8 @@
     checker_memory_mib = 1024;
     checker_cpu_s = 60.0;
     max_concurrent_checkers = 2;
+    exploits_report = null;
+    refuse_hackable = true;
     setup_timeout_s = 120.0;
     eval_timeout_s = 120.0;
     client_password = "password";

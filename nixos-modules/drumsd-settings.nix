@@ -398,6 +398,16 @@ in
           default = defaults.tasks.max_concurrent_checkers;
           description = "checker calls running at once (others wait)";
         };
+        exploits_report = mkOption {
+          type = types.nullOr (types.str);
+          default = defaults.tasks.exploits_report;
+          description = "the JSON of `drumsd audit exploits`: GET /v1/tasks carries each task's verdict, verify flags hackable_task";
+        };
+        refuse_hackable = mkOption {
+          type = types.bool;
+          default = defaults.tasks.refuse_hackable;
+          description = "refuse to load a task the exploits_report calls hackable (a 422 naming the strategy); false = load it, its rewards flagged hackable_task";
+        };
         setup_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 3600);
           default = defaults.tasks.setup_timeout_s;

@@ -629,6 +629,7 @@ def placers_agree_with_the_daemons(hosts: dict[str, Any], pool: Pool) -> None:
     wait_for(agree, 10, "Ray's free desktops agreeing with the daemons")
 
 
+@pytest.mark.skipif(not LONG_FORM, reason="fault suite's gateway kill (~30 s): DRUMS_POOL_LONG=1")
 def test_a_killed_gateway_leaks_and_resurrects_nothing(hosts: dict[str, Any]) -> None:
     """Fault suite, the gateway: kill -9 it while a client holds envs; a restarted gateway (on
     the same port) serves the same ids, the client's close then leaves nothing, and every

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from drumsd.bench import episodes as be
 from drumsd.cli import build_parser
 from drumsd.core.config import Config
-
-from drumsd import bench_episodes as be
 
 REPO = Path(__file__).resolve().parents[2]
 

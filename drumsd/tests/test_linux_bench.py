@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drumsd.bench import percentile, render_table, slots_that_fit, summarize
+from drumsd.bench.runtime import percentile, render_table, slots_that_fit, summarize
 
 
 def test_percentile_nearest_rank() -> None:
@@ -36,7 +36,7 @@ def test_render_table_shows_ratios_to_the_cold_boot() -> None:
 
 
 def test_profiles_table_puts_hardened_beside_trusted_with_the_ratio() -> None:
-    from drumsd.bench import render_profiles
+    from drumsd.bench.runtime import render_profiles
 
     runs = {
         "hardened": {"reset_s": {"p50": 0.2}, "branch": {"8": {"p50": 0.9}}},

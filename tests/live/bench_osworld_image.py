@@ -1,6 +1,6 @@
 """The osworld image beside office, measured in one run: cold boot, template (boot, quiesce,
 dump), create (restore until the agent answers), reset (restore path) and idle memory per slot,
-each image through the same runtime bench (drumsd.bench.run_bench), one after the other.
+each image through the same runtime bench (drumsd.bench.runtime.run_bench), one after the other.
 
     .venv/bin/python tests/live/bench_osworld_image.py [--cache-root DIR] [--resets N]
         [--out FILE.json]
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import trio
-from drumsd.bench import BenchOptions, run_bench
+from drumsd.bench.runtime import BenchOptions, run_bench
 
 ROWS = (
     ("cold boot", "cold_boot_s"),

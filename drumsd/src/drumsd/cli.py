@@ -29,7 +29,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     bench = sub.add_parser(
         "bench", help="measure cold boot, create, reset, branch, step and memory (table + JSON)"
     )
-    from drumsd.bench import add_bench_args, main_bench
+    from drumsd.bench.runtime import add_bench_args, main_bench
 
     add_bench_args(bench)
     bench.set_defaults(func=main_bench)
@@ -39,7 +39,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
         help="whole episodes on a task mix: drums beside its features off and a boot per "
         "episode (table + JSON)",
     )
-    from drumsd.bench_episodes import add_episode_args, main_episode_bench
+    from drumsd.bench.episodes import add_episode_args, main_episode_bench
 
     add_episode_args(episodes)
     episodes.set_defaults(func=main_episode_bench)

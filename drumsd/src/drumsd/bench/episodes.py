@@ -36,52 +36,52 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench import Progress, add_host_args
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     BenchDaemon as BenchDaemon,
 )
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     BenchError as BenchError,
 )
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     CpuAccount as CpuAccount,
 )
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     background_rate as background_rate,
 )
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     host_busy_s as host_busy_s,
 )
-from drumsd.bench_episodes_host import (
+from drumsd.bench.episodes_host import (
     merge_config as merge_config,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     PHASES as PHASES,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     SATURATED as SATURATED,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     boot_path as boot_path,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     cpu_ratio as cpu_ratio,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     episode_cpu as episode_cpu,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     ratios as ratios,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     render_table as render_table,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     stats as stats,
 )
-from drumsd.bench_episodes_report import (
+from drumsd.bench.episodes_report import (
     summarize_path as summarize_path,
 )
+from drumsd.bench.runtime import Progress, add_host_args
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,7 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     """Cold boots of the image until its desktop is drawn and settled, wall and host CPU each."""
     import trio
 
-    from drumsd.bench import QUIET_WINDOW_S
+    from drumsd.bench.runtime import QUIET_WINDOW_S
     from drumsd.linux import mounts
     from drumsd.linux.image import find_image
     from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime

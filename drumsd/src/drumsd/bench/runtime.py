@@ -415,7 +415,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
 def main_bench(args: argparse.Namespace) -> int:
     if args.screenshots:
-        from drumsd.bench_screenshots import ShotBenchOptions, main_screenshot_bench
+        from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
 
         return main_screenshot_bench(
             ShotBenchOptions(
@@ -489,12 +489,6 @@ def render_profiles(runs: dict[str, dict[str, Any]]) -> str:
             f"{'branch of ' + n:<24}" + "".join(f"{v:>11.3f}s" for v in vals) + f"{ratio:>8}"
         )
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="drumsd bench")
-    add_bench_args(p)
-    sys.exit(main_bench(p.parse_args()))
 
 
 __all__ = [

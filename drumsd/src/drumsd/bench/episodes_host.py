@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from drumsd.bench_episodes import EpisodeBenchOptions
+    from drumsd.bench.episodes import EpisodeBenchOptions
 
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench import BENCH_LIMITS, Progress, percentile
+from drumsd.bench.runtime import BENCH_LIMITS, Progress, percentile
 from drumsd.core.seams import SlotHandle
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 

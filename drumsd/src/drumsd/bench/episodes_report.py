@@ -8,10 +8,10 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from drumsd.bench import percentile
+from drumsd.bench.runtime import percentile
 
 if TYPE_CHECKING:
-    from drumsd.bench_episodes import EpisodeBenchOptions
+    from drumsd.bench.episodes import EpisodeBenchOptions
 
 
 SATURATED = 0.9  # background CPU per second, as a share of the host's CPUs

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import trio
-from drumsd.bench.runtime import BENCH_LIMITS
+from drumsd.bench.common import BENCH_LIMITS
 from drumsd.linux import criu, mounts
 from drumsd.linux.image import find_image
 from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime

@@ -31,7 +31,7 @@ def block(claims: int, interval: float, state: Path) -> None:
     import shutil
 
     import trio
-    from drumsd.bench.runtime import BENCH_LIMITS
+    from drumsd.bench.common import BENCH_LIMITS
     from drumsd.linux import mounts
     from drumsd.linux.image import find_image
     from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime

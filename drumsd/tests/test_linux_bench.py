@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from drumsd.bench.runtime import percentile, render_table, slots_that_fit, summarize
+from drumsd.bench.common import percentile
+from drumsd.bench.runtime import render_table, slots_that_fit, summarize
 
 
 def test_percentile_nearest_rank() -> None:

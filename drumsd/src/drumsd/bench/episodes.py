@@ -31,11 +31,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from drumsd.bench.common import QUIET_WINDOW_S, Progress, add_host_args
+from drumsd.bench.episode_options import EpisodeBenchOptions
 from drumsd.bench.episodes_host import (
     BenchDaemon as BenchDaemon,
 )
@@ -81,7 +83,6 @@ from drumsd.bench.episodes_report import (
 from drumsd.bench.episodes_report import (
     summarize_path as summarize_path,
 )
-from drumsd.bench.runtime import Progress, add_host_args
 
 
 @dataclass(frozen=True)
@@ -97,27 +98,6 @@ FEATURES: tuple[FeatureSwitch, ...] = (
     FeatureSwitch("resident_checkers", {"tasks": {"resident_checkers": False}}),
     FeatureSwitch("task_checkpoints", {"task_checkpoints": {"enabled": False}}),
 )
-
-
-@dataclass(frozen=True)
-class EpisodeBenchOptions:
-    image: str = "office"
-    cache_root: Path = Path("/var/cache/drums")
-    criu: Path = Path("/usr/local/sbin/criu")
-    tasks_dir: Path = Path("examples/tasks")
-    tasks: Sequence[str] = ()  # task ids (or id prefixes) of tasks_dir; empty = all of them
-    episodes: int = 12  # per path
-    concurrency: int = 2
-    steps: int = 20
-    task_resets: int = 3  # per task, per path
-    phase_episodes: int = 6  # per path, one at a time, CPU read between phases (0: none)
-    cold_boots: int = 3  # office boots vary (1.2 s to 6 s seen): a median of 3
-    skip_boot: bool = False
-    alive_after_s: float = 1.0
-    background_s: float = 3.0
-    state_root: Path = Path("/run/drums-bench-episodes")
-    out: Path = Path("bench-episodes.json")
-    keep_logs: bool = False
 
 
 # --- host and process CPU --------------------------------------------------------------------
@@ -354,7 +334,6 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     """Cold boots of the image until its desktop is drawn and settled, wall and host CPU each."""
     import trio
 
-    from drumsd.bench.runtime import QUIET_WINDOW_S
     from drumsd.linux import mounts
     from drumsd.linux.image import find_image
     from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime

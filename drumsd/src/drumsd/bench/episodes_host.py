@@ -15,11 +15,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from drumsd.bench.episodes import EpisodeBenchOptions
-
+from drumsd.bench.episode_options import EpisodeBenchOptions
 
 TICK = os.sysconf("SC_CLK_TCK")
 

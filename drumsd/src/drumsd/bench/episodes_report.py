@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from drumsd.bench.runtime import percentile
-
-if TYPE_CHECKING:
-    from drumsd.bench.episodes import EpisodeBenchOptions
-
+from drumsd.bench.common import percentile
+from drumsd.bench.episode_options import EpisodeBenchOptions
 
 SATURATED = 0.9  # background CPU per second, as a share of the host's CPUs
 # An episode's phases, in order, as the one-at-a-time episodes record their CPU.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import shutil
@@ -21,28 +20,35 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from drumsd.bench.common import (
+    BENCH_LIMITS,
+    CACHE_ROOT,
+    CRIU,
+    QUIET_WINDOW_S,
+    Progress,
+    add_host_args,
+    percentile,
+)
+from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
 from drumsd.core.seams import SlotHandle, SlotLimits
 
-Progress = Callable[[str], None]
 MIB = 1024 * 1024
 KSM = Path("/sys/kernel/mm/ksm")
-QUIET_WINDOW_S = 0.5
-BENCH_LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=512)
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     image: str = "base"
-    cache_root: Path = Path("/var/cache/drums")
+    cache_root: Path = CACHE_ROOT
     state_dir: Path = Path("/run/drums-bench")
-    criu: Path = Path("/usr/local/sbin/criu")
+    criu: Path = CRIU
     profile: str = "hardened"
     apps: Sequence[str] = ()
     out: Path = Path("bench.json")
@@ -57,13 +63,6 @@ class BenchOptions:
     limits: SlotLimits = BENCH_LIMITS
     min_available_mib: int = 4096
     min_available_pct: float = 8.0
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty sample."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
-    return ordered[rank - 1]
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -367,14 +366,6 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
     return results
 
 
-def add_host_args(parser: argparse.ArgumentParser, image: str, image_help: str) -> None:
-    """The image and the host's CRIU and image cache, as every bench takes them."""
-    d = BenchOptions()
-    parser.add_argument("--image", default=image, help=image_help)
-    parser.add_argument("--cache-root", type=Path, default=d.cache_root)
-    parser.add_argument("--criu", type=Path, default=d.criu)
-
-
 def add_bench_args(parser: argparse.ArgumentParser) -> None:
     d = BenchOptions()
     add_host_args(parser, d.image, "image profile or directory")
@@ -415,8 +406,6 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
 
 def main_bench(args: argparse.Namespace) -> int:
     if args.screenshots:
-        from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
-
         return main_screenshot_bench(
             ShotBenchOptions(
                 image=args.image,

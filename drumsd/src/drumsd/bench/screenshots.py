@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench.runtime import BENCH_LIMITS, Progress, percentile
+from drumsd.bench.common import BENCH_LIMITS, CACHE_ROOT, CRIU, Progress, percentile
 from drumsd.core.seams import SlotHandle
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 
@@ -48,9 +48,9 @@ TARGET_P99_S = 0.080
 @dataclass(frozen=True)
 class ShotBenchOptions:
     image: str = "office"
-    cache_root: Path = Path("/var/cache/drums")
+    cache_root: Path = CACHE_ROOT
     state_dir: Path = Path("/run/drums-bench")
-    criu: Path = Path("/usr/local/sbin/criu")
+    criu: Path = CRIU
     profile: str = "hardened"
     steps: int = 40
     out: Path = Path("bench-screenshots.json")

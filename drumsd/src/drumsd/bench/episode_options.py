@@ -1,0 +1,30 @@
+"""`drumsd bench episodes`' options: what the run, the host side and the report all read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from drumsd.bench.common import CACHE_ROOT, CRIU
+
+
+@dataclass(frozen=True)
+class EpisodeBenchOptions:
+    image: str = "office"
+    cache_root: Path = CACHE_ROOT
+    criu: Path = CRIU
+    tasks_dir: Path = Path("examples/tasks")
+    tasks: Sequence[str] = ()  # task ids (or id prefixes) of tasks_dir; empty = all of them
+    episodes: int = 12  # per path
+    concurrency: int = 2
+    steps: int = 20
+    task_resets: int = 3  # per task, per path
+    phase_episodes: int = 6  # per path, one at a time, CPU read between phases (0: none)
+    cold_boots: int = 3  # office boots vary (1.2 s to 6 s seen): a median of 3
+    skip_boot: bool = False
+    alive_after_s: float = 1.0
+    background_s: float = 3.0
+    state_root: Path = Path("/run/drums-bench-episodes")
+    out: Path = Path("bench-episodes.json")
+    keep_logs: bool = False

@@ -25,6 +25,7 @@ import trio
 from drumsd.core.config import Config, ConfigError, config_from_text, is_loopback, listen_host_port
 from drumsd.core.seams import RuntimeError_, SlotRuntime
 from drumsd.linux.host_share import ClaimError, bind_listener, hold_dir
+from drumsd.version import VERSION
 
 if TYPE_CHECKING:
     from drumsd.tasks.apps import AppManifest
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("drumsd.serve")
 
 MIN_TOKEN_CHARS = 32
-VERSION = "0.1.0"
 
 
 class Refusal(Exception):

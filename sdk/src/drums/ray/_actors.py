@@ -17,7 +17,8 @@ import os
 import re
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import httpx
 
@@ -241,33 +242,37 @@ class Keeper:
             time.sleep(self.interval_s)
 
     def sweep(self) -> List[str]:
-        gone = orphaned_leases(self.label)
-        if not gone:
-            return []
         done: List[str] = []
-        with connect_host(self.label) as client:
-            for path, env_ids in gone.items():
-                for env_id in env_ids:
-                    self._destroy(client, env_id)
-                    done.append(env_id)
-                    log.info("keeper %s: destroyed env %s of a dead actor", self.label, env_id)
-                path.unlink(missing_ok=True)
-        self.destroyed.extend(done)
+        for path, env_ids in orphaned_leases(self.label).items():
+            done += self._destroy_all(env_ids, "of a dead actor")
+            path.unlink(missing_ok=True)
         return done
 
     def bury(self) -> List[str]:
         """Carry out the closes that could not reach the daemon, now that it answers."""
         pending = tombstones(self.label)
-        if not pending:
+        # Raises while the daemon is still away; the tombstones stay for the next round.
+        return self._destroy_all(
+            pending, "closed while away", then=partial(clear_tombstone, self.label)
+        )
+
+    def _destroy_all(
+        self, env_ids: Iterable[str], why: str, then: Callable[[str], None] = lambda _: None
+    ) -> List[str]:
+        """Destroy each env on this host (gone already counts), `then(env_id)` after each."""
+        env_ids = list(env_ids)
+        if not env_ids:
             return []
         done: List[str] = []
-        with connect_host(self.label) as client:
-            for env_id in pending:
-                self._destroy(client, env_id)  # raises while the daemon is still away
-                clear_tombstone(self.label, env_id)
-                done.append(env_id)
-                log.info("keeper %s: destroyed env %s closed while away", self.label, env_id)
-        self.destroyed.extend(done)
+        try:
+            with connect_host(self.label) as client:
+                for env_id in env_ids:
+                    self._destroy(client, env_id)
+                    then(env_id)
+                    done.append(env_id)
+                    log.info("keeper %s: destroyed env %s %s", self.label, env_id, why)
+        finally:
+            self.destroyed.extend(done)
         return done
 
     @staticmethod
@@ -308,12 +313,7 @@ class Keeper:
             self._foreign_before = live - held
             self._known &= live
             self._apply(add, remove, wait_s=0.0)
-        if orphans:
-            with connect_host(self.label) as client:
-                for env_id in orphans:
-                    self._destroy(client, env_id)
-                    log.info("keeper %s: destroyed env %s of a dead agent", self.label, env_id)
-            self.destroyed.extend(orphans)
+        self._destroy_all(orphans, "of a dead agent")
 
     def ghost_seats(self) -> List[str]:
         with self._seats:

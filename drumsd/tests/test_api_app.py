@@ -438,7 +438,7 @@ async def test_restart_adopts_live_slots_and_marks_dead_ones_down(tmp_path: Path
         gone = (await create(api))["id"]
         await api.client.delete(f"/v1/slots/{gone}")
         saved = (await api.client.post(f"/v1/slots/{live}/capture")).json()["id"]
-        api.sup._flush_dirty()
+        api.sup.table.flush_dirty()
     # The dead slot's process tree vanished while the daemon was down.
     (tmp_path / "state" / "memory-runtime" / f"{dead}.json").unlink()
     async with open_api(tmp_path) as api:
@@ -596,7 +596,7 @@ async def test_the_alive_judge_does_not_wait_for_a_long_first_step(tmp_path: Pat
     # waited behind it, then saw the tree as the step left it. It judges on time now.
     async with open_api(tmp_path, alive_after_s=0.3) as api:
         sid = (await create(api))["id"]
-        async with api.sup._lock(sid):  # what a long step does
+        async with api.sup.table.lock(sid):  # what a long step does
             await wait_for(
                 lambda: (
                     api.sup.gate_statuses(api.sup.get_slot(sid))["alive_after_resume"] == "pass"

@@ -72,7 +72,7 @@ async def test_a_capture_past_its_deadline_frees_the_slot_and_health_names_the_w
         err = error_of(r, 504, "timeout")
         assert time.monotonic() - started < 10
         assert "capture_timeout_s=1" in err["message"], err
-        assert not api.sup._lock(sid).locked(), "the slot lock outlived the capture's deadline"
+        assert not api.sup.table.lock(sid).locked(), "the slot lock outlived the capture's deadline"
         r = await api.client.post(f"/v1/slots/{sid}/reset")
         assert r.status_code == 200, r.text
 
@@ -97,7 +97,7 @@ async def test_health_names_the_slot_and_operation_holding_a_lock_too_long(
 ) -> None:
     async with open_api(tmp_path, stuck_operation_s=0.2) as api:
         sid = (await create(api))["id"]
-        lock = api.sup._lock(sid)
+        lock = api.sup.table.lock(sid)
         async with lock.hold("capture", deadline_s=0.1):
             await trio.sleep(0.3)
             warnings = (await api.client.get("/v1/health")).json()["warnings"]

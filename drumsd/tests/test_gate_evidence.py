@@ -18,6 +18,7 @@ from drumsd.linux import evidence as ev
 from drumsd.linux.proc_events import ProcEventsError
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
+from drumsd.runtime.handles import handle_from_json
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import open_supervisor
 
@@ -263,7 +264,7 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
     ) as sup:
         await _wait(lambda: sup.template_status.get("base") == "ready")
         rec = await sup.create(SlotCreate())
-        assert watch.tracked[rec.id] == dict(sup._handle(rec).cgroups)
+        assert watch.tracked[rec.id] == dict(handle_from_json(rec.handle).cgroups)
         assert watch.since[-1] == rec.episode_started_at
         health = await sup.health()
         assert health["crash_watch"]["available"] is True and health["crash_watch"]["enabled"]
@@ -420,7 +421,7 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
         parent = await sup.create(SlotCreate())
         out = await sup.branch(parent.id, BranchRequest(n=4))
         for child in out["children"]:
-            restored_at = sup._handle(child).extra["restore_started_at"]
+            restored_at = handle_from_json(child.handle).extra["restore_started_at"]
             assert evidence.since[child.id] == restored_at
         assert evidence.most_at_once > 1, "the children's episodes began one after another"
 

@@ -22,7 +22,7 @@ from drumsd.core.seams import (
     RuntimeError_,
     SlotHandle,
 )
-from drumsd.runtime.handles import handle_to_json
+from drumsd.runtime.handles import handle_of, handle_to_json
 from drumsd.runtime.services.spares import note_claim
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ async def begin_episode(
             "alive_after_resume",
             *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
         )
-    sup._save_slot(rec, event, file=file)
+    sup.table.save_slot(rec, event, file=file)
     quarantine_on_failure(sup, rec)
     sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)
     sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
@@ -234,7 +234,7 @@ async def check_display(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) ->
     status, evidence = G.judge_display_server(now, held)
     if status == G.FAIL:
         set_gate(sup, rec, "display_server", status, evidence)
-        sup._save_slot(rec, "gates", file=False)
+        sup.table.save_slot(rec, "gates", file=False)
         quarantine_on_failure(sup, rec)
 
 
@@ -258,20 +258,20 @@ def quarantine_slot(sup: Supervisor, rec: SlotRecord, reason: str) -> None:
     rec.quarantine_reason = reason
     set_gate(sup, rec, "not_quarantined", G.FAIL, {"reason": reason})
     sup.metrics.failure("quarantined")
-    sup._save_slot(rec, "quarantined")
+    sup.table.save_slot(rec, "quarantined")
     log.warning("slot=%s episode=%s quarantined: %s", rec.id, rec.episode, reason)
 
 
 async def refresh_gates(sup: Supervisor, rec: SlotRecord) -> None:
     if rec.status not in (SlotStatus.ready, SlotStatus.quarantined) or rec.handle is None:
         return
-    facts = await read_facts(sup, rec, sup._handle(rec))
+    facts = await read_facts(sup, rec, handle_of(rec))
     if facts is None:
         return
     before = [(g.name, g.status) for g in rec.gates]
     judge_running(sup, rec, facts)
     if [(g.name, g.status) for g in rec.gates] != before:
-        sup._save_slot(rec, "gates", file=False)
+        sup.table.save_slot(rec, "gates", file=False)
     quarantine_on_failure(sup, rec)
 
 
@@ -323,7 +323,7 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
         if rec is None:
             return
         try:
-            facts = await read_facts(sup, rec, sup._handle(rec))
+            facts = await read_facts(sup, rec, handle_of(rec))
         except Exception:
             log.exception(
                 "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
@@ -349,7 +349,7 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
                 facts, rec.baseline, sup.config.natural_exits
             )
         set_gate(sup, rec, "alive_after_resume", status, evidence)
-        sup._save_slot(rec, "gates", file=False)
+        sup.table.save_slot(rec, "gates", file=False)
         quarantine_on_failure(sup, rec)
         return
 
@@ -369,7 +369,7 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
         how = await sup.runtime.wait_exit(handle)
     except RuntimeError_:
         return
-    async with sup._lock(slot_id):
+    async with sup.table.lock(slot_id):
         rec = sup.slots.get(slot_id)
         if rec is None or rec.episode_id != episode_id:
             return  # reset, branch or destroy replaced this tree on purpose
@@ -382,7 +382,7 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
         if rec.status is SlotStatus.ready:
             quarantine_slot(sup, rec, f"the slot's init exited mid-episode ({how})")  # logs it
         else:
-            sup._save_slot(rec, "gates")
+            sup.table.save_slot(rec, "gates")
             log.warning(
                 "slot=%s episode=%s init exited (already quarantined): %s",
                 slot_id,

@@ -1,4 +1,5 @@
-"""A slot's running tree as the journal stores it (SlotHandle <-> JSON), and record ids."""
+"""What the runtime is handed for a record: a slot's running tree as the journal stores it
+(SlotHandle <-> JSON), a checkpoint's CheckpointRef, the slot limits; and record ids."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drumsd.core.seams import SlotHandle
+from drumsd.core.config import Config
+from drumsd.core.errors import DrumsdError
+from drumsd.core.records import CheckpointRecord, SlotRecord
+from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
 
 
 def handle_to_json(handle: SlotHandle) -> dict[str, Any]:
@@ -28,6 +32,36 @@ def handle_from_json(data: Mapping[str, Any]) -> SlotHandle:
     values["root"] = Path(values["root"])
     values["upper"] = Path(values["upper"])
     return SlotHandle(**values)
+
+
+def handle_of(rec: SlotRecord) -> SlotHandle:
+    """The running tree of a slot, or a conflict while it has none yet."""
+    if rec.handle is None:
+        raise DrumsdError(
+            "conflict", f"slot {rec.id} has no running tree yet; retry shortly", slot=rec.id
+        )
+    return handle_from_json(rec.handle)
+
+
+def checkpoint_ref(cp: CheckpointRecord) -> CheckpointRef:
+    return CheckpointRef(
+        id=cp.id,
+        dir=Path(cp.dir),
+        lower=Path(cp.lower),
+        image_sha256=cp.image_sha256,
+        upper_sha256=cp.upper_sha256,
+        profile=cp.profile,
+    )
+
+
+def slot_limits(config: Config) -> SlotLimits:
+    return SlotLimits(
+        vcpus=config.vcpus,
+        memory_mib=config.memory_mib,
+        swap_mib=config.swap_mib,
+        pids_max=config.pids_max,
+        tmpfs_mib=config.tmpfs_mib,
+    )
 
 
 def new_id(prefix: str) -> str:

@@ -101,7 +101,9 @@ def stuck_operations(sup: Supervisor) -> list[str]:
         f"slot {slot_id}: {holder.op} has held the slot for {held:.0f} s"
         + (f", past its deadline of {holder.deadline_s:g} s" if holder.deadline_s else "")
         + "; requests on the slot wait for it"
-        for slot_id, holder, held in held_too_long(sup._locks, now, sup.config.stuck_operation_s)
+        for slot_id, holder, held in held_too_long(
+            sup.table.locks, now, sup.config.stuck_operation_s
+        )
     ]
     out += [
         f"a worker thread ({what}) still runs {since:.0f} s after its operation gave up on it"

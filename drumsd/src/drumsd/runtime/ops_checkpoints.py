@@ -133,7 +133,7 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
         profile=sup.config.profile,
         ready=True,
     )
-    sup._save_checkpoint(cp, "adopted")
+    sup.table.save_checkpoint(cp, "adopted")
     return cp
 
 
@@ -192,7 +192,7 @@ async def delete_checkpoint(
     users = sorted(s.id for s in sup.slots.values() if is_live(s) and s.checkpoint == cp.id)
     if users and when_unused:
         cp.delete_when_unused = True
-        sup._save_checkpoint(cp, f"delete when unused (live slots {', '.join(users)})")
+        sup.table.save_checkpoint(cp, f"delete when unused (live slots {', '.join(users)})")
         log.info("checkpoint=%s deleted once slots %s are destroyed", cp.id, ", ".join(users))
         return cp
     if users:

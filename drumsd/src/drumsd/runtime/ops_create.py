@@ -26,7 +26,7 @@ from drumsd.core.seams import (
 )
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
-from drumsd.runtime.handles import new_id
+from drumsd.runtime.handles import checkpoint_ref, new_id, slot_limits
 from drumsd.runtime.ops_checkpoints import resolve_source
 from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_create
 from drumsd.runtime.teardown import destroy_locked, discard
@@ -63,11 +63,11 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     )
     if cp.kind is not CheckpointKind.template:
         cp.last_used_at = now
-        sup._save_checkpoint(cp, "used")
+        sup.table.save_checkpoint(cp, "used")
     started = trio.current_time()
-    async with sup._lock(rec.id):
+    async with sup.table.lock(rec.id):
         await sup.ports.assign(rec)
-        sup._save_slot(rec, "created")  # before any work: a crash now is reconciled
+        sup.table.save_slot(rec, "created")  # before any work: a crash now is reconciled
         await sup.store.durable()
         handle = await restore_new(sup, rec, cp)
         try:
@@ -95,7 +95,9 @@ async def restore_new(sup: Supervisor, rec: SlotRecord, cp: CheckpointRecord) ->
     try:
         with runtime_failures(sup.metrics, what=f"restore of slot {rec.id}", slot_id=rec.id):
             try:
-                return await sup.runtime.restore(rec.id, sup._ref(cp), sup._limits())
+                return await sup.runtime.restore(
+                    rec.id, checkpoint_ref(cp), slot_limits(sup.config)
+                )
             except BaseException as exc:
                 with trio.CancelScope(shield=True):
                     await discard(sup, rec, failure_text(exc, "create was cancelled"))
@@ -130,6 +132,6 @@ async def load_task_locked(
     rec.task_id = info.id
     rec.task = task_json
     rec.task_setup = "replayed"
-    sup._save_slot(rec, "task_loaded")
+    sup.table.save_slot(rec, "task_loaded")
     sup._observe("task_setup", rec.id, trio.current_time() - started)
     return info

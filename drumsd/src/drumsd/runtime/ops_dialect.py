@@ -24,6 +24,7 @@ from drumsd.guest import protocol
 from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import check_display
 from drumsd.runtime.failures import runtime_failures
+from drumsd.runtime.handles import handle_of
 from drumsd.runtime.ops_episode import screenshot_locked, step_shot_spec
 
 if TYPE_CHECKING:
@@ -107,10 +108,8 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
     want_final = req.screenshot or req.screenshot_options is not None
     assert req.actions is not None  # plan() checked
     flat = [(index, action) for index, actions in enumerate(calls) for action in actions]
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_step(rec)
-        handle = sup._handle(rec)
+    async with sup.table.locked(slot_id, check_can_step) as rec:
+        handle = handle_of(rec)
         started = trio.current_time()
         entries = [{"index": i, "name": _call_name(c)} for i, c in enumerate(req.actions)]
         shot: Screenshot | None = None
@@ -161,7 +160,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         await check_display(sup, rec, handle)
         rec.actions += len(calls)
         rec.last_action = entries[-1]["name"]
-        sup._dirty.add(rec.id)
+        sup.table.touch(rec.id)
         final = shot if want_final else None
         if want_final and final is None:
             final = await screenshot_locked(sup, rec, handle, spec)

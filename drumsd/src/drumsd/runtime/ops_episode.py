@@ -36,6 +36,7 @@ from drumsd.guest import protocol
 from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import check_display, quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
+from drumsd.runtime.handles import handle_of
 from drumsd.runtime.ops_create import load_task_locked
 from drumsd.tasks import accessibility as a11y
 from drumsd.tasks import terminal as terminal_text
@@ -52,10 +53,8 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
     action = action_dict(sup, req)
     # Checked before the step runs: a bad one is a 422 and no action.
     spec = step_shot_spec(req) if req.screenshot or req.screenshot_options is not None else None
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_step(rec)
-        handle = sup._handle(rec)
+    async with sup.table.locked(slot_id, check_can_step) as rec:
+        handle = handle_of(rec)
         started = trio.current_time()
         kind = action["type"]
         output = None
@@ -83,9 +82,9 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         rec.actions += 1
         rec.last_action = kind
         if kind in TERMINAL_ACTIONS:
-            sup._save_slot(rec, f"terminal_{kind}", file=False)
+            sup.table.save_slot(rec, f"terminal_{kind}", file=False)
         else:
-            sup._dirty.add(rec.id)
+            sup.table.touch(rec.id)
         elapsed = trio.current_time() - started
         if shot is not None and spec is not None:
             in_guest = shot.grab_s + shot.encode_s
@@ -152,10 +151,8 @@ async def screenshot(
     sup: Supervisor, slot_id: str, spec: ShotSpec = protocol.PNG_FULL
 ) -> Screenshot:
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_observe(rec)
-        return await screenshot_locked(sup, rec, sup._handle(rec), spec)
+    async with sup.table.locked(slot_id, check_can_observe) as rec:
+        return await screenshot_locked(sup, rec, handle_of(rec), spec)
 
 
 async def screenshot_locked(
@@ -182,11 +179,9 @@ def _keep_shot(
 async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
     """The desktop's terminal text (OSWorld's terminal observation); not an action."""
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_observe(rec)
+    async with sup.table.locked(slot_id, check_can_observe) as rec:
         with runtime_failures(sup.metrics, what=f"terminal of slot {slot_id}", slot_id=slot_id):
-            got = await terminal_text.read(sup.runtime, sup._handle(rec))
+            got = await terminal_text.read(sup.runtime, handle_of(rec))
         return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
                 "reason": got.reason}  # fmt: skip
 
@@ -194,12 +189,10 @@ async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
 async def accessibility_tree(sup: Supervisor, slot_id: str) -> dict[str, Any]:
     """The desktop's accessibility tree in OSWorld's XML (its a11y observation); not an action."""
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_observe(rec)
+    async with sup.table.locked(slot_id, check_can_observe) as rec:
         what = f"accessibility tree of slot {slot_id}"
         with runtime_failures(sup.metrics, what=what, slot_id=slot_id):
-            done = await sup.runtime.exec_user(sup._handle(rec), a11y.ARGV, a11y.TIMEOUT_S)
+            done = await sup.runtime.exec_user(handle_of(rec), a11y.ARGV, a11y.TIMEOUT_S)
         got = a11y.parse(done.returncode, done.stdout, done.stderr)
         return {"slot": slot_id, "episode": rec.episode, "tree": got.xml, "reason": got.reason}
 
@@ -209,15 +202,13 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dic
     q = sup.config.quiesce
     window = req.window_s or q.window_s
     timeout = req.timeout_s or q.timeout_s
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_step(rec)
+    async with sup.table.locked(slot_id, check_can_step) as rec:
         started = trio.current_time()
         with runtime_failures(sup.metrics, what=f"quiescent on slot {slot_id}", slot_id=slot_id):
             # Not quiet within the window is an answer (false), not an error.
             waited = Quiescence(False)
             with trio.move_on_after(timeout + 10):
-                waited = await sup.runtime.quiescent(sup._handle(rec), window, timeout, q.poll_ms)
+                waited = await sup.runtime.quiescent(handle_of(rec), window, timeout, q.poll_ms)
         return {
             "slot": slot_id,
             "quiescent": waited.quiet,
@@ -229,12 +220,10 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dic
 async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
     sup._check_open()
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_step(rec)
+    async with sup.table.locked(slot_id, check_can_step) as rec:
         started = trio.current_time()
         rec.task_source = rec.checkpoint  # this setup runs on the slot's state: resets replay it
-        info = await load_task_locked(sup, rec, sup._handle(rec), task)
+        info = await load_task_locked(sup, rec, handle_of(rec), task)
         return {"slot": slot_id, "task": info, "setup_s": trio.current_time() - started}
 
 
@@ -249,7 +238,7 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
     # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
     # judged rather than calling the episode invalid; outside the lock, which the judge takes.
     await wait_gates_judged(sup, slot_id, budget_s=per_run)
-    async with sup._lock(slot_id):
+    async with sup.table.lock(slot_id):
         rec = sup.get_slot(slot_id)
         await sup.refresh_gates(rec)
         if rec.status is SlotStatus.quarantined:
@@ -264,7 +253,7 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
                 verdict="quarantined",
             )
         check_can_verify(rec)
-        handle = sup._handle(rec)
+        handle = handle_of(rec)
         # One checker run is bounded by timeout_s (or eval_timeout_s); verify runs it twice
         # plus the redundant checker, so the whole call gets three runs and a margin.
         timeout = per_run * 3 + 30
@@ -357,9 +346,7 @@ def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> Veri
 
 async def quarantine(sup: Supervisor, slot_id: str, reason: str) -> SlotRecord:
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_quarantine(rec)
+    async with sup.table.locked(slot_id, check_can_quarantine) as rec:
         if rec.status is SlotStatus.quarantined:
             return rec
         quarantine_slot(sup, rec, f"by request: {reason}")
@@ -368,20 +355,18 @@ async def quarantine(sup: Supervisor, slot_id: str, reason: str) -> SlotRecord:
 
 async def release(sup: Supervisor, slot_id: str) -> SlotRecord:
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_release(rec)
+    async with sup.table.locked(slot_id, check_can_release) as rec:
         # The episode stays invalid (its not_quarantined gate failed); a reset starts a
         # clean one.
         rec.status = SlotStatus.ready
         rec.quarantine_reason = None
-        sup._save_slot(rec, "released")
+        sup.table.save_slot(rec, "released")
         return rec
 
 
 async def gate_report(sup: Supervisor, slot_id: str) -> SlotRecord:
     sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
+    async with sup.table.lock(slot_id):
         rec = sup.get_slot(slot_id)
         await sup.refresh_gates(rec)
         return rec
@@ -396,7 +381,7 @@ async def slot_metrics(sup: Supervisor, slot_id: str) -> dict[str, Any]:
         "latencies": {op: h.summary() for op, h in sup.slot_latency.get(slot_id, {}).items()},
     }
     if rec.handle is not None and rec.status in (SlotStatus.ready, SlotStatus.quarantined):
-        facts = await read_facts(sup, rec, sup._handle(rec))
+        facts = await read_facts(sup, rec, handle_of(rec))
         if facts is not None:
             out["pids"] = len(facts["pids"])
             out["memory_mib"] = facts["extra"].get("memory_mib")

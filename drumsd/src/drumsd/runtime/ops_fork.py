@@ -41,7 +41,7 @@ from drumsd.linux import state_files
 from drumsd.linux.sparse import Usage
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
-from drumsd.runtime.handles import new_id
+from drumsd.runtime.handles import checkpoint_ref, handle_of, new_id, slot_limits
 from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.slot_locks import run_stoppable
@@ -58,10 +58,9 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
     sup.get_slot(slot_id)
     sup._check_state_space("capture", sup.config.admission.capture_mib)
     sup._admit("capture", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
-    async with sup._lock(slot_id).hold("capture", sup.config.capture_timeout_s):
+    limit = sup.config.capture_timeout_s
+    async with sup.table.locked(slot_id, check_can_capture, op="capture", deadline_s=limit) as rec:
         with capture_deadline(sup, slot_id, "capture"):
-            rec = sup.get_slot(slot_id)
-            check_can_capture(rec)
             lease = saved_state_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
             cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
             return cp
@@ -75,10 +74,9 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
         return reusable
     sup._check_state_space("prefork", sup.config.admission.capture_mib)
     sup._admit("prefork", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
-    async with sup._lock(slot_id).hold("prefork", sup.config.capture_timeout_s):
+    limit = sup.config.capture_timeout_s
+    async with sup.table.locked(slot_id, check_can_capture, op="prefork", deadline_s=limit) as rec:
         with capture_deadline(sup, slot_id, "prefork"):
-            rec = sup.get_slot(slot_id)
-            check_can_capture(rec)
             reusable = reusable_prefork(sup, rec)
             if reusable is not None:
                 return reusable
@@ -151,7 +149,7 @@ async def dump(
     """Dump the slot into a new checkpoint of `kind`. A saved state and a task checkpoint wait
     for a quiet tree first; `before_ready` adds files to the checkpoint dir before it is usable
     (a task checkpoint's run files)."""
-    handle = sup._handle(rec)
+    handle = handle_of(rec)
     usage = await run_stoppable(
         state_files.upper_usage, handle.upper, what=f"measuring slot {rec.id}'s upper layer"
     )
@@ -180,7 +178,7 @@ async def dump(
         task_key=task_key,
         profile=rec.profile,
     )
-    sup._save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
+    sup.table.save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
     await sup.store.durable()
     rec.status = SlotStatus.busy
     started = trio.current_time()
@@ -215,7 +213,7 @@ async def dump(
     usage = await run_stoppable(state_files.dir_usage, dest, what=f"measuring {dest}")
     cp.size_mib, cp.apparent_mib = usage.real_mib, usage.apparent_mib
     cp.ready = True
-    sup._save_checkpoint(cp, "ready")
+    sup.table.save_checkpoint(cp, "ready")
     if kind is CheckpointKind.prefork:
         enable_spares(sup, cp)  # a prefork is captured to be branched: make that a thaw
     sup._observe(
@@ -314,9 +312,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
         state_mib = sup.config.admission.capture_mib
     sup._check_state_space("branch", state_mib)  # the children's restores too
     sup._admit("branch", cost, state_mib)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_fork(rec)
+    async with sup.table.locked(slot_id, check_can_fork) as rec:
         if source is None:
             source = reusable_prefork(sup, rec)
         if source is None:
@@ -353,16 +349,19 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
                 sup.ports.saved(child)
             raise
         for child in children:
-            sup._save_slot(child, "created")
+            sup.table.save_slot(child, "created")
         source.last_used_at = now
-        sup._save_checkpoint(source, "used")
+        sup.table.save_checkpoint(source, "used")
         await sup.store.durable()  # the children's records before their restores
         sup._pending_mib += children_cost
         try:
             with runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id):
                 try:
                     handles = await sup.runtime.branch(
-                        sup._handle(rec), sup._ref(source), [c.id for c in children], sup._limits()
+                        handle_of(rec),
+                        checkpoint_ref(source),
+                        [c.id for c in children],
+                        slot_limits(sup.config),
                     )
                 except BaseException as exc:
                     with trio.CancelScope(shield=True):
@@ -389,5 +388,5 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
 
 
 async def begin_child_episode(sup: Supervisor, child: SlotRecord, handle: SlotHandle) -> None:
-    async with sup._lock(child.id):
+    async with sup.table.lock(child.id):
         await begin_episode(sup, child, handle, "ready")

@@ -16,6 +16,7 @@ from drumsd.core.records import (
 )
 from drumsd.runtime.episodes import begin_episode, finish_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
+from drumsd.runtime.handles import checkpoint_ref, handle_of, slot_limits
 from drumsd.runtime.ops_create import load_task_locked
 from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_reset
 from drumsd.runtime.teardown import destroy_locked
@@ -28,10 +29,8 @@ log = logging.getLogger("drumsd.supervisor")
 
 async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
     sup._check_open()
-    rec = sup.get_slot(slot_id)
-    async with sup._lock(slot_id):
-        rec = sup.get_slot(slot_id)
-        check_can_reset(rec)
+    sup.get_slot(slot_id)
+    async with sup.table.locked(slot_id, check_can_reset) as rec:
         cp = sup.get_checkpoint(rec.checkpoint)
         # On a task: its task checkpoint when one is ready, else its source (setup replays).
         plan = await plan_reset(sup, rec, cp) if rec.task is not None else None
@@ -41,8 +40,8 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
             rec.task_source = plan.source.id if plan.source is not None else rec.task_source
         if cp.kind is CheckpointKind.task:
             cp.last_used_at = sup.clock()  # task checkpoints are reaped least recently used
-            sup._save_checkpoint(cp, "used")
-        old = sup._handle(rec)
+            sup.table.save_checkpoint(cp, "used")
+        old = handle_of(rec)
         finish_episode(sup, rec)
         # Busy in memory only: after a crash mid-reset the journal still names the old tree,
         # which adopt() finds gone, so the slot is marked down and cleaned.
@@ -50,11 +49,11 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
         started = trio.current_time()
         with runtime_failures(sup.metrics, what=f"reset of slot {slot_id}", slot_id=slot_id):
             try:
-                handle = await sup.runtime.reset(old, sup._ref(cp), sup._limits())
+                handle = await sup.runtime.reset(old, checkpoint_ref(cp), slot_limits(sup.config))
             except BaseException as exc:
                 rec.status = SlotStatus.failed
                 rec.failure = f"reset: {failure_text(exc, 'cancelled midway')}"
-                sup._save_slot(rec, "failed")
+                sup.table.save_slot(rec, "failed")
                 raise
         await begin_episode(sup, rec, handle, "reset", file=False)
         sup._observe("reset", slot_id, trio.current_time() - started)
@@ -73,7 +72,7 @@ async def destroy(sup: Supervisor, slot_id: str, reason: str = "api") -> tuple[S
     if rec.status is SlotStatus.destroyed:
         return rec, True
     with trio.CancelScope(shield=True):  # a half-done destroy would leak a desktop
-        async with sup._lock(slot_id):
+        async with sup.table.lock(slot_id):
             if rec.status is SlotStatus.destroyed:
                 return rec, True
             await destroy_locked(sup, rec, reason)

@@ -148,7 +148,7 @@ async def load_cached(
     rec.task_id = info.id
     rec.task = cp.task
     rec.task_setup = "cached"
-    sup._save_slot(rec, "task_loaded")
+    sup.table.save_slot(rec, "task_loaded")
     sup._observe("task_setup_cached", rec.id, trio.current_time() - started)
     use_spares(sup, cp)
 
@@ -194,7 +194,7 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
         return
     sup.task_capture_refused.pop(plan.key, None)
     cp.task_source = plan.source.id
-    sup._save_checkpoint(cp, "task checkpoint")
+    sup.table.save_checkpoint(cp, "task checkpoint")
     log.info("slot=%s task=%s task checkpoint %s captured", rec.id, rec.task_id, cp.id)
     await reap_over_cap(sup)
 

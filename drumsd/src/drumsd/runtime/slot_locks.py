@@ -32,6 +32,12 @@ class Holder:
     deadline_s: float | None = None  # its own limit, when it set one
 
 
+def caller_name(depth: int = 1) -> str:
+    """The name of the function `depth` frames above the caller: the operation that took a
+    lock, for health to name."""
+    return sys._getframe(depth + 1).f_code.co_name
+
+
 class SlotLock:
     """A slot's trio.Lock that remembers its holder. `async with lock:` takes it in the name of
     the calling function; `lock.hold(op, deadline_s)` names both."""
@@ -47,18 +53,17 @@ class SlotLock:
         return _Hold(self, op, deadline_s)
 
     async def __aenter__(self) -> None:
-        # The frame that wrote `async with sup._lock(...)`: its function names the operation.
-        caller = sys._getframe(1).f_code.co_name
-        await self._acquire(Holder(caller, 0.0))
+        # The frame that wrote `async with table.lock(...)`: its function names the operation.
+        await self.acquire(Holder(caller_name(), 0.0))
 
     async def __aexit__(self, *exc: object) -> None:
-        self._release()
+        self.release()
 
-    async def _acquire(self, holder: Holder) -> None:
+    async def acquire(self, holder: Holder) -> None:
         await self._lock.acquire()
         self.holder = Holder(holder.op, trio.current_time(), holder.deadline_s)
 
-    def _release(self) -> None:
+    def release(self) -> None:
         self.holder = None
         self._lock.release()
 
@@ -68,12 +73,12 @@ class _Hold:
         self._lock, self._holder = lock, Holder(op, 0.0, deadline_s)
 
     async def __aenter__(self) -> None:
-        await self._lock._acquire(self._holder)
+        await self._lock.acquire(self._holder)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType
     ) -> None:
-        self._lock._release()
+        self._lock.release()
 
 
 def held_too_long(

@@ -47,15 +47,9 @@ from drumsd.core.records import (
     SlotRecord,
     SlotStatus,
     check_can_observe,
-    check_is_known,
-    check_not_destroyed,
-    is_live,
 )
 from drumsd.core.seams import (
-    CheckpointRef,
     Screenshot,
-    SlotHandle,
-    SlotLimits,
     SlotRuntime,
 )
 from drumsd.core.spare_pool import PoolStats
@@ -73,7 +67,7 @@ from drumsd.runtime import (
     ops_reset,
 )
 from drumsd.runtime.gate_evidence import GateEvidence
-from drumsd.runtime.handles import handle_from_json, handle_to_json
+from drumsd.runtime.handles import handle_from_json, handle_of, handle_to_json
 from drumsd.runtime.ports import PortForwards
 from drumsd.runtime.services import (
     ServiceHealth,
@@ -84,7 +78,7 @@ from drumsd.runtime.services import (
     spares,
     templates,
 )
-from drumsd.runtime.slot_locks import SlotLock
+from drumsd.runtime.slot_table import SlotTable
 from drumsd.runtime.store import RecordStore
 from drumsd.runtime.verifier import NoTaskCatalog, NoTaskVerifier, TaskCatalog, Verifier
 from drumsd.version import VERSION
@@ -128,8 +122,8 @@ class Supervisor:
         self._unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
         # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
         self.evidence = evidence
-        self.slots: dict[str, SlotRecord] = {}
-        self.checkpoints: dict[str, CheckpointRecord] = {}
+        # The records, each slot's lock and every record save (runtime/slot_table.py).
+        self.table = SlotTable(self.store, clock, on_slot_saved=self._slot_saved)
         self.metrics = MetricsWindow(started_at=clock())
         self.slot_latency: dict[str, dict[str, Histogram]] = {}
         self.last_screenshot: dict[str, bytes] = {}
@@ -143,8 +137,6 @@ class Supervisor:
         self.warnings: list[str] = []
         self.draining = False
         self.reconciled: dict[str, list[str]] = {}
-        self._locks: dict[str, SlotLock] = {}  # a slot's lock names its holder (health)
-        self._dirty: set[str] = set()
         self._pending_mib = 0.0
         self._pending_state_mib = 0.0  # dumps admitted and still being written to state_dir
         self._charged_mib: dict[str, float] = {}  # slot -> memory charged to its cgroup, last read
@@ -183,7 +175,7 @@ class Supervisor:
             try:
                 await trio.sleep_forever()
             finally:
-                self._flush_dirty()  # synchronous: runs even while cancelled
+                self.table.flush_dirty()  # synchronous: runs even while cancelled
                 self.store.flush_sync()
 
     def _spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
@@ -208,87 +200,30 @@ class Supervisor:
         await self.store.durable()
         return result
 
-    def _lock(self, slot_id: str) -> SlotLock:
-        return self._locks.setdefault(slot_id, SlotLock())
+    # --- records (owned by the slot table) ------------------------------------------------------
 
-    # --- persistence ----------------------------------------------------------------------------
+    @property
+    def slots(self) -> dict[str, SlotRecord]:
+        return self.table.slots
 
-    def _save_slot(self, rec: SlotRecord, event: str, *, file: bool = True) -> None:
-        self.ports.saved(rec)
-        rec.rev += 1
-        self.slots[rec.id] = rec
-        self.store.save("slot", rec.model_dump(mode="json"), event, self.clock(), file=file)
-        self._dirty.discard(rec.id)
-        log.info(
-            "slot=%s episode=%s status=%s event=%s", rec.id, rec.episode, rec.status.value, event
-        )
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]:
+        return self.table.checkpoints
 
-    def _save_checkpoint(self, cp: CheckpointRecord, event: str) -> None:
-        cp.rev += 1
-        self.checkpoints[cp.id] = cp
-        self.store.save("checkpoint", cp.model_dump(mode="json"), event, self.clock(), file=True)
-        log.info("checkpoint=%s kind=%s event=%s", cp.id, cp.kind.value, event)
-
-    def _flush_dirty(self) -> None:
-        """Renewals and step counters are saved lazily (not on every step, for latency)."""
-        for slot_id in list(self._dirty):
-            rec = self.slots.get(slot_id)
-            if rec is not None:
-                self._save_slot(rec, "touched", file=False)
-        self._dirty.clear()
-
-    # --- lookups --------------------------------------------------------------------------------
+    def _slot_saved(self, rec: SlotRecord) -> None:
+        self.ports.saved(rec)  # a slot no longer live closes its port listeners
 
     def get_slot(self, slot_id: str, *, renew: bool = True) -> SlotRecord:
-        rec = check_is_known(self.slots.get(slot_id), slot_id)
-        check_not_destroyed(rec)
-        if renew and is_live(rec):
-            rec.last_used_at = self.clock()
-            self._dirty.add(rec.id)
-        return rec
+        return self.table.get_slot(slot_id, renew=renew)
 
     def list_slots(self, include_all: bool = False) -> list[SlotRecord]:
-        recs = sorted(self.slots.values(), key=lambda r: r.created_at)
-        return recs if include_all else [r for r in recs if is_live(r)]
+        return self.table.list_slots(include_all)
 
     def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord:
-        cp = self.checkpoints.get(checkpoint_id)
-        if cp is None:
-            raise DrumsdError(
-                "not_found",
-                f"no checkpoint {checkpoint_id!r}; list them with GET /v1/checkpoints",
-            )
-        return cp
+        return self.table.get_checkpoint(checkpoint_id)
 
     def list_checkpoints(self) -> list[CheckpointRecord]:
-        return sorted(self.checkpoints.values(), key=lambda c: c.created_at)
-
-    def _handle(self, rec: SlotRecord) -> SlotHandle:
-        if rec.handle is None:
-            raise DrumsdError(
-                "conflict", f"slot {rec.id} has no running tree yet; retry shortly", slot=rec.id
-            )
-        return handle_from_json(rec.handle)
-
-    def _ref(self, cp: CheckpointRecord) -> CheckpointRef:
-        return CheckpointRef(
-            id=cp.id,
-            dir=Path(cp.dir),
-            lower=Path(cp.lower),
-            image_sha256=cp.image_sha256,
-            upper_sha256=cp.upper_sha256,
-            profile=cp.profile,
-        )
-
-    def _limits(self) -> SlotLimits:
-        c = self.config
-        return SlotLimits(
-            vcpus=c.vcpus,
-            memory_mib=c.memory_mib,
-            swap_mib=c.swap_mib,
-            pids_max=c.pids_max,
-            tmpfs_mib=c.tmpfs_mib,
-        )
+        return self.table.list_checkpoints()
 
     def _observe(self, operation: str, slot_id: str | None, seconds: float) -> None:
         self.metrics.observe(operation, seconds)
@@ -448,13 +383,13 @@ class Supervisor:
         or None)."""
         rec = self.get_slot(slot_id, renew=False)
         check_can_observe(rec)
-        lock = self._lock(slot_id)
+        lock = self.table.lock(slot_id)
         if lock.locked():
             return self.last_screenshot.get(slot_id)
         async with lock:
             rec = self.get_slot(slot_id, renew=False)
             check_can_observe(rec)
-            png = await self.runtime.screenshot(self._handle(rec))
+            png = await self.runtime.screenshot(handle_of(rec))
             self.last_screenshot[slot_id] = png
             return png
 

@@ -37,7 +37,7 @@ async def discard(sup: Supervisor, rec: SlotRecord, failure: str) -> None:
     untrack(sup, rec.id)
     rec.status = SlotStatus.destroyed
     rec.destroyed_at = sup.clock()
-    sup._save_slot(rec, "rejected")
+    sup.table.save_slot(rec, "rejected")
     await archive(sup, rec)
 
 
@@ -54,13 +54,13 @@ async def destroy_locked(
     untrack(sup, rec.id)
     rec.status = SlotStatus.destroyed
     rec.destroyed_at = sup.clock()
-    sup._save_slot(rec, f"destroyed ({reason})")
+    sup.table.save_slot(rec, f"destroyed ({reason})")
     await archive(sup, rec)
     await trio.to_thread.run_sync(sup.tasks.forget_slot, rec.id)
     sup.last_screenshot.pop(rec.id, None)
     sup.slot_latency.pop(rec.id, None)
     sup._charged_mib.pop(rec.id, None)
-    sup._dirty.discard(rec.id)
+    sup.table.settled(rec.id)
     # Preforks of a gone slot, and states deleted "when unused", go with their last child.
     await delete_unused_checkpoints(sup)
 

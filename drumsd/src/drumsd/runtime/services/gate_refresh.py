@@ -36,7 +36,7 @@ async def refresh_all(sup: Supervisor) -> None:
     one bad slot must not stop the others' gates (the pass then fails, so health shows it)."""
     failed: list[str] = []
     for slot_id in [r.id for r in sup.slots.values() if r.status is SlotStatus.ready]:
-        lock = sup._lock(slot_id)
+        lock = sup.table.lock(slot_id)
         if lock.locked():
             continue  # a request holds it (and refreshes gates itself when it matters)
         async with lock:

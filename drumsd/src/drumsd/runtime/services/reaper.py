@@ -52,10 +52,9 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
         done["checkpoints"].append(cp.id)
     done["checkpoints"] += await reap_over_cap(sup)  # task checkpoints past their MiB cap
     for rec in stale_tombstones(list(sup.slots.values()), now):
-        sup.slots.pop(rec.id, None)
-        sup._locks.pop(rec.id, None)
+        sup.table.forget(rec.id)
         sup.store.delete("slot", rec.id, "forgotten", now)
-    sup._flush_dirty()
+    sup.table.flush_dirty()
     await compact_if_large(sup)
     files = await trio.to_thread.run_sync(scan_forgotten, sup.config.forgotten_dir)
     doomed = files_to_delete(files, sup.config)

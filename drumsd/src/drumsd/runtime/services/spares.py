@@ -22,6 +22,7 @@ from drumsd.core.seams import (
     SpareControl,
 )
 from drumsd.core.spare_pool import PoolStats, share_host, spare_target
+from drumsd.runtime.handles import checkpoint_ref, slot_limits
 from drumsd.runtime.services import guarded_loop
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
     if not spares_on(sup) or not cp.ready:
         return
     assert isinstance(sup.runtime, SpareControl)
-    sup.runtime.enable_spares(sup._ref(cp), sup._limits())
+    sup.runtime.enable_spares(checkpoint_ref(cp), slot_limits(sup.config))
     sup._pool_since.setdefault(cp.id, trio.current_time())
     sup.pool_stats.setdefault(cp.id, PoolStats())
     log.info("checkpoint=%s warm spares enabled", cp.id)

@@ -43,7 +43,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
     """After a (re)start: adopt live slots, mark dead ones down and clean them, drop unfinished
     checkpoints, sweep what no record owns, compact the journal."""
     state = await sup.store.load()
-    sup.slots, sup.checkpoints = state.slots, state.checkpoints
+    sup.table.load(state.slots, state.checkpoints)
     report: dict[str, list[str]] = {"adopted": [], "down": [], "swept": [], "dropped": []}
     for cp in list(sup.checkpoints.values()):
         exists = await trio.to_thread.run_sync(Path(cp.dir).exists)
@@ -73,7 +73,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
         if alive:
             if rec.status in (SlotStatus.busy, SlotStatus.creating):
                 rec.status = SlotStatus.ready
-            sup._save_slot(rec, "adopted")
+            sup.table.save_slot(rec, "adopted")
             report["adopted"].append(rec.id)
             handle = handle_from_json(rec.handle or {})
             await track(sup, rec.id, handle)
@@ -94,12 +94,12 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
         if rec.status is SlotStatus.creating:
             rec.status = SlotStatus.destroyed
             rec.destroyed_at = sup.clock()
-            sup._save_slot(rec, "rejected (daemon stopped during create)")
+            sup.table.save_slot(rec, "rejected (daemon stopped during create)")
             await archive(sup, rec)
         else:
             finish_episode(sup, rec)
             rec.status = SlotStatus.failed
-            sup._save_slot(rec, "down")
+            sup.table.save_slot(rec, "down")
         report["down"].append(rec.id)
     live = [r.id for r in sup.slots.values() if is_live(r)]
     try:
@@ -211,6 +211,6 @@ async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id
         profile=ref.profile,
         ready=True,
     )
-    sup._save_checkpoint(cp, "template_ready")
+    sup.table.save_checkpoint(cp, "template_ready")
     sup.template_status[name] = "ready"
     enable_spares(sup, cp)

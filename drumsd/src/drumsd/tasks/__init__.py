@@ -4,13 +4,13 @@ What the daemon calls:
   resolve_task(ref, task_dirs) / task_support_table(ctx) / support(task, ctx)
   await ensure_checker_venv(root) at start, then context_for_checker(ctx, venv, uid, gid)
   await run_setup(task, access, ctx, run_dir=..., label=...)          before the episode
-  await verify(task, access, ctx, EpisodeFacts(...)) -> VerifyResult   on POST .../verify
+  await verify(task, access, ctx, EpisodeFacts(...)) -> AuditedScore   on POST .../verify
 """
 
 from .audit import Audit as Audit
+from .audit import AuditedScore as AuditedScore
 from .audit import EpisodeFacts as EpisodeFacts
 from .audit import ScopeReport as ScopeReport
-from .audit import VerifyResult as VerifyResult
 from .audit import scan_scope as scan_scope
 from .audit import verify as verify
 from .checker_venv import CheckerVenv as CheckerVenv

@@ -80,7 +80,10 @@ class Audit(BaseModel):
     reason: str | None = None
 
 
-class VerifyResult(BaseModel):
+class AuditedScore(BaseModel):
+    """A checker's score with its audit: what the task side knows. The daemon adds the episode's
+    verdict and gates to make the API's `drums.models.VerifyResult`."""
+
     score: float | None
     valid: bool | None
     checker_error: str | None
@@ -359,7 +362,7 @@ async def verify(
     ctx: TaskContext,
     episode: EpisodeFacts,
     run: RunChecker | None = None,
-) -> VerifyResult:
+) -> AuditedScore:
     """Score the task on the slot and audit the score. Never raises for a checker's failure.
 
     `run` runs one checker call; by default a process in the checker venv (`ctx.checker`).
@@ -417,7 +420,7 @@ async def verify(
     checker_error = (
         f"{evaluation.error_class}: {evaluation.error}" if evaluation.error_class else None
     )
-    return VerifyResult(
+    return AuditedScore(
         score=evaluation.score,
         valid=episode.valid,
         checker_error=checker_error,

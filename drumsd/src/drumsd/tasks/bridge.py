@@ -16,8 +16,7 @@ from typing import Any
 
 import trio
 from drums.models import Audit as WireAudit
-from drums.models import TaskInfo
-from drums.models import VerifyResult as WireVerifyResult
+from drums.models import TaskInfo, VerifyResult
 
 from drumsd.core.config import TasksConfig
 from drumsd.core.errors import DrumsdError
@@ -385,7 +384,7 @@ class TaskBridge:
         if why is not None:
             raise DrumsdError("unsupported_task", why)
 
-    async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> WireVerifyResult:
+    async def verify(self, slot_record: SlotRecord, handle: SlotHandle) -> VerifyResult:
         if slot_record.task is None:
             return _no_task(slot_record)
         task = resolve_task(slot_record.task, [])
@@ -410,7 +409,7 @@ class TaskBridge:
         if self.ctx.exploit_verdicts.get(task.id) and result.score:
             # A reward from a task the exploit suite could take without doing it.
             result.audit.flags.append("hackable_task")
-        return WireVerifyResult(
+        return VerifyResult(
             slot=slot_record.id,
             episode=slot_record.episode,
             task_id=task.id,
@@ -432,8 +431,8 @@ class TaskBridge:
         )
 
 
-def _no_task(slot_record: SlotRecord) -> WireVerifyResult:
-    return WireVerifyResult(
+def _no_task(slot_record: SlotRecord) -> VerifyResult:
+    return VerifyResult(
         slot=slot_record.id,
         episode=slot_record.episode,
         task_id=None,

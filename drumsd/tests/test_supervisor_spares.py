@@ -94,7 +94,7 @@ async def test_refills_wait_for_admission(tmp_path: Path) -> None:
     rt = SpareRecordingRuntime(tmp_path / "state")
     async with open_api(tmp_path, runtime=rt) as api:
         assert rt.refill_allowed() is True
-        api.sup.sample = HostSample(time.time(), 100, 24_000, 0.0, 50_000, 100_000)
+        api.sup.admission_book.sample = HostSample(time.time(), 100, 24_000, 0.0, 50_000, 100_000)
         assert rt.refill_allowed() is False
         health = (await api.client.get("/v1/health")).json()
         assert health["pools"]["spares"]["refill_allowed"] is False

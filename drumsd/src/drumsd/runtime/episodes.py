@@ -79,7 +79,7 @@ async def read_facts(
     }
     charged = facts.extra.get("memory_mib")
     if isinstance(charged, (int, float)):
-        sup._charged_mib[rec.id] = float(charged)
+        sup.admission_book.charge(rec.id, float(charged))
     if sup.crash_watch is not None:
         since = rec.episode_started_at or 0.0
         out["extra"].update(sup.crash_watch.facts(rec.id, since=since))

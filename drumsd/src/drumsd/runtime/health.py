@@ -39,12 +39,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
     files = await trio.to_thread.run_sync(scan_forgotten, sup.config.forgotten_dir)
     sup._forgotten_bytes = sum(f.size for f in files)
     warnings = []
-    decision = decide(
-        sup.sample,
-        sup.config.admission,
-        sup.slot_cost_mib(),
-        pending_mib=sup._pending_mib + sup.checker_reserved_mib(),
-    )
+    decision = sup.admission_book.decision(sup.slot_cost_mib())
     if not decision.admit:
         warnings.append(f"admission refusing: {decision.reason}")
     warnings += state_space_warnings(

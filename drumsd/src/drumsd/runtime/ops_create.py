@@ -40,8 +40,8 @@ log = logging.getLogger("drumsd.supervisor")
 async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     sup._check_open()
     source = resolve_source(sup, req)
-    sup._check_state_space("create")
-    sup._admit("create", sup.slot_cost_mib())
+    sup.admission_book.check_state_space("create")
+    sup.admission_book.admit("create", sup.slot_cost_mib())
     # On a task: its task checkpoint, when one is ready, is what the slot restores.
     plan = await plan_create(sup, source, req.task)
     cp = plan.restore if plan is not None else source
@@ -90,20 +90,16 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
 
 
 async def restore_new(sup: Supervisor, rec: SlotRecord, cp: CheckpointRecord) -> SlotHandle:
-    cost = sup.slot_cost_mib()
-    sup._pending_mib += cost
-    try:
-        with runtime_failures(sup.metrics, what=f"restore of slot {rec.id}", slot_id=rec.id):
-            try:
-                return await sup.runtime.restore(
-                    rec.id, checkpoint_ref(cp), slot_limits(sup.config)
-                )
-            except BaseException as exc:
-                with trio.CancelScope(shield=True):
-                    await discard(sup, rec, failure_text(exc, "create was cancelled"))
-                raise
-    finally:
-        sup._pending_mib -= cost
+    with (
+        sup.admission_book.reserve("create", sup.slot_cost_mib()),
+        runtime_failures(sup.metrics, what=f"restore of slot {rec.id}", slot_id=rec.id),
+    ):
+        try:
+            return await sup.runtime.restore(rec.id, checkpoint_ref(cp), slot_limits(sup.config))
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await discard(sup, rec, failure_text(exc, "create was cancelled"))
+            raise
 
 
 async def load_task_locked(

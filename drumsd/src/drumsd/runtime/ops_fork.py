@@ -56,8 +56,9 @@ log = logging.getLogger("drumsd.supervisor")
 async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
     sup._check_open()
     sup.get_slot(slot_id)
-    sup._check_state_space("capture", sup.config.admission.capture_mib)
-    sup._admit("capture", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
+    mib = sup.config.admission.capture_mib
+    sup.admission_book.check_state_space("capture", mib)
+    sup.admission_book.admit("capture", mib, mib)
     limit = sup.config.capture_timeout_s
     async with sup.table.locked(slot_id, check_can_capture, op="capture", deadline_s=limit) as rec:
         with capture_deadline(sup, slot_id, "capture"):
@@ -72,8 +73,9 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
     reusable = reusable_prefork(sup, rec)
     if reusable is not None:
         return reusable
-    sup._check_state_space("prefork", sup.config.admission.capture_mib)
-    sup._admit("prefork", sup.config.admission.capture_mib, sup.config.admission.capture_mib)
+    mib = sup.config.admission.capture_mib
+    sup.admission_book.check_state_space("prefork", mib)
+    sup.admission_book.admit("prefork", mib, mib)
     limit = sup.config.capture_timeout_s
     async with sup.table.locked(slot_id, check_can_capture, op="prefork", deadline_s=limit) as rec:
         with capture_deadline(sup, slot_id, "prefork"):
@@ -182,10 +184,12 @@ async def dump(
     await sup.store.durable()
     rec.status = SlotStatus.busy
     started = trio.current_time()
-    sup._pending_mib += sup.config.admission.capture_mib
-    sup._pending_state_mib += sup.config.admission.capture_mib
+    mib = sup.config.admission.capture_mib
     try:
-        with runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id):
+        with (
+            sup.admission_book.reserve(kind.value, mib, state_mib=mib),
+            runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id),
+        ):
             try:
                 ref = await quiet_capture(
                     sup,
@@ -203,8 +207,6 @@ async def dump(
                     await delete_checkpoint_record(sup, cp, "dump failed")
                 raise
     finally:
-        sup._pending_mib -= sup.config.admission.capture_mib
-        sup._pending_state_mib -= sup.config.admission.capture_mib
         if rec.status is SlotStatus.busy:
             rec.status = SlotStatus.ready
     cp.upper_sha256 = ref.upper_sha256
@@ -310,8 +312,8 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
     if source is None:
         cost += sup.config.admission.capture_mib
         state_mib = sup.config.admission.capture_mib
-    sup._check_state_space("branch", state_mib)  # the children's restores too
-    sup._admit("branch", cost, state_mib)
+    sup.admission_book.check_state_space("branch", state_mib)  # the children's restores too
+    sup.admission_book.admit("branch", cost, state_mib)
     async with sup.table.locked(slot_id, check_can_fork) as rec:
         if source is None:
             source = reusable_prefork(sup, rec)
@@ -353,24 +355,23 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
         source.last_used_at = now
         sup.table.save_checkpoint(source, "used")
         await sup.store.durable()  # the children's records before their restores
-        sup._pending_mib += children_cost
-        try:
-            with runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id):
-                try:
-                    handles = await sup.runtime.branch(
-                        handle_of(rec),
-                        checkpoint_ref(source),
-                        [c.id for c in children],
-                        slot_limits(sup.config),
-                    )
-                except BaseException as exc:
-                    with trio.CancelScope(shield=True):
-                        why = failure_text(exc, "branch was cancelled")
-                        for child in children:
-                            await discard(sup, child, why)
-                    raise
-        finally:
-            sup._pending_mib -= children_cost
+        with (
+            sup.admission_book.reserve("branch", children_cost),
+            runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id),
+        ):
+            try:
+                handles = await sup.runtime.branch(
+                    handle_of(rec),
+                    checkpoint_ref(source),
+                    [c.id for c in children],
+                    slot_limits(sup.config),
+                )
+            except BaseException as exc:
+                with trio.CancelScope(shield=True):
+                    why = failure_text(exc, "branch was cancelled")
+                    for child in children:
+                        await discard(sup, child, why)
+                raise
     # The children start their episodes at once: each start reads its gate evidence (a hash
     # of its whole upper), and one after another the last child's episode began seconds
     # after its desktop was restored and running.

@@ -170,8 +170,8 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
     mib = sup.config.admission.capture_mib
     lease = state_lease(sup.config, CheckpointKind.task, None, None)
     try:
-        sup._check_state_space("task checkpoint", mib)
-        sup._admit("task checkpoint", mib, mib)
+        sup.admission_book.check_state_space("task checkpoint", mib)
+        sup.admission_book.admit("task checkpoint", mib, mib)
         with capture_deadline(sup, rec.id, "the task checkpoint capture"):
             cp = await dump(
                 sup,

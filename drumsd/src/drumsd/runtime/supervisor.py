@@ -35,8 +35,6 @@ from drumsd.core import step_log
 from drumsd.core.admission import (
     Decision,
     HostSample,
-    decide,
-    slot_cost_mib,
 )
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
@@ -66,6 +64,7 @@ from drumsd.runtime import (
     ops_fork,
     ops_reset,
 )
+from drumsd.runtime.admission_book import AdmissionBook
 from drumsd.runtime.gate_evidence import GateEvidence
 from drumsd.runtime.handles import handle_from_json, handle_of, handle_to_json
 from drumsd.runtime.ports import PortForwards
@@ -130,16 +129,15 @@ class Supervisor:
         self.last_verify: dict[str, VerifyResult] = {}  # slot -> its last verify (the console)
         self.step_log = step_log.StepLog()  # each slot's recent steps (the console's timeline)
         self.history = HostHistory()  # host samples over time (the console's charts)
-        self.sample: HostSample | None = None
-        self.last_decision: Decision | None = None
+        # The host sample, the reservations of admitted work, the slots' charge (admission).
+        self.admission_book = AdmissionBook(
+            config, self.metrics, checker_reserved_mib=self.checker_reserved_mib
+        )
         self.group_memory_limit_mib: int | None = None  # the slots' group limit (admission)
         self.template_status: dict[str, str] = {}  # image -> building | ready | error: ...
         self.warnings: list[str] = []
         self.draining = False
         self.reconciled: dict[str, list[str]] = {}
-        self._pending_mib = 0.0
-        self._pending_state_mib = 0.0  # dumps admitted and still being written to state_dir
-        self._charged_mib: dict[str, float] = {}  # slot -> memory charged to its cgroup, last read
         self._nursery: trio.Nursery | None = None
         self.ports = PortForwards(self)
         self._forgotten_bytes = 0
@@ -240,64 +238,33 @@ class Supervisor:
 
     # --- admission ------------------------------------------------------------------------------
 
+    @property
+    def sample(self) -> HostSample | None:
+        return self.admission_book.sample
+
     async def sample_now(self) -> HostSample | None:
         try:
-            self.sample = await trio.to_thread.run_sync(self.sampler, self.config.state_dir)
+            sample = await trio.to_thread.run_sync(self.sampler, self.config.state_dir)
         except OSError as exc:
             log.warning("admission sample failed: %s", exc)
-        return self.sample
-
-    def _check_state_space(self, operation: str, need_mib: float = 0.0) -> None:
-        """A dump or a restore needs room in state_dir: refused (507) when its free space, less
-        the dumps still being written and this operation's `need_mib`, is below
-        state_min_free_mib."""
-        free = self.sample.state_free_mib if self.sample else None
-        if free is None:
-            return
-        left = free - self._pending_state_mib - need_mib
-        if left < self.config.state_min_free_mib:
-            self.metrics.failure("state_dir_full")
-            raise DrumsdError(
-                "state_dir_full",
-                f"{operation} refused: state_dir {self.config.state_dir} has {free:.0f} MiB free"
-                f" and would keep {left:.0f} MiB after the admitted work, below "
-                f"state_min_free_mib={self.config.state_min_free_mib}; delete saved states"
-                " (DELETE /v1/checkpoints/{id}) or destroy slots",
-                free_mib=free,
-            )
+        else:
+            self.admission_book.sample = sample
+        return self.admission_book.sample
 
     def slot_cost_mib(self) -> float:
         """Admission's cost of one more slot: the real, KSM-merged charge of the live slots."""
-        live = [
-            self._charged_mib[i]
+        live = (
+            i
             for i, r in self.slots.items()
-            if i in self._charged_mib and r.status in (SlotStatus.ready, SlotStatus.quarantined)
-        ]
-        return slot_cost_mib(self.config.admission.env_mib, live)
+            if r.status in (SlotStatus.ready, SlotStatus.quarantined)
+        )
+        return self.admission_book.slot_cost_mib(live)
 
     def checker_reserved_mib(self) -> float:
         """The memory of the checker calls running now (issue 39, D5: a checker took 1.5 GiB
         outside every limit); the task bridge bounds them and says how much."""
         reserved = getattr(self.verifier, "checker_reserved_mib", None)
         return float(reserved()) if reserved is not None else 0.0
-
-    def _admit(self, operation: str, cost_mib: float, state_mib: float = 0.0) -> None:
-        decision = decide(
-            self.sample,
-            self.config.admission,
-            cost_mib,
-            pending_mib=self._pending_mib + self.checker_reserved_mib(),
-            state_mib=state_mib + self._pending_state_mib,
-        )
-        self.last_decision = decision
-        if not decision.admit:
-            self.metrics.failure("overloaded")
-            raise DrumsdError(
-                "overloaded",
-                f"{operation} refused: {decision.reason}",
-                retry_after_s=decision.retry_after_s,
-                limit=decision.limit,
-            )
 
     def gate_statuses(self, rec: SlotRecord) -> dict[str, str]:
         return {g.name: g.status for g in rec.gates}

@@ -59,7 +59,7 @@ async def destroy_locked(
     await trio.to_thread.run_sync(sup.tasks.forget_slot, rec.id)
     sup.last_screenshot.pop(rec.id, None)
     sup.slot_latency.pop(rec.id, None)
-    sup._charged_mib.pop(rec.id, None)
+    sup.admission_book.forget(rec.id)
     sup.table.settled(rec.id)
     # Preforks of a gone slot, and states deleted "when unused", go with their last child.
     await delete_unused_checkpoints(sup)

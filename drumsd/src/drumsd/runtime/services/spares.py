@@ -9,9 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from drumsd.core.admission import (
-    decide,
-)
 from drumsd.core.records import (
     CheckpointRecord,
 )
@@ -75,12 +72,7 @@ def refill_allowed(sup: Supervisor) -> bool:
     """A refill is a new desktop: only when admission would admit a create right now."""
     if sup.draining:
         return False
-    return decide(
-        sup.sample,
-        sup.config.admission,
-        sup.slot_cost_mib(),
-        pending_mib=sup._pending_mib,
-    ).admit
+    return sup.admission_book.decision(sup.slot_cost_mib(), checkers=False).admit
 
 
 def size_pools(sup: Supervisor) -> dict[str, int]:

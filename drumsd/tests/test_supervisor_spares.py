@@ -11,6 +11,7 @@ from typing import Any
 from drumsd.core.admission import HostSample
 from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
 from drumsd.runtime.memory_runtime import MemoryRuntime
+from drumsd.runtime.services.spares import SparePools
 from test_api_app import create, open_api
 
 
@@ -107,3 +108,20 @@ async def test_spares_off_enables_no_pool(tmp_path: Path) -> None:
         assert rt.enabled == {}
         pools = (await api.client.get("/v1/health")).json()["pools"]["spares"]
         assert pools["enabled"] is False and pools["checkpoints"] == {}
+
+
+def test_spare_pools_state_adds_once_sizes_from_claims_and_forgets_all() -> None:
+    pools = SparePools()
+    pools.add("cp1", now=10.0)
+    pools.add("cp1", now=99.0)  # a second enable keeps the pool's age and its claims
+    pools.add("cp2", now=10.0)
+    assert pools.since == {"cp1": 10.0, "cp2": 10.0}
+    assert pools.wanted(11.0, per_checkpoint=4) == {"cp1": 4, "cp2": 4}  # never claimed: all
+    for t in range(20):  # cp1 claimed every second, each a 2 s restore
+        pools.stats["cp1"].record(10.0 + t, False, 2.0)
+    wanted = pools.wanted(30.0, per_checkpoint=4)
+    assert wanted["cp1"] >= 2 and wanted["cp2"] == 4
+    pools.targets = {"cp1": 2, "cp2": 1}
+    pools.forget("cp1")
+    assert "cp1" not in pools.since and "cp1" not in pools.stats and pools.targets == {"cp2": 1}
+    assert pools.wanted(31.0, per_checkpoint=4) == {"cp2": 4}

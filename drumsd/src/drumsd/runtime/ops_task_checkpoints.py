@@ -115,7 +115,7 @@ def use_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
         cp.kind is CheckpointKind.task
         and sup.config.task_checkpoints.spares
         and spares_on(sup)
-        and cp.id not in sup.pool_stats
+        and cp.id not in sup.pools.stats
     ):
         enable_spares(sup, cp)
 

@@ -50,7 +50,6 @@ from drumsd.core.seams import (
     Screenshot,
     SlotRuntime,
 )
-from drumsd.core.spare_pool import PoolStats
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 from drumsd.linux.host_sampler import read_host_namespaces, sample_host
 from drumsd.linux.journal_io import Journal
@@ -142,9 +141,7 @@ class Supervisor:
         self.ports = PortForwards(self)
         self._forgotten_bytes = 0
         # Warm spares (a Linux runtime extra): checkpoints with a pool, what claims looked like.
-        self.pool_stats: dict[str, PoolStats] = {}
-        self._pool_since: dict[str, float] = {}
-        self._pool_targets: dict[str, int] = {}
+        self.pools = spares.SparePools()
         # Task checkpoint keys whose capture was refused (not quiet, no space): trio time, so
         # the next episodes replay without waiting for a quiet tree again for a while.
         self.task_capture_refused: dict[str, float] = {}

@@ -28,6 +28,37 @@ if TYPE_CHECKING:
 log = logging.getLogger("drumsd.supervisor")
 
 
+class SparePools:
+    """The pools' state: since when each pooled checkpoint has one (trio time), what its
+    claims looked like, the target last set for it."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, PoolStats] = {}
+        self.since: dict[str, float] = {}
+        self.targets: dict[str, int] = {}
+
+    def add(self, checkpoint_id: str, now: float) -> None:
+        self.since.setdefault(checkpoint_id, now)
+        self.stats.setdefault(checkpoint_id, PoolStats())
+
+    def forget(self, checkpoint_id: str) -> None:
+        self.since.pop(checkpoint_id, None)
+        self.targets.pop(checkpoint_id, None)
+        self.stats.pop(checkpoint_id, None)
+
+    def wanted(self, now: float, per_checkpoint: int) -> dict[str, int]:
+        """Each pool's target from its claim rate and restore time, before the host's share."""
+        return {
+            cid: spare_target(
+                self.stats[cid].claims_per_s(now, since),
+                self.stats[cid].typical_restore_s(),
+                per_checkpoint,
+            )
+            for cid, since in self.since.items()
+            if cid in self.stats
+        }
+
+
 def spares_on(sup: Supervisor) -> bool:
     return sup.config.spares.enabled and isinstance(sup.runtime, SpareControl)
 
@@ -38,16 +69,13 @@ def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
         return
     assert isinstance(sup.runtime, SpareControl)
     sup.runtime.enable_spares(checkpoint_ref(cp), slot_limits(sup.config))
-    sup._pool_since.setdefault(cp.id, trio.current_time())
-    sup.pool_stats.setdefault(cp.id, PoolStats())
+    sup.pools.add(cp.id, trio.current_time())
     log.info("checkpoint=%s warm spares enabled", cp.id)
 
 
 async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
     """A deleted or replaced checkpoint: its spares and cached image copies go."""
-    sup._pool_since.pop(checkpoint_id, None)
-    sup._pool_targets.pop(checkpoint_id, None)
-    sup.pool_stats.pop(checkpoint_id, None)
+    sup.pools.forget(checkpoint_id)
     if not isinstance(sup.runtime, SpareControl):
         return
     with trio.CancelScope(shield=True):
@@ -59,7 +87,7 @@ async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
 
 def note_claim(sup: Supervisor, checkpoint_id: str, handle: SlotHandle) -> None:
     """A create/reset/branch child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
-    stats = sup.pool_stats.get(checkpoint_id)
+    stats = sup.pools.stats.get(checkpoint_id)
     if stats is None:
         return
     spare = bool(handle.extra.get("spare"))
@@ -77,21 +105,12 @@ def refill_allowed(sup: Supervisor) -> bool:
 
 def size_pools(sup: Supervisor) -> dict[str, int]:
     """Targets from each pool's claim rate and restore time, fitted into spares.per_host."""
-    now = trio.current_time()
-    wanted = {
-        cid: spare_target(
-            sup.pool_stats[cid].claims_per_s(now, since),
-            sup.pool_stats[cid].typical_restore_s(),
-            sup.config.spares.per_checkpoint,
-        )
-        for cid, since in sup._pool_since.items()
-        if cid in sup.pool_stats
-    }
+    wanted = sup.pools.wanted(trio.current_time(), sup.config.spares.per_checkpoint)
     targets = share_host(wanted, sup.config.spares.per_host)
     if isinstance(sup.runtime, SpareControl):
         for cid, n in targets.items():
             sup.runtime.set_spare_target(cid, n)
-    sup._pool_targets = targets
+    sup.pools.targets = targets
     return targets
 
 
@@ -128,10 +147,10 @@ def pools_state(sup: Supervisor) -> dict[str, Any]:
         "checkpoints": {
             cid: {
                 "size": counts.get(cid, 0),
-                "target": sup._pool_targets.get(cid),
+                "target": sup.pools.targets.get(cid),
                 **stats.summary(),
             }
-            for cid, stats in sup.pool_stats.items()
+            for cid, stats in sup.pools.stats.items()
         },
     }
 

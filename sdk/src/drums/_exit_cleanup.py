@@ -93,8 +93,9 @@ def clean_client(client: "BaseClient[Any]", why: str) -> int:
         len(states),
     )
     deadline = time.monotonic() + client.timeouts.cleanup_s
-    calls = [routes.destroy_slot(e, client.timeouts.default_s) for e in envs]
-    calls += [routes.delete_checkpoint(s, client.timeouts.default_s) for s in states]
+    t = client.timeouts.default_s
+    calls: List[routes.Call[Any]] = [routes.destroy_slot(e, t) for e in envs]
+    calls += [routes.delete_checkpoint(s, t) for s in states]
     removed = 0
     with httpx.Client() as http:
         for call in calls:

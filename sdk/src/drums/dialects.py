@@ -311,14 +311,14 @@ def _anthropic(c: _Call) -> List[Dict[str, Any]]:
     name = c.name
     c.check_fields(*ANTHROPIC_FIELDS[name])
     if name in ("left_click", "right_click", "middle_click", "double_click", "triple_click"):
-        action: Dict[str, Any] = {
+        clicks: Dict[str, Dict[str, Any]] = {
             "left_click": {"type": "click"},
             "right_click": {"type": "right_click"},
             "middle_click": {"type": "click", "button": "middle"},
             "double_click": {"type": "double_click"},
             "triple_click": {"type": "click", "clicks": 3},
-        }[name]
-        return [_held(_at(dict(action), c.pair("coordinate")), c.modifiers("text"))]
+        }
+        return [_held(_at(dict(clicks[name]), c.pair("coordinate")), c.modifiers("text"))]
     if name == "mouse_move":
         return [_held(_at({"type": "move"}, c.pair("coordinate")), c.modifiers("text"))]
     if name in ("left_mouse_down", "left_mouse_up"):

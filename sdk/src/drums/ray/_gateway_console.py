@@ -15,7 +15,7 @@ import json
 import secrets
 import time
 import urllib.parse
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple
 
 import anyio
 
@@ -65,7 +65,7 @@ def is_console_path(path: str) -> bool:
 def merge_slots(per_host: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
     """Every host's grid rows, ids tagged with the host, a `host` field and facet."""
     rows: List[Dict[str, Any]] = []
-    facets: Dict[str, set] = {}
+    facets: Dict[str, Set[Any]] = {}
     for label, body in per_host.items():
         for row in body.get("slots", []):
             tagged = tag_ids(row, label)

@@ -7,7 +7,7 @@ FREE capacity, so no host's CPUs saturate while another idles), so the pool pick
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Set, Tuple
 
 DESKTOPS = "drums_desktops"  # custom resource: envs this node's drumsd admits
 HOST = "drums_host"  # custom resource: 1 on every node that runs a drumsd
@@ -70,7 +70,7 @@ def ghost_changes(
     held: Set[str],
     seen_before: Set[str],
     ghosts: Set[str],
-    known: Set[str] = frozenset(),
+    known: AbstractSet[str] = frozenset(),
 ) -> Tuple[Set[str], Set[str]]:
     """Which of a host's slots need a ghost seat (a `drums_desktops` held for a desktop no pool
     env holds: made by the gateway, another client, or a dead driver not yet swept), as

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 DEFAULT_POOL_DIR = "/run/drums-pool"
 
@@ -110,10 +110,10 @@ def key_alive(key: str) -> bool:
     return pid_text.isdigit() and str(_starttime(int(pid_text))) == start_text
 
 
-def held_env_ids(label: str, root: Optional[Path] = None) -> set:
+def held_env_ids(label: str, root: Optional[Path] = None) -> Set[str]:
     """Env ids that live pool processes hold on host `label` (their seats are Ray's own)."""
     d = lease_dir(label, root)
-    held: set = set()
+    held: Set[str] = set()
     if not d.is_dir():
         return held
     for path in d.glob("*.json"):

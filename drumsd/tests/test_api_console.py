@@ -14,8 +14,8 @@ from drumsd.api.console_frames import THUMB_SIZE, Frames, scale_png
 from drumsd.api.console_sessions import COOKIE, Sessions
 from drumsd.runtime.memory_runtime import png
 from drumsd.runtime.services import history as history_service
+from harness import TOKEN, Api, create, open_api, wait_valid
 from PIL import Image
-from test_api_app import TOKEN, Api, create, open_api, wait_valid
 
 
 def console_client(api: Api) -> httpx.AsyncClient:
@@ -302,7 +302,7 @@ async def test_episode_timeline_has_each_step_and_gate_changes(api: Api) -> None
 async def test_history_samples_the_host_for_the_charts(api: Api) -> None:
     sid = (await create(api))["id"]
     await wait_valid(api, sid)
-    api.sup.history.samples.clear()
+    api.sup.console.history.samples.clear()
     await history_service.sample_once(api.sup)
     async with console_client(api) as c:
         await login(c)

@@ -207,7 +207,9 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
     async def slots() -> Response:
         now = supervisor.clock()
         live = supervisor.list_slots()
-        rows = [console_view.slot_row(r, now, supervisor.last_verify.get(r.id)) for r in live]
+        rows = [
+            console_view.slot_row(r, now, supervisor.console.last_verify.get(r.id)) for r in live
+        ]
         frames.forget_except({r.id for r in live})
         return _json({"slots": rows, "facets": console_view.facets(rows)})
 
@@ -226,12 +228,12 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
             raise DrumsdError(
                 "invalid_request", "since: a sample's ts (seconds since the epoch)", field="since"
             ) from None
-        return _json(supervisor.history.as_json(since))
+        return _json(supervisor.console.history.as_json(since))
 
     @api("/slots/<slot_id>", "slot")
     async def slot(slot_id: str) -> Response:
         rec = supervisor.get_slot(slot_id, renew=False)
-        last = supervisor.last_verify.get(slot_id)
+        last = supervisor.console.last_verify.get(slot_id)
         return _json(
             {
                 "slot": console_view.slot_row(rec, supervisor.clock(), last),
@@ -256,7 +258,7 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
         # The current episode step by step: the steps the daemon kept in memory, with the
         # journal's events and gate changes of the same episode (read on request, like above).
         rec = supervisor.get_slot(slot_id, renew=False)
-        steps = [s.as_json() for s in supervisor.step_log.of(slot_id, rec.episode_id)]
+        steps = [s.as_json() for s in supervisor.console.step_log.of(slot_id, rec.episode_id)]
         lines = await supervisor.store.events_of(slot_id)
         entries = await trio.to_thread.run_sync(
             console_view.episode_timeline, lines, steps, rec.episode_id, rec.episode_started_at

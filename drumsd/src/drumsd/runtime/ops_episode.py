@@ -173,7 +173,7 @@ def _keep_shot(
     sup._observe("screenshot", rec.id, seconds)
     if spec == protocol.PNG_FULL:
         # The console and the slot's archive keep the last full-size PNG.
-        sup.last_screenshot[rec.id] = shot.data
+        sup.console.last_screenshot[rec.id] = shot.data
 
 
 async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:

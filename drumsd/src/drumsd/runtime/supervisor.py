@@ -31,14 +31,12 @@ from drums.models import (
     VerifyResult,
 )
 
-from drumsd.core import step_log
 from drumsd.core.admission import (
     Decision,
     HostSample,
 )
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
-from drumsd.core.host_history import HostHistory
 from drumsd.core.metrics import Histogram, MetricsWindow
 from drumsd.core.records import (
     CheckpointRecord,
@@ -64,6 +62,7 @@ from drumsd.runtime import (
     ops_reset,
 )
 from drumsd.runtime.admission_book import AdmissionBook
+from drumsd.runtime.console_state import ConsoleState
 from drumsd.runtime.gate_evidence import GateEvidence
 from drumsd.runtime.handles import handle_from_json, handle_of, handle_to_json
 from drumsd.runtime.ports import PortForwards
@@ -124,10 +123,7 @@ class Supervisor:
         self.table = SlotTable(self.store, clock, on_slot_saved=self._slot_saved)
         self.metrics = MetricsWindow(started_at=clock())
         self.slot_latency: dict[str, dict[str, Histogram]] = {}
-        self.last_screenshot: dict[str, bytes] = {}
-        self.last_verify: dict[str, VerifyResult] = {}  # slot -> its last verify (the console)
-        self.step_log = step_log.StepLog()  # each slot's recent steps (the console's timeline)
-        self.history = HostHistory()  # host samples over time (the console's charts)
+        self.console = ConsoleState()  # last screenshots and verifies, steps, host history
         # The host sample, the reservations of admitted work, the slots' charge (admission).
         self.admission_book = AdmissionBook(
             config, self.metrics, checker_reserved_mib=self.checker_reserved_mib
@@ -276,9 +272,7 @@ class Supervisor:
 
     async def destroy(self, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
         """Idempotent: (record, already_destroyed)."""
-        out = await self._durable(await ops_reset.destroy(self, slot_id, reason))
-        self.step_log.forget(slot_id)
-        return out
+        return await self._durable(await ops_reset.destroy(self, slot_id, reason))
 
     async def step(self, slot_id: str, req: StepRequest) -> dict[str, Any]:
         started = self.clock()
@@ -288,38 +282,13 @@ class Supervisor:
             else:
                 out = await ops_episode.step(self, slot_id, req)
         except DrumsdError as exc:
-            self._log_step(slot_id, req, started, self.clock() - started, error=exc.code)
+            if (rec := self.slots.get(slot_id)) is not None:
+                self.console.log_step(rec, req, started, self.clock() - started, error=exc.code)
             raise
         returncode = (out.get("output") or {}).get("returncode")
-        self._log_step(slot_id, req, started, out["elapsed_s"], returncode=returncode)
+        if (rec := self.slots.get(slot_id)) is not None:
+            self.console.log_step(rec, req, started, out["elapsed_s"], returncode=returncode)
         return out
-
-    def _log_step(
-        self, slot_id: str, req: StepRequest, started: float, elapsed: float, **how: Any
-    ) -> None:
-        """One step in the console's episode timeline (memory only; see core/step_log.py)."""
-        rec = self.slots.get(slot_id)
-        if rec is None:
-            return
-        if req.action is None:  # a dialect step: its calls' names
-            calls = [c.get("name") or c.get("action") or c.get("type") for c in req.actions or []]
-            action: str | dict[str, Any] = {"type": str(req.dialect), "keys": calls}
-        else:
-            action = req.action if isinstance(req.action, str) else req.action.model_dump()
-        kind, detail = step_log.describe(action)
-        self.step_log.add(
-            slot_id,
-            step_log.Step(
-                episode=rec.episode,
-                episode_id=rec.episode_id,
-                index=rec.actions,
-                action=kind,
-                detail=detail,
-                started_at=started,
-                elapsed_s=round(elapsed, 4),
-                **how,
-            ),
-        )
 
     async def screenshot(self, slot_id: str, spec: ShotSpec = PNG_FULL) -> Screenshot:
         return await ops_episode.screenshot(self, slot_id, spec)
@@ -338,7 +307,7 @@ class Supervisor:
 
     async def verify(self, slot_id: str, req: VerifyRequest) -> VerifyResult:
         result = await ops_episode.verify(self, slot_id, req)
-        self.last_verify[slot_id] = result
+        self.console.last_verify[slot_id] = result
         return result
 
     async def glance(self, slot_id: str) -> bytes | None:
@@ -349,12 +318,12 @@ class Supervisor:
         check_can_observe(rec)
         lock = self.table.lock(slot_id)
         if lock.locked():
-            return self.last_screenshot.get(slot_id)
+            return self.console.last_screenshot.get(slot_id)
         async with lock:
             rec = self.get_slot(slot_id, renew=False)
             check_can_observe(rec)
             png = await self.runtime.screenshot(handle_of(rec))
-            self.last_screenshot[slot_id] = png
+            self.console.last_screenshot[slot_id] = png
             return png
 
     async def quarantine(self, slot_id: str, reason: str) -> SlotRecord:

@@ -57,7 +57,7 @@ async def destroy_locked(
     sup.table.save_slot(rec, f"destroyed ({reason})")
     await archive(sup, rec)
     await trio.to_thread.run_sync(sup.tasks.forget_slot, rec.id)
-    sup.last_screenshot.pop(rec.id, None)
+    sup.console.forget(rec.id)
     sup.slot_latency.pop(rec.id, None)
     sup.admission_book.forget(rec.id)
     sup.table.settled(rec.id)
@@ -72,7 +72,7 @@ async def archive(sup: Supervisor, rec: SlotRecord) -> None:
         "episode": rec.episode,
         "gates": [g.model_dump(mode="json") for g in rec.gates],
     }
-    screenshot = sup.last_screenshot.get(rec.id)
+    screenshot = sup.console.last_screenshot.get(rec.id)
     logs = [str(p) for p in (rec.handle or {}).get("extra", {}).get("log_files", [])]
     events = await sup.store.events_of(rec.id)
     try:

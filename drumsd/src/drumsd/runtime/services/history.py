@@ -39,7 +39,7 @@ async def sample_once(sup: Supervisor) -> None:
         with contextlib.suppress(Exception):
             stats = await trio.to_thread.run_sync(ksm_stats)  # reads sysfs
             ksm = round(float(dict(stats).get("saved_bytes", 0)) / 2**20, 1)
-    sup.history.add(
+    sup.console.history.add(
         sup.clock(),
         slots_by_state=states,
         op_counts=counts,

@@ -23,6 +23,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
     check = sub.add_parser("check-config", help="validate a config and print the effective one")
     check.add_argument("path", type=Path, nargs="?", help="the JSON config file")
     check.add_argument("--defaults", action="store_true", help="print every default and exit")
+    check.add_argument(
+        "--explain",
+        action="store_true",
+        help="print how the documented config table's keys are read here, and exit",
+    )
     check.set_defaults(func=_cmd_check_config)
 
     # Host subcommands (doctor, image, host, bench) register themselves when installed.
@@ -94,6 +99,13 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
     if args.defaults:
         print(defaults_json())
+        return 0
+    if args.explain:
+        from drumsd.core.config_compat import rules
+
+        print(f"{'documented key':<28} {'here':<9} what it is here")
+        for rule in rules():
+            print(f"{rule.key:<28} {rule.status:<9} {rule.here}")
         return 0
     if args.path is None:
         print("drumsd check-config: give a config PATH (or --defaults)", file=sys.stderr)

@@ -14,16 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from drumsd.core import config_compat
+
 PositiveSeconds = Annotated[float, Field(gt=0, le=30 * 86400)]
 # A lease limit: null or 0 turns it off (0 is read as null).
 LeaseSeconds = Annotated[float | None, Field(ge=0, le=30 * 86400)]
 Port = Annotated[int, Field(ge=1, le=65535)]
-
-# Keys an earlier config model had and this one refuses, each with why (docs/runtime.md, "Fields
-# not implemented"). A config that still sets one gets this reason, not a silent default.
-REMOVED_KEYS: dict[str, str] = {
-    "quiesce.confirm_s": "not implemented: quiesce.window_s is the one quiet period",
-}
 
 
 class Block(BaseModel):
@@ -355,15 +351,6 @@ class Config(Block):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_removed_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            problems = [f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(data, key)]
-            if problems:
-                raise ValueError("; ".join(problems) + " (see docs/runtime.md)")
-        return data
-
     @field_validator("listen")
     @classmethod
     def _listen_is_host_port(cls, value: str) -> str:
@@ -419,14 +406,6 @@ class Config(Block):
         return self
 
 
-def _has_key(data: dict[str, Any], dotted: str) -> bool:
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        return head in data
-    inner = data.get(head)
-    return isinstance(inner, dict) and rest in inner
-
-
 def listen_host_port(listen: str) -> tuple[str, int]:
     """Split `host:port` (IPv6 as `[::1]:7070`); ValueError says what is wrong."""
     host, sep, port_text = listen.rpartition(":")
@@ -463,25 +442,37 @@ class ConfigError(Exception):
 
 def config_from_text(text: str, source: str = "<config>") -> Config:
     """Parse JSON text into a Config, or raise ConfigError listing every problem."""
+    return config_with_notices(json_object(text, source), source)[0]
+
+
+def json_object(text: str, source: str = "<config>") -> Any:
     try:
-        raw = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             source, [f"not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"]
         ) from None
-    return config_from_dict(raw, source)
 
 
 def config_from_dict(raw: Any, source: str = "<config>") -> Config:
+    return config_with_notices(raw, source)[0]
+
+
+def config_with_notices(raw: Any, source: str = "<config>") -> tuple[Config, list[str]]:
+    """The Config and the notices of documented keys read under their names here
+    (core/config_compat.py); ConfigError lists every problem of the file at once."""
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the top level must be a JSON object"])
-    removed = [f"{key}: {why}" for key, why in REMOVED_KEYS.items() if _has_key(raw, key)]
-    if removed:
-        raise ConfigError(source, [*removed, "see docs/runtime.md, 'Fields not implemented'"])
+    read = config_compat.translate(raw)
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(read.raw)
     except ValidationError as exc:
-        raise ConfigError(source, [describe_error(err) for err in exc.errors()]) from None
+        raise ConfigError(
+            source, [*read.problems, *(describe_error(err) for err in exc.errors())]
+        ) from None
+    if read.problems:
+        raise ConfigError(source, read.problems)
+    return config, read.notices
 
 
 def describe_error(err: Any) -> str:

@@ -83,10 +83,10 @@ async def read_facts(
     if sup.crash_watch is not None:
         since = rec.episode_started_at or 0.0
         out["extra"].update(sup.crash_watch.facts(rec.id, since=since))
-        if rec.id in sup._unwatched:
+        if rec.id in sup.unwatched:
             # Not followed: no crash could be seen, so no_app_crash must stay pending.
             out["extra"]["crash_watch"] = False
-            out["extra"]["crash_watch_error"] = sup._unwatched[rec.id]
+            out["extra"]["crash_watch_error"] = sup.unwatched[rec.id]
     if sup.evidence is not None:
         snapshot = written_since = None
         cp = sup.checkpoints.get(rec.checkpoint)
@@ -168,8 +168,8 @@ async def begin_episode(
         )
     sup.table.save_slot(rec, event, file=file)
     quarantine_on_failure(sup, rec)
-    sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)
-    sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
+    sup.spawn(judge_alive_after, sup, rec.id, rec.episode_id)
+    sup.spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
 
 
 def judge_start(
@@ -284,16 +284,16 @@ async def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
         if not handle.cgroups:
             raise ValueError("the runtime reported no cgroups for the slot")
         await sup.crash_watch.track(slot_id, dict(handle.cgroups))
-        sup._unwatched.pop(slot_id, None)
+        sup.unwatched.pop(slot_id, None)
     except (OSError, ValueError) as exc:
         # Untracked, its crash_exits would stay empty and no_app_crash would pass unwatched:
         # _facts marks it unwatched instead, so the gate stays pending.
-        sup._unwatched[slot_id] = f"cannot track cgroups {dict(handle.cgroups)}: {exc}"
-        log.error("slot=%s crash watch %s", slot_id, sup._unwatched[slot_id])
+        sup.unwatched[slot_id] = f"cannot track cgroups {dict(handle.cgroups)}: {exc}"
+        log.error("slot=%s crash watch %s", slot_id, sup.unwatched[slot_id])
 
 
 def untrack(sup: Supervisor, slot_id: str) -> None:
-    sup._unwatched.pop(slot_id, None)
+    sup.unwatched.pop(slot_id, None)
     if sup.crash_watch is not None:
         sup.crash_watch.untrack(slot_id)
 

@@ -37,7 +37,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
     for rec in sup.slots.values():
         by_state[rec.status.value] += 1
     files = await trio.to_thread.run_sync(scan_forgotten, sup.config.forgotten_dir)
-    sup._forgotten_bytes = sum(f.size for f in files)
+    sup.forgotten_bytes = sum(f.size for f in files)
     warnings = []
     decision = sup.admission_book.decision(sup.slot_cost_mib())
     if not decision.admit:
@@ -73,7 +73,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
         },
         "state_dir": state_space,
         "journal_dir": journal_space,
-        "forgotten_gib": sup._forgotten_bytes / 1024**3,
+        "forgotten_gib": sup.forgotten_bytes / 1024**3,
         "ksm": await runtime_ksm(sup),
         "pools": {
             "templates": dict(sup.template_status),

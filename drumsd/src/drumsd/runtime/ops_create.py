@@ -38,7 +38,7 @@ log = logging.getLogger("drumsd.supervisor")
 
 
 async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
-    sup._check_open()
+    sup.check_open()
     source = resolve_source(sup, req)
     sup.admission_book.check_state_space("create")
     sup.admission_book.admit("create", sup.slot_cost_mib())
@@ -72,7 +72,7 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
         handle = await restore_new(sup, rec, cp)
         try:
             await begin_episode(sup, rec, handle, "ready")
-            sup._observe("create", rec.id, trio.current_time() - started)
+            sup.observe("create", rec.id, trio.current_time() - started)
             if plan is not None and plan.cached:
                 await load_cached(sup, rec, handle, cp, destroy_on_error=True)
             elif req.task is not None:
@@ -129,5 +129,5 @@ async def load_task_locked(
     rec.task = task_json
     rec.task_setup = "replayed"
     sup.table.save_slot(rec, "task_loaded")
-    sup._observe("task_setup", rec.id, trio.current_time() - started)
+    sup.observe("task_setup", rec.id, trio.current_time() - started)
     return info

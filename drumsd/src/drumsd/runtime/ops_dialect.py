@@ -102,7 +102,7 @@ async def _run_guest(
 
 
 async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     scale, calls, spec = plan(req)
     want_final = req.screenshot or req.screenshot_options is not None
@@ -165,7 +165,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         if want_final and final is None:
             final = await screenshot_locked(sup, rec, handle, spec)
         elapsed = trio.current_time() - started
-        sup._observe("step", slot_id, elapsed)
+        sup.observe("step", slot_id, elapsed)
         return {
             "slot": slot_id,
             "episode": rec.episode,

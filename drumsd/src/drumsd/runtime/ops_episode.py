@@ -48,7 +48,7 @@ log = logging.getLogger("drumsd.supervisor")
 
 
 async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
     # Checked before the step runs: a bad one is a 422 and no action.
@@ -88,10 +88,10 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         elapsed = trio.current_time() - started
         if shot is not None and spec is not None:
             in_guest = shot.grab_s + shot.encode_s
-            sup._observe("step", slot_id, max(0.0, elapsed - in_guest))
+            sup.observe("step", slot_id, max(0.0, elapsed - in_guest))
             _keep_shot(sup, rec, spec, shot, in_guest)
         else:
-            sup._observe("step", slot_id, elapsed)
+            sup.observe("step", slot_id, elapsed)
             if spec is not None:  # wait, done, fail: no guest step to carry it
                 shot = await screenshot_locked(sup, rec, handle, spec)
         return {
@@ -170,7 +170,7 @@ async def screenshot_locked(
 def _keep_shot(
     sup: Supervisor, rec: SlotRecord, spec: ShotSpec, shot: Screenshot, seconds: float
 ) -> None:
-    sup._observe("screenshot", rec.id, seconds)
+    sup.observe("screenshot", rec.id, seconds)
     if spec == protocol.PNG_FULL:
         # The console and the slot's archive keep the last full-size PNG.
         sup.console.last_screenshot[rec.id] = shot.data
@@ -218,7 +218,7 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dic
 
 
 async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_step) as rec:
         started = trio.current_time()
@@ -232,7 +232,7 @@ GATE_JUDGE_S = 5.0
 
 
 async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyResult:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     per_run = req.timeout_s or sup.config.tasks.eval_timeout_s
     # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
@@ -267,7 +267,7 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
         ):
             with trio.fail_after(timeout):
                 result = await sup.verifier.verify(rec, handle)
-        sup._observe("verify", slot_id, trio.current_time() - started)
+        sup.observe("verify", slot_id, trio.current_time() - started)
         return judge_verify(sup, rec, result)
 
 

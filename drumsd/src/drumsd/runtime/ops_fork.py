@@ -54,7 +54,7 @@ log = logging.getLogger("drumsd.supervisor")
 
 
 async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     mib = sup.config.admission.capture_mib
     sup.admission_book.check_state_space("capture", mib)
@@ -68,7 +68,7 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
 
 
 async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
-    sup._check_open()
+    sup.check_open()
     rec = sup.get_slot(slot_id)
     reusable = reusable_prefork(sup, rec)
     if reusable is not None:
@@ -218,7 +218,7 @@ async def dump(
     sup.table.save_checkpoint(cp, "ready")
     if kind is CheckpointKind.prefork:
         enable_spares(sup, cp)  # a prefork is captured to be branched: make that a thaw
-    sup._observe(
+    sup.observe(
         {"saved": "capture", "task": "task_checkpoint"}.get(kind.value, "prefork"),
         rec.id,
         trio.current_time() - started,
@@ -290,7 +290,7 @@ async def quiet_capture(
 
 
 async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str, Any]:
-    sup._check_open()
+    sup.check_open()
     rec = sup.get_slot(slot_id)
     started = trio.current_time()
     source = None
@@ -379,7 +379,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
         for child, handle in zip(children, handles, strict=True):
             nursery.start_soon(partial(begin_child_episode, sup), child, handle)
     elapsed = trio.current_time() - started
-    sup._observe("fork", slot_id, elapsed)
+    sup.observe("fork", slot_id, elapsed)
     return {
         "parent": slot_id,
         "children": children,

@@ -28,7 +28,7 @@ log = logging.getLogger("drumsd.supervisor")
 
 
 async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
-    sup._check_open()
+    sup.check_open()
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_reset) as rec:
         cp = sup.get_checkpoint(rec.checkpoint)
@@ -56,7 +56,7 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
                 sup.table.save_slot(rec, "failed")
                 raise
         await begin_episode(sup, rec, handle, "reset", file=False)
-        sup._observe("reset", slot_id, trio.current_time() - started)
+        sup.observe("reset", slot_id, trio.current_time() - started)
         if plan is not None and plan.cached and rec.status is SlotStatus.ready:
             await load_cached(sup, rec, handle, cp)
         elif rec.task is not None and rec.status is SlotStatus.ready:

@@ -149,7 +149,7 @@ async def load_cached(
     rec.task = cp.task
     rec.task_setup = "cached"
     sup.table.save_slot(rec, "task_loaded")
-    sup._observe("task_setup_cached", rec.id, trio.current_time() - started)
+    sup.observe("task_setup_cached", rec.id, trio.current_time() - started)
     use_spares(sup, cp)
 
 

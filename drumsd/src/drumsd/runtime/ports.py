@@ -111,7 +111,7 @@ class PortForwards:
                 scope.cancel()
 
     def _serve(self, slot_id: str, ports: dict[int, int], socks: list[socket.socket]) -> None:
-        if not socks or self.sup._nursery is None:
+        if not socks or self.sup.nursery is None:
             for sock in socks:
                 sock.close()
             return
@@ -122,7 +122,7 @@ class PortForwards:
             (trio.SocketListener(trio.socket.from_stdlib_socket(sock)), guest)
             for sock, guest in zip(socks, ports.keys(), strict=True)
         ]
-        self.sup._spawn(self._run, slot_id, scope, pairs)
+        self.sup.spawn(self._run, slot_id, scope, pairs)
 
     async def _run(
         self,

@@ -116,7 +116,7 @@ class Supervisor:
         self.version = version
         # A started `CrashWatch` (track/untrack/facts/health) when config.crash_watch is on.
         self.crash_watch = crash_watch
-        self._unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
+        self.unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
         # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
         self.evidence = evidence
         # The records, each slot's lock and every record save (runtime/slot_table.py).
@@ -133,9 +133,9 @@ class Supervisor:
         self.warnings: list[str] = []
         self.draining = False
         self.reconciled: dict[str, list[str]] = {}
-        self._nursery: trio.Nursery | None = None
+        self.nursery: trio.Nursery | None = None
         self.ports = PortForwards(self)
-        self._forgotten_bytes = 0
+        self.forgotten_bytes = 0
         # Warm spares (a Linux runtime extra): checkpoints with a pool, what claims looked like.
         self.pools = spares.SparePools()
         # Task checkpoint keys whose capture was refused (not quiet, no space): trio time, so
@@ -150,7 +150,7 @@ class Supervisor:
         """Reconcile, then start the background services and template builds; run until cancelled.
         Slots outlive the daemon (the next start adopts them), so stopping destroys nothing."""
         async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+            self.nursery = nursery
             await nursery.start(self.store.run)
             await self.reconcile()
             await self.ports.reopen()
@@ -169,10 +169,10 @@ class Supervisor:
                 self.table.flush_dirty()  # synchronous: runs even while cancelled
                 self.store.flush_sync()
 
-    def _spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """A per-slot background task (episode timers, exit watchers, template builds)."""
-        if self._nursery is not None:
-            self._nursery.start_soon(self._guarded, fn, *args)
+        if self.nursery is not None:
+            self.nursery.start_soon(self._guarded, fn, *args)
 
     async def _guarded(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None:
         """A background task's failure is logged with what it was for and counted; it must never
@@ -216,14 +216,14 @@ class Supervisor:
     def list_checkpoints(self) -> list[CheckpointRecord]:
         return self.table.list_checkpoints()
 
-    def _observe(self, operation: str, slot_id: str | None, seconds: float) -> None:
+    def observe(self, operation: str, slot_id: str | None, seconds: float) -> None:
         self.metrics.observe(operation, seconds)
         if slot_id is not None:
             self.slot_latency.setdefault(slot_id, {}).setdefault(operation, Histogram()).observe(
                 seconds
             )
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.draining:
             raise DrumsdError(
                 "shutting_down", "drumsd is shutting down; retry against the restarted daemon"

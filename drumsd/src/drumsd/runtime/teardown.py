@@ -27,7 +27,7 @@ async def discard(sup: Supervisor, rec: SlotRecord, failure: str) -> None:
     """A slot that never became ready: clean the runtime side, keep a full archive."""
     rec.failure = failure
     await bounded_cleanup(
-        sup._nursery,
+        sup.nursery,
         "cleanup after failure",
         rec.id,
         sup.config.cleanup_timeout_s,
@@ -49,7 +49,7 @@ async def destroy_locked(
     if rejected:
         rec.failure = rec.failure or reason
     await bounded_cleanup(
-        sup._nursery, "destroy", rec.id, sup.config.cleanup_timeout_s, sup.runtime.destroy, rec.id
+        sup.nursery, "destroy", rec.id, sup.config.cleanup_timeout_s, sup.runtime.destroy, rec.id
     )
     untrack(sup, rec.id)
     rec.status = SlotStatus.destroyed

@@ -61,7 +61,7 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
     if doomed:
         await trio.to_thread.run_sync(delete_archives, [f.path for f in doomed])
         done["archives"] = [f.path for f in doomed]
-    sup._forgotten_bytes = sum(f.size for f in files) - sum(f.size for f in doomed)
+    sup.forgotten_bytes = sum(f.size for f in files) - sum(f.size for f in doomed)
     return done
 
 

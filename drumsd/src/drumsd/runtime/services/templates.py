@@ -56,7 +56,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
         if rec.status is SlotStatus.failed:
             # Already down: make sure nothing of it remains (destroy is idempotent).
             await bounded_cleanup(
-                sup._nursery,
+                sup.nursery,
                 "cleanup",
                 rec.id,
                 sup.config.cleanup_timeout_s,
@@ -77,12 +77,12 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
             report["adopted"].append(rec.id)
             handle = handle_from_json(rec.handle or {})
             await track(sup, rec.id, handle)
-            sup._spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
+            sup.spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
             if sup.gate_statuses(rec).get("alive_after_resume") == G.PENDING:
-                sup._spawn(judge_alive_after, sup, rec.id, rec.episode_id)
+                sup.spawn(judge_alive_after, sup, rec.id, rec.episode_id)
             continue
         await bounded_cleanup(
-            sup._nursery,
+            sup.nursery,
             "cleanup",
             rec.id,
             sup.config.cleanup_timeout_s,
@@ -145,7 +145,7 @@ async def start_template_builds(sup: Supervisor) -> None:
         enable_spares(sup, existing)
         return
     sup.template_status[name] = "building"
-    sup._spawn(build_template, sup, name, root, sha, cp_id)
+    sup.spawn(build_template, sup, name, root, sha, cp_id)
 
 
 async def default_image(sup: Supervisor) -> tuple[str, Path, str] | None:

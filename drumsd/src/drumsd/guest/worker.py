@@ -175,7 +175,8 @@ def exact_keys(pyautogui: Any) -> None:
     keyUp: all go through its platform module's _keyDown/_keyUp) to one Keyboard, made on first
     use, so agents' own pyautogui code types what it says; named keys stay pyautogui's."""
     platform = pyautogui.platformModule
-    named_down, named_up = platform._keyDown, platform._keyUp
+    # pyautogui's platform hooks have no public name; they are the one place every key goes.
+    named_down, named_up = platform._keyDown, platform._keyUp  # noqa: SLF001 - pyautogui's
     keyboard: list[Keyboard] = []
 
     def board() -> Keyboard:
@@ -195,7 +196,7 @@ def exact_keys(pyautogui: Any) -> None:
         else:
             named_up(key)
 
-    platform._keyDown, platform._keyUp = key_down, key_up
+    platform._keyDown, platform._keyUp = key_down, key_up  # noqa: SLF001 - pyautogui's
 
 
 class Executor:
@@ -276,7 +277,7 @@ class Executor:
         from Xlib import X
         from Xlib.ext import xtest
 
-        display = self.pyautogui.platformModule._display
+        display = self.pyautogui.platformModule._display  # noqa: SLF001 - pyautogui's X display
         number = {"back": 8, "forward": 9}[button]
         if down:
             xtest.fake_input(display, X.ButtonPress, number)

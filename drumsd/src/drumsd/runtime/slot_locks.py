@@ -35,7 +35,7 @@ class Holder:
 def caller_name(depth: int = 1) -> str:
     """The name of the function `depth` frames above the caller: the operation that took a
     lock, for health to name."""
-    return sys._getframe(depth + 1).f_code.co_name
+    return sys._getframe(depth + 1).f_code.co_name  # noqa: SLF001 - CPython's frame API
 
 
 class SlotLock:

@@ -70,13 +70,15 @@ def preload(runner: Any) -> dict[str, Any]:
     started = time.monotonic()
     # The runner finds desktop_env with find_spec, which fails once its stand-in package is in
     # sys.modules (a fresh process looks once, before that): look once here, for every child.
-    root = runner._desktop_env_root()
-    runner._desktop_env_root = lambda: root
+    # The runner is the checker venv's copy of checker_runner.py (a script; its text is part of
+    # the venv's content hash, so renaming its functions would rebuild every checker venv).
+    root = runner._desktop_env_root()  # noqa: SLF001 - the venv's runner script
+    runner._desktop_env_root = lambda: root  # noqa: SLF001 - the venv's runner script
     _memoize_static_reads(runner)
-    probe = runner._probe()
+    probe = runner._probe()  # noqa: SLF001 - the venv's runner script
     import pandas  # noqa: F401  (xlsx_last_row decoding; most metric modules import it anyway)
 
-    runner._quiet_tldextract()
+    runner._quiet_tldextract()  # noqa: SLF001 - the venv's runner script
     return {"preload_s": round(time.monotonic() - started, 3), "unsupported": probe["unsupported"]}
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 from drumsd.linux import mounts, procfs
-from drumsd.runtime.linux import LinuxRuntime, LinuxRuntimeConfig, _Instance
+from drumsd.runtime.linux import Instance, LinuxRuntime, LinuxRuntimeConfig
 
 
 class WedgedDriver:
@@ -44,12 +44,12 @@ def _runtime(tmp_path: Path, cleanup_timeout_s: float) -> tuple[LinuxRuntime, We
     return LinuxRuntime(cfg, driver), driver  # type: ignore[arg-type]
 
 
-def _slot(rt: LinuxRuntime, tmp_path: Path, slot_id: str) -> _Instance:
+def _slot(rt: LinuxRuntime, tmp_path: Path, slot_id: str) -> Instance:
     paths = mounts.SlotPaths.of(tmp_path, f"slot-{slot_id}-abc")
     paths.dir.mkdir(parents=True)
     (paths.dir / "owner.json").write_text(f'{{"owner": "slot:{slot_id}"}}')
-    inst = _Instance(paths.dir.name, paths, {"pids": "/nonexistent"}, "ck", (tmp_path,))
-    rt._slots[slot_id] = inst
+    inst = Instance(paths.dir.name, paths, {"pids": "/nonexistent"}, "ck", (tmp_path,))
+    rt.instances.serve(slot_id, inst)
     return inst
 
 
@@ -66,7 +66,7 @@ def test_destroy_returns_at_its_cleanup_deadline_and_the_cleanup_still_finishes(
 
     took = trio.run(main)
     assert 0.4 <= took < 2.0, took  # the deadline fired; the kill is still blocked
-    assert "s1" not in rt._slots
+    assert "s1" not in rt.instances
     assert inst.paths.dir.exists() and not driver.removed  # the thread has not finished yet
     driver.release.set()
     deadline = time.monotonic() + 10

@@ -399,18 +399,18 @@ def test_the_dump_check_refuses_a_dump_missing_a_thread_and_names_it() -> None:
     in pstree.img; a template's dump (not left running) does not judge threads by a sample."""
     from types import SimpleNamespace
 
-    from drumsd.runtime.linux.dumps import DumpMixin
+    from drumsd.runtime.linux.dumps import Dumper
 
     inst = SimpleNamespace(iid="i-7")
     live = {1: procfs.NsProcess("init", {1: 10}), 7: procfs.NsProcess("chromium", {7: 20, 8: 21})}
     dumped = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7,))]
     names = ["core-1.img", "core-7.img"]
-    err = DumpMixin._dump_mismatch(inst, live, live, True, dumped, names)
+    err = Dumper.mismatch(inst, live, live, True, dumped, names)
     assert err is not None and err.code == "runtime_error"
     assert "thread 8 of process 7 ran before and after it but are not in the dump" in err.message
     assert err.detail["missing"] == ["thread 8 of process 7"]
-    assert DumpMixin._dump_mismatch(inst, live, {}, False, dumped, names) is None
+    assert Dumper.mismatch(inst, live, {}, False, dumped, names) is None
     whole = [criu.DumpedTask(1, 0, (1,)), criu.DumpedTask(7, 1, (7, 8))]
-    assert DumpMixin._dump_mismatch(inst, live, live, True, whole, [*names, "core-8.img"]) is None
-    err = DumpMixin._dump_mismatch(inst, live, live, True, whole, names)
+    assert Dumper.mismatch(inst, live, live, True, whole, [*names, "core-8.img"]) is None
+    err = Dumper.mismatch(inst, live, live, True, whole, names)
     assert err is not None and err.detail["missing"] == ["core-8.img"]

@@ -11,16 +11,30 @@ import trio
 from drumsd.core.seams import SlotHandle
 from drumsd.linux import mounts, procfs, slot_fs
 from drumsd.linux.process_trees import kill_leftover, pidfd_open
-from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log
+from drumsd.runtime.linux.base import Instance, log_event
+from drumsd.runtime.linux.fs import InstanceFs
+from drumsd.runtime.linux.instances import InstanceTable
+from drumsd.runtime.linux.spare_pool import SparePool
+from drumsd.runtime.linux.supervision import Supervision
 
 
-class AdoptionMixin(RuntimeBase):
+class Adoption:
+    def __init__(
+        self, sup: Supervision, fs: InstanceFs, table: InstanceTable, pool: SparePool
+    ) -> None:
+        self.sup = sup
+        self.driver = sup.driver
+        self.fs = fs
+        self.state_dir = fs.state_dir
+        self.table = table
+        self.pool = pool
+
     async def adopt(self, handle: SlotHandle) -> bool:
-        self._require_running()
+        self.sup.running()
         if not procfs.is_same_process(handle.init_pid, handle.init_starttime):
             return False
         iid = str(handle.extra.get("iid") or Path(handle.root).parent.name)
-        inst = _Instance(
+        inst = Instance(
             iid,
             mounts.SlotPaths(Path(handle.root).parent),
             dict(handle.cgroups),
@@ -35,26 +49,23 @@ class AdoptionMixin(RuntimeBase):
             uid_index=handle.extra.get("uid_index"),
         )
         if inst.uid_index is not None:
-            self._ranges.add(inst.uid_index)
-        self._slots[handle.slot_id] = inst
-        self._watch(inst)
-        _log("adopted", slot=handle.slot_id, iid=iid, pid=inst.pid)
+            self.fs.uids.hold([inst.uid_index])
+        self.table.serve(handle.slot_id, inst)
+        self.sup.watch(inst)
+        log_event("adopted", slot=handle.slot_id, iid=iid, pid=inst.pid)
         return True
 
     def _owned_in_memory(self) -> set[str]:
-        iids = {i.iid for i in self._slots.values()} | set(self._busy)
-        iids |= {p.iid for p in self._warm.values()}
-        iids |= {i.iid for pool in self._spares.values() for i in pool}
-        return iids
+        return self.table.iids() | self.fs.busy() | self.pool.iids()
 
     def _cleanup_iid(self, iid: str) -> None:
         """Blocking: kill and remove what is left of instance `iid` (see `kill_leftover`)."""
         paths = mounts.SlotPaths.of(self.state_dir, iid)
         init = slot_fs.read_owner_record(paths.dir).get("init")
         kill_leftover(self.driver, self.driver.dirs_of(iid), init)
-        self._teardown_fs(paths)
+        self.fs.teardown(paths)
 
-    def _sweep_owned_by(self, owners: set[str]) -> list[str]:
+    def sweep_owned_by(self, owners: set[str]) -> list[str]:
         cleaned = []
         base = self.state_dir / "slots"
         for name in slot_fs.instance_names(base):
@@ -83,5 +94,5 @@ class AdoptionMixin(RuntimeBase):
 
         cleaned = await trio.to_thread.run_sync(go)
         if cleaned:
-            _log("swept", instances=",".join(cleaned))
+            log_event("swept", instances=",".join(cleaned))
         return cleaned

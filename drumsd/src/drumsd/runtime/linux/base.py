@@ -1,6 +1,5 @@
-"""The Linux runtime's shared state and the pieces every part uses: its config, the instance
-record, filesystem set-up and teardown (through `drumsd.linux.slot_fs`), supervision of an init's
-pidfd, disposal within a cleanup deadline, agent calls, and the handle given to the control plane.
+"""The records every part of the Linux runtime uses: its config, the instance record (and the
+agent gate each instance has), a filesystem prepared ahead of a restore, and the event log line.
 
 Vocabulary: an *instance* is one restored (or booted) process tree with its own directory
 `state_dir/slots/<iid>` (a tmpfs holding the upper layer, the overlay root, CRIU's work dir) and its
@@ -12,33 +11,27 @@ dir holds `owner.json` naming its slot, so a restarted daemon can sweep what no 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
+from drumsd.core.seams import SlotLimits
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, host_share, idmap, mounts, procfs, slot_fs
-from drumsd.linux.launcher import Launcher
-from drumsd.linux.process_trees import close_fd, exit_text, kill_tree, reap_nohang
-from drumsd.runtime import agent_client
+from drumsd.linux import mounts
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
 READY_FILE = protocol.READY_PATH.lstrip("/")
 DESKTOP_UID = 1000
 TEMPLATE_LIMITS = SlotLimits(vcpus=2.0, memory_mib=4096, pids_max=4096, tmpfs_mib=1024)
-KSM_DIR = Path("/sys/kernel/mm/ksm")
-SPARE_PASS_S = 5.0  # the refiller's idle period: recycling and refused refills are retried
 
 
-def _log(event: str, **fields: Any) -> None:
+def log_event(event: str, **fields: Any) -> None:
     """One structured line per event on stderr (slot/instance always named)."""
     parts = " ".join(f"{k}={v}" for k, v in fields.items())
     print(f"drums.runtime {event} {parts}", file=sys.stderr, flush=True)
@@ -110,7 +103,7 @@ class LinuxRuntimeConfig:
         )
 
 
-class _AgentGate:
+class AgentGate:
     """Agent calls run concurrently; a dump waits until none is open and blocks new ones (CRIU
     cannot dump a unix socket whose peer is on the host)."""
 
@@ -149,7 +142,7 @@ class _AgentGate:
 
 
 @dataclass
-class _Instance:
+class Instance:
     """One process tree and everything it holds on the host."""
 
     iid: str
@@ -161,7 +154,7 @@ class _Instance:
     starttime: int = 0
     pidfd: int = -1
     exited: trio.Event = field(default_factory=trio.Event)
-    gate: _AgentGate = field(default_factory=_AgentGate)
+    gate: AgentGate = field(default_factory=AgentGate)
     restore_s: float = 0.0
     # Wall clock when criu began restoring this tree (kept when a spare is claimed: the tree ran
     # between its restore and its freeze). state_hash counts upper entries touched from then on
@@ -184,7 +177,7 @@ class _Instance:
 
 
 @dataclass
-class _Prepared:
+class Prepared:
     """A fs (tmpfs + upper copy + overlay) made ahead of a restore (warm_upper)."""
 
     iid: str
@@ -193,265 +186,10 @@ class _Prepared:
     uid_index: int | None = None
 
 
-def _new_iid(prefix: str) -> str:
+def new_iid(prefix: str) -> str:
     return f"{prefix[:40]}-{secrets.token_hex(3)}"
 
 
-def _agent_code(code: str) -> str:
+def agent_code(code: str) -> str:
     mapped = {"invalid_action": "invalid_request", "timeout": "timeout", "not_found": "not_found"}
     return mapped.get(code, "action_failed")
-
-
-class RuntimeBase:
-    """State shared by the runtime's parts (restores, slot I/O, dumps, cold boots, spares,
-    adoption, KSM: one mixin each, combined in `LinuxRuntime`)."""
-
-    def __init__(self, config: LinuxRuntimeConfig, driver: cgroups.CgroupDriver | None = None):
-        self.config = config
-        self.state_dir = config.state_dir
-        # One cgroup group per state dir: sweep must never see another runtime's slots.
-        group = "drums-" + hashlib.sha256(str(config.state_dir.resolve()).encode()).hexdigest()[:8]
-        self.driver = driver or cgroups.detect_driver(group)
-        self.restore_limiter = trio.CapacityLimiter(config.max_concurrent_restores)
-        self._launcher: Launcher | None = None
-        self._nursery: trio.Nursery | None = None
-        self._helper: Path | None = None
-        self._slots: dict[str, _Instance] = {}
-        self._warm: dict[str, _Prepared] = {}
-        self._spares: dict[str, list[_Instance]] = {}
-        self._spare_refs: dict[str, tuple[CheckpointRef, SlotLimits]] = {}
-        self._spare_wakeup = trio.Event()
-        self._refill_running = False  # a spare refill restore is under way
-        # Control-plane sizing (drumsd.core.spare_pool): spares wanted per checkpoint (capped by
-        # spares_per_checkpoint) and whether admission control lets refills start right now.
-        self._spare_targets: dict[str, int] = {}
-        self.refill_allowed: Callable[[], bool] = lambda: True
-        self._image_cache: dict[str, Path] = {}
-        self._image_lock = trio.Lock()
-        self._ksm_joined = False
-        self._group_limit_mib: int | None = None  # the slots' group memory limit last set
-        self._busy: set[str] = set()  # iids this runtime made and has not torn down yet
-        self._ranges: set[int] = set()  # hardened uid ranges held by instances (or being made)
-        # Host-wide claims, so daemons side by side never share a uid range or fight over KSM.
-        self._uid_claims = host_share.UidRanges(config.state_dir.resolve())
-        self._ksm_share = host_share.KsmShare(KSM_DIR)
-        self._userns_fds: dict[int, int] = {}
-        self.stats: dict[str, int] = {
-            "spare_hits": 0,
-            "spare_misses": 0,
-            "restores": 0,
-            "restore_retries": 0,
-        }
-
-    def _require_running(self) -> trio.Nursery:
-        if self._nursery is None or self._launcher is None:
-            raise RuntimeError_(
-                "runtime_error", "the Linux runtime is not running; use open_linux_runtime()"
-            )
-        return self._nursery
-
-    # ------------------------------------------------------------------ file systems
-
-    def _busy_iid(self, prefix: str) -> str:
-        """A new instance id, protected from sweep until it is registered or torn down."""
-        iid = _new_iid(prefix)
-        self._busy.add(iid)
-        return iid
-
-    @property
-    def hardened(self) -> bool:
-        return self.config.profile == "hardened"
-
-    def _alloc_range(self) -> int | None:
-        """The lowest free uid range (hardened), or None (trusted: identity map)."""
-        if not self.hardened:
-            return None
-        index = self._uid_claims.claim_lowest(self._ranges)
-        self._ranges.add(index)
-        return index
-
-    def _free_range(self, index: int) -> None:
-        self._ranges.discard(index)
-        self._uid_claims.release(index)
-
-    def _userns_of(self, index: int) -> int:
-        fd = self._userns_fds.get(index)
-        if fd is None:
-            fd = self._userns_fds[index] = idmap.userns_fd(idmap.range_map(index))
-        return fd
-
-    def _prepare_fs(
-        self,
-        iid: str,
-        owner: str,
-        upper_src: Path | None,
-        lower: Sequence[Path],
-        tmpfs_mib: int,
-        uid_index: int | None = None,
-    ) -> mounts.SlotPaths:
-        """Blocking: the instance's dir, tmpfs, upper copy and overlay root (see
-        `slot_fs.build_fs`); nothing is left behind when it fails."""
-        paths = slot_fs.make_instance_dir(self.state_dir, iid, owner, uid_index)
-        try:
-            slot_fs.build_fs(
-                paths, upper_src, lower, tmpfs_mib, uid_index, self._userns_of, self._helper
-            )
-        except BaseException:
-            self._teardown_fs(paths)
-            raise
-        return paths
-
-    def _teardown_fs(self, paths: mounts.SlotPaths) -> None:
-        index = slot_fs.teardown_fs(paths)
-        self._busy.discard(paths.dir.name)  # last: a concurrent sweep must not see it half-gone
-        if index is not None:
-            self._free_range(index)
-
-    def _id_map(self, uid_index: int | None) -> tuple[tuple[int, int, int], ...]:
-        return idmap.IDENTITY if uid_index is None else idmap.range_map(uid_index)
-
-    # ------------------------------------------------------------------ supervision
-
-    def _watch(self, inst: _Instance) -> None:
-        self._require_running().start_soon(self._supervise, inst)
-        inst.watched = True
-
-    async def _supervise(self, inst: _Instance) -> None:
-        """Own the pidfd: wait until the init exits, reap it if it is our child (restore-sibling
-        makes it one) and keep how it ended (`exit_how`: no I/O, since a teardown waits for
-        `exited`), close the pidfd."""
-        fd = inst.pidfd
-        try:
-            await trio.lowlevel.wait_readable(fd)
-            inst.exit_how = exit_text(reap_nohang(inst.pid))
-        except (trio.ClosedResourceError, trio.BusyResourceError):
-            alive = procfs.is_same_process(inst.pid, inst.starttime)
-            inst.exit_how = "its pidfd was closed under the watch" + (
-                " (the init is still running: a runtime fault)" if alive else ""
-            )
-            raise
-        finally:
-            inst.exited.set()
-            trio.lowlevel.notify_closing(fd)
-            close_fd(fd)
-            inst.pidfd = -1
-
-    async def _wait_agent(self, inst: _Instance, timeout_s: float) -> None:
-        deadline = trio.current_time() + timeout_s
-        last: Exception | None = None
-        while trio.current_time() < deadline:
-            if inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime):
-                raise RuntimeError_(
-                    "restore_failed",
-                    f"slot init {inst.pid} exited before "
-                    "its agent answered; see the desktop-init log in the slot",
-                )
-            try:
-                await self._agent_raw(inst, {"op": "ping"}, 1.0)
-                return
-            except agent_client.AgentError as exc:
-                last = exc
-            await trio.sleep(0.003)
-        raise RuntimeError_(
-            "timeout",
-            f"agent of instance {inst.iid} did not answer within "
-            f"{timeout_s} s ({last}); the desktop may have failed to start",
-        )
-
-    async def _agent_raw(
-        self, inst: _Instance, request: dict[str, Any], limit_s: float
-    ) -> tuple[dict[str, Any], bytes]:
-        async with inst.gate.call():
-            return await agent_client.call(Path(inst.sock), request, timeout=limit_s)
-
-    # ------------------------------------------------------------------ teardown
-
-    def _kill_boot(self, inst: _Instance) -> None:
-        """Before a cold boot's teardown (in trio's thread: the process handle needs it). A
-        boot torn down before its exec helper joined the cgroups (a SIGTERM to drumsd right
-        after the spawn) is in none of them: killed first, it never execs stage 1, else it
-        boots a desktop that nothing owns (seen once, under load, in CI)."""
-        boot = inst.boot_proc
-        if boot is not None and boot.returncode is None:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                boot.kill()
-
-    def _teardown(self, inst: _Instance) -> None:
-        """Blocking: kill the tree, reap, remove cgroups and mounts. Nothing remains."""
-        kill_tree(self.driver, inst.cgroups, inst.pid, inst.pidfd)
-        self._teardown_fs(inst.paths)
-        if not inst.watched and inst.pidfd >= 0:  # a watched pidfd is closed by its watcher
-            close_fd(inst.pidfd)
-            inst.pidfd = -1
-
-    def _cleanup_scope(self) -> trio.CancelScope:
-        """A shield with its own deadline for cleanup that must survive the caller's cancel."""
-        return trio.move_on_after(self.config.cleanup_timeout_s, shield=True)
-
-    @trio.lowlevel.enable_ki_protection
-    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A blocking cleanup step in a thread the caller's deadline can abandon (the thread
-        goes on and finishes the step). KI-protected: a Ctrl-C waits for the step instead of
-        abandoning it to a process about to exit."""
-        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-
-    async def _dispose(self, inst: _Instance, background: bool) -> None:
-        async def go() -> None:
-            with self._cleanup_scope() as scope:
-                self._kill_boot(inst)
-                await self._off_loop(self._teardown, inst)
-                if inst.boot_proc is not None:
-                    await inst.boot_proc.wait()
-                if inst.watched:
-                    with trio.move_on_after(5):
-                        await inst.exited.wait()
-            if scope.cancelled_caught:
-                _log(
-                    "teardown_overran",
-                    iid=inst.iid,
-                    pid=inst.pid,
-                    timeout_s=self.config.cleanup_timeout_s,
-                )
-
-        if background and self._nursery is not None:
-            self._nursery.start_soon(go)
-        else:
-            await go()
-
-    # ------------------------------------------------------------------ handles
-
-    def _handle(self, slot_id: str, inst: _Instance, spare: bool = False) -> SlotHandle:
-        return SlotHandle(
-            slot_id=slot_id,
-            init_pid=inst.pid,
-            init_starttime=inst.starttime,
-            root=inst.paths.root,
-            upper=inst.paths.upper,
-            checkpoint_id=inst.checkpoint_id,
-            cgroups=dict(inst.cgroups),
-            namespaces=procfs.namespaces(inst.pid),
-            restore_s=inst.restore_s,
-            attempts=inst.attempts,
-            extra={
-                "iid": inst.iid,
-                "lower": [str(p) for p in inst.lower],
-                "spare": spare,
-                "cgroup_version": self.driver.version,
-                "profile": self.config.profile,
-                "image_sha256": inst.image_sha256,
-                "phases": dict(inst.phases),
-                "restore_started_at": inst.restore_started_at or None,
-                "uid_index": inst.uid_index,
-                "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index),
-            },
-        )
-
-    def _inst(self, handle: SlotHandle) -> _Instance:
-        inst = self._slots.get(handle.slot_id)
-        if inst is None or inst.pid != handle.init_pid:
-            raise RuntimeError_(
-                "runtime_error",
-                f"slot {handle.slot_id} (pid {handle.init_pid})"
-                " is not served by this runtime; adopt() it or create it again",
-            )
-        return inst

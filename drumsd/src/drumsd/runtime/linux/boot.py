@@ -14,7 +14,7 @@ import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_
 from drumsd.guest import protocol
-from drumsd.linux import checkpoint_files, criu, idmap, procfs, slot_fs
+from drumsd.linux import checkpoint_files, criu, idmap, mounts, procfs, slot_fs
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import (
     DEVNULL,
@@ -24,13 +24,38 @@ from drumsd.linux.process_trees import (
     pidfd_open,
 )
 from drumsd.runtime import agent_client
-from drumsd.runtime.linux.base import READY_FILE, TEMPLATE_LIMITS, RuntimeBase, _Instance, _log
+from drumsd.runtime.linux.base import (
+    READY_FILE,
+    TEMPLATE_LIMITS,
+    Instance,
+    LinuxRuntimeConfig,
+    log_event,
+)
+from drumsd.runtime.linux.dumps import Dumper
+from drumsd.runtime.linux.fs import InstanceFs
+from drumsd.runtime.linux.supervision import Supervision
+from drumsd.runtime.linux.waits import TreeWaits
 
 # drumsd's package root (drumsd/src): stage 1 runs as `python -m drumsd.linux.stage1` from it.
 PKG_ROOT = Path(__file__).resolve().parents[3]
 
 
-class BootMixin(RuntimeBase):
+class Booter:
+    def __init__(
+        self,
+        config: LinuxRuntimeConfig,
+        sup: Supervision,
+        fs: InstanceFs,
+        waits: TreeWaits,
+        dumper: Dumper,
+    ) -> None:
+        self.config = config
+        self.sup = sup
+        self.driver = sup.driver
+        self.fs = fs
+        self.waits = waits
+        self.dumper = dumper
+
     async def make_template(
         self,
         image_root: Path,
@@ -43,140 +68,44 @@ class BootMixin(RuntimeBase):
         """Cold boot: stage 1 in fresh namespaces, wait for the agent, the ready file, a window
         per app (`apps`: shell commands the desktop init starts, e.g. `libreoffice --calc`) and a
         quiet tree, then dump (the booted tree is killed by the dump)."""
-        self._require_running()
+        self.sup.running()
         # Pin the real directory: overlay's index ties the upper snapshot to this exact lower
         # (a rebuilt image behind the same symlink would fail with ESTALE).
         image_root = await trio.to_thread.run_sync(image_root.resolve)
         inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}", apps=apps)
         try:
-            ok = await self._quiescent(
-                inst,
-                self.config.quiesce_window_s,
-                self.config.quiesce_timeout_s,
-                self.config.quiesce_poll_ms,
-            )
-            if not ok:
-                _log("template_not_quiescent", checkpoint=checkpoint_id)
-            ref = await self._dump(inst, checkpoint_id, dest, image_sha256, False, None)
+            quiet = self.config.quiesce_window_s, self.config.quiesce_timeout_s
+            if not await self.waits.tree_quiet(inst, *quiet, self.config.quiesce_poll_ms):
+                log_event("template_not_quiescent", checkpoint=checkpoint_id)
+            ref = await self.dumper.dump(inst, checkpoint_id, dest, image_sha256, False, None)
             await trio.to_thread.run_sync(
                 partial(checkpoint_files.update_meta, dest, boot_s=round(boot_s, 3))
             )
             return ref
         finally:
-            with self._cleanup_scope():
-                await self._dispose(inst, background=False)
+            with self.sup.cleanup_scope():
+                await self.sup.dispose(inst, background=False)
 
     async def cold_boot(
         self, image_root: Path, owner: str, apps: Sequence[str] = ()
-    ) -> tuple[_Instance, float]:
+    ) -> tuple[Instance, float]:
         """Boot the image in a fresh instance until its agent answers and the desktop says it is
         drawn (the ready file). Returns the instance and the boot time (the bench baseline)."""
-        self._require_running()
-        limits = TEMPLATE_LIMITS
-        iid = self._busy_iid(owner.replace(":", "-"))
-        index = self._alloc_range()
-        with trio.CancelScope(shield=True):
-            try:
-                paths = await trio.to_thread.run_sync(
-                    self._prepare_fs, iid, owner, None, (image_root,), limits.tmpfs_mib, index
-                )
-            except BaseException:
-                if index is not None:
-                    self._free_range(index)
-                raise
-        inst = _Instance(iid, paths, {}, owner, (image_root,), uid_index=index)
+        self.sup.running()
+        iid = self.fs.new_iid(owner.replace(":", "-"))
+        paths, index = await self.fs.make(
+            iid, owner, None, (image_root,), TEMPLATE_LIMITS.tmpfs_mib
+        )
+        inst = Instance(iid, paths, {}, owner, (image_root,), uid_index=index)
         ok = False
         try:
-            inst.cgroups = await trio.to_thread.run_sync(self.driver.create, iid, limits)
-            stage1 = [
-                sys.executable,
-                "-m",
-                "drumsd.linux.stage1",
-                "--root",
-                str(paths.root),
-                "--tmpfs-mib",
-                str(limits.tmpfs_mib),
-                "--hostname",
-                "drums",
-            ]
-            if index is not None:
-                stage1 += ["--uid-base", str(idmap.uid_base(index))]
-            for app in apps:
-                stage1 += ["--init-arg=--app", f"--init-arg={app}"]
-            argv = helper_argv(self._helper, self.driver.procs_files(inst.cgroups), False, stage1)
-            env = boot_env(PKG_ROOT)
+            inst.cgroups = await trio.to_thread.run_sync(self.driver.create, iid, TEMPLATE_LIMITS)
             t0 = time.monotonic()
-            log = await trio.to_thread.run_sync(open_boot_log, paths.rw / "criu" / "boot.out")
-            proc = await trio.lowlevel.open_process(
-                argv, stdin=DEVNULL, stdout=log, stderr=log, env=env
-            )
-            log.close()
-            inst.boot_proc = proc
-            deadline = trio.current_time() + 10
-            while not (init := procfs.find_ns_init(proc.pid)):
-                if proc.returncode is not None or trio.current_time() > deadline:
-                    tail = await trio.to_thread.run_sync(criu.tail, paths.rw / "criu/boot.out", 5)
-                    raise RuntimeError_(
-                        "runtime_error", "stage1 did not start: " + " | ".join(tail)
-                    )
-                await trio.sleep(0.005)
-            inst.pid = init
-            inst.pidfd = pidfd_open(inst.pid)
-            inst.starttime = procfs.starttime(inst.pid) or 0
-            await trio.to_thread.run_sync(
-                partial(slot_fs.write_owner, paths, None, init=(inst.pid, inst.starttime))
-            )
-            self._watch(inst)
-            try:
-                await self._wait_agent(inst, self.config.boot_timeout_s)
-            except RuntimeError_ as exc:
-                # The instance dir goes with the teardown: keep the evidence in the error.
-                stage1_tail = await trio.to_thread.run_sync(
-                    criu.tail, paths.rw / "criu" / "boot.out", 6
-                )
-                init_tail = await trio.to_thread.run_sync(
-                    criu.tail, paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 6
-                )
-                stage1_log, init_log = " | ".join(stage1_tail), " | ".join(init_tail)
-                raise RuntimeError_(
-                    exc.code,
-                    f"{exc.message}; stage1: {stage1_log or '-'}; desktop-init: {init_log or '-'}",
-                    image=str(image_root),
-                ) from exc
-            deadline = trio.current_time() + self.config.boot_timeout_s
-            # No event exists for "a file appeared in another mount namespace": poll (a stat).
-            while (  # noqa: ASYNC110
-                not in_slot_exists(inst.pid, READY_FILE) and trio.current_time() < deadline
-            ):
-                await trio.sleep(0.01)
-            # Drawn = the agent sees a window. The tree can sit idle before that (an app waiting
-            # on a timeout), so quiescence alone would dump a half-started desktop.
-            windows: list[Any] = []
-            unanswered: agent_client.AgentError | None = None
-            while trio.current_time() < deadline:
-                # A loaded host can leave one query unanswered while the apps start: keep
-                # asking until the boot deadline, not the first timeout.
-                remaining = max(0.5, min(5.0, deadline - trio.current_time()))
-                try:
-                    header, _ = await self._agent_raw(inst, {"op": "windows"}, remaining)
-                except agent_client.AgentError as exc:
-                    unanswered = exc
-                    await trio.sleep(0.2)
-                    continue
-                windows = list(header.get("windows") or [])
-                if len(windows) > len(apps):  # the xterm and one window per app
-                    break
-                await trio.sleep(0.05)
-            if not windows and unanswered is not None:
-                raise RuntimeError_(
-                    "timeout",
-                    f"the agent of instance {iid} listed no windows within "
-                    f"{self.config.boot_timeout_s} s ({unanswered.message}); the desktop may "
-                    "have failed to start or the host is overloaded",
-                    image=str(image_root),
-                )
+            await self._spawn(inst, apps)
+            await self._wait_agent(inst, image_root)
+            windows = await self._wait_drawn(inst, apps, image_root)
             boot_s = time.monotonic() - t0
-            _log(
+            log_event(
                 "cold_boot",
                 owner=owner,
                 iid=iid,
@@ -189,13 +118,109 @@ class BootMixin(RuntimeBase):
             return inst, boot_s
         finally:
             if not ok:
-                with self._cleanup_scope():
-                    self._kill_boot(inst)
-                    await self._off_loop(self._teardown, inst)
+                await self.sup.discard(inst)
 
-    async def wait_instance_quiet(self, inst: _Instance, window_s: float, timeout_s: float) -> bool:
-        """Quiescence of an instance that serves no slot (a cold boot being measured)."""
-        return await self._quiescent(inst, window_s, timeout_s, self.config.quiesce_poll_ms)
+    def _stage1_argv(self, inst: Instance, apps: Sequence[str]) -> list[str]:
+        stage1 = [
+            sys.executable,
+            "-m",
+            "drumsd.linux.stage1",
+            "--root",
+            str(inst.paths.root),
+            "--tmpfs-mib",
+            str(TEMPLATE_LIMITS.tmpfs_mib),
+            "--hostname",
+            "drums",
+        ]
+        if inst.uid_index is not None:
+            stage1 += ["--uid-base", str(idmap.uid_base(inst.uid_index))]
+        for app in apps:
+            stage1 += ["--init-arg=--app", f"--init-arg={app}"]
+        return helper_argv(self.fs.helper, self.driver.procs_files(inst.cgroups), False, stage1)
 
-    async def dispose_instance(self, inst: _Instance) -> None:
-        await self._dispose(inst, background=False)
+    async def _spawn(self, inst: Instance, apps: Sequence[str]) -> None:
+        """Stage 1 started (through the exec helper, in the instance's cgroups), its namespace
+        init found and watched."""
+        paths = inst.paths
+        log = await trio.to_thread.run_sync(open_boot_log, paths.rw / "criu" / "boot.out")
+        proc = await trio.lowlevel.open_process(
+            self._stage1_argv(inst, apps),
+            stdin=DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=boot_env(PKG_ROOT),
+        )
+        log.close()
+        inst.boot_proc = proc
+        deadline = trio.current_time() + 10
+        while not (init := procfs.find_ns_init(proc.pid)):
+            if proc.returncode is not None or trio.current_time() > deadline:
+                tail = await trio.to_thread.run_sync(criu.tail, paths.rw / "criu/boot.out", 5)
+                raise RuntimeError_("runtime_error", "stage1 did not start: " + " | ".join(tail))
+            await trio.sleep(0.005)
+        inst.pid = init
+        inst.pidfd = pidfd_open(inst.pid)
+        inst.starttime = procfs.starttime(inst.pid) or 0
+        await trio.to_thread.run_sync(
+            partial(slot_fs.write_owner, paths, None, init=(inst.pid, inst.starttime))
+        )
+        self.sup.watch(inst)
+
+    async def _wait_agent(self, inst: Instance, image_root: Path) -> None:
+        try:
+            await self.sup.wait_agent(inst, self.config.boot_timeout_s)
+        except RuntimeError_ as exc:
+            # The instance dir goes with the teardown: keep the evidence in the error.
+            stage1_log, init_log = await _boot_logs(inst.paths)
+            raise RuntimeError_(
+                exc.code,
+                f"{exc.message}; stage1: {stage1_log or '-'}; desktop-init: {init_log or '-'}",
+                image=str(image_root),
+            ) from exc
+
+    async def _wait_drawn(
+        self, inst: Instance, apps: Sequence[str], image_root: Path
+    ) -> list[dict[str, Any]]:
+        """The ready file, then a window per app besides the xterm (the agent's view): the tree
+        can sit idle before that (an app waiting on a timeout), so quiescence alone would dump
+        a half-started desktop. Returns the windows seen."""
+        deadline = trio.current_time() + self.config.boot_timeout_s
+        # No event exists for "a file appeared in another mount namespace": poll (a stat).
+        while (  # noqa: ASYNC110
+            not in_slot_exists(inst.pid, READY_FILE) and trio.current_time() < deadline
+        ):
+            await trio.sleep(0.01)
+        windows: list[dict[str, Any]] = []
+        unanswered: agent_client.AgentError | None = None
+        while trio.current_time() < deadline:
+            # A loaded host can leave one query unanswered while the apps start: keep asking
+            # until the boot deadline, not the first timeout.
+            remaining = max(0.5, min(5.0, deadline - trio.current_time()))
+            try:
+                header, _ = await self.sup.agent_call(inst, {"op": "windows"}, remaining)
+            except agent_client.AgentError as exc:
+                unanswered = exc
+                await trio.sleep(0.2)
+                continue
+            windows = list(header.get("windows") or [])
+            if len(windows) > len(apps):  # the xterm and one window per app
+                break
+            await trio.sleep(0.05)
+        if not windows and unanswered is not None:
+            raise RuntimeError_(
+                "timeout",
+                f"the agent of instance {inst.iid} listed no windows within "
+                f"{self.config.boot_timeout_s} s ({unanswered.message}); the desktop may "
+                "have failed to start or the host is overloaded",
+                image=str(image_root),
+            )
+        return windows
+
+
+async def _boot_logs(paths: mounts.SlotPaths) -> tuple[str, str]:
+    """The last lines of stage 1's log and of the desktop init's, each joined on one line."""
+    stage1 = await trio.to_thread.run_sync(criu.tail, paths.rw / "criu" / "boot.out", 6)
+    init = await trio.to_thread.run_sync(
+        criu.tail, paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 6
+    )
+    return " | ".join(stage1), " | ".join(init)

@@ -1,34 +1,38 @@
 """Dumps and checkpoints: a CRIU dump of an instance into a checkpoint dir (images, the upper
-layer copied by CRIU's post-dump action, meta.json), capture of a live slot, and branch (N
-restores of one checkpoint side by side)."""
+layer copied by CRIU's post-dump action, meta.json), checked against the tree it dumped."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
+from drumsd.core.seams import CheckpointRef, RuntimeError_
 from drumsd.linux import checkpoint_files, criu, procfs
 from drumsd.linux.trees import tree_sha256
-from drumsd.runtime.linux.base import RuntimeBase, _Instance, _log
+from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
+from drumsd.runtime.linux.supervision import Supervision
 from drumsd.runtime.slot_locks import run_stoppable
 
 
-class DumpMixin(RuntimeBase):
-    async def _dump(
+class Dumper:
+    def __init__(self, config: LinuxRuntimeConfig, sup: Supervision) -> None:
+        self.config = config
+        self.sup = sup
+        self.driver = sup.driver
+
+    async def dump(
         self,
-        inst: _Instance,
+        inst: Instance,
         checkpoint_id: str,
         dest: Path,
         image_sha256: str,
         leave_running: bool,
         parent: str | None,
     ) -> CheckpointRef:
-        assert self._launcher is not None
+        _, launcher = self.sup.running()
         if await trio.to_thread.run_sync(checkpoint_files.holds_checkpoint, dest):
             raise RuntimeError_(
                 "invalid_request",
@@ -45,9 +49,7 @@ class DumpMixin(RuntimeBase):
         async with inst.gate.dump():
             before = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s = time.monotonic() - t0
-            done = await self._launcher.run(
-                argv, dest / "criu.out", timeout_s=self._dump_time_limit()
-            )
+            done = await launcher.run(argv, dest / "criu.out", timeout_s=self._time_limit())
             t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s += time.monotonic() - t1
@@ -71,7 +73,7 @@ class DumpMixin(RuntimeBase):
                 "runtime_error",
                 f"criu dump of instance {inst.iid} wrote no readable process tree: {exc}",
             ) from exc
-        problem = self._dump_mismatch(inst, before, after, leave_running, dumped, image_names)
+        problem = self.mismatch(inst, before, after, leave_running, dumped, image_names)
         if problem is not None:
             await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             raise problem
@@ -92,7 +94,7 @@ class DumpMixin(RuntimeBase):
             "criu": str(self.config.criu),
         }
         await trio.to_thread.run_sync(checkpoint_files.write_meta, dest, meta)
-        _log(
+        log_event(
             "dumped",
             iid=inst.iid,
             checkpoint=checkpoint_id,
@@ -103,14 +105,14 @@ class DumpMixin(RuntimeBase):
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
 
-    def _dump_time_limit(self) -> float:
+    def _time_limit(self) -> float:
         """criu's own limit (it runs shielded: its process must be waited for), no later than
         the caller's deadline (a capture's capture_timeout_s), so the slot lock is not held
         past it."""
         left = trio.current_effective_deadline() - trio.current_time()
         return max(1.0, min(self.config.dump_timeout_s, left))
 
-    def _slot_processes(self, inst: _Instance) -> dict[int, procfs.NsProcess]:
+    def _slot_processes(self, inst: Instance) -> dict[int, procfs.NsProcess]:
         """The slot's processes in its own pid namespace (pid there -> comm and threads); {}
         when gone."""
         pidns = procfs.namespaces(inst.pid).get("pid")
@@ -119,8 +121,8 @@ class DumpMixin(RuntimeBase):
         return procfs.in_pid_namespace(self.driver.pids(inst.cgroups), pidns)
 
     @staticmethod
-    def _dump_mismatch(
-        inst: _Instance,
+    def mismatch(
+        inst: Instance,
         before: dict[int, procfs.NsProcess],
         after: dict[int, procfs.NsProcess],
         leave_running: bool,
@@ -161,35 +163,6 @@ class DumpMixin(RuntimeBase):
             )
         return None
 
-    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+    @staticmethod
+    async def checkpoint_problems(path: Path, meta: dict[str, Any]) -> list[str]:
         return await trio.to_thread.run_sync(checkpoint_files.dump_problems, path, meta)
-
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
-        inst = self._inst(handle)
-        return await self._dump(
-            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id
-        )
-
-    async def branch(
-        self,
-        handle: SlotHandle,
-        source: CheckpointRef,
-        child_ids: Sequence[str],
-        limits: SlotLimits,
-    ) -> list[SlotHandle]:
-        self._inst(handle)
-        results: dict[str, SlotHandle] = {}
-
-        async def one(cid: str) -> None:
-            results[cid] = await self.restore(cid, source, limits)
-
-        try:
-            async with trio.open_nursery() as nursery:
-                for cid in child_ids:
-                    nursery.start_soon(one, cid)
-        except BaseException:
-            with self._cleanup_scope():
-                for done_id in results:
-                    await self.destroy(done_id)
-            raise
-        return [results[c] for c in child_ids]

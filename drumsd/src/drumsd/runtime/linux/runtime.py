@@ -1,32 +1,292 @@
-"""`LinuxRuntime`: the parts combined, and its lifetime (`run`, `open_linux_runtime`)."""
+"""`LinuxRuntime`: the owners and parts held together, the `SlotRuntime` calls that give a slot an
+instance or take it away (restore, reset, destroy, branch), and its lifetime (`run`,
+`open_linux_runtime`). Every other call is one of its parts'."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import hashlib
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import trio
 
 from drumsd.core.admission import floor_group_limit_mib, group_memory_limit_mib
-from drumsd.linux import cgroups, host_sampler, slot_fs
+from drumsd.core.seams import (
+    CheckpointRef,
+    CommandResult,
+    Quiescence,
+    Screenshot,
+    SlotFacts,
+    SlotHandle,
+    SlotLimits,
+    StepOutcome,
+)
+from drumsd.guest import protocol
+from drumsd.linux import cgroups, host_sampler, host_share, slot_fs
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd
-from drumsd.runtime.linux.adoption import AdoptionMixin
-from drumsd.runtime.linux.base import LinuxRuntimeConfig, _log
-from drumsd.runtime.linux.boot import BootMixin
-from drumsd.runtime.linux.dumps import DumpMixin
-from drumsd.runtime.linux.ksm import KsmMixin
-from drumsd.runtime.linux.restore import RestoreMixin
-from drumsd.runtime.linux.slot_io import SlotIOMixin
-from drumsd.runtime.linux.spares import SparesMixin
+from drumsd.runtime.linux.adoption import Adoption
+from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
+from drumsd.runtime.linux.boot import Booter
+from drumsd.runtime.linux.dumps import Dumper
+from drumsd.runtime.linux.fs import InstanceFs
+from drumsd.runtime.linux.images import ImageCache
+from drumsd.runtime.linux.instances import InstanceTable
+from drumsd.runtime.linux.ksm import KSM_DIR, KsmMembership
+from drumsd.runtime.linux.restore import Restorer
+from drumsd.runtime.linux.slot_io import SlotIO
+from drumsd.runtime.linux.slots import Slots
+from drumsd.runtime.linux.spares import Spares
+from drumsd.runtime.linux.supervision import Supervision
+from drumsd.runtime.linux.uids import UidRanges
+from drumsd.runtime.linux.waits import TreeWaits
 
 
-class LinuxRuntime(
-    RestoreMixin, SlotIOMixin, DumpMixin, BootMixin, SparesMixin, AdoptionMixin, KsmMixin
-):
+class LinuxRuntime:
     """The `SlotRuntime` on Linux. Construct with a `LinuxRuntimeConfig`, then run it inside
     `open_linux_runtime` (or start `run()` in a nursery you own)."""
+
+    def __init__(self, config: LinuxRuntimeConfig, driver: cgroups.CgroupDriver | None = None):
+        self.config = config
+        self.state_dir = config.state_dir
+        # One cgroup group per state dir: sweep must never see another runtime's slots.
+        state = config.state_dir.resolve()
+        group = "drums-" + hashlib.sha256(str(state).encode()).hexdigest()[:8]
+        self.driver = driver or cgroups.detect_driver(group)
+        self.stats = {"spare_hits": 0, "spare_misses": 0, "restores": 0, "restore_retries": 0}
+        # The owners: host uid ranges (claimed host-wide), image copies, instances per slot.
+        self.uids = UidRanges(host_share.UidRanges(state), hardened=config.profile == "hardened")
+        self.images = ImageCache(config.state_dir / "images", config.images_tmpfs_mib)
+        self.instances = InstanceTable()
+        self.ksm = KsmMembership(
+            host_share.KsmShare(KSM_DIR),
+            enabled=config.ksm,
+            pages_to_scan=config.ksm_pages_to_scan,
+            sleep_millisecs=config.ksm_sleep_millisecs,
+        )
+        # The parts, each given the owners it needs.
+        self.fs = InstanceFs(config.state_dir, self.uids)
+        self.sup = Supervision(self.driver, self.fs, config.cleanup_timeout_s)
+        self.restorer = Restorer(config, self.sup, self.fs, self.images, self.stats)
+        self.io = SlotIO(config, self.sup, self.fs, self.instances)
+        self.dumper = Dumper(config, self.sup)
+        self.waits = TreeWaits(config, self.sup, self.instances)
+        self.booter = Booter(config, self.sup, self.fs, self.waits, self.dumper)
+        self.spares = Spares(config, self.sup, self.fs, self.instances, self.restorer, self.stats)
+        self.adoption = Adoption(self.sup, self.fs, self.instances, self.spares.pool)
+        self.slots = Slots(
+            config, self.sup, self.instances, self.restorer, self.spares, self.adoption
+        )
+        self._group_limit_mib: int | None = None  # the slots' group memory limit last set
+
+    @property
+    def hardened(self) -> bool:
+        return self.uids.hardened
+
+    @property
+    def refill_allowed(self) -> Callable[[], bool]:
+        """Whether admission control lets spare refills start now (set by the control plane)."""
+        return self.spares.refill_allowed
+
+    @refill_allowed.setter
+    def refill_allowed(self, allowed: Callable[[], bool]) -> None:
+        self.spares.refill_allowed = allowed
+
+    # ------------------------------------------------------------------ SlotRuntime
+
+    async def restore(
+        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        return await self.slots.restore(slot_id, checkpoint, limits)
+
+    async def reset(
+        self, handle: SlotHandle, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        return await self.slots.reset(handle, checkpoint, limits)
+
+    async def destroy(self, slot_id: str) -> None:
+        await self.slots.destroy(slot_id)
+
+    async def branch(
+        self,
+        handle: SlotHandle,
+        source: CheckpointRef,
+        child_ids: Sequence[str],
+        limits: SlotLimits,
+    ) -> list[SlotHandle]:
+        return await self.slots.branch(handle, source, child_ids, limits)
+
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+        inst = self.instances.of(handle)
+        return await self.dumper.dump(
+            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id
+        )
+
+    async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:
+        return await self.dumper.checkpoint_problems(path, meta)
+
+    async def step(
+        self, handle: SlotHandle, action: Mapping[str, Any], shot: protocol.ShotSpec | None = None
+    ) -> StepOutcome:
+        return await self.io.step(handle, action, shot)
+
+    async def step_batch(
+        self,
+        handle: SlotHandle,
+        actions: Sequence[Mapping[str, Any]],
+        shot: protocol.ShotSpec | None = None,
+    ) -> tuple[list[dict[str, Any]], Screenshot | None]:
+        return await self.io.step_batch(handle, actions, shot)
+
+    async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
+        return await self.io.windows(handle)
+
+    async def screenshot(self, handle: SlotHandle) -> bytes:
+        return await self.io.screenshot(handle)
+
+    async def grab(
+        self, handle: SlotHandle, spec: protocol.ShotSpec, *, fresh: bool = False
+    ) -> Screenshot:
+        return await self.io.grab(handle, spec, fresh=fresh)
+
+    async def exec_user(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        return await self.io.exec_user(handle, command, timeout_s)
+
+    async def exec_trusted(
+        self, handle: SlotHandle, command: str, timeout_s: float
+    ) -> CommandResult:
+        return await self.io.exec_trusted(handle, command, timeout_s)
+
+    async def exec_checker(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        return await self.io.exec_checker(handle, command, timeout_s)
+
+    async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
+        return await self.io.connect_guest(handle, port)
+
+    async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
+        return await self.io.read_file(handle, path, max_bytes)
+
+    async def write_file(
+        self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True
+    ) -> None:
+        await self.io.write_file(handle, path, data, user=user)
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        return await self.io.facts(handle)
+
+    async def wait_exit(self, handle: SlotHandle) -> str:
+        return await self.waits.wait_exit(handle)
+
+    async def quiescent(
+        self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
+    ) -> Quiescence:
+        return await self.waits.quiescent(handle, window_s, timeout_s, poll_ms)
+
+    async def make_template(
+        self,
+        image_root: Path,
+        image_sha256: str,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        apps: Sequence[str] = (),
+    ) -> CheckpointRef:
+        return await self.booter.make_template(
+            image_root, image_sha256, checkpoint_id, dest, apps=apps
+        )
+
+    async def adopt(self, handle: SlotHandle) -> bool:
+        return await self.adoption.adopt(handle)
+
+    async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
+        return await self.adoption.sweep(live_slot_ids)
+
+    # ------------------------------------------------------------------ spares, KSM, bench
+
+    def enable_spares(self, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
+        """Keep `spares_per_checkpoint` frozen restores of `checkpoint` ready for claims."""
+        self.spares.pool.enable(checkpoint, limits)
+
+    def set_spare_target(self, checkpoint_id: str, n: int) -> None:
+        """How many spares `checkpoint_id` should keep (at most spares_per_checkpoint); extra
+        spares are disposed of on the next pass of the refiller."""
+        self.spares.pool.set_target(checkpoint_id, n)
+
+    async def drop_spares(self, checkpoint_id: str) -> None:
+        await self.spares.drop(checkpoint_id)
+
+    async def forget_checkpoint(self, checkpoint_id: str) -> None:
+        """A checkpoint was deleted or replaced: its spares and its image copies on the
+        runtime's tmpfs go (they would otherwise hold its memory image in RAM)."""
+        await self.spares.drop(checkpoint_id)
+        await self.images.forget(checkpoint_id)
+
+    def spare_counts(self) -> dict[str, int]:
+        return self.spares.pool.counts()
+
+    def ksm_stats(self) -> dict[str, int | bool]:
+        """For /v1/health and metrics: whether KSM is on and the memory it saves right now."""
+        return self.ksm.stats()
+
+    async def cold_boot(
+        self, image_root: Path, owner: str, apps: Sequence[str] = ()
+    ) -> tuple[Instance, float]:
+        """A booted instance that serves no slot, and its boot time (the bench's baseline)."""
+        return await self.booter.cold_boot(image_root, owner, apps)
+
+    async def wait_instance_quiet(self, inst: Instance, window_s: float, timeout_s: float) -> bool:
+        return await self.waits.tree_quiet(inst, window_s, timeout_s, self.config.quiesce_poll_ms)
+
+    async def dispose_instance(self, inst: Instance) -> None:
+        await self.sup.dispose(inst, background=False)
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the background work until cancelled; on exit, live slots keep running (a restarted
+        daemon adopts them) but spares and warm uppers are removed."""
+        held = await trio.to_thread.run_sync(slot_fs.held_uid_ranges, self.state_dir / "slots")
+        self.uids.hold(held)  # held by slots of a previous daemon until swept
+        for index in self.uids.recover_claims():
+            log_event("uid_range_conflict", index=index, claims=self.uids.claims.root)
+        self.fs.helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
+        try:
+            self.driver.set_group_weight(self.config.group_cpu_shares)
+        except (cgroups.CgroupError, OSError) as exc:
+            log_event("group_cpu_weight_unset", error=exc)
+        await self._limit_group_memory()
+        self.sup.launcher = Launcher(self.config.max_concurrent_restores + 2)
+        self.ksm.join()
+        try:
+            async with trio.open_nursery() as nursery:
+                self.sup.nursery = nursery
+                nursery.start_soon(self.spares.serve)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self.sup.nursery = None
+            with trio.CancelScope(shield=True):
+                await self._close()
+
+    async def _close(self) -> None:
+        await self.spares.close()
+        for inst in self.instances.serving():
+            if inst.pidfd >= 0:
+                close_fd(inst.pidfd)
+        assert self.sup.launcher is not None
+        self.sup.launcher.close()
+        self.ksm.leave()
+        self.uids.close()
+        self.driver.remove_group_if_empty()
+        if not len(self.instances):  # nothing left to adopt: the image cache goes too
+            await trio.to_thread.run_sync(self.images.drop)
 
     async def _limit_group_memory(self) -> None:
         _, total_mib = await trio.to_thread.run_sync(host_sampler.read_meminfo)
@@ -37,10 +297,10 @@ class LinuxRuntime(
             await trio.to_thread.run_sync(self.driver.set_group_memory, limit_mib)
         except (cgroups.CgroupError, OSError) as exc:
             # EBUSY: slots of a previous daemon already use more than the new limit.
-            _log("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
+            log_event("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
             return
         self._group_limit_mib = limit_mib
-        _log("group_memory_limit", limit_mib=limit_mib if limit_mib else "none")
+        log_event("group_memory_limit", limit_mib=limit_mib if limit_mib else "none")
 
     async def hold_memory_floor(self, mem_available_mib: float, floor_mib: float) -> int | None:
         """The slots' group limit follows MemAvailable (`GroupMemoryControl`): the admission
@@ -56,59 +316,10 @@ class LinuxRuntime(
         except (cgroups.CgroupError, OSError) as exc:
             # EBUSY: the slots grew past it between the read and the write; the next sample
             # sets it again from their new usage.
-            _log("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
+            log_event("group_memory_limit_unset", limit_mib=limit_mib, error=exc)
             return self._group_limit_mib
         self._group_limit_mib = limit_mib
         return limit_mib
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Own the background work until cancelled; on exit, live slots keep running (a restarted
-        daemon adopts them) but spares and warm uppers are removed."""
-        held = await trio.to_thread.run_sync(slot_fs.held_uid_ranges, self.state_dir / "slots")
-        self._ranges |= held  # held by slots of a previous daemon until swept
-        if self.hardened:
-            for index in self._uid_claims.recover(self._ranges):
-                _log("uid_range_conflict", index=index, claims=self._uid_claims.root)
-        self._helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
-        try:
-            self.driver.set_group_weight(self.config.group_cpu_shares)
-        except (cgroups.CgroupError, OSError) as exc:
-            _log("group_cpu_weight_unset", error=exc)
-        await self._limit_group_memory()
-        self._launcher = Launcher(self.config.max_concurrent_restores + 2)
-        if self.config.ksm:
-            self._ksm_on()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._serve_spares)
-                task_status.started()
-                await trio.sleep_forever()
-        finally:
-            self._nursery = None
-            with trio.CancelScope(shield=True):
-                for pool in self._spares.values():
-                    for inst in pool:
-                        await trio.to_thread.run_sync(self._teardown, inst)
-                self._spares.clear()
-                for prep in list(self._warm.values()):
-                    await trio.to_thread.run_sync(self._teardown_fs, prep.paths)
-                self._warm.clear()
-                for inst in self._slots.values():
-                    if inst.pidfd >= 0:
-                        close_fd(inst.pidfd)
-                self._launcher.close()
-                self._ksm_restore()
-                for fd in self._userns_fds.values():
-                    close_fd(fd)
-                self._userns_fds.clear()
-                self.driver.remove_group_if_empty()
-                if not self._slots:  # nothing left to adopt: the image cache goes too
-                    await trio.to_thread.run_sync(self._drop_image_cache)
-
-    def _drop_image_cache(self) -> None:
-        slot_fs.drop_image_cache(self.state_dir / "images")
-        self._image_cache.clear()
 
 
 @contextlib.asynccontextmanager

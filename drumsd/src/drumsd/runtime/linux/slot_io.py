@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from functools import partial
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -15,7 +14,6 @@ import trio
 
 from drumsd.core.seams import (
     CommandResult,
-    Quiescence,
     RuntimeError_,
     Screenshot,
     SlotFacts,
@@ -24,11 +22,19 @@ from drumsd.core.seams import (
 )
 from drumsd.core.slot_env import slot_command_env
 from drumsd.guest import protocol
-from drumsd.linux import beneath, checker_exec, criu, proc_events, procfs, syscalls
+from drumsd.linux import beneath, checker_exec, procfs, syscalls
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import DEVNULL, kill_group, nsenter_path, slot_proc_files
 from drumsd.runtime import agent_client
-from drumsd.runtime.linux.base import DESKTOP_UID, RuntimeBase, _agent_code, _Instance, _log
+from drumsd.runtime.linux.base import (
+    DESKTOP_UID,
+    Instance,
+    LinuxRuntimeConfig,
+    agent_code,
+)
+from drumsd.runtime.linux.fs import InstanceFs
+from drumsd.runtime.linux.instances import InstanceTable
+from drumsd.runtime.linux.supervision import Supervision
 
 # What a command run in a slot through nsenter gets instead of the daemon's environment.
 _XAUTHORITY = str(PurePosixPath(protocol.SOCKET_PATH).parent / "Xauthority")  # guest/init.py's
@@ -36,13 +42,26 @@ _ROOT_ENV = slot_command_env(xauthority=_XAUTHORITY)
 _DESKTOP_ENV = slot_command_env(user="user", home="/home/user", xauthority=_XAUTHORITY)
 
 
-class SlotIOMixin(RuntimeBase):
+class SlotIO:
+    def __init__(
+        self,
+        config: LinuxRuntimeConfig,
+        sup: Supervision,
+        fs: InstanceFs,
+        table: InstanceTable,
+    ) -> None:
+        self.config = config
+        self.sup = sup
+        self.driver = sup.driver
+        self.fs = fs
+        self.table = table
+
     async def _agent(
         self, handle: SlotHandle, request: dict[str, Any], limit_s: float
     ) -> tuple[dict[str, Any], bytes]:
-        inst = self._inst(handle)
+        inst = self.table.of(handle)
         try:
-            return await self._agent_raw(inst, request, limit_s)
+            return await self.sup.agent_call(inst, request, limit_s)
         except agent_client.AgentError as exc:
             if exc.code in (agent_client.UNREACHABLE, "failed") and not procfs.is_same_process(
                 inst.pid, inst.starttime
@@ -52,7 +71,7 @@ class SlotIOMixin(RuntimeBase):
                     f"slot {handle.slot_id} died ({exc.message}); reset it",
                     slot=handle.slot_id,
                 ) from exc
-            raise RuntimeError_(_agent_code(exc.code), exc.message, slot=handle.slot_id) from exc
+            raise RuntimeError_(agent_code(exc.code), exc.message, slot=handle.slot_id) from exc
 
     async def step(
         self, handle: SlotHandle, action: Mapping[str, Any], shot: protocol.ShotSpec | None = None
@@ -133,12 +152,12 @@ class SlotIOMixin(RuntimeBase):
             int(header.get("rc", -1)), str(header.get("stdout", "")), str(header.get("stderr", ""))
         )
 
-    def _nsenter(self, inst: _Instance, argv: Sequence[str], uid: int | None = None) -> list[str]:
+    def _nsenter(self, inst: Instance, argv: Sequence[str], uid: int | None = None) -> list[str]:
         ids = ["-S", str(uid), "-G", str(uid)] if uid is not None else []
         # -U: act as the slot's root (hardened: an unprivileged host uid), never as host root.
         ns = ["nsenter", "-t", str(inst.pid), "-U", "-m", "-u", "-i", "-n", "-p", "-r", "-w", *ids]
         return helper_argv(
-            self._helper,
+            self.fs.helper,
             self.driver.procs_files(inst.cgroups),
             False,
             [nsenter_path(), *ns[1:], "--", *argv],
@@ -146,7 +165,7 @@ class SlotIOMixin(RuntimeBase):
 
     async def _run_in_slot(
         self,
-        inst: _Instance,
+        inst: Instance,
         argv: Sequence[str],
         timeout_s: float,
         stdin: bytes = b"",
@@ -176,14 +195,14 @@ class SlotIOMixin(RuntimeBase):
     async def exec_trusted(
         self, handle: SlotHandle, command: str, timeout_s: float
     ) -> CommandResult:
-        return await self._run_in_slot(self._inst(handle), ["/bin/sh", "-c", command], timeout_s)
+        return await self._run_in_slot(self.table.of(handle), ["/bin/sh", "-c", command], timeout_s)
 
     async def exec_checker(
         self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
     ) -> CommandResult:
         """A getter's command as `nobody` through nsenter, not through the guest agent: no
         process of the desktop user is its parent or shares its uid (see linux/checker_exec)."""
-        inst = self._inst(handle)
+        inst = self.table.of(handle)
         try:
             argv = checker_exec.checker_argv(command)
         except ValueError as exc:
@@ -191,7 +210,7 @@ class SlotIOMixin(RuntimeBase):
         return await self._run_bounded(inst, argv, timeout_s, uid=checker_exec.CHECKER_UID)
 
     async def _run_bounded(
-        self, inst: _Instance, argv: Sequence[str], timeout_s: float, uid: int
+        self, inst: Instance, argv: Sequence[str], timeout_s: float, uid: int
     ) -> CommandResult:
         """Run in the slot with each output kept to checker_exec.OUTPUT_LIMIT (a command that
         prints without end costs the daemon no memory) and its whole process group killed at
@@ -244,7 +263,7 @@ class SlotIOMixin(RuntimeBase):
         )
 
     async def connect_guest(self, handle: SlotHandle, port: int) -> trio.SocketStream:
-        inst = self._inst(handle)
+        inst = self.table.of(handle)
         raw = await trio.to_thread.run_sync(syscalls.socket_in_netns, inst.pid)
         sock = trio.socket.from_stdlib_socket(raw)
         try:
@@ -257,7 +276,7 @@ class SlotIOMixin(RuntimeBase):
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
         # From the host side, beneath the slot's root: no process in the slot (the desktop user
         # included) can answer in the guest agent's place (issue 14).
-        inst = self._inst(handle)
+        inst = self.table.of(handle)
         where = path if path.startswith("/") else f"/home/user/{path}"
         try:
             return await trio.to_thread.run_sync(
@@ -282,7 +301,7 @@ class SlotIOMixin(RuntimeBase):
     ) -> None:
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1"'
         res = await self._run_in_slot(
-            self._inst(handle),
+            self.table.of(handle),
             ["/bin/sh", "-c", script, "sh", path],
             60.0,
             stdin=data,
@@ -295,7 +314,7 @@ class SlotIOMixin(RuntimeBase):
             )
 
     async def facts(self, handle: SlotHandle) -> SlotFacts:
-        inst = self._slots.get(handle.slot_id)
+        inst = self.table.get(handle.slot_id)
         pid = handle.init_pid
         dirs = dict(handle.cgroups)
 
@@ -336,91 +355,6 @@ class SlotIOMixin(RuntimeBase):
             )
 
         return await trio.to_thread.run_sync(read)
-
-    async def wait_exit(self, handle: SlotHandle) -> str:
-        inst = self._slots.get(handle.slot_id)
-        if inst is None or inst.pid != handle.init_pid:
-            # Not ours (no pidfd): poll its identity in /proc.
-            same = partial(procfs.is_same_process, handle.init_pid, handle.init_starttime)
-            while await trio.to_thread.run_sync(same):  # noqa: ASYNC110 (no event to wait on)
-                await trio.sleep(0.1)
-            return "gone from /proc (not watched by a pidfd of this runtime)"
-        await inst.exited.wait()
-        how = inst.exit_how or "exited"
-        init_log = await trio.to_thread.run_sync(
-            criu.tail, inst.paths.upper / protocol.INIT_LOG_PATH.lstrip("/"), 2
-        )
-        return how + (f"; desktop-init.log ends: {' | '.join(init_log)}" if init_log else "")
-
-    async def quiescent(
-        self, handle: SlotHandle, window_s: float, timeout_s: float, poll_ms: int
-    ) -> Quiescence:
-        inst = self._inst(handle)
-
-        def shape() -> dict[tuple[int, int], tuple[str, str]]:
-            return procfs.tree_shape(self.driver.pids(inst.cgroups))
-
-        # quiesce.events: the kernel's process events prove the window, so a process that starts
-        # and ends between two samples counts too; the samples still catch D and Z states.
-        events = await self._quiesce_events(handle.slot_id) if window_s > 0 else None
-        try:
-            deadline = trio.current_time() + timeout_s
-            since = trio.current_time()
-            last = await trio.to_thread.run_sync(shape)
-            moved: list[str] = procfs.moving(last, last)
-            if window_s <= 0 and not moved:
-                return Quiescence(True)  # a fork's check: nothing in D or Z right now
-            while trio.current_time() < deadline:
-                await trio.sleep(poll_ms / 1000)
-                now = await trio.to_thread.run_sync(shape)
-                seen: list[str] = []
-                if events is not None:
-                    tree = {pid for pid, _ in last} | {pid for pid, _ in now}
-                    got = await trio.to_thread.run_sync(events.read_ready)
-                    seen = proc_events.tree_moves(got, tree)
-                if now != last or any(state for _, state in now.values()) or seen:
-                    moved = procfs.moving(last, now) or [f"process events: {m}" for m in seen]
-                    last, since = now, trio.current_time()
-                elif trio.current_time() - since >= window_s:
-                    return Quiescence(True)
-            return Quiescence(False, tuple(moved[:12]))
-        finally:
-            if events is not None:
-                await trio.to_thread.run_sync(events.close)
-
-    async def _quiesce_events(self, slot_id: str) -> proc_events.ProcEventsSocket | None:
-        """A socket on the kernel's process events for one quiet wait (quiesce.events), or None
-        (off, or the connector cannot be opened: then the samples alone decide, and the log says
-        so)."""
-        if not self.config.quiesce_events:
-            return None
-        try:
-            return await trio.to_thread.run_sync(
-                lambda: proc_events.ProcEventsSocket.open(events=proc_events.QUIESCE_EVENTS)
-            )
-        except proc_events.ProcEventsError as exc:
-            _log("quiesce_events_unavailable", slot=slot_id, error=exc)
-            return None
-
-    async def _quiescent(
-        self, inst: _Instance, window_s: float, timeout_s: float, poll_ms: int
-    ) -> bool:
-        """A booting desktop is done when its CPU ticks stop too (drawn, apps started)."""
-
-        def activity() -> Any:
-            return procfs.activity(self.driver.pids(inst.cgroups))
-
-        deadline = trio.current_time() + timeout_s
-        since = trio.current_time()
-        last = await trio.to_thread.run_sync(activity)
-        while trio.current_time() < deadline:
-            await trio.sleep(poll_ms / 1000)
-            now = await trio.to_thread.run_sync(activity)
-            if now != last:
-                last, since = now, trio.current_time()
-            elif trio.current_time() - since >= window_s:
-                return True
-        return False
 
 
 def _screenshot(

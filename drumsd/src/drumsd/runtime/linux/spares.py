@@ -1,193 +1,168 @@
 """Spares and warm uppers: frozen restores of a checkpoint kept ready for the next claim (refilled
 one restore at a time, recycled when old or above target), and a slot's next filesystem prepared
-ahead of its reset."""
+ahead of its reset. The bookkeeping is `SparePool`'s; this module does the I/O."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
 from drumsd.linux import procfs, slot_fs
 from drumsd.linux.process_trees import kill_pending
-from drumsd.runtime.linux.base import SPARE_PASS_S, RuntimeBase, _Instance, _log, _Prepared
+from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared, log_event
+from drumsd.runtime.linux.fs import InstanceFs
+from drumsd.runtime.linux.instances import InstanceTable
+from drumsd.runtime.linux.restore import Restorer
+from drumsd.runtime.linux.spare_pool import SparePool
+from drumsd.runtime.linux.supervision import Supervision
+
+SPARE_PASS_S = 5.0  # the refiller's idle period: recycling and refused refills are retried
 
 
-class SparesMixin(RuntimeBase):
+class Spares:
+    def __init__(
+        self,
+        config: LinuxRuntimeConfig,
+        sup: Supervision,
+        fs: InstanceFs,
+        table: InstanceTable,
+        restorer: Restorer,
+        stats: dict[str, int],
+    ) -> None:
+        self.config = config
+        self.sup = sup
+        self.fs = fs
+        self.table = table
+        self.restorer = restorer
+        self.stats = stats
+        self.pool = SparePool(config.spares_per_checkpoint, config.spares_per_host)
+        # Set by the control plane (services/spares.py): whether admission control lets
+        # refills start right now.
+        self.refill_allowed: Callable[[], bool] = lambda: True
+
     # ------------------------------------------------------------------ warm uppers
 
-    def _after_restore(self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
-        if self.config.warm_upper and slot_id not in self._warm and self._nursery is not None:
-            self._nursery.start_soon(self._make_warm, slot_id, checkpoint, limits)
+    def after_restore(self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
+        """A slot (re)started: prepare its next fs in the background (warm_upper)."""
+        if self.config.warm_upper and not self.table.has_warm(slot_id):
+            self.sup.start_soon(self._make_warm, slot_id, checkpoint, limits)
 
     async def _make_warm(self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
-        iid = self._busy_iid(f"warm-{slot_id}")
-        index = self._alloc_range()
+        iid = self.fs.new_iid(f"warm-{slot_id}")
         try:
-            with trio.CancelScope(shield=True):
-                paths = await trio.to_thread.run_sync(
-                    self._prepare_fs,
-                    iid,
-                    f"warm:{slot_id}",
-                    checkpoint.dir / "upper",
-                    (checkpoint.lower,),
-                    limits.tmpfs_mib,
-                    index,
-                )
+            paths, index = await self.fs.make(
+                iid,
+                f"warm:{slot_id}",
+                checkpoint.dir / "upper",
+                (checkpoint.lower,),
+                limits.tmpfs_mib,
+            )
         except OSError as exc:
-            if index is not None:
-                self._free_range(index)
-            _log("warm_upper_failed", slot=slot_id, error=exc)
+            log_event("warm_upper_failed", slot=slot_id, error=exc)
             return
-        if slot_id in self._slots and slot_id not in self._warm:
-            self._warm[slot_id] = _Prepared(iid, paths, checkpoint.id, index)
-        else:
-            await trio.to_thread.run_sync(self._teardown_fs, paths)
+        if not self.table.park_warm(slot_id, Prepared(iid, paths, checkpoint.id, index)):
+            await trio.to_thread.run_sync(self.fs.teardown, paths)
 
-    async def _drop_warm(self, slot_id: str) -> None:
-        prep = self._warm.pop(slot_id, None)
+    async def drop_warm(self, slot_id: str) -> None:
+        prep = self.table.take_warm(slot_id)
         if prep is not None:
-            await self._off_loop(self._teardown_fs, prep.paths)
+            await self.sup.off_loop(self.fs.teardown, prep.paths)
 
-    # ------------------------------------------------------------------ warm spares
+    # ------------------------------------------------------------------ claims
 
-    def enable_spares(self, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
-        """Keep `spares_per_checkpoint` frozen restores of `checkpoint` ready for claims."""
-        if self.config.spares_per_checkpoint <= 0:
-            return
-        self._spare_refs[checkpoint.id] = (checkpoint, limits)
-        self._spare_wakeup.set()
-
-    def set_spare_target(self, checkpoint_id: str, n: int) -> None:
-        """How many spares `checkpoint_id` should keep (at most spares_per_checkpoint); extra
-        spares are disposed of on the next pass of the refiller."""
-        if self._spare_targets.get(checkpoint_id) != n:
-            self._spare_targets[checkpoint_id] = n
-            self._spare_wakeup.set()
-
-    def _spare_target(self, checkpoint_id: str) -> int:
-        wanted = self._spare_targets.get(checkpoint_id, self.config.spares_per_checkpoint)
-        return max(0, min(wanted, self.config.spares_per_checkpoint))
-
-    async def drop_spares(self, checkpoint_id: str) -> None:
+    async def drop(self, checkpoint_id: str) -> None:
         """A checkpoint deleted or replaced: its spares go."""
-        self._spare_refs.pop(checkpoint_id, None)
-        self._spare_targets.pop(checkpoint_id, None)
-        for inst in self._spares.pop(checkpoint_id, []):
-            await self._dispose(inst, background=False)
+        for inst in self.pool.forget(checkpoint_id):
+            await self.sup.dispose(inst, background=False)
 
-    async def forget_checkpoint(self, checkpoint_id: str) -> None:
-        """A checkpoint was deleted or replaced: drop its spares and its image copies on the
-        runtime's tmpfs (they would otherwise hold its memory image in RAM)."""
-        await self.drop_spares(checkpoint_id)
-        for key in [k for k in self._image_cache if k.rsplit("-", 2)[0] == checkpoint_id]:
-            path = self._image_cache.pop(key)
-            await trio.to_thread.run_sync(slot_fs.remove_image_copies, path)
-
-    def spare_counts(self) -> dict[str, int]:
-        return {k: len(v) for k, v in self._spares.items()}
-
-    async def _claim_spare(
+    async def claim(
         self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
-    ) -> _Instance | None:
-        ref = self._spare_refs.get(checkpoint.id)
-        if ref is None or ref[0].dir != checkpoint.dir or ref[1] != limits:
+    ) -> Instance | None:
+        """A live spare of `checkpoint` thawed for `slot_id`, or None (a miss)."""
+        if not self.pool.keeps(checkpoint, limits):
             return None
-        pool = self._spares.get(checkpoint.id) or []
-        while pool:
-            inst = pool.pop(0)
-            self._spare_wakeup.set()
-            if (
-                inst.exited.is_set()
-                or not procfs.is_same_process(inst.pid, inst.starttime)
-                or kill_pending(inst.pid)
-            ):
-                await self._dispose(inst, background=True)
+        while (inst := self.pool.take(checkpoint.id)) is not None:
+            if _dead(inst) or not await self._thaw(inst, slot_id):
+                await self.sup.dispose(inst, background=True)
                 continue
-            t0 = time.monotonic()
-            # Where a claim's time goes (the spare p99): parked age, whether a refill restore
-            # was running beside it, and each step.
-            inst.phases.update(
-                parked_s=round(t0 - inst.born, 3), refill_running=float(self._refill_running)
-            )
-            # Inline, not in a worker thread: a small file on the state tmpfs takes microseconds,
-            # while the hop to a thread (and back, for the GIL, beside the old tree's teardown
-            # thread) took 15 ms p50 and up to 180 ms on a loaded host: most of a claim's time.
-            slot_fs.write_owner(inst.paths, f"slot:{slot_id}")
-            t1 = time.monotonic()
-            self.driver.thaw(inst.cgroups)
-            inst.frozen = False
-            t2 = time.monotonic()
-            try:
-                await self._wait_agent(inst, self.config.agent_ready_timeout_s)
-            except RuntimeError_:
-                await self._dispose(inst, background=True)
-                continue
-            inst.phases.update(
-                claim_owner=round(t1 - t0, 4),
-                claim_thaw=round(t2 - t1, 4),
-                claim_agent=round(time.monotonic() - t2, 4),
-            )
-            if not procfs.is_same_process(inst.pid, inst.starttime):
-                # Killed while parked: the agent can still answer while the pid namespace
-                # is being torn down after its init died.
-                await self._dispose(inst, background=True)
-                continue
-            inst.restore_s = time.monotonic() - t0
             self.stats["spare_hits"] += 1
             return inst
         self.stats["spare_misses"] += 1
         return None
 
-    async def _serve_spares(self) -> None:
+    async def _thaw(self, inst: Instance, slot_id: str) -> bool:
+        """Owner, thaw, agent: False when the spare turns out dead."""
+        t0 = time.monotonic()
+        # Where a claim's time goes (the spare p99): parked age, whether a refill restore was
+        # running beside it, and each step.
+        inst.phases.update(
+            parked_s=round(t0 - inst.born, 3), refill_running=float(self.pool.refilling)
+        )
+        # Inline, not in a worker thread: a small file on the state tmpfs takes microseconds,
+        # while the hop to a thread (and back, for the GIL, beside the old tree's teardown
+        # thread) took 15 ms p50 and up to 180 ms on a loaded host: most of a claim's time.
+        slot_fs.write_owner(inst.paths, f"slot:{slot_id}")
+        t1 = time.monotonic()
+        self.sup.driver.thaw(inst.cgroups)
+        inst.frozen = False
+        t2 = time.monotonic()
+        try:
+            await self.sup.wait_agent(inst, self.config.agent_ready_timeout_s)
+        except RuntimeError_:
+            return False
+        inst.phases.update(
+            claim_owner=round(t1 - t0, 4),
+            claim_thaw=round(t2 - t1, 4),
+            claim_agent=round(time.monotonic() - t2, 4),
+        )
+        inst.restore_s = time.monotonic() - t0
+        # Killed while parked: the agent can still answer while the pid namespace is being
+        # torn down after its init died.
+        return procfs.is_same_process(inst.pid, inst.starttime)
+
+    # ------------------------------------------------------------------ refills
+
+    async def serve(self) -> None:
         """Refill pools one restore at a time (never more than one restore slot taken from live
         work), recycle spares older than spare_max_age_s."""
+        # Wake at least every few seconds even when idle: old spares must be recycled and a
+        # refill refused by admission retried without anyone claiming.
+        idle_s = min(SPARE_PASS_S, max(1.0, self.config.spare_max_age_s / 4))
         while True:
-            self._spare_wakeup = trio.Event()
-            while True:
-                need = self._next_spare_need()
-                if need is None:
-                    break
-                ref, limits = need
-                self._refill_running = True
-                try:
-                    inst = await self._restore_instance(f"spare:{ref.id}", ref, limits, freeze=True)
-                except RuntimeError_ as exc:
-                    _log("spare_refill_failed", checkpoint=ref.id, error=exc.message)
-                    await trio.sleep(1.0)
-                    continue
-                finally:
-                    self._refill_running = False
-                if ref.id in self._spare_refs:
-                    self._spares.setdefault(ref.id, []).append(inst)
-                else:
-                    await self._dispose(inst, background=True)
-            # Wake at least every few seconds even when idle: old spares must be recycled and
-            # a refill refused by admission retried without anyone claiming.
-            with trio.move_on_after(min(SPARE_PASS_S, max(1.0, self.config.spare_max_age_s / 4))):
-                await self._spare_wakeup.wait()
-            await self._recycle_old_spares()
+            while (need := self.pool.next_need(self.refill_allowed)) is not None:
+                await self._refill(*need)
+            await self.pool.wait_wakeup(idle_s)
+            for inst in self.pool.take_expired(time.monotonic(), self.config.spare_max_age_s):
+                await self.sup.dispose(inst, background=True)
 
-    def _next_spare_need(self) -> tuple[CheckpointRef, SlotLimits] | None:
-        total = sum(len(v) for v in self._spares.values())
-        if total >= self.config.spares_per_host or not self.refill_allowed():
-            return None
-        for cid, (ref, limits) in self._spare_refs.items():
-            if len(self._spares.get(cid, [])) < self._spare_target(cid):
-                return ref, limits
-        return None
+    async def _refill(self, ref: CheckpointRef, limits: SlotLimits) -> None:
+        self.pool.refilling = True
+        try:
+            inst = await self.restorer.restore(f"spare:{ref.id}", ref, limits, freeze=True)
+        except RuntimeError_ as exc:
+            log_event("spare_refill_failed", checkpoint=ref.id, error=exc.message)
+            await trio.sleep(1.0)
+            return
+        finally:
+            self.pool.refilling = False
+        if not self.pool.park(ref.id, inst):
+            await self.sup.dispose(inst, background=True)
 
-    async def _recycle_old_spares(self) -> None:
-        now = time.monotonic()
-        for cid, pool in list(self._spares.items()):
-            old = [i for i in pool if now - i.born > self.config.spare_max_age_s]
-            # Above target (the claim rate fell): the oldest extras go, they are not renewed.
-            extra = len(pool) - len(old) - self._spare_target(cid)
-            if extra > 0:
-                old += [i for i in pool if all(i is not o for o in old)][:extra]
-            for inst in old:
-                pool.remove(inst)
-                await self._dispose(inst, background=True)
-            if old:
-                self._spare_wakeup.set()
+    async def close(self) -> None:
+        """Blocking teardowns of every spare and warm upper (the runtime stops)."""
+        for inst in self.pool.take_all():
+            await trio.to_thread.run_sync(self.sup.teardown, inst)
+        for prep in self.table.take_all_warm():
+            await trio.to_thread.run_sync(self.fs.teardown, prep.paths)
+
+
+def _dead(inst: Instance) -> bool:
+    """A parked spare whose init exited, was replaced, or has a kill pending."""
+    return (
+        inst.exited.is_set()
+        or not procfs.is_same_process(inst.pid, inst.starttime)
+        or kill_pending(inst.pid)
+    )

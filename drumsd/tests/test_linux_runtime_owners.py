@@ -1,0 +1,225 @@
+"""The Linux runtime's owners, each through its public interface: the instance table, the spare
+pool's bookkeeping, the uid ranges, the image cache and KSM membership (no root, no desktops)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
+from drumsd.linux import host_share, idmap, mounts, slot_fs
+from drumsd.runtime.linux.base import Instance, Prepared
+from drumsd.runtime.linux.images import ImageCache
+from drumsd.runtime.linux.instances import InstanceTable
+from drumsd.runtime.linux.ksm import KsmMembership
+from drumsd.runtime.linux.spare_pool import SparePool
+from drumsd.runtime.linux.uids import UidRanges
+
+LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=1024)
+
+
+def inst(iid: str, pid: int = 10, born: float = 0.0) -> Instance:
+    i = Instance(iid, mounts.SlotPaths(Path("/nonexistent") / iid), {}, "ck", (Path("/l"),))
+    i.pid, i.born = pid, born
+    return i
+
+
+def ref(cid: str, where: Path = Path("/ck")) -> CheckpointRef:
+    return CheckpointRef(cid, where / cid, Path("/l"), "img", "up", "hardened")
+
+
+def handle(slot_id: str, pid: int) -> SlotHandle:
+    return SlotHandle(slot_id, pid, 1, Path("/r"), Path("/u"), "ck", {}, {})
+
+
+# ---------------------------------------------------------------- InstanceTable
+
+
+def test_the_table_serves_one_instance_per_slot_and_refuses_a_stale_handle() -> None:
+    table = InstanceTable()
+    a = inst("slot-a-1", pid=10)
+    table.serve("a", a)
+    assert "a" in table and len(table) == 1 and table.of(handle("a", 10)) is a
+    with pytest.raises(RuntimeError_, match=r"slot a .pid 11. is not served by this runtime"):
+        table.of(handle("a", 11))  # an older instance of the slot (a reset swapped it)
+    with pytest.raises(RuntimeError_, match="adopt"):
+        table.of(handle("b", 10))
+    assert table.release("a") is a and table.release("a") is None and "a" not in table
+
+
+def test_a_warm_upper_is_kept_only_for_a_served_slot_without_one() -> None:
+    table = InstanceTable()
+    prep = Prepared("warm-a-1", mounts.SlotPaths(Path("/x")), "ck")
+    assert not table.park_warm("a", prep)  # the slot went away while it was made
+    table.serve("a", inst("slot-a-1"))
+    assert table.park_warm("a", prep) and table.has_warm("a")
+    assert not table.park_warm("a", Prepared("warm-a-2", mounts.SlotPaths(Path("/y")), "ck"))
+    assert table.iids() == {"slot-a-1", "warm-a-1"}
+    assert table.take_warm("a") is prep and table.take_warm("a") is None
+    table.park_warm("a", prep)
+    assert table.take_all_warm() == [prep] and not table.has_warm("a")
+
+
+# ---------------------------------------------------------------- SparePool
+
+
+def test_spares_are_kept_for_one_checkpoint_dir_and_its_limits_only() -> None:
+    pool = SparePool(per_checkpoint=2, per_host=16)
+    ck = ref("ck")
+    pool.enable(ck, LIMITS)
+    assert pool.keeps(ck, LIMITS)
+    assert not pool.keeps(ref("ck", Path("/elsewhere")), LIMITS)  # replaced under the same id
+    assert not pool.keeps(ck, SlotLimits(vcpus=2.0, memory_mib=2048, pids_max=1024, tmpfs_mib=1))
+    off = SparePool(per_checkpoint=0, per_host=16)
+    off.enable(ck, LIMITS)
+    assert not off.keeps(ck, LIMITS) and off.next_need(lambda: True) is None
+
+
+def test_refills_follow_targets_the_host_cap_and_admission() -> None:
+    pool = SparePool(per_checkpoint=2, per_host=3)
+    a, b = ref("a"), ref("b")
+    pool.enable(a, LIMITS)
+    pool.enable(b, LIMITS)
+    assert pool.next_need(lambda: False) is None  # admission holds refills back
+    assert pool.next_need(lambda: True) == (a, LIMITS)
+    pool.park("a", inst("s1"))
+    pool.park("a", inst("s2"))
+    assert pool.next_need(lambda: True) == (b, LIMITS)
+    pool.set_target("b", 0)
+    assert pool.target("b") == 0 and pool.next_need(lambda: True) is None
+    pool.set_target("b", 9)
+    assert pool.target("b") == 2  # capped by per_checkpoint
+    pool.park("b", inst("s3"))
+    assert pool.next_need(lambda: True) is None  # the host's cap: 3 parked
+    assert pool.counts() == {"a": 2, "b": 1} and pool.iids() == {"s1", "s2", "s3"}
+
+
+def test_claims_take_the_oldest_and_a_forgotten_checkpoint_parks_nothing() -> None:
+    pool = SparePool(per_checkpoint=2, per_host=16)
+    pool.enable(ref("a"), LIMITS)
+    first, second = inst("s1"), inst("s2")
+    pool.park("a", first)
+    pool.park("a", second)
+    assert pool.take("a") is first and pool.take("a") is second and pool.take("a") is None
+    pool.park("a", first)
+    assert pool.forget("a") == [first] and pool.counts() == {}
+    assert not pool.park("a", second)  # restored while the checkpoint was deleted
+
+
+def test_old_spares_and_extras_above_target_are_taken_for_disposal() -> None:
+    pool = SparePool(per_checkpoint=3, per_host=16)
+    pool.enable(ref("a"), LIMITS)
+    old, mid, new = inst("old", born=0.0), inst("mid", born=50.0), inst("new", born=90.0)
+    for i in (old, mid, new):
+        pool.park("a", i)
+    assert pool.take_expired(now=100.0, max_age_s=60.0) == [old]
+    pool.set_target("a", 1)
+    assert pool.take_expired(now=100.0, max_age_s=60.0) == [mid]  # the oldest extra
+    assert pool.take_all() == [new] and pool.counts() == {}
+
+
+def test_a_wake_ends_the_refillers_wait_and_is_consumed() -> None:
+    pool = SparePool(per_checkpoint=1, per_host=1)
+
+    async def main() -> tuple[float, float]:
+        pool.wake()
+        t0 = trio.current_time()
+        await pool.wait_wakeup(30.0)
+        woken = trio.current_time() - t0
+        await pool.wait_wakeup(30.0)  # nothing new: the full timeout
+        return woken, trio.current_time() - t0
+
+    woken, idle = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert woken == 0.0 and idle == 30.0
+
+
+# ---------------------------------------------------------------- UidRanges
+
+
+def test_uid_ranges_are_claimed_lowest_first_host_wide_and_freed(tmp_path: Path) -> None:
+    mine = UidRanges(host_share.UidRanges(tmp_path / "a", tmp_path / "claims"), hardened=True)
+    other = UidRanges(host_share.UidRanges(tmp_path / "b", tmp_path / "claims"), hardened=True)
+    assert mine.allocate() == 0 and other.allocate() == 1 and mine.allocate() == 2
+    assert mine.held() == {0, 2}
+    mine.free(0)
+    assert mine.held() == {2} and other.allocate() == 0  # freed host-wide too
+    mine.free(None)  # trusted instances hold no range: nothing to free
+    trusted = UidRanges(host_share.UidRanges(tmp_path / "c", tmp_path / "claims"), hardened=False)
+    assert trusted.allocate() is None and trusted.recover_claims() == []
+
+
+def test_ranges_held_before_a_restart_are_reclaimed_and_conflicts_named(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    other = UidRanges(host_share.UidRanges(tmp_path / "b", tmp_path / "claims"), hardened=True)
+    assert other.allocate() == 0
+    mine = UidRanges(host_share.UidRanges(tmp_path / "a", tmp_path / "claims"), hardened=True)
+    mine.hold([0, 3])
+    assert mine.recover_claims() == [0]  # range 0 is the other daemon's
+    assert mine.allocate() == 1  # neither ours (0, 3) nor claimed on the host
+    assert UidRanges.id_map(None) == idmap.IDENTITY and UidRanges.id_map(1) == idmap.range_map(1)
+
+
+# ---------------------------------------------------------------- ImageCache
+
+
+def _images(tmp_path: Path, cid: str) -> CheckpointRef:
+    ck = ref(cid, tmp_path)
+    (ck.dir / "images").mkdir(parents=True)
+    (ck.dir / "images" / "inventory.img").write_bytes(b"\0" * 8)
+    return ck
+
+
+def test_images_off_tmpfs_are_copied_once_and_forgotten_with_their_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slot_fs.mounts, "fs_type_of", lambda path: "ext4")  # not on tmpfs
+    copies: list[str] = []
+
+    def copy(images: Path, cache: Path, key: str, tmpfs_mib: int) -> Path:
+        copies.append(key)
+        (cache / key).mkdir(parents=True)
+        return cache / key
+
+    cache = ImageCache(tmp_path / "cache", 64, copy=copy)
+    a, ab = _images(tmp_path, "a"), _images(tmp_path, "a-b")
+
+    async def main() -> tuple[Path, Path, Path]:
+        first = await cache.images_for(a, None)
+        again = await cache.images_for(a, None)
+        other = await cache.images_for(ab, None)
+        await cache.forget("a")
+        return first, again, other
+
+    first, again, other = trio.run(main)
+    assert first == again and len(copies) == 2 and first != other
+    assert set(cache.copies()) == {copies[1]}  # a's copy forgotten, a-b's ("a-b-...") kept
+    assert not first.exists() and other.exists()
+
+
+def test_a_checkpoint_without_images_is_a_restore_failure_naming_the_dir(tmp_path: Path) -> None:
+    cache = ImageCache(tmp_path / "cache", 64)
+    with pytest.raises(RuntimeError_, match=r"no CRIU images at .*missing/images; re-create"):
+        trio.run(cache.images_for, ref("missing", tmp_path), None)
+
+
+# ---------------------------------------------------------------- KsmMembership
+
+
+def test_ksm_is_joined_with_our_settings_and_the_hosts_values_come_back(tmp_path: Path) -> None:
+    knobs = tmp_path / "ksm"
+    knobs.mkdir()
+    for name, value in (("run", "0"), ("pages_to_scan", "100"), ("sleep_millisecs", "200")):
+        (knobs / name).write_text(value)
+    share = host_share.KsmShare(knobs, tmp_path / "claims")
+    ksm = KsmMembership(share, enabled=True, pages_to_scan=1000, sleep_millisecs=20)
+    ksm.join()
+    assert ksm.joined and (knobs / "run").read_text().strip() == "1"
+    assert (knobs / "pages_to_scan").read_text().strip() == "1000"
+    assert ksm.stats()["enabled"] is True
+    ksm.leave()
+    assert not ksm.joined and (knobs / "run").read_text().strip() == "0"
+    off = KsmMembership(share, enabled=False, pages_to_scan=1, sleep_millisecs=1)
+    off.join()
+    assert not off.joined and off.stats()["enabled"] is False

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import io
-import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from drumsd.guest import screen
+from drumsd.guest.framebuffer import Frame
 from drumsd.guest.protocol import PNG_FULL, ProtocolError, ShotSpec, parse_shot
+from harness import Api, create, error_of, open_api
 from PIL import Image
-from test_api_app import Api, create, error_of, open_api
 
 # ---------------------------------------------------------------- parsing
 
@@ -95,14 +97,19 @@ def test_encode_gives_the_format_and_size_asked_for(
 
 
 class FakeX(screen.Screen):
-    """The agent's Screen with the X grab replaced by an image the test changes."""
+    """The agent's Screen with the X framebuffer replaced by an image the test changes."""
 
     def __init__(self) -> None:
         super().__init__(":0")
         self.image = desktop()
 
-    def _grab_raw(self, checksum: bool = True):
-        return self.image.copy(), zlib.crc32(self.image.tobytes()) if checksum else None
+    @contextmanager
+    def _frame(self) -> Iterator[Frame]:
+        w, h = self.image.size
+        yield Frame(w, h, w * 4, "fake", buffer=self.image.tobytes("raw", "BGRX"))
+
+    def _legacy_image(self) -> Image.Image:
+        return self.image.copy()
 
 
 def test_an_unchanged_screen_returns_the_cached_encoding_per_spec() -> None:

@@ -185,7 +185,8 @@ class DesktopInit:
         self.prepare_dirs()
         display_no = self.args.display.lstrip(":").split(".")[0]
         # -noreset: the server must not reset when its last client leaves (the agent's
-        # screenshot connections come and go).
+        # screenshot connections come and go). -shmem: the framebuffer is a SysV segment the
+        # agent reads screenshots from in place (framebuffer.py), no GetImage through the socket.
         xvfb = [
             "Xvfb",
             self.args.display,
@@ -197,6 +198,7 @@ class DesktopInit:
             "-dpi",
             "96",
             "-noreset",
+            "-shmem",
         ]
         self.spawn("xvfb", [*xvfb, "-nocursor"] if self.args.no_cursor else xvfb)
         if not wait_for_socket(f"/tmp/.X11-unix/X{display_no}", time.monotonic() + 15):

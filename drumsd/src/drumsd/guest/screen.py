@@ -1,17 +1,27 @@
-"""The guest's screen: grabs the X screen and encodes it once per frame and spec.
+"""The guest's screen: reads the X framebuffer and encodes only what changed since the last grab.
 
 Answered in the agent's own process (no worker trip); the memory runtime reuses `encode`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
 import time
 import zlib
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import protocol
+from . import pngbands, protocol
+from .framebuffer import Frame, Framebuffer, FramebufferMissing, xcb_frame
+
+# Rows per band, both for the change check (a CRC32 per band of the raw frame) and for the PNG's
+# independently deflated bands. 24 rows of 1920 px: a typed character dirties one or two of 45;
+# a multiple of 3, so a band maps to whole rows at the common 1920 -> 1280 scale.
+BAND_ROWS = 24
 
 
 @dataclass
@@ -22,82 +32,233 @@ class Shot:
     cached: bool  # the screen had not changed since the last grab: no encode was done
     grab_s: float
     encode_s: float
+    method: str = ""  # how the frame was read: shm, xcb, or legacy (the path before banding)
+
+
+@dataclass
+class View:
+    """What is kept for one output size between grabs: the scaled frame (None at the screen's
+    own size: the frame itself is read), its PNG bands, and the frame generation they show."""
+
+    width: int
+    height: int
+    image: Any = None  # PIL.Image.Image at (width, height) when scaled
+    png: list[pngbands.Band | None] = field(default_factory=list)
+    generation: int = -1
 
 
 class Screen:
-    """Grabs the X screen and encodes it once per frame and spec (PNG, JPEG or WebP, scaled).
+    """Grabs the X screen and encodes it per spec (PNG, JPEG or WebP, scaled or a region).
 
-    Pillow's XCB grab (GetImage in C) on a fresh connection per grab: ~10 ms for 1920x1080 on
-    Xvfb, and no X connection stays open in the agent between requests (none may be open when CRIU
-    dumps the slot). X damage events would need one, so a change check stands in for them: the
-    raw frame's CRC32 (a few ms) is compared with the last grab's, and while it is the same the
-    image already encoded for a spec is returned as it is."""
+    A grab reads Xvfb's framebuffer in place (framebuffer.py; Pillow's GetImage when there is no
+    segment) and takes a CRC32 of each band of rows: bands whose CRC is unchanged keep their work
+    from the last grab (their rows of each scaled view, their deflated PNG bands). The X DAMAGE
+    extension would say the same without the CRCs (~2.5 ms a 1080p frame) but needs an X
+    connection held open between requests, which no CRIU dump of the slot may find. An encoded
+    image is returned again as it is while no band changed.
+
+    `fresh` grabs take the path before this (Pillow's GetImage, a full-frame resize and Pillow's
+    encoder, no cache): `drumsd bench --screenshots` measures both in one run."""
 
     MAX_CACHED_SPECS = 4
+    MAX_VIEWS = 3
 
     def __init__(self, display: str) -> None:
         self.display = display
-        self.frame_crc: int | None = None
-        self.encoded: dict[protocol.ShotSpec, tuple[bytes, int, int]] = {}
+        self.framebuffer = Framebuffer()
+        self.use_shm = True
+        self.band_crcs: list[int] = []
+        self.band_generation: list[int] = []
+        self.frame_size: tuple[int, int] = (0, 0)
+        self.generation = 0
+        self.views: dict[tuple[int, int], View] = {}
+        self.encoded: dict[protocol.ShotSpec, tuple[bytes, int, int, int]] = {}
         self.grabs = 0
         self.encodes = 0
 
-    def _grab_raw(self, checksum: bool = True) -> tuple[Any, int | None]:
-        """The screen as a Pillow image (or a function making one) and a checksum of its raw
-        pixels (None without `checksum`)."""
-        from PIL import Image, ImageGrab
+    # ------------------------------------------------ frames
 
-        grab_x11 = getattr(Image.core, "grabscreen_x11", None)
-        if grab_x11 is None:  # a Pillow without the raw call: checksum the decoded pixels
-            image = ImageGrab.grab(xdisplay=self.display)
-            return image, zlib.crc32(image.tobytes()) if checksum else None
-        size, data = grab_x11(self.display)
-        crc = zlib.crc32(data, size[0] * 65536 + size[1]) if checksum else None
-        return (lambda: Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)), crc
+    @contextmanager
+    def _frame(self) -> Iterator[Frame]:
+        if self.use_shm:
+            try:
+                with self.framebuffer.frame() as frame:
+                    yield frame
+                    return
+            except FramebufferMissing:
+                self.use_shm = False  # this Xvfb has no segment; it will not grow one
+        with xcb_frame(self.display) as frame:
+            yield frame
+
+    def _legacy_image(self) -> Any:
+        from PIL import Image
+
+        size, data = Image.core.grabscreen_x11(self.display)
+        return Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)
+
+    def _note_changes(self, frame: Frame) -> None:
+        """CRC each band; bands that differ from the last grab get the new generation."""
+        size = (frame.width, frame.height)
+        crcs = [
+            zlib.crc32(frame.rows(y, min(frame.height, y + BAND_ROWS)))
+            for y in range(0, frame.height, BAND_ROWS)
+        ]
+        if size != self.frame_size:
+            self.frame_size = size
+            self.views.clear()
+            self.band_generation = [self.generation + 1] * len(crcs)
+            self.generation += 1
+        elif crcs != self.band_crcs:
+            self.generation += 1
+            for i, (new, old) in enumerate(zip(crcs, self.band_crcs, strict=True)):
+                if new != old:
+                    self.band_generation[i] = self.generation
+        self.band_crcs = crcs
+
+    # ------------------------------------------------ grabs
 
     def grab(self, spec: protocol.ShotSpec = protocol.PNG_FULL, fresh: bool = False) -> Shot:
-        """`fresh`: encode even if the screen is unchanged (what a grab cost before the cache;
-        `drumsd bench --screenshots` compares the two in one run)."""
         t0 = time.monotonic()
-        raw, crc = self._grab_raw(checksum=not fresh)
-        self.grabs += 1
-        t1 = time.monotonic()
-        if crc is not None and crc == self.frame_crc and spec in self.encoded:
-            data, w, h = self.encoded[spec]
-            return Shot(data, w, h, True, t1 - t0, 0.0)
-        image = raw() if callable(raw) else raw
-        data, w, h = encode(image, spec)
+        if fresh:
+            image = self._legacy_image()
+            t1 = time.monotonic()
+            data, w, h = encode_legacy(image, spec)
+            self.grabs += 1
+            self.encodes += 1
+            return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1, "legacy")
+        with self._frame() as frame:
+            self._note_changes(frame)
+            self.grabs += 1
+            t1 = time.monotonic()
+            hit = self.encoded.get(spec)
+            if hit is not None and hit[3] == self.generation:
+                return Shot(hit[0], hit[1], hit[2], True, t1 - t0, 0.0, frame.method)
+            data, w, h = self._encode(frame, spec)
         self.encodes += 1
-        if crc is None:  # fresh: the cache is left as it was
-            return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1)
-        if crc != self.frame_crc:
-            self.frame_crc = crc
-            self.encoded.clear()
+        self.encoded.pop(spec, None)
         if len(self.encoded) >= self.MAX_CACHED_SPECS:
             self.encoded.pop(next(iter(self.encoded)))
-        self.encoded[spec] = (data, w, h)
-        return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1)
+        self.encoded[spec] = (data, w, h, self.generation)
+        return Shot(data, w, h, False, t1 - t0, time.monotonic() - t1, frame.method)
+
+    def _encode(self, frame: Frame, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
+        if spec.region is not None:  # a zoom: the region at the screen's own resolution, once
+            x0, y0, x1, y1 = spec.region
+            image = _rgb(frame, y0, y1).crop((x0, 0, x1, y1 - y0))
+            return encode(image, dataclasses.replace(spec, region=None))
+        view = self._view(spec.size_for(frame.width, frame.height))
+        dirty = self._update(view, frame)
+        if spec.format == "png":
+            for i in dirty:
+                view.png[i] = None
+            for i, band in enumerate(view.png):
+                if band is None:
+                    y0, y1 = i * BAND_ROWS, min(view.height, (i + 1) * BAND_ROWS)
+                    if view.image is None:
+                        rgb = _rgb(frame, y0, y1).tobytes()
+                    else:
+                        rgb = view.image.crop((0, y0, view.width, y1)).tobytes()
+                    view.png[i] = pngbands.deflate_band(rgb, view.width)
+            bands = [b for b in view.png if b is not None]
+            return pngbands.assemble(view.width, view.height, bands), view.width, view.height
+        image = view.image if view.image is not None else _rgb(frame, 0, frame.height)
+        return encode(image, spec)
+
+    def _view(self, size: tuple[int, int]) -> View:
+        view = self.views.pop(size, None)
+        if view is None:
+            view = View(*size, png=[None] * math.ceil(size[1] / BAND_ROWS))
+            if len(self.views) >= self.MAX_VIEWS:
+                self.views.pop(next(iter(self.views)))
+        self.views[size] = view  # most recently used last
+        return view
+
+    def _update(self, view: View, frame: Frame) -> set[int]:
+        """Bring the view to the frame's generation; returns its PNG bands that changed."""
+        changed = [i for i, g in enumerate(self.band_generation) if g > view.generation]
+        view.generation = self.generation
+        dirty: set[int] = set()
+        if not changed:
+            return dirty
+        if (view.width, view.height) == (frame.width, frame.height):
+            return set(changed)  # same rows, same bands
+        from PIL import Image
+
+        if view.image is None:
+            view.image = Image.new("RGB", (view.width, view.height))
+        sy = view.height / frame.height
+        for y0, y1 in _runs(changed, frame.height):
+            # BOX resampling: output row j reads source rows [j / sy, (j + 1) / sy), so only the
+            # output rows over the changed source rows are redone, from those rows (+1 margin).
+            j0, j1 = math.floor(y0 * sy), min(view.height, math.ceil(y1 * sy))
+            r0 = max(0, math.floor(j0 / sy) - 1)
+            r1 = min(frame.height, math.ceil(j1 / sy) + 1)
+            box = (0, j0 / sy - r0, frame.width, j1 / sy - r0)
+            part = _rgb(frame, r0, r1).resize((view.width, j1 - j0), Image.Resampling.BOX, box=box)
+            view.image.paste(part, (0, j0))
+            dirty.update(range(j0 // BAND_ROWS, (j1 - 1) // BAND_ROWS + 1))
+        return dirty
+
+
+def _runs(bands: list[int], height: int) -> list[tuple[int, int]]:
+    """Changed band indexes as row ranges, neighbours merged."""
+    runs: list[tuple[int, int]] = []
+    for i in bands:
+        y0, y1 = i * BAND_ROWS, min(height, (i + 1) * BAND_ROWS)
+        if runs and runs[-1][1] == y0:
+            runs[-1] = (runs[-1][0], y1)
+        else:
+            runs.append((y0, y1))
+    return runs
+
+
+def _rgb(frame: Frame, y0: int, y1: int) -> Any:
+    """Rows y0..y1 of the frame as an RGB image (the BGRX -> RGB conversion in Pillow's C)."""
+    from PIL import Image
+
+    return Image.frombytes(
+        "RGB", (frame.width, y1 - y0), frame.rows(y0, y1), "raw", "BGRX", frame.stride, 1
+    )
 
 
 def encode(image: Any, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
-    """Scale `image` to the spec's size and encode it; returns (bytes, width, height)."""
+    """Scale `image` to the spec's size and encode it with the fast encoders; returns (bytes,
+    width, height). PNG: pngbands (filter none, zlib level 1); JPEG: Pillow's libjpeg-turbo;
+    WebP: libwebp at its fastest method."""
     from PIL import Image
 
-    if spec.region is not None:  # a zoom: the region at the screen's own resolution
+    if spec.region is not None:
         image = image.crop(spec.region)
     size = spec.size_for(image.width, image.height)
     if size != image.size:
-        # BOX (area averaging): antialiased for downscaling and ~30% cheaper than BILINEAR,
-        # which costs more than the encode at 1920x1080 -> 1280x720.
+        image = image.resize(size, Image.Resampling.BOX)
+    if spec.format == "png":
+        rgb = image.convert("RGB") if image.mode != "RGB" else image
+        return pngbands.encode_rgb(rgb.tobytes(), *rgb.size, BAND_ROWS), image.width, image.height
+    buf = io.BytesIO()
+    if spec.format == "jpeg":
+        image.save(buf, "JPEG", quality=spec.quality)
+    else:
+        # method 0: the fastest of libwebp's effort levels (the default, 4, costs ~5x more).
+        image.save(buf, "WEBP", quality=spec.quality, method=0)
+    return buf.getvalue(), image.width, image.height
+
+
+def encode_legacy(image: Any, spec: protocol.ShotSpec) -> tuple[bytes, int, int]:
+    """The encoder before pngbands (the bench's baseline): Pillow's PNG at level 1."""
+    from PIL import Image
+
+    if spec.region is not None:
+        image = image.crop(spec.region)
+    size = spec.size_for(image.width, image.height)
+    if size != image.size:
         image = image.resize(size, Image.Resampling.BOX)
     buf = io.BytesIO()
     if spec.format == "png":
-        # Level 1: desktops are mostly flat colour, so this is small and 3-5x faster than 6.
         image.save(buf, "PNG", compress_level=1)
     elif spec.format == "jpeg":
         image.save(buf, "JPEG", quality=spec.quality)
     else:
-        # method 0: the fastest of libwebp's effort levels (the default, 4, costs ~5x more).
         image.save(buf, "WEBP", quality=spec.quality, method=0)
     return buf.getvalue(), image.width, image.height
 
@@ -110,4 +271,5 @@ def shot_header(spec: protocol.ShotSpec, shot: Shot) -> dict[str, Any]:
         "cached": shot.cached,
         "grab_s": round(shot.grab_s, 4),
         "encode_s": round(shot.encode_s, 4),
+        "grab_method": shot.method,
     }

@@ -1,0 +1,221 @@
+"""The guest's screenshot encoders (unit: no desktop): the banded PNG decodes to the exact pixels,
+only changed bands are redone, scaled views kept up to date band by band equal a full resize,
+each format takes the encoder chosen for it, and the framebuffer's XWD header is read right."""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from drumsd.guest import framebuffer, pngbands, screen
+from drumsd.guest.framebuffer import Frame, FramebufferMissing
+from drumsd.guest.protocol import PNG_FULL, ShotSpec
+from PIL import Image, ImageChops, ImageDraw
+
+
+def desktop(width: int = 1920, height: int = 1080, seed: int = 1) -> Image.Image:
+    """Flat colours, windows, text-like strokes and a gradient: what screens are made of."""
+    rng = random.Random(seed)
+    image = Image.new("RGB", (width, height), (40, 60, 90))
+    draw = ImageDraw.Draw(image)
+    for x in range(0, width, 7):
+        draw.line((x, 0, x, height // 8), fill=(x % 256, 80, 255 - x % 256))
+    for _ in range(12):
+        x0, y0 = rng.randrange(width), rng.randrange(height)
+        draw.rectangle((x0, y0, x0 + rng.randrange(400), y0 + rng.randrange(300)), fill=(235,) * 3)
+        for line in range(8):
+            draw.text((x0 + 5, y0 + 5 + 14 * line), "drums " * 6, fill=(10, 10, 10))
+    return image
+
+
+def decoded(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+def same_pixels(a: Image.Image, b: Image.Image) -> bool:
+    return (
+        a.size == b.size
+        and ImageChops.difference(a.convert("RGB"), b.convert("RGB")).getbbox() is None
+    )
+
+
+# ---------------------------------------------------------------- the banded PNG
+
+
+@pytest.mark.parametrize(
+    "lengths", [(0, 5), (5, 0), (1, 1), (70000, 3), (3, 200000), (99991, 65521)]
+)
+def test_adler32_combine_is_the_checksum_of_the_joined_bytes(lengths: tuple[int, int]) -> None:
+    rng = random.Random(sum(lengths))
+    first, second = (bytes(rng.randrange(256) for _ in range(n)) for n in lengths)
+    combined = pngbands.adler32_combine(zlib.adler32(first), zlib.adler32(second), len(second))
+    assert combined == zlib.adler32(first + second)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "band_rows"), [(1920, 1080, 24), (17, 5, 2), (1, 1, 24), (333, 100, 7)]
+)
+def test_banded_png_decodes_to_the_exact_pixels(width: int, height: int, band_rows: int) -> None:
+    image = desktop(width, height)
+    data = pngbands.encode_rgb(image.tobytes(), width, height, band_rows)
+    out = decoded(data)
+    assert out.format == "PNG" and out.mode == "RGB" and same_pixels(out, image)
+    # and zlib itself agrees on the stream (checksum included)
+    idat = data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8]
+    assert len(zlib.decompress(idat)) == height * (width * 3 + 1)
+
+
+class FakeX(screen.Screen):
+    """Screen over an image the test edits, counting deflated bands."""
+
+    def __init__(self, image: Image.Image) -> None:
+        super().__init__(":0")
+        self.image = image
+        self.deflated = 0
+
+    @contextmanager
+    def _frame(self) -> Iterator[Frame]:
+        w, h = self.image.size
+        yield Frame(w, h, w * 4, "fake", buffer=self.image.tobytes("raw", "BGRX"))
+
+    def _legacy_image(self) -> Image.Image:
+        return self.image.copy()
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = pngbands.deflate_band
+
+    def deflate_band(rgb, width):
+        calls.append(width)
+        return real(rgb, width)
+
+    monkeypatch.setattr(pngbands, "deflate_band", deflate_band)
+    return calls
+
+
+def test_a_change_redoes_only_its_band_and_the_png_is_the_new_screen(counted: list[int]) -> None:
+    x = FakeX(desktop())
+    first = x.grab(PNG_FULL)
+    bands = -(-1080 // screen.BAND_ROWS)
+    assert len(counted) == bands and same_pixels(decoded(first.data), x.image)
+    x.image.paste((255, 0, 0), (300, 485, 310, 500))  # a typed character: one band
+    counted.clear()
+    after = x.grab(PNG_FULL)
+    assert len(counted) == 1, f"{len(counted)} bands redeflated for a change inside one"
+    assert not after.cached and same_pixels(decoded(after.data), x.image)
+    assert x.grab(PNG_FULL).cached and len(counted) == 1
+    assert after.data == pngbands.encode_rgb(x.image.tobytes(), 1920, 1080, screen.BAND_ROWS)
+
+
+@pytest.mark.parametrize("size", [(1280, 720), (1024, 768), (1000, 555), (640, 360)])
+def test_a_scaled_view_kept_band_by_band_equals_a_full_resize(size: tuple[int, int]) -> None:
+    x = FakeX(desktop())
+    spec = ShotSpec("png", None, *size)
+    x.grab(spec)
+    rng = random.Random(7)
+    for _ in range(4):  # changes at band edges and inside bands
+        y = rng.choice([0, 23, 24, 500, 1079 - 12, 1070])
+        x.image.paste((rng.randrange(256), 0, 200), (100, y, 900, min(1080, y + 13)))
+        shot = x.grab(spec)
+        full = x.image.resize(size, Image.Resampling.BOX)
+        diff = ImageChops.difference(decoded(shot.data), full)
+        assert max(hi for _, hi in diff.getextrema()) <= 1, "scaled rows drifted from a full resize"
+
+
+def test_each_format_takes_its_encoder_and_decodes_to_the_size_asked() -> None:
+    x = FakeX(desktop())
+    png = x.grab(PNG_FULL).data
+    idat = png.index(b"IDAT") + 4
+    assert png[idat : idat + 2] == pngbands.ZLIB_HEADER, "the full PNG is the banded encoder's"
+    legacy = x.grab(PNG_FULL, fresh=True)
+    assert legacy.method == "legacy" and same_pixels(decoded(legacy.data), decoded(png))
+    for spec, fmt, size in [
+        (ShotSpec("jpeg", 80, 1280, 720), "JPEG", (1280, 720)),
+        (ShotSpec("jpeg", 60), "JPEG", (1920, 1080)),
+        (ShotSpec("webp", 70, 960), "WEBP", (960, 540)),
+        (ShotSpec("png", None, 1280, 800), "PNG", (1280, 800)),
+        (ShotSpec("png", region=(100, 200, 500, 400)), "PNG", (400, 200)),
+    ]:
+        shot = x.grab(spec)
+        out = decoded(shot.data)
+        assert (out.format, out.size, (shot.width, shot.height)) == (fmt, size, size), spec
+        reference = decoded(x.grab(spec, fresh=True).data)
+        diff = ImageChops.difference(out.convert("RGB"), reference.convert("RGB"))
+        assert max(hi for _, hi in diff.getextrema()) <= (0 if fmt == "PNG" else 24), spec
+
+
+def test_a_zoom_is_the_region_at_full_resolution() -> None:
+    x = FakeX(desktop())
+    shot = x.grab(ShotSpec("png", region=(10, 20, 330, 260)))
+    assert same_pixels(decoded(shot.data), x.image.crop((10, 20, 330, 260)))
+
+
+def test_without_a_framebuffer_segment_the_grab_falls_back_to_getimage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = desktop(64, 48)
+    s = screen.Screen(":0")
+
+    @contextmanager
+    def missing() -> Iterator[Frame]:
+        raise FramebufferMissing("no segment")
+        yield  # pragma: no cover
+
+    @contextmanager
+    def xcb(display: str) -> Iterator[Frame]:
+        yield Frame(64, 48, 256, "xcb", buffer=image.tobytes("raw", "BGRX"))
+
+    monkeypatch.setattr(s.framebuffer, "frame", missing)
+    monkeypatch.setattr(screen, "xcb_frame", xcb)
+    shot = s.grab(PNG_FULL)
+    assert shot.method == "xcb" and not s.use_shm and same_pixels(decoded(shot.data), image)
+
+
+# ---------------------------------------------------------------- the framebuffer segment
+
+
+def xwd_header(width: int = 1920, height: int = 1080, depth: int = 24, bpp: int = 32) -> bytes:
+    fields = [0] * 25
+    fields[0], fields[3], fields[4], fields[5] = 160, depth, width, height
+    fields[11], fields[12], fields[14], fields[19] = bpp, width * bpp // 8, 0xFF0000, 256
+    return struct.pack(">25I", *fields)
+
+
+def test_the_xwd_header_gives_the_pixels_offset_and_stride() -> None:
+    size = 160 + 256 * 12 + 1920 * 1080 * 4  # what Xvfb -shmem allocates (8297632 bytes)
+    layout = framebuffer.parse_xwd_header(xwd_header(), size)
+    assert layout == framebuffer.Layout(3232, 1920, 1080, 7680)
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "words"),
+    [
+        (xwd_header(depth=16, bpp=16), 10**8, "24-bit BGRX only"),
+        (xwd_header(), 1000, "overruns"),
+        (b"\0" * 10, 10, "too small"),
+    ],
+)
+def test_an_unexpected_framebuffer_is_refused_saying_why(
+    header: bytes, size: int, words: str
+) -> None:
+    with pytest.raises(FramebufferMissing, match=words):
+        framebuffer.parse_xwd_header(header, size)
+
+
+def test_candidate_segments_are_world_readable_and_screen_sized() -> None:
+    table = (
+        "       key      shmid perms                  size  cpid  lpid nattch   uid\n"
+        "         0      65555   777               8297632  1730  1988      1     0\n"
+        "         0      65556   600               8297632  1731  1988      4     0\n"
+        "         0      65557   644                  4096  1731  1988      4     0\n"
+    )
+    assert framebuffer.candidate_segments(table) == [(65555, 8297632)]

@@ -1,0 +1,124 @@
+"""The guest's screenshot encoders on a real restored desktop (base image, hardened): the frame is
+read from Xvfb's framebuffer segment (not through GetImage), and after a change on the screen the
+fast path's PNG and JPEG have the size asked for and the same pixels as the path before it
+(`fresh`: Pillow's grab and encoders) on the same screen. Seconds, one template, one slot.
+
+Without DRUMS_LIVE=1 it skips; with it a missing CRIU or image is a failure.
+"""
+
+# Polling with a deadline is how these tests wait for the desktop (no event to wait on).
+# ruff: noqa: ASYNC110
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from drumsd.core.seams import CheckpointRef, SlotLimits
+from drumsd.guest.protocol import PNG_FULL, ShotSpec
+from PIL import Image, ImageChops
+from test_runtime_linux import CRIU, _require_live
+
+pytestmark = pytest.mark.live
+
+LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=512)
+JPEG_1280 = ShotSpec("jpeg", 80, 1280, 720)
+IN_GUEST = (
+    "python3 -I -c \"import sys; sys.path.insert(0, '/opt/drums/guest'); "
+    "from drums_guest.screen import Screen; print(Screen(':0').grab().method)\""
+)
+
+
+@pytest.fixture(scope="module")
+def state_dir() -> Iterator[Path]:
+    top = Path(f"/run/drums-test-shots-{uuid.uuid4().hex[:8]}")
+    top.mkdir(mode=0o700, parents=True)
+    d = top / "state"
+    d.mkdir()
+    yield d
+    for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+        if line.split()[4].startswith(str(top)):
+            subprocess.run(["umount", "-l", line.split()[4]], check=False)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _config(state_dir: Path):
+    from drumsd.runtime.linux import LinuxRuntimeConfig
+
+    return LinuxRuntimeConfig(state_dir=state_dir, criu=CRIU, profile="hardened")
+
+
+@pytest.fixture(scope="module")
+def template(state_dir: Path) -> CheckpointRef:
+    lower, sha = _require_live()
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async def make() -> CheckpointRef:
+        async with open_linux_runtime(_config(state_dir)) as rt:
+            return await rt.make_template(lower, sha, "shots-live", state_dir / "ck" / "base")
+
+    return trio.run(make)
+
+
+@pytest.fixture
+async def rt(state_dir: Path, template: CheckpointRef) -> AsyncIterator[object]:
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async with open_linux_runtime(_config(state_dir)) as runtime:
+        yield runtime
+        await runtime.sweep([])
+
+
+def decoded(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image.convert("RGB")
+
+
+async def settled(rt, h, spec: ShotSpec) -> bytes:
+    """The spec's image once the screen held still between two grabs (cached by the guest)."""
+    with trio.fail_after(15):
+        while not (shot := await rt.grab(h, spec)).cached:
+            await trio.sleep(0.1)
+    return shot.data
+
+
+async def test_a_changed_screen_encodes_fast_to_the_same_pixels(rt, template) -> None:
+    h = await rt.restore(f"shots-{uuid.uuid4().hex[:6]}", template, LIMITS)
+    try:
+        method = await rt.exec_trusted(h, IN_GUEST, 20)
+        assert (method.returncode, method.stdout.strip()) == (0, "shm"), method
+
+        await rt.step(h, {"type": "click", "x": 300, "y": 200})  # focus the xterm
+        before = decoded(await settled(rt, h, PNG_FULL))
+        await rt.step(h, {"type": "type", "text": "drums drums"})
+        with trio.fail_after(10):  # the xterm draws the echo after the step returns
+            while (
+                ImageChops.difference(decoded((await rt.grab(h, PNG_FULL)).data), before).getbbox()
+                is None
+            ):
+                await trio.sleep(0.05)
+
+        png = await settled(rt, h, PNG_FULL)
+        legacy_png = (await rt.grab(h, PNG_FULL, fresh=True)).data
+        assert decoded(png).size == (1920, 1080)
+        assert ImageChops.difference(decoded(png), decoded(legacy_png)).getbbox() is None, (
+            "the banded PNG shows other pixels than Pillow's grab and encoder"
+        )
+        changed = ImageChops.difference(decoded(png), before).getbbox()
+        assert changed is not None and changed[3] - changed[1] < 200, changed
+
+        jpeg = await settled(rt, h, JPEG_1280)
+        legacy_jpeg = (await rt.grab(h, JPEG_1280, fresh=True)).data
+        ours, theirs = decoded(jpeg), decoded(legacy_jpeg)
+        assert ours.size == theirs.size == (1280, 720)
+        diff = ImageChops.difference(ours, theirs)
+        assert max(hi for _, hi in diff.getextrema()) <= 24, diff.getextrema()
+    finally:
+        await rt.destroy(h.slot_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_api_app import create, open_api
+from harness import create, open_api
 
 
 async def test_a_batch_runs_in_one_request_with_one_screenshot(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from drumsd.linux.sparse import CancelFlag
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.slot_locks import Holder, SlotLock, held_too_long, run_stoppable
 from drumsd.runtime.supervisor import handle_from_json
-from test_api_app import create, error_of, open_api
+from harness import create, error_of, open_api
 
 
 def _upper(api, sid: str) -> Path:

@@ -26,7 +26,7 @@ from drumsd.tasks.checker_worker import death_answer
 from drumsd.tasks.getters import FileArg
 from drumsd.tasks.model import TaskContext
 from drumsd.tasks.testing import checker_context
-from test_api_app import create, error_of, open_api
+from harness import create, error_of, open_api
 
 VERIFIER = """
 import xml.etree.ElementTree as ET

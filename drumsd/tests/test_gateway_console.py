@@ -12,7 +12,7 @@ import httpx
 import pytest
 from drums.ray._gateway import Gateway
 from drums.ray._gateway_console import merge_history, split_host
-from test_api_app import create, open_api, wait_valid
+from harness import create, open_api, wait_valid
 
 GATEWAY_TOKEN = "g" * 40
 

@@ -14,30 +14,7 @@ import trio.testing
 from drumsd.core.admission import HostSample
 from drumsd.core.seams import SlotFacts, SlotHandle
 from drumsd.runtime.memory_runtime import MemoryRuntime
-from test_api_app import create, open_api
-
-BASE = 1_700_000_000.0
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    """MockClock that jumps only after 50 ms of real idleness: with a threshold of 0 it also ran
-    while a worker thread (the sampler, the journal writer) worked, so on a loaded host virtual
-    time ran through every limit between two of a service's iterations."""
-    return trio.testing.MockClock(autojump_threshold=0.05)
-
-
-async def virtual_wait(predicate, limit_s: float, step_s: float = 0.5) -> None:
-    """Poll in virtual time. Under autojump the clock also jumps while a worker thread runs (the
-    sampler, the journal), so a fixed sleep can wake before the loop got its turns."""
-    deadline = trio.current_time() + limit_s
-    while not predicate() and trio.current_time() < deadline:  # noqa: ASYNC110
-        await trio.sleep(step_s)
-
-
-def virtual_clock() -> float:
-    """Wall time for the records that follows trio's clock, so MockClock moves leases too."""
-    return BASE + trio.current_time()
+from harness import create, open_api, virtual_clock, wait_for
 
 
 class FlakySampler:
@@ -67,7 +44,7 @@ async def test_a_failing_service_keeps_running_and_health_reports_it(
 
         sampler.broken = True
         calls = sampler.calls
-        await virtual_wait(lambda: sampler.calls >= calls + 3, limit_s=600)
+        await wait_for(lambda: sampler.calls >= calls + 3, 600, every_s=0.5)
         assert sampler.calls >= calls + 3, "the loop stopped after its first failure"
         health = (await api.client.get("/v1/health")).json()
         admission = health["services"]["admission"]
@@ -80,7 +57,7 @@ async def test_a_failing_service_keeps_running_and_health_reports_it(
 
         sampler.broken = False
         admission_health = api.sup.services["admission"]
-        await virtual_wait(lambda: not admission_health.failing(), limit_s=600)
+        await wait_for(lambda: not admission_health.failing(), 600, every_s=0.5)
         health = (await api.client.get("/v1/health")).json()
         admission = health["services"]["admission"]
         assert admission["failing"] is False and admission["iterations"] >= 1
@@ -114,7 +91,7 @@ async def test_gate_refresh_survives_a_slot_whose_refresh_raises(
 
         runtime.broken = True
         gate = api.sup.services["gate_refresh"]
-        await virtual_wait(lambda: gate.failures >= 2, limit_s=600)
+        await wait_for(lambda: gate.failures >= 2, 600, every_s=0.5)
         assert gate.failing() and gate.failures >= 2
         assert sid in (gate.last_error or "")
         health = (await api.client.get("/v1/health")).json()
@@ -122,7 +99,7 @@ async def test_gate_refresh_survives_a_slot_whose_refresh_raises(
 
         runtime.broken = False
         done = gate.iterations
-        await virtual_wait(lambda: gate.iterations > done, limit_s=600)
+        await wait_for(lambda: gate.iterations > done, 600, every_s=0.5)
         assert gate.iterations > done and not gate.failing()
         assert api.sup.slots[sid].status.value == "ready"
 
@@ -139,7 +116,7 @@ async def test_gate_refresh_quarantines_on_its_interval(
         rec = api.sup.slots[sid]
         assert rec.status.value == "ready"
         api.runtime.inject(sid, oom_kills=1)
-        await virtual_wait(lambda: rec.status.value == "quarantined", limit_s=600)
+        await wait_for(lambda: rec.status.value == "quarantined", 600, every_s=0.5)
         assert rec.status.value == "quarantined"
         assert "no_oom_kill" in (rec.quarantine_reason or "")
 
@@ -185,7 +162,7 @@ async def test_a_failed_template_build_is_tried_again(
         status = api.sup.template_status
         assert status["base"].startswith("building (attempt 2 of 3"), status
         assert "timeout" in status["base"]
-        await virtual_wait(lambda: status["base"] == "ready", limit_s=120)
+        await wait_for(lambda: status["base"] == "ready", 120, every_s=0.5)
         assert status["base"] == "ready"
         assert runtime.template_builds == 2
         assert (await create(api))["id"]
@@ -198,7 +175,7 @@ async def test_a_template_that_never_builds_says_why_after_the_last_attempt(
     runtime.fail_template_builds = 10
     async with open_api(tmp_path, runtime=runtime, clock=virtual_clock) as api:
         status = api.sup.template_status
-        await virtual_wait(lambda: status["base"].startswith("error"), limit_s=300)
+        await wait_for(lambda: status["base"].startswith("error"), 300, every_s=0.5)
         assert runtime.template_builds == 3
         assert status["base"].startswith("error: timeout:"), status
         assert "after 3 attempts" in status["base"]
@@ -213,10 +190,9 @@ async def test_the_reaper_ends_an_idle_lease_on_its_own_in_virtual_time(
         t0 = trio.current_time()
         idle = (await create(api, idle_timeout_s=60))["id"]
         kept = (await create(api, idle_timeout_s=3600))["id"]
-        await virtual_wait(lambda: ("destroy", idle) in api.runtime.calls, 50, 2.5)
+        await trio.sleep(50)  # ten reap intervals; the lease has 10 s left
         assert ("destroy", idle) not in api.runtime.calls, "reaped before its lease ran out"
-        await virtual_wait(lambda: api.sup.slots[idle].status.value == "destroyed", 60, 2.5)
-        assert api.sup.slots[idle].status.value == "destroyed"
+        await wait_for(lambda: api.sup.slots[idle].status.value == "destroyed", 60, every_s=2.5)
         assert 60 <= trio.current_time() - t0 <= 60 + 5.0 + 10.0  # + one interval + margin
         assert api.sup.slots[kept].status.value == "ready"
         assert ("destroy", kept) not in api.runtime.calls
@@ -252,9 +228,9 @@ async def test_the_admission_service_moves_the_group_limit_with_each_sample(
     ) as api:
         runtime = api.runtime
         assert isinstance(runtime, FloorRuntime)
-        await virtual_wait(lambda: runtime.floor_calls, limit_s=60)
+        await wait_for(lambda: runtime.floor_calls, 60, every_s=0.5)
         assert runtime.floor_calls[-1] == (20_000.0, 6_000.0)  # 25% of 24,000 > 4,096
         available[0] = 9_000.0  # memory taken outside the slots
-        await virtual_wait(lambda: runtime.floor_calls[-1][0] == 9_000.0, limit_s=60)
+        await wait_for(lambda: runtime.floor_calls[-1][0] == 9_000.0, 60, every_s=0.5)
         health = (await api.client.get("/v1/health")).json()
         assert health["admission"]["group_memory_limit_mib"] == 1_000 + 9_000 - 6_000

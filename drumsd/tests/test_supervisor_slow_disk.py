@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 from drumsd.linux.journal_io import Journal
-from test_api_app import create, open_api
+from harness import create, open_api
 
 SLOW_S = 2.0
 

@@ -12,7 +12,7 @@ from drumsd.core.admission import HostSample
 from drumsd.core.seams import CheckpointRef, SlotHandle, SlotLimits
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.services.spares import SparePools
-from test_api_app import create, open_api
+from harness import create, open_api
 
 
 class SpareRecordingRuntime(MemoryRuntime):

@@ -23,7 +23,7 @@ from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.tasks.bridge import TaskBridge
 from drumsd.tasks.model import Task, TaskContext
 from drumsd.tasks.setup_cache import FileHashes, setup_fingerprint
-from test_api_app import create, error_of, open_api, wait_valid
+from harness import create, error_of, open_api, wait_valid
 
 # ---- the key (pure) --------------------------------------------------------------------------
 

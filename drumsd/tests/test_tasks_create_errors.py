@@ -9,7 +9,7 @@ import pytest
 from drumsd.tasks.bridge import TaskBridge
 from drumsd.tasks.host_support import sum_of_sleeps
 from drumsd.tasks.model import Task, TaskContext
-from test_api_app import error_of, open_api
+from harness import error_of, open_api
 
 
 def _with_bridge(api) -> None:

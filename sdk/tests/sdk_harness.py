@@ -6,7 +6,6 @@ package's conftest when every test of the repository runs in one pytest session.
 
 from __future__ import annotations
 
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -54,40 +53,20 @@ class Daemon:
 @asynccontextmanager
 async def open_drumsd_app(tmp_path: Path, token: str) -> AsyncIterator[Any]:
     """drumsd's real app over a supervisor with the in-memory runtime (no root, no desktops)."""
-    import trio
     from drumsd.api.app import create_app
-    from drumsd.core.admission import HostSample
     from drumsd.core.config import Config
     from drumsd.runtime.memory_runtime import MemoryRuntime
     from drumsd.runtime.supervisor import open_supervisor
+    from harness import HOST_NAMESPACES, memory_config, roomy, wait_for
 
-    (tmp_path / "lower").mkdir(exist_ok=True)
-    config = Config.model_validate(
-        {
-            "token_file": str(tmp_path / "token"),
-            "state_dir": str(tmp_path / "state"),
-            "journal_dir": str(tmp_path / "journal"),
-            "forgotten_dir": str(tmp_path / "forgotten"),
-            "lower": str(tmp_path / "lower"),
-            "image_sha256": "ab" * 32,
-            "runtime": "memory",
-            "alive_after_s": 0.05,
-            "lease": {"reap_interval_s": 3600},
-        }
-    )
-
-    def roomy(_: Path) -> HostSample:
-        return HostSample(time.time(), 20_000, 24_000, 0.0, 50_000, 100_000)
-
-    namespaces = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
+    config = Config.model_validate(memory_config(tmp_path, lease={"reap_interval_s": 3600}))
     runtime = MemoryRuntime(config.state_dir)
     tasks = StubTaskBridge()
     async with open_supervisor(
-        config, runtime, sampler=roomy, host_namespaces=namespaces, tasks=tasks, verifier=tasks
+        config, runtime, sampler=roomy, host_namespaces=HOST_NAMESPACES, tasks=tasks, verifier=tasks
     ) as supervisor:
-        with trio.fail_after(10):  # the template checkpoint is built in the background
-            while supervisor.template_status.get("base") == "building":  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        # the template checkpoint is built in the background
+        await wait_for(lambda: supervisor.template_status.get("base") != "building", 10)
         yield create_app(supervisor, config, token)
 
 

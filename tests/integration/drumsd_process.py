@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-
-SHA = "ab" * 32
+from harness import memory_config
 
 
 def free_port() -> int:
@@ -30,20 +29,12 @@ def write_token(path: Path, token: str = "k" * 40, mode: int = 0o600) -> str:
 
 
 def base_config(tmp: Path, port: int, **overrides) -> dict:
-    (tmp / "lower").mkdir(exist_ok=True)
-    config = {
-        "listen": f"127.0.0.1:{port}",
-        "token_file": str(tmp / "token"),
-        "state_dir": str(tmp / "state"),
-        "journal_dir": str(tmp / "journal"),
-        "forgotten_dir": str(tmp / "forgotten"),
-        "lower": str(tmp / "lower"),
-        "image_sha256": SHA,
-        "runtime": "memory",
-        "alive_after_s": 0.05,
-        "drain_timeout_s": 5,
-        "admission": {"min_available_mib": 0, "min_available_pct": 0, "min_state_free_mib": 0},
-    }
+    config = memory_config(
+        tmp,
+        listen=f"127.0.0.1:{port}",
+        drain_timeout_s=5,
+        admission={"min_available_mib": 0, "min_available_pct": 0, "min_state_free_mib": 0},
+    )
     config.update(overrides)
     return config
 

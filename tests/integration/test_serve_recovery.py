@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 from drumsd_process import make_daemon
+from harness import poll
 
 
 def journal_slots(tmp: Path) -> dict[str, dict]:
@@ -24,15 +25,6 @@ def post_ignoring_disconnect(url: str, token: str, timeout: float) -> None:
         pass
 
 
-def wait_until(predicate, limit_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_kill9_mid_create_then_restart_reconciles(tmp_path: Path) -> None:
     slow = {"DRUMS_MEMORY_RESTORE_DELAY_S": "0.5"}
     d = make_daemon(tmp_path, env=slow).start()
@@ -45,9 +37,11 @@ def test_kill9_mid_create_then_restart_reconciles(tmp_path: Path) -> None:
         threading.Thread(
             target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 5), daemon=True
         ).start()
-        wait_until(
+        poll(
             lambda: any(r["status"] == "creating" for r in journal_slots(tmp_path).values()),
+            10,
             what="a creating record",
+            every_s=0.02,
         )
     d.kill9()
     before = journal_slots(tmp_path)
@@ -89,7 +83,7 @@ def test_sigterm_drains_an_in_flight_request(tmp_path: Path) -> None:
 
     t = threading.Thread(target=create)
     t.start()
-    wait_until(lambda: journal_slots(tmp_path), what="the create to start")
+    poll(lambda: journal_slots(tmp_path), 10, what="the create to start", every_s=0.02)
     started = time.monotonic()
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(timeout=15) == 0
@@ -107,10 +101,10 @@ def test_second_signal_stops_at_once(tmp_path: Path) -> None:
     threading.Thread(
         target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 30), daemon=True
     ).start()
-    wait_until(lambda: journal_slots(tmp_path), what="the create to start")
+    poll(lambda: journal_slots(tmp_path), 10, what="the create to start", every_s=0.02)
     d.proc.send_signal(signal.SIGTERM)
     # Not "sleep, then it is still running": wait until it says it drains, then check it is.
-    wait_until(lambda: "SIGTERM: draining requests" in d.log(), what="the drain to begin")
+    poll(lambda: "SIGTERM: draining requests" in d.log(), 10, what="the drain", every_s=0.02)
     assert d.proc.poll() is None, "the first signal drains (the create is still running)"
     started = time.monotonic()
     d.proc.send_signal(signal.SIGINT)

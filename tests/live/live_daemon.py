@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness.py, for scripts run bare
 from drumsd_process import Daemon, free_port, write_token
 
 CACHE_ROOT = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums"))

@@ -233,9 +233,17 @@ async def check_display(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) ->
         return
     status, evidence = G.judge_display_server(now, held)
     if status == G.FAIL:
-        set_gate(sup, rec, "display_server", status, evidence)
-        sup.table.save_slot(rec, "gates", file=False)
-        quarantine_on_failure(sup, rec)
+        apply_gate(sup, rec, "display_server", status, evidence)
+
+
+def apply_gate(
+    sup: Supervisor, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
+) -> None:
+    """A gate judged outside an operation's save (a check at a step, a timer): set it, save the
+    record (the journal write can wait) and quarantine the slot if the gate failed."""
+    set_gate(sup, rec, name, status, evidence)
+    sup.table.save_slot(rec, "gates", file=False)
+    quarantine_on_failure(sup, rec)
 
 
 def quarantine_on_failure(sup: Supervisor, rec: SlotRecord) -> None:
@@ -314,9 +322,8 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
     await trio.sleep(sup.config.alive_after_s)
     # A capture (a task checkpoint's, right after a create's setup) or a reset marks the slot
     # busy while it holds the tree: judge once it is back, as the same episode or not at all.
-    while (busy := sup.slots.get(slot_id)) is not None and busy.episode_id == episode_id:
-        if busy.status is not SlotStatus.busy:
-            break
+    # (A poll: busy ends in several operations, and no event marks it.)
+    while (busy := episode_record(sup, slot_id, episode_id)) and busy.status is SlotStatus.busy:  # noqa: ASYNC110
         await trio.sleep(0.2)
     for attempt in range(1, JUDGE_READ_TRIES + 1):
         rec = current_episode(sup, slot_id, episode_id)
@@ -348,16 +355,20 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
             status, evidence = G.judge_alive_after_resume(
                 facts, rec.baseline, sup.config.natural_exits
             )
-        set_gate(sup, rec, "alive_after_resume", status, evidence)
-        sup.table.save_slot(rec, "gates", file=False)
-        quarantine_on_failure(sup, rec)
+        apply_gate(sup, rec, "alive_after_resume", status, evidence)
         return
+
+
+def episode_record(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecord | None:
+    """The slot's record while `episode_id` is its episode (busy or not); else None."""
+    rec = sup.slots.get(slot_id)
+    return rec if rec is not None and rec.episode_id == episode_id else None
 
 
 def current_episode(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecord | None:
     """The slot's record while `episode_id` is its live, judged episode; else None."""
-    rec = sup.slots.get(slot_id)
-    if rec is None or rec.episode_id != episode_id or rec.handle is None:
+    rec = episode_record(sup, slot_id, episode_id)
+    if rec is None or rec.handle is None:
         return None
     if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
         return None
@@ -370,11 +381,9 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
     except RuntimeError_:
         return
     async with sup.table.lock(slot_id):
-        rec = sup.slots.get(slot_id)
-        if rec is None or rec.episode_id != episode_id:
+        rec = current_episode(sup, slot_id, episode_id)
+        if rec is None:
             return  # reset, branch or destroy replaced this tree on purpose
-        if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
-            return
         set_gate(
             sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited", "how": how}
         )

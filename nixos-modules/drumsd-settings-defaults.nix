@@ -114,6 +114,15 @@
     ttl_s = null;
     spares = true;
   };
+  linux = {
+    agent_ready_timeout_s = 20.0;
+    restore_timeout_s = 30.0;
+    dump_timeout_s = 120.0;
+    boot_timeout_s = 90.0;
+    teardown_timeout_s = 60.0;
+    group_cpu_shares = 16384;
+    images_tmpfs_mib = 8192;
+  };
   drain_timeout_s = 10.0;
   body_timeout_s = 30.0;
   gate_refresh_s = 3.0;

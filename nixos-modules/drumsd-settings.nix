@@ -562,6 +562,50 @@ in
       };
     };
   };
+  linux = mkOption {
+    description = "The Linux runtime's own bounds: every step that can wedge (a broken image, a stuck kernel";
+    default = { };
+    type = types.submodule {
+      freeformType = jsonFormat.type;
+      options = {
+        agent_ready_timeout_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 600);
+          default = defaults.linux.agent_ready_timeout_s;
+          description = "a restored or claimed desktop's agent answers within this, else the restore counts as a failed attempt";
+        };
+        restore_timeout_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 3600);
+          default = defaults.linux.restore_timeout_s;
+          description = "criu restore is killed past this (a broken image can make it spin forever)";
+        };
+        dump_timeout_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 3600);
+          default = defaults.linux.dump_timeout_s;
+          description = "criu dump is killed past this (or the capture's own deadline, if sooner)";
+        };
+        boot_timeout_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 3600);
+          default = defaults.linux.boot_timeout_s;
+          description = "a cold boot (templates): its agent, then its ready file and app windows";
+        };
+        teardown_timeout_s = mkOption {
+          type = types.addCheck types.number (x: x > 0 && x <= 3600);
+          default = defaults.linux.teardown_timeout_s;
+          description = "bound of every shielded teardown (kill, reap, cgroups, mounts); the thread finishes behind it. Below cleanup_timeout_s, so a wedged kill cannot hold a destroy";
+        };
+        group_cpu_shares = mkOption {
+          type = types.addCheck types.int (x: x >= 2 && x <= 262144);
+          default = defaults.linux.group_cpu_shares;
+          description = "CPU weight of all slots together against the daemon's siblings (v1 shares; 1024 = one ordinary process): restores are bursts of short wakeups";
+        };
+        images_tmpfs_mib = mkOption {
+          type = types.addCheck types.int (x: x >= 64 && x <= 1048576);
+          default = defaults.linux.images_tmpfs_mib;
+          description = "the tmpfs checkpoint images are copied into for restores (a restore from disk is 3x slower)";
+        };
+      };
+    };
+  };
   drain_timeout_s = mkOption {
     type = types.addCheck types.number (x: x > 0 && x <= 600);
     default = defaults.drain_timeout_s;

@@ -1,6 +1,7 @@
 """Cleanup deadlines that can fire: a destroy whose teardown wedges (a cgroup kill that blocks)
-returns at the runtime's cleanup_timeout_s, and the abandoned thread still finishes the cleanup;
-exits are waited for with a bounded pidfd wait, never an unbounded waitpid."""
+returns at the runtime's teardown_timeout_s (config linux.teardown_timeout_s), and the abandoned
+thread still finishes the cleanup; exits are waited for with a bounded pidfd wait, never an
+unbounded waitpid."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ class WedgedDriver:
         raise AssertionError(f"unexpected driver call {name}")
 
 
-def _runtime(tmp_path: Path, cleanup_timeout_s: float) -> tuple[LinuxRuntime, WedgedDriver]:
+def _runtime(tmp_path: Path, teardown_timeout_s: float) -> tuple[LinuxRuntime, WedgedDriver]:
     driver = WedgedDriver()
-    cfg = LinuxRuntimeConfig(state_dir=tmp_path, cleanup_timeout_s=cleanup_timeout_s)
+    cfg = LinuxRuntimeConfig(state_dir=tmp_path, teardown_timeout_s=teardown_timeout_s)
     return LinuxRuntime(cfg, driver), driver  # type: ignore[arg-type]
 
 
@@ -56,7 +57,7 @@ def _slot(rt: LinuxRuntime, tmp_path: Path, slot_id: str) -> Instance:
 def test_destroy_returns_at_its_cleanup_deadline_and_the_cleanup_still_finishes(
     tmp_path: Path,
 ) -> None:
-    rt, driver = _runtime(tmp_path, cleanup_timeout_s=0.5)
+    rt, driver = _runtime(tmp_path, teardown_timeout_s=0.5)
     inst = _slot(rt, tmp_path, "s1")
 
     async def main() -> float:
@@ -78,7 +79,7 @@ def test_destroy_returns_at_its_cleanup_deadline_and_the_cleanup_still_finishes(
 
 def test_a_callers_cancel_does_not_skip_the_teardown(tmp_path: Path) -> None:
     """Shielded from the caller (a client that went away) but within its own bound."""
-    rt, driver = _runtime(tmp_path, cleanup_timeout_s=5.0)
+    rt, driver = _runtime(tmp_path, teardown_timeout_s=5.0)
     inst = _slot(rt, tmp_path, "s2")
     threading.Timer(0.3, driver.release.set).start()
 

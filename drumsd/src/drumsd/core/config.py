@@ -237,6 +237,58 @@ class KsmConfig(Block):
     sleep_millisecs: int = Field(default=20, ge=1, le=10_000)
 
 
+class LinuxConfig(Block):
+    """The Linux runtime's own bounds: every step that can wedge (a broken image, a stuck kernel
+    call) has a limit, and the slots share one CPU weight and one image tmpfs."""
+
+    agent_ready_timeout_s: float = Field(
+        default=20.0,
+        gt=0,
+        le=600,
+        description="a restored or claimed desktop's agent answers within this, else the "
+        "restore counts as a failed attempt",
+    )
+    restore_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="criu restore is killed past this (a broken image can make it spin forever)",
+    )
+    dump_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="criu dump is killed past this (or the capture's own deadline, if sooner)",
+    )
+    boot_timeout_s: float = Field(
+        default=90.0,
+        gt=0,
+        le=3600,
+        description="a cold boot (templates): its agent, then its ready file and app windows",
+    )
+    teardown_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="bound of every shielded teardown (kill, reap, cgroups, mounts); the thread "
+        "finishes behind it. Below cleanup_timeout_s, so a wedged kill cannot hold a destroy",
+    )
+    group_cpu_shares: int = Field(
+        default=16384,
+        ge=2,
+        le=262144,
+        description="CPU weight of all slots together against the daemon's siblings (v1 "
+        "shares; 1024 = one ordinary process): restores are bursts of short wakeups",
+    )
+    images_tmpfs_mib: int = Field(
+        default=8192,
+        ge=64,
+        le=1_048_576,
+        description="the tmpfs checkpoint images are copied into for restores (a restore from disk "
+        "is 3x slower)",
+    )
+
+
 class Config(Block):
     """The whole drumsd config file. Field order is the order `check-config` prints."""
 
@@ -309,6 +361,7 @@ class Config(Block):
     spares: SparesConfig = Field(default_factory=SparesConfig)
     ksm: KsmConfig = Field(default_factory=KsmConfig)
     task_checkpoints: TaskCheckpointsConfig = Field(default_factory=TaskCheckpointsConfig)
+    linux: LinuxConfig = Field(default_factory=LinuxConfig)
     drain_timeout_s: float = Field(default=10.0, gt=0, le=600)
     body_timeout_s: float = Field(
         default=30.0,

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from drumsd.core.config import Config
 from drumsd.core.seams import SlotLimits
 from drumsd.guest import protocol
 from drumsd.linux import mounts
@@ -37,48 +38,48 @@ def log_event(event: str, **fields: Any) -> None:
     print(f"drums.runtime {event} {parts}", file=sys.stderr, flush=True)
 
 
+# Every default of the config model (core/config.py, the one place defaults are written).
+_MODEL = Config.model_construct()
+
+
 @dataclass(frozen=True)
 class LinuxRuntimeConfig:
+    """What the Linux runtime reads of the daemon's config: `from_config(config)`, or built
+    directly (benches, tests) with a field left out taking the config model's default."""
+
     state_dir: Path
-    criu: Path = Path("/usr/local/sbin/criu")
-    max_concurrent_restores: int = 4
-    max_attempts: int = 3
-    warm_upper: bool = True
-    async_kill: bool = True
-    restore_cpu_boost: bool = True
-    # CPU weight of all slots together against the daemon's siblings (v1 shares; 1024 = one
-    # ordinary process). Restores are bursts of many short wakeups: with the default weight a
-    # busy host delays each wakeup and a 0.06 CPU-s restore takes 0.6 s (measured here).
-    group_cpu_shares: int = 16384
+    criu: Path = _MODEL.criu
+    max_concurrent_restores: int = _MODEL.max_concurrent_restores
+    max_attempts: int = _MODEL.max_attempts
+    warm_upper: bool = _MODEL.warm_upper
+    async_kill: bool = _MODEL.async_kill
+    restore_cpu_boost: bool = _MODEL.restore_cpu_boost
+    group_cpu_shares: int = _MODEL.linux.group_cpu_shares
     # Memory limit of all slots together (MiB): None = host memory less group_memory_reserve_mib,
     # 0 = none. Each slot's own limit alone lets 50 slots x 2 GiB overcommit a 24 GiB host.
-    group_memory_mib: int | None = None
-    group_memory_reserve_mib: int = 4096
-    ksm: bool = False
-    ksm_pages_to_scan: int = 1000
-    ksm_sleep_millisecs: int = 20
-    spares_per_checkpoint: int = 0
-    spares_per_host: int = 16
-    spare_max_age_s: float = 1800.0
-    images_tmpfs_mib: int = 8192
-    agent_ready_timeout_s: float = 20.0
-    restore_timeout_s: float = 30.0  # criu restore; a broken image can make it spin forever
-    dump_timeout_s: float = 120.0
-    boot_timeout_s: float = 90.0
-    quiesce_window_s: float = 1.0
-    quiesce_timeout_s: float = 30.0
-    quiesce_poll_ms: int = 50
-    quiesce_events: bool = True
-    # Bound of every shielded teardown (kill, reap, cgroups, mounts): below the supervisor's
-    # 120 s around destroy, so a wedged kill or umount cannot hold a request past its deadline.
-    # The teardown thread is abandoned, not stopped: it still finishes the cleanup behind it.
-    cleanup_timeout_s: float = 60.0
-    # "hardened": a per-slot host uid range; "trusted": identity-mapped ids (trusted code only).
-    profile: str = "hardened"
+    group_memory_mib: int | None = _MODEL.group_memory_mib
+    group_memory_reserve_mib: int = _MODEL.admission.min_available_mib
+    ksm: bool = _MODEL.ksm.enabled
+    ksm_pages_to_scan: int = _MODEL.ksm.pages_to_scan
+    ksm_sleep_millisecs: int = _MODEL.ksm.sleep_millisecs
+    spares_per_checkpoint: int = _MODEL.spares.per_checkpoint if _MODEL.spares.enabled else 0
+    spares_per_host: int = _MODEL.spares.per_host
+    spare_max_age_s: float = _MODEL.spares.max_age_s
+    images_tmpfs_mib: int = _MODEL.linux.images_tmpfs_mib
+    agent_ready_timeout_s: float = _MODEL.linux.agent_ready_timeout_s
+    restore_timeout_s: float = _MODEL.linux.restore_timeout_s
+    dump_timeout_s: float = _MODEL.linux.dump_timeout_s
+    boot_timeout_s: float = _MODEL.linux.boot_timeout_s
+    quiesce_window_s: float = _MODEL.quiesce.window_s
+    quiesce_timeout_s: float = _MODEL.quiesce.timeout_s
+    quiesce_poll_ms: int = _MODEL.quiesce.poll_ms
+    quiesce_events: bool = _MODEL.quiesce.events
+    teardown_timeout_s: float = _MODEL.linux.teardown_timeout_s
+    profile: str = _MODEL.profile
 
     @classmethod
-    def from_config(cls, cfg: Any) -> LinuxRuntimeConfig:
-        """From drumsd.core.config.Config (duck-typed to keep core free of this import)."""
+    def from_config(cls, cfg: Config) -> LinuxRuntimeConfig:
+        linux = cfg.linux
         return cls(
             state_dir=cfg.state_dir,
             criu=cfg.criu,
@@ -87,6 +88,7 @@ class LinuxRuntimeConfig:
             warm_upper=cfg.warm_upper,
             async_kill=cfg.async_kill,
             restore_cpu_boost=cfg.restore_cpu_boost,
+            group_cpu_shares=linux.group_cpu_shares,
             group_memory_mib=cfg.group_memory_mib,
             group_memory_reserve_mib=cfg.admission.min_available_mib,
             ksm=cfg.ksm.enabled,
@@ -95,10 +97,16 @@ class LinuxRuntimeConfig:
             spares_per_checkpoint=cfg.spares.per_checkpoint if cfg.spares.enabled else 0,
             spares_per_host=cfg.spares.per_host,
             spare_max_age_s=cfg.spares.max_age_s,
+            images_tmpfs_mib=linux.images_tmpfs_mib,
+            agent_ready_timeout_s=linux.agent_ready_timeout_s,
+            restore_timeout_s=linux.restore_timeout_s,
+            dump_timeout_s=linux.dump_timeout_s,
+            boot_timeout_s=linux.boot_timeout_s,
             quiesce_window_s=cfg.quiesce.window_s,
             quiesce_timeout_s=cfg.quiesce.timeout_s,
             quiesce_poll_ms=cfg.quiesce.poll_ms,
             quiesce_events=cfg.quiesce.events,
+            teardown_timeout_s=linux.teardown_timeout_s,
             profile=cfg.profile,
         )
 

@@ -69,7 +69,7 @@ class LinuxRuntime:
         )
         # The parts, each given the owners it needs.
         self.fs = InstanceFs(config.state_dir, self.uids)
-        self.sup = Supervision(self.driver, self.fs, config.cleanup_timeout_s)
+        self.sup = Supervision(self.driver, self.fs, config.teardown_timeout_s)
         self.restorer = Restorer(config, self.sup, self.fs, self.images, self.stats)
         self.io = SlotIO(config, self.sup, self.fs, self.instances)
         self.dumper = Dumper(config, self.sup)

@@ -102,7 +102,7 @@ class Slots:
         self.spares.after_restore(slot_id, checkpoint, limits)
 
     async def destroy(self, slot_id: str) -> None:
-        """Tear the slot down within cleanup_timeout_s (shielded from the caller's cancel, but
+        """Tear the slot down within teardown_timeout_s (shielded from the caller's cancel, but
         bounded: a step that overruns is left to finish in its thread)."""
         with self.sup.cleanup_scope() as scope:
             inst = self.table.release(slot_id)
@@ -113,7 +113,7 @@ class Slots:
             owners = {f"slot:{slot_id}", f"warm:{slot_id}"}
             await self.sup.off_loop(self.adoption.sweep_owned_by, owners)
         if scope.cancelled_caught:
-            log_event("destroy_overran", slot=slot_id, timeout_s=self.config.cleanup_timeout_s)
+            log_event("destroy_overran", slot=slot_id, timeout_s=self.config.teardown_timeout_s)
 
     async def branch(
         self,

@@ -24,11 +24,11 @@ EXIT_REPORT_S = 2.0  # the launcher's process reports a reaped init within milli
 
 class Supervision:
     def __init__(
-        self, driver: cgroups.CgroupDriver, fs: InstanceFs, cleanup_timeout_s: float
+        self, driver: cgroups.CgroupDriver, fs: InstanceFs, teardown_timeout_s: float
     ) -> None:
         self.driver = driver
         self.fs = fs
-        self.cleanup_timeout_s = cleanup_timeout_s
+        self.teardown_timeout_s = teardown_timeout_s
         self.nursery: trio.Nursery | None = None  # both set while the runtime runs
         self.launcher: Launcher | None = None
 
@@ -130,7 +130,7 @@ class Supervision:
 
     def cleanup_scope(self) -> trio.CancelScope:
         """A shield with its own deadline for cleanup that must survive the caller's cancel."""
-        return trio.move_on_after(self.cleanup_timeout_s, shield=True)
+        return trio.move_on_after(self.teardown_timeout_s, shield=True)
 
     @staticmethod
     @trio.lowlevel.enable_ki_protection
@@ -161,7 +161,7 @@ class Supervision:
                     "teardown_overran",
                     iid=inst.iid,
                     pid=inst.pid,
-                    timeout_s=self.cleanup_timeout_s,
+                    timeout_s=self.teardown_timeout_s,
                 )
 
         if not (background and self.start_soon(go)):

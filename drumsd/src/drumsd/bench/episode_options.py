@@ -28,3 +28,5 @@ class EpisodeBenchOptions:
     state_root: Path = Path("/run/drums-bench-episodes")
     out: Path = Path("bench-episodes.json")
     keep_logs: bool = False
+    ramp: Sequence[int] = ()  # the density ramp's concurrency levels (empty: no ramp)
+    ramp_rounds: int = 2  # episodes per concurrent worker at each level of the ramp

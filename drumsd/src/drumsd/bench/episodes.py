@@ -83,6 +83,7 @@ from drumsd.bench.episodes_report import (
 from drumsd.bench.episodes_report import (
     summarize_path as summarize_path,
 )
+from drumsd.bench.ramp import RampError, find_knee, level_row, parse_ramp, render_ramp_table
 
 
 @dataclass(frozen=True)
@@ -379,6 +380,77 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     }
 
 
+def mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError("no MemAvailable in /proc/meminfo")
+
+
+class MemLow:
+    """The lowest MemAvailable seen while it runs (sampled every 0.5 s in a thread)."""
+
+    def __init__(self) -> None:
+        self.start = self.low = mem_available_mib()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self.low = min(self.low, mem_available_mib())
+
+    def stop(self) -> tuple[float, float]:
+        self._stop.set()
+        self._thread.join()
+        self.low = min(self.low, mem_available_mib())
+        return self.start, self.low
+
+
+def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) -> dict[str, Any]:
+    """The density ramp on one daemon with today's defaults: at each level, `concurrency` busy
+    episodes at once (ramp_rounds each), then the level's row; the knee from the rows. A level
+    whose episodes all fail stops the ramp (the next ones would only fail more)."""
+    daemon = BenchDaemon.configure("ramp", opts, {})
+    out: dict[str, Any] = {"levels": [], "rounds": opts.ramp_rounds}
+    ok = False
+    try:
+        progress(f"[ramp] daemon start + template of {opts.image} ...")
+        out["template_ready_s"] = round(daemon.start(), 2)
+        warm = run_episodes(daemon, tasks[:1], _replace(opts, episodes=1, concurrency=1, steps=2))
+        if not warm[0].get("valid"):
+            raise BenchError(
+                f"[ramp] the warm-up episode on {tasks[0]} was not valid: {warm[0]}; "
+                f"daemon log {daemon.log_path}:\n{daemon.log_tail()}"
+            )
+        for concurrency in opts.ramp:
+            episodes = concurrency * opts.ramp_rounds
+            progress(f"[ramp] {concurrency} at a time, {episodes} episodes ...")
+            level = _replace(opts, episodes=episodes, concurrency=concurrency)
+            mem = MemLow()
+            host0, own0, t0 = host_busy_s(), daemon.cpu_s(), time.monotonic()
+            eps = run_episodes(daemon, tasks, level)
+            wall = time.monotonic() - t0
+            host_cpu, own1 = host_busy_s() - host0, daemon.cpu_s()
+            own = None if own0 is None or own1 is None else own1 - own0
+            row = level_row(concurrency, eps, wall, own, host_cpu, mem.stop())
+            row["loadavg_end"] = os.getloadavg()
+            out["levels"].append(row)
+            progress(
+                f"[ramp] {concurrency}: {row['valid']}/{episodes} valid, step p99 "
+                f"{row['step_screenshot_s']['p99']}, breaks: {row['broken'] or 'nothing'}"
+            )
+            if row["valid"] == 0:
+                break
+        ok = True
+    finally:
+        if not ok:
+            progress(f"[ramp] failed; daemon log kept: {daemon.log_path}")
+        daemon.stop(keep_logs=opts.keep_logs or not ok)
+    out["knee"] = find_knee(out["levels"], os.cpu_count() or 1)
+    return out
+
+
 def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     if os.geteuid() != 0:
         raise BenchError("drumsd bench episodes runs real desktops: run it as root")
@@ -394,6 +466,10 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
         "features": [asdict(f) for f in FEATURES],
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
+    if opts.ramp:  # the ramp alone: one daemon, today's defaults
+        results["ramp"] = run_ramp(opts, tasks, progress)
+        results["host"]["loadavg_end"] = os.getloadavg()
+        return results
     paths: dict[str, dict[str, Any]] = {}
     paths["drums"] = run_path("drums", {}, tasks, opts, progress)
     paths["features off"] = run_path("features-off", features_off(), tasks, opts, progress)
@@ -442,6 +518,16 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-root", type=Path, default=d.state_root)
     parser.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs")
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
+    parser.add_argument(
+        "--ramp",
+        default="",
+        help="the density ramp instead of the paths: concurrency levels, e.g. 1,2,4,8,16,32 "
+        "(each level runs --ramp-rounds episodes per concurrent worker; table and JSON give "
+        "the knee where validity or step latency breaks)",
+    )
+    parser.add_argument(
+        "--ramp-rounds", type=int, default=d.ramp_rounds, help="episodes per worker per level"
+    )
 
 
 def main_episode_bench(args: argparse.Namespace) -> int:
@@ -455,10 +541,18 @@ def main_episode_bench(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        ramp = parse_ramp(args.ramp) if args.ramp else ()
+    except RampError as exc:
+        print(f"drumsd bench episodes: {exc}", file=sys.stderr)
+        return 2
+    if args.ramp_rounds < 1:
+        print("drumsd bench episodes: --ramp-rounds must be at least 1", file=sys.stderr)
+        return 2
     # Every option of the command line is a field of the same name (the mix: --task).
-    names = {f.name for f in fields(EpisodeBenchOptions)}
+    names = {f.name for f in fields(EpisodeBenchOptions)} - {"ramp"}
     values = {k: v for k, v in vars(args).items() if k in names}
-    opts = EpisodeBenchOptions(**values, tasks=tuple(args.task))
+    opts = EpisodeBenchOptions(**values, tasks=tuple(args.task), ramp=ramp)
 
     def progress(msg: str) -> None:
         print(f"bench episodes: {msg}", file=sys.stderr, flush=True)
@@ -468,7 +562,7 @@ def main_episode_bench(args: argparse.Namespace) -> int:
     except BenchError as exc:
         print(f"drumsd bench episodes: {exc}", file=sys.stderr)
         return 1
-    print(render_table(results))
+    print(render_ramp_table(results["ramp"]) if "ramp" in results else render_table(results))
     args.out.write_text(json.dumps(results, indent=1))
     print(f"results written to {args.out}")
     return 0

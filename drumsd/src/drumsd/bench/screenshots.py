@@ -1,18 +1,23 @@
-"""`drumsd bench --screenshots`: screenshot and step + screenshot cost, the plain PNG path against
-the new one (change cache, smaller formats), on one real restored desktop, in the same run.
+"""`drumsd bench --screenshots`: screenshot and step + screenshot cost, the path before issue 35
+(Pillow's GetImage, a full resize and Pillow's encoders on every grab) against the new one
+(Xvfb's framebuffer read in place, changed bands only, the banded PNG), on one real restored
+desktop, in the same run.
 
 Two kinds of step: `move` (the pointer moves; Xvfb's framebuffer, which screenshots read, does
 not change) and `type` (a character typed into the desktop's xterm, then erased: every step
 changes the screen). For each, every variant runs the same number of steps, interleaved round by
 round so load on the host falls on all of them alike:
-  plain        the path before: every grab encoded as a full-size PNG (`fresh`)
-  png          full-size PNG with the change cache
-  png 1280     PNG scaled to 1280x720
-  jpeg 1280    JPEG q80 at 1280x720
-  webp 1280    WebP q80 at 1280x720
-  ... 1trip    the same, the screenshot taken in the step's own round trip (as the daemon does)
+  plain            the path before: full-size PNG, Pillow's grab and encoder (`fresh`)
+  png              full-size PNG, the new path (framebuffer, bands, change cache)
+  png 1280         PNG scaled to 1280x720
+  jpeg 1280 old    JPEG q80 at 1280x720, the path before (`fresh`)
+  jpeg 1280        JPEG q80 at 1280x720, the new path
+  jpeg 1280x800    JPEG q80 at 1280x800 (a model's screen size; issue 33's ratio)
+  webp 1280        WebP q80 at 1280x720
+  ... 1trip        the same, the screenshot taken in the step's own round trip (as the daemon does)
 Per variant: wall p50/p99 of step + screenshot and of the screenshot alone, CPU per step (the
-slot's cgroup plus this process), image bytes, cache hits. Ratios are against `plain`.
+slot's cgroup plus this process), image bytes, cache hits. Ratios are against `plain` and, for a
+variant with a `... old` twin, against the twin.
 """
 
 from __future__ import annotations
@@ -32,17 +37,32 @@ from drumsd.core.seams import SlotHandle
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 
 # name: (spec, fresh (encode even an unchanged screen), one trip (the shot rides on the step))
+JPEG_1280 = ShotSpec("jpeg", 80, 1280, 720)
 VARIANTS: dict[str, tuple[ShotSpec, bool, bool]] = {
     "plain": (PNG_FULL, True, False),
     "png": (PNG_FULL, False, False),
     "png 1trip": (PNG_FULL, False, True),
     "png 1280": (ShotSpec("png", None, 1280, 720), False, False),
-    "jpeg 1280": (ShotSpec("jpeg", 80, 1280, 720), False, False),
-    "jpeg 1trip": (ShotSpec("jpeg", 80, 1280, 720), False, True),
+    "jpeg 1280 old": (JPEG_1280, True, False),
+    "jpeg 1280": (JPEG_1280, False, False),
+    "jpeg 1trip": (JPEG_1280, False, True),
+    "jpeg 1280x800": (ShotSpec("jpeg", 80, 1280, 800), False, False),
     "webp 1280": (ShotSpec("webp", 80, 1280, 720), False, False),
+}
+TWINS = {
+    "png": "plain",
+    "png 1trip": "plain",
+    "jpeg 1280": "jpeg 1280 old",
+    "jpeg 1trip": "jpeg 1280 old",
 }
 TARGET_P50_S = 0.025
 TARGET_P99_S = 0.080
+# Issue 35, for a step that changes the screen (`type`): full PNG p50 <= 15 ms and <= 10 ms CPU,
+# JPEG at 1280 <= 6 ms CPU; issue 33: JPEG at 1280x800 <= half the plain PNG's CPU.
+CHANGED_PNG_P50_S = 0.015
+CHANGED_PNG_CPU_S = 0.010
+CHANGED_JPEG_CPU_S = 0.006
+JPEG_VS_PLAIN_CPU = 0.5
 
 
 @dataclass(frozen=True)
@@ -127,6 +147,13 @@ async def run_screenshot_bench(
             row["ratio_cpu_vs_plain"] = round(
                 plain["cpu_per_step_s"] / max(row["cpu_per_step_s"], 1e-6), 2
             )
+        for name, twin in TWINS.items():
+            row, old = results[kind][name], results[kind][twin]
+            row["vs_old"] = {
+                "old": twin,
+                "p50": round(old["step_screenshot_s"]["p50"] / row["step_screenshot_s"]["p50"], 2),
+                "cpu": round(old["cpu_per_step_s"] / max(row["cpu_per_step_s"], 1e-6), 2),
+            }
     results["targets"] = {
         f"{kind} {name}": {
             "p50<=0.025": row["step_screenshot_s"]["p50"] <= TARGET_P50_S,
@@ -134,6 +161,15 @@ async def run_screenshot_bench(
         }
         for kind in ("move", "type")
         for name, row in results[kind].items()
+    }
+    typed = results["type"]
+    results["targets_issue35"] = {
+        "type png: step+shot p50 <= 15 ms": typed["png"]["step_screenshot_s"]["p50"]
+        <= CHANGED_PNG_P50_S,
+        "type png: CPU <= 10 ms": typed["png"]["cpu_per_step_s"] <= CHANGED_PNG_CPU_S,
+        "type jpeg 1280: CPU <= 6 ms": typed["jpeg 1280"]["cpu_per_step_s"] <= CHANGED_JPEG_CPU_S,
+        "type jpeg 1280x800 CPU <= 0.5x plain (issue 33)": typed["jpeg 1280x800"]["cpu_per_step_s"]
+        <= JPEG_VS_PLAIN_CPU * typed["plain"]["cpu_per_step_s"],
     }
     return results
 
@@ -201,7 +237,7 @@ async def _measure(rt: Any, h: SlotHandle, kind: str, steps: int) -> dict[str, A
 
 def render_screenshot_table(r: dict[str, Any]) -> str:
     head = (
-        f"{'step':<6}{'variant':<11}{'step+shot p50':>14}{'p99':>8}{'shot p50':>10}{'p99':>8}"
+        f"{'step':<6}{'variant':<15}{'step+shot p50':>14}{'p99':>8}{'shot p50':>10}{'p99':>8}"
         f"{'CPU/step':>10}{'KiB':>7}{'hits':>6}{'x plain':>9}{'grab':>7}{'encode':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -210,13 +246,23 @@ def render_screenshot_table(r: dict[str, Any]) -> str:
             s, g = row["step_screenshot_s"], row["screenshot_s"]
             cpu_ms, kib = row["cpu_per_step_s"] * 1e3, row["bytes_p50"] / 1024
             lines.append(
-                f"{kind:<6}{name:<11}{s['p50'] * 1e3:>12.1f}ms{s['p99'] * 1e3:>6.0f}ms"
+                f"{kind:<6}{name:<15}{s['p50'] * 1e3:>12.1f}ms{s['p99'] * 1e3:>6.0f}ms"
                 f"{g['p50'] * 1e3:>8.1f}ms{g['p99'] * 1e3:>6.0f}ms{cpu_ms:>8.1f}ms"
                 f"{kib:>7.0f}{row['cache_hits']:>6}{row['ratio_p50_vs_plain']:>8.2f}x"
                 f"{row['guest_grab_s_p50'] * 1e3:>5.1f}ms{row['guest_encode_s_p50'] * 1e3:>6.1f}ms"
             )
+    for kind in ("move", "type"):
+        for name, row in r[kind].items():
+            if "vs_old" in row:
+                v = row["vs_old"]
+                lines.append(
+                    f"{kind} {name} vs {v['old']}: {v['p50']:.2f}x faster p50, "
+                    f"{v['cpu']:.2f}x less CPU"
+                )
     p50, p99 = TARGET_P50_S * 1e3, TARGET_P99_S * 1e3
     lines.append(f"targets: step + screenshot p50 <= {p50:.0f} ms, p99 <= {p99:.0f} ms")
+    for name, ok in r.get("targets_issue35", {}).items():
+        lines.append(f"  {name}: {'met' if ok else 'MISSED'}")
     return "\n".join(lines)
 
 

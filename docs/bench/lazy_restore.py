@@ -36,7 +36,7 @@ criu.restore_argv = lazy_argv
 
 async def main():
     image = find_image("office", Path("/var/cache/drums"))
-    cfg = LinuxRuntimeConfig(state_dir=STATE, criu=CRIU, spares_per_checkpoint=0)
+    cfg = LinuxRuntimeConfig(state_dir=STATE, criu=CRIU, spares_per_checkpoint=0, ksm=False)
     out = {"plain": [], "lazy": []}
     async with open_linux_runtime(cfg) as rt:
         await rt.sweep([])

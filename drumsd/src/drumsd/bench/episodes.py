@@ -349,7 +349,8 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
     account = CpuAccount("boot")
 
     async def boot_all() -> None:
-        async with open_linux_runtime(LinuxRuntimeConfig(state_dir=state, criu=opts.criu)) as rt:
+        cfg = LinuxRuntimeConfig(state_dir=state, criu=opts.criu, ksm=False)
+        async with open_linux_runtime(cfg) as rt:
             await rt.sweep([])
             for i in range(opts.cold_boots):
                 progress(f"[boot per episode] cold boot {i + 1}/{opts.cold_boots} ...")

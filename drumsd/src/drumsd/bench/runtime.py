@@ -172,7 +172,10 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
-    base_cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile)
+    # KSM off (the daemon's default is on): these figures are measured without merging.
+    base_cfg = LinuxRuntimeConfig(
+        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, ksm=False
+    )
     results: dict[str, Any] = {
         "host": {
             "cpus": os.cpu_count(),

@@ -114,7 +114,9 @@ async def run_screenshot_bench(
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
-    cfg = LinuxRuntimeConfig(state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile)
+    cfg = LinuxRuntimeConfig(
+        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, ksm=False
+    )
     ck_dir = opts.state_dir / "checkpoints" / f"bench-shots-{uuid.uuid4().hex[:6]}"
     results: dict[str, Any] = {
         "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},

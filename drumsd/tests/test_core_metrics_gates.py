@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 from drumsd.core import gates as G
 from drumsd.core.metrics import Histogram, MetricsWindow, prometheus_text
+from drumsd.core.seams import SlotFacts
 
 
 def test_quantiles_are_nearest_rank() -> None:
@@ -63,7 +65,7 @@ def test_prometheus_text_is_valid_exposition() -> None:
     assert 'drums_slots{state="ready"} 3.0' in text
 
 
-def facts(**kw) -> dict:
+def facts(**kw) -> SlotFacts:
     base = {
         "alive": True,
         "init_identity_ok": True,
@@ -83,7 +85,7 @@ def facts(**kw) -> dict:
     extra = kw.pop("extra", {})
     base.update(kw)
     base["extra"] = {**base["extra"], **extra}
-    return base
+    return SlotFacts(**base)
 
 
 HOST = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
@@ -211,8 +213,7 @@ def test_trusted_profile_has_no_lock_and_verdict_rules() -> None:
 
 
 def test_unreported_evidence_leaves_gates_pending_never_passed() -> None:
-    bare = facts(limits_in_force={}, extra={"lock_applied": None, "expected_mounts": None})
-    bare["extra"] = {}
+    bare = dataclasses.replace(facts(limits_in_force={}), extra={})
     assert G.judge_lock_applied(bare, "hardened")[0] == G.PENDING
     assert G.judge_cgroup(bare, {"memory_mib": 1})[0] == G.PENDING
     assert G.judge_mount_table(bare, None)[0] == G.PENDING

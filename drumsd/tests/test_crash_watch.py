@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from drumsd.core.seams import CrashFacts
 from drumsd.linux import proc_events as pe
 from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
 from drumsd.runtime.crash_watch import CrashLedger, CrashWatch, ProcReader, SlotCgroup, slot_cgroup
@@ -203,7 +204,7 @@ async def test_a_watch_that_breaks_says_so_and_does_not_take_the_daemon_down() -
         await nursery.start(watch.run)  # started: the socket opened
         await wait_for(lambda: not watch.available)
     assert broken.closed and "read failed" in (watch.error or "")
-    assert watch.facts("any") == {"crash_exits": [], "crash_watch": False}
+    assert watch.facts("any") == CrashFacts([], watched=False)
     assert watch.health()["error"].startswith("crash watch stopped")
 
 
@@ -433,7 +434,7 @@ async def test_live_only_the_crash_counts_and_only_for_its_slot(cgroups) -> None
         assert all(started <= c["time"] <= time.time() for c in crashes)
         assert watch.crashes("b") == []
         assert watch.crashes("a", since=time.time()) == []
-        assert watch.facts("a")["crash_watch"] is True
+        assert watch.facts("a").watched is True
         health = watch.health()
         assert health["available"] and health["tracked_slots"] == 3 and health["overruns"] == 0
         for shell in (shell_a, shell_b, shell_x):

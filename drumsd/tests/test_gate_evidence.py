@@ -14,6 +14,7 @@ import pytest
 import trio
 from drumsd.core import gates as G
 from drumsd.core.config import Config
+from drumsd.core.seams import CrashFacts, SlotFacts
 from drumsd.linux import evidence as ev
 from drumsd.linux.proc_events import ProcEventsError
 from drumsd.linux.trees import tree_sha256
@@ -34,10 +35,25 @@ SLOT_MOUNTINFO = """\
 """.splitlines()
 
 
+def _facts(**fields: Any) -> SlotFacts:
+    """A live slot's facts as the gates get them; `fields` replace the defaults."""
+    base: dict[str, Any] = {
+        "alive": True,
+        "init_identity_ok": True,
+        "limits_in_force": {},
+        "mounts": [],
+        "net_links": ["lo"],
+        "namespaces": {},
+        "oom_kills": 0,
+        "pids": [1],
+    }
+    return SlotFacts(**{**base, **fields})
+
+
 def test_mount_entries_of_a_restored_slot_are_the_expected_table() -> None:
     assert ev.mount_entries(SLOT_MOUNTINFO) == ev.expected_slot_mounts()
     extra = [*SLOT_MOUNTINFO, "98 161 0:142 / /mnt rw,relatime - tmpfs drums-extra rw"]
-    facts = {"mounts": ev.mount_entries(extra), "extra": {}}
+    facts = _facts(mounts=ev.mount_entries(extra))
     status, evidence = G.judge_mount_table(facts, ev.expected_slot_mounts())
     assert status == G.FAIL and evidence["unexpected"] == ["/mnt tmpfs"]
 
@@ -70,7 +86,7 @@ def test_state_hash_is_the_recorded_one_when_the_restored_upper_is_the_snapshot(
     (live / "run/drums/log/agent.log").write_text("ping\nping\n")
     out = state_hash_evidence(live, snap)
     assert out == {"upper_sha256": recorded}
-    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.PASS
+    assert G.judge_state_hash(_facts(extra=out), recorded)[0] == G.PASS
 
 
 def test_state_hash_fails_for_a_changed_live_upper_or_a_tampered_snapshot(tmp_path: Path) -> None:
@@ -82,14 +98,14 @@ def test_state_hash_fails_for_a_changed_live_upper_or_a_tampered_snapshot(tmp_pa
     out = state_hash_evidence(live, snap)
     assert out["upper_sha256"].startswith("live:")
     assert out["upper_diff"]["added"] == ["home/user/planted"]
-    status, evidence = G.judge_state_hash({"extra": out}, recorded)
+    status, evidence = G.judge_state_hash(_facts(extra=out), recorded)
     assert status == G.FAIL and evidence["diff"]["added"] == ["home/user/planted"]
 
     # Same change in the snapshot (and so in its fresh copy): the recorded hash no longer holds.
     (snap / "home/user/planted").write_text("x")
     out = state_hash_evidence(live, snap)
     assert out["upper_sha256"] != recorded and "upper_diff" not in out
-    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+    assert G.judge_state_hash(_facts(extra=out), recorded)[0] == G.FAIL
 
 
 def test_files_the_restored_tree_wrote_itself_are_not_a_mismatch(tmp_path: Path) -> None:
@@ -108,7 +124,7 @@ def test_files_the_restored_tree_wrote_itself_are_not_a_mismatch(tmp_path: Path)
     out = state_hash_evidence(live, snap, written_since=restore_began)
     assert out["upper_diff"]["changed"] == ["home/user/.cache/f"]
     assert out["upper_diff"]["added"] == ["home/user/.cache/lock"]
-    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+    assert G.judge_state_hash(_facts(extra=out), recorded)[0] == G.FAIL
 
 
 def _chromium_profile(root: Path) -> None:
@@ -163,7 +179,7 @@ def test_a_removal_from_the_copy_before_the_restore_is_a_mismatch(tmp_path: Path
         "home/user/.config/chromium/Default/shared_proto_db/000003.log",
     ]
     assert "upper_written" not in out
-    assert G.judge_state_hash({"extra": out}, recorded)[0] == G.FAIL
+    assert G.judge_state_hash(_facts(extra=out), recorded)[0] == G.FAIL
 
 
 def test_split_written_since_judges_a_vanished_entry_by_its_nearest_ancestor(
@@ -214,10 +230,10 @@ class FakeWatch:
     def untrack(self, slot_id: str) -> None:
         self.untracked.append(slot_id)
 
-    def facts(self, slot_id: str, since: float | None = None) -> dict[str, Any]:
+    def facts(self, slot_id: str, since: float | None = None) -> CrashFacts:
         self.since.append(since)
         crashes = [c for c in self.crashes.get(slot_id, []) if since is None or c["time"] >= since]
-        return {"crash_exits": crashes, "crash_watch": self.available}
+        return CrashFacts(crashes, watched=self.available)
 
     def health(self) -> dict[str, Any]:
         return {"available": self.available, "tracked_slots": len(self.tracked)}

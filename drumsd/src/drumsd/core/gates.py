@@ -4,8 +4,9 @@ A gate whose evidence the runtime does not report stays `pending` (never `pass` 
 the episode's validity is unknown (null) rather than wrongly true; only positive evidence of a
 problem fails a gate (and quarantines the slot).
 
-Judges take plain data (the `SlotFacts` fields as a mapping, the facts at episode start, the
-checkpoint's recorded hash, the host's namespaces) and return (status, evidence). The supervisor
+Judges take the slot's `SlotFacts` (as the supervisor read them: the runtime's, with the crash
+watch's and the evidence reader's keys merged into `extra`), the facts at episode start, the
+checkpoint's recorded hash, the host's namespaces, and return (status, evidence). The supervisor
 reads facts from the runtime, calls the judges, stores the results in the slot record, and
 quarantines the slot when any gate fails.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from drumsd.core.seams import SlotFacts
 from drumsd.core.vocabulary import GATES
 from drumsd.core.vocabulary import START_GATES as START_GATES  # re-exported: G.START_GATES
 
@@ -46,15 +48,15 @@ PASS, FAIL, PENDING = "pass", "fail", "pending"
 Judgement = tuple[str, dict[str, Any]]
 
 
-def judge_lock_applied(facts: Mapping[str, Any], profile: str) -> Judgement:
+def judge_lock_applied(facts: SlotFacts, profile: str) -> Judgement:
     if profile == "trusted":
         return PASS, {"profile": "trusted", "note": "no hardening lock in the trusted profile"}
-    applied = facts["extra"].get("lock_applied")
+    applied = facts.extra.get("lock_applied")
     if applied is None:
         return PENDING, {"reason": "the runtime does not report lock_applied"}
     return (PASS if applied else FAIL), {
         "lock_applied": bool(applied),
-        **({"lock": facts["extra"]["lock"]} if "lock" in facts["extra"] else {}),
+        **({"lock": facts.extra["lock"]} if "lock" in facts.extra else {}),
     }
 
 
@@ -83,13 +85,16 @@ def normalize_limits(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def judge_cgroup(facts: Mapping[str, Any], expected: Mapping[str, Any]) -> Judgement:
+def judge_cgroup(facts: SlotFacts, expected: Mapping[str, Any]) -> Judgement:
     """Each expected limit (memory_mib, pids_max, vcpus) must be in force; a limit the runtime
     does not report leaves the gate pending."""
     try:
-        in_force = normalize_limits(facts["limits_in_force"])
+        in_force = normalize_limits(facts.limits_in_force)
     except (TypeError, ValueError) as exc:
-        return FAIL, {"reason": f"unreadable cgroup limits: {exc}", "raw": facts["limits_in_force"]}
+        return FAIL, {
+            "reason": f"unreadable cgroup limits: {exc}",
+            "raw": dict(facts.limits_in_force),
+        }
     wrong, missing = {}, []
     for key, want in expected.items():
         if key not in in_force:
@@ -110,24 +115,24 @@ def _close(have: Any, want: Any) -> bool:
         return have == want
 
 
-def judge_init_identity(facts: Mapping[str, Any]) -> Judgement:
-    ok = bool(facts["init_identity_ok"])
-    return (PASS if ok else FAIL), {"init_identity_ok": ok, "alive": bool(facts["alive"])}
+def judge_init_identity(facts: SlotFacts) -> Judgement:
+    ok = bool(facts.init_identity_ok)
+    return (PASS if ok else FAIL), {"init_identity_ok": ok, "alive": bool(facts.alive)}
 
 
-def judge_mount_table(facts: Mapping[str, Any], expected: Sequence[str] | None) -> Judgement:
-    expected = facts["extra"].get("expected_mounts", expected)
+def judge_mount_table(facts: SlotFacts, expected: Sequence[str] | None) -> Judgement:
+    expected = facts.extra.get("expected_mounts", expected)
     if expected is None:
         return PENDING, {"reason": "the runtime does not report the expected mount table"}
-    have, want = set(facts["mounts"]), set(expected)
+    have, want = set(facts.mounts), set(expected)
     if have != want:
         return FAIL, {"unexpected": sorted(have - want), "missing": sorted(want - have)}
     return PASS, {"mounts": len(have)}
 
 
-def judge_netns(facts: Mapping[str, Any], host_namespaces: Mapping[str, int]) -> Judgement:
-    links = sorted(facts["net_links"])
-    net = facts["namespaces"].get("net")
+def judge_netns(facts: SlotFacts, host_namespaces: Mapping[str, int]) -> Judgement:
+    links = sorted(facts.net_links)
+    net = facts.namespaces.get("net")
     if net is None or net == host_namespaces.get("net"):
         return FAIL, {"reason": "slot shares the host's network namespace", "net": net}
     if links != ["lo"]:
@@ -135,22 +140,22 @@ def judge_netns(facts: Mapping[str, Any], host_namespaces: Mapping[str, int]) ->
     return PASS, {"links": links, "net": net}
 
 
-def judge_guest_ready(facts: Mapping[str, Any]) -> Judgement:
-    ready = facts["extra"].get("guest_ready")
+def judge_guest_ready(facts: SlotFacts) -> Judgement:
+    ready = facts.extra.get("guest_ready")
     if ready is None:
         # restore() returns only after the agent answered, so a live tree means it was ready.
-        ready = bool(facts["alive"])
+        ready = bool(facts.alive)
     return (PASS if ready else FAIL), {"guest_ready": bool(ready)}
 
 
-def judge_state_hash(facts: Mapping[str, Any], recorded: str | None) -> Judgement:
-    restored = facts["extra"].get("upper_sha256")
+def judge_state_hash(facts: SlotFacts, recorded: str | None) -> Judgement:
+    restored = facts.extra.get("upper_sha256")
     if recorded is None:
         return PENDING, {"reason": "the checkpoint has no recorded upper_sha256"}
     if restored is None:
         return PENDING, {"reason": "the runtime does not report the restored upper hash"}
     if restored != recorded:
-        diff = facts["extra"].get("upper_diff")
+        diff = facts.extra.get("upper_diff")
         return FAIL, {
             "recorded": recorded,
             "restored": restored,
@@ -160,11 +165,11 @@ def judge_state_hash(facts: Mapping[str, Any], recorded: str | None) -> Judgemen
 
 
 def judge_isolation(
-    facts: Mapping[str, Any],
+    facts: SlotFacts,
     host_namespaces: Mapping[str, int],
     other_slots: Mapping[str, Mapping[str, int]],
 ) -> Judgement:
-    mine = facts["namespaces"]
+    mine = facts.namespaces
     problems = []
     for ns in ISOLATED_NAMESPACES:
         inode = mine.get(ns)
@@ -182,16 +187,16 @@ def judge_isolation(
 
 
 def judge_alive_after_resume(
-    facts: Mapping[str, Any], baseline: Mapping[str, Any], natural_exits: Sequence[str]
+    facts: SlotFacts, baseline: Mapping[str, Any], natural_exits: Sequence[str]
 ) -> Judgement:
     """Every process of the tree at ready is still alive, except those named in natural_exits
     and the guest agent's action worker (`guest_workers` at ready): the agent itself restarts
     that one when a step kills it or runs past its timeout, so its exit is not an app's."""
-    if not facts["alive"]:
+    if not facts.alive:
         return FAIL, {"reason": "the slot's init is gone"}
     start_names: dict[str, str] = {str(k): v for k, v in baseline.get("proc_names", {}).items()}
     start_pids = {int(p) for p in baseline.get("pids", [])}
-    now_pids = {int(p) for p in facts["pids"]}
+    now_pids = {int(p) for p in facts.pids}
     workers = {int(p) for p in baseline.get("guest_workers", [])}
     restarted = sorted((start_pids - now_pids) & workers)
     gone = sorted(start_pids - now_pids - workers)
@@ -216,13 +221,13 @@ def judge_alive_after_resume(
     }
 
 
-def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> Judgement:
+def judge_no_oom_kill(facts: SlotFacts, baseline: Mapping[str, Any]) -> Judgement:
     """The slot's tree ran out of neither memory (an OOM kill) nor pids: a fork refused at
     `pids.max` since the episode started (a fork bomb) fails it as well (issue 14, finding 11),
     since the desktop and checker can no longer start what they need."""
-    kills = int(facts["oom_kills"]) - int(baseline.get("oom_kills", 0))
+    kills = int(facts.oom_kills) - int(baseline.get("oom_kills", 0))
     evidence: dict[str, Any] = {"oom_kills": max(0, kills)}
-    hits_now = facts.get("extra", {}).get("pids_max_hits")
+    hits_now = facts.extra.get("pids_max_hits")
     if hits_now is not None:
         hits = int(hits_now) - int(baseline.get("pids_max_hits", 0))
         evidence["pids_max_hits"] = max(0, hits)
@@ -232,13 +237,13 @@ def judge_no_oom_kill(facts: Mapping[str, Any], baseline: Mapping[str, Any]) -> 
     return (PASS if kills <= 0 else FAIL), evidence
 
 
-def judge_no_app_crash(facts: Mapping[str, Any], crash_watch: bool) -> Judgement:
-    crashes = facts["extra"].get("crash_exits")
+def judge_no_app_crash(facts: SlotFacts, crash_watch: bool) -> Judgement:
+    crashes = facts.extra.get("crash_exits")
     if crashes:
         return FAIL, {"crash_exits": list(crashes)}
     if not crash_watch:
         return PASS, {"watched": False, "note": "crash_watch off: crashes are not observed"}
-    if crashes is None or facts["extra"].get("crash_watch") is False:
+    if crashes is None or facts.extra.get("crash_watch") is False:
         return PENDING, {"reason": "the runtime does not watch process events (crash_exits)"}
     return PASS, {"watched": True}
 

@@ -105,6 +105,37 @@ class SlotFacts:
 
 
 @dataclass(frozen=True)
+class CrashFacts:
+    """What the crash watch saw of one slot since its episode began, for the no_app_crash gate:
+    its crash-signal exits ({pid, tgid, tid, name, comm, signal, signal_name, core_dumped, time})
+    and whether it watches process events at all."""
+
+    crash_exits: Sequence[Mapping[str, Any]] = ()
+    watched: bool = False
+
+    def as_extra(self) -> dict[str, Any]:
+        """The `SlotFacts.extra` keys the gate reads (crash_exits, crash_watch)."""
+        return {"crash_exits": [dict(c) for c in self.crash_exits], "crash_watch": self.watched}
+
+
+class CrashWatchControl(Protocol):
+    """The crash watch as the supervisor uses it (`drumsd.runtime.crash_watch.CrashWatch`)."""
+
+    available: bool
+    error: str | None
+
+    async def track(self, slot_id: str, cgroup_dirs: Mapping[str, str]) -> None: ...
+
+    def untrack(self, slot_id: str) -> None: ...
+
+    def facts(self, slot_id: str, since: float | None = None) -> CrashFacts: ...
+
+    def health(self) -> Mapping[str, Any]:
+        """Its figures for /v1/health's crash_watch object (available, error, counts)."""
+        ...
+
+
+@dataclass(frozen=True)
 class Quiescence:
     """The answer of a quiet wait: quiet or not, and what kept moving in the last change seen
     (e.g. "sh(412) started", "true(415) exited", "gimp(90) is a zombie (Z)")."""

@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from drumsd.core.seams import CrashFacts
 from drumsd.linux import proc_events as pe
 from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
 from drumsd.linux.proc_reader import ProcReader
@@ -479,9 +480,10 @@ class CrashWatch:
         value): {pid, tgid, tid, name, comm, signal, signal_name, core_dumped, time}."""
         return self.ledger.crashes(slot_id, since)
 
-    def facts(self, slot_id: str, since: float | None = None) -> dict[str, Any]:
-        """The SlotFacts.extra keys the no_app_crash gate reads."""
-        return {"crash_exits": self.crashes(slot_id, since), "crash_watch": self.available}
+    def facts(self, slot_id: str, since: float | None = None) -> CrashFacts:
+        """What the no_app_crash gate judges: the slot's crashes since `since`, and whether the
+        watch runs."""
+        return CrashFacts(self.crashes(slot_id, since), watched=self.available)
 
     def health(self) -> dict[str, Any]:
         led = self.ledger

@@ -3,6 +3,7 @@ a failed gate, the per-episode timers (alive_after_resume, the init's exit)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from functools import partial
@@ -20,6 +21,7 @@ from drumsd.core.records import (
 )
 from drumsd.core.seams import (
     RuntimeError_,
+    SlotFacts,
     SlotHandle,
 )
 from drumsd.runtime.handles import handle_of, handle_to_json
@@ -55,9 +57,10 @@ def other_namespaces(sup: Supervisor, slot_id: str) -> dict[str, dict[str, int]]
 
 async def read_facts(
     sup: Supervisor, rec: SlotRecord, handle: SlotHandle, *, at_start: bool = False
-) -> dict[str, Any] | None:
-    """The runtime's facts plus the crash watch's and the evidence module's; `at_start` adds
-    the restored upper layer's hash (state_hash is judged once, at episode start)."""
+) -> SlotFacts | None:
+    """The runtime's facts with the crash watch's and the evidence module's keys merged into
+    `extra` (what the gates judge); `at_start` adds the restored upper layer's hash (state_hash
+    is judged once, at episode start)."""
     try:
         facts = await sup.runtime.facts(handle)
     except RuntimeError_ as exc:
@@ -66,27 +69,18 @@ async def read_facts(
     except OSError as exc:
         log.warning("slot=%s facts failed: %s", rec.id, exc)
         return None
-    out: dict[str, Any] = {
-        "alive": facts.alive,
-        "init_identity_ok": facts.init_identity_ok,
-        "limits_in_force": dict(facts.limits_in_force),
-        "mounts": list(facts.mounts),
-        "net_links": list(facts.net_links),
-        "namespaces": dict(facts.namespaces),
-        "oom_kills": facts.oom_kills,
-        "pids": list(facts.pids),
-        "extra": dict(facts.extra),
-    }
+    extra: dict[str, Any] = dict(facts.extra)
+    mounts = list(facts.mounts)
     charged = facts.extra.get("memory_mib")
     if isinstance(charged, (int, float)):
         sup.admission_book.charge(rec.id, float(charged))
     if sup.crash_watch is not None:
         since = rec.episode_started_at or 0.0
-        out["extra"].update(sup.crash_watch.facts(rec.id, since=since))
+        extra.update(sup.crash_watch.facts(rec.id, since=since).as_extra())
         if rec.id in sup.unwatched:
             # Not followed: no crash could be seen, so no_app_crash must stay pending.
-            out["extra"]["crash_watch"] = False
-            out["extra"]["crash_watch_error"] = sup.unwatched[rec.id]
+            extra["crash_watch"] = False
+            extra["crash_watch_error"] = sup.unwatched[rec.id]
     if sup.evidence is not None:
         snapshot = written_since = None
         cp = sup.checkpoints.get(rec.checkpoint)
@@ -105,20 +99,20 @@ async def read_facts(
         read = partial(
             sup.evidence.read,
             handle,
-            out,
+            facts,
             profile=rec.profile,
             snapshot=snapshot,
             written_since=written_since,
         )
         try:
-            extra = await trio.to_thread.run_sync(read)
+            evidence = await trio.to_thread.run_sync(read)
         except Exception as exc:  # evidence must never leave a gate unjudged
             log.warning("slot=%s episode=%s gate evidence failed: %r", rec.id, rec.episode, exc)
-            extra = {"evidence_error": repr(exc)}
-        out["extra"].update(extra)
-        if "mounts_normalized" in extra:
-            out["mounts"] = extra["mounts_normalized"]
-    return out
+            evidence = {"evidence_error": repr(exc)}
+        extra.update(evidence)
+        if "mounts_normalized" in evidence:
+            mounts = list(evidence["mounts_normalized"])
+    return dataclasses.replace(facts, mounts=mounts, extra=extra)
 
 
 def expected_limits(sup: Supervisor) -> dict[str, Any]:
@@ -148,12 +142,12 @@ async def begin_episode(
             set_gate(sup, rec, name, G.FAIL, {"reason": "runtime could not read facts"})
     else:
         rec.baseline = {
-            "pids": facts["pids"],
-            "proc_names": facts["extra"].get("proc_names", {}),
-            "guest_workers": facts["extra"].get("guest_workers", []),
-            "display_server": facts["extra"].get("display_server"),
-            "oom_kills": facts["oom_kills"],
-            "pids_max_hits": facts["extra"].get("pids_max_hits") or 0,
+            "pids": list(facts.pids),
+            "proc_names": facts.extra.get("proc_names", {}),
+            "guest_workers": facts.extra.get("guest_workers", []),
+            "display_server": facts.extra.get("display_server"),
+            "oom_kills": facts.oom_kills,
+            "pids_max_hits": facts.extra.get("pids_max_hits") or 0,
         }
         cp = sup.checkpoints.get(rec.checkpoint)
         judge_start(sup, rec, facts, cp.upper_sha256 if cp else None, handle)
@@ -175,12 +169,12 @@ async def begin_episode(
 def judge_start(
     sup: Supervisor,
     rec: SlotRecord,
-    facts: dict[str, Any],
+    facts: SlotFacts,
     upper_sha256: str | None,
     handle: SlotHandle,
 ) -> None:
     expected_mounts = handle.extra.get("expected_mounts")
-    host_ns = facts["extra"].get("host_namespaces") or sup.host_namespaces
+    host_ns = facts.extra.get("host_namespaces") or sup.host_namespaces
     judged = {
         "lock_applied": G.judge_lock_applied(facts, rec.profile),
         "cgroup": G.judge_cgroup(facts, expected_limits(sup)),
@@ -195,22 +189,22 @@ def judge_start(
         set_gate(sup, rec, name, status, evidence)
 
 
-def judge_running(sup: Supervisor, rec: SlotRecord, facts: dict[str, Any]) -> None:
+def judge_running(sup: Supervisor, rec: SlotRecord, facts: SlotFacts) -> None:
     """Gates that can turn to fail mid-episode, judged whenever facts are read."""
     set_gate(sup, rec, "no_oom_kill", *G.judge_no_oom_kill(facts, rec.baseline))
     set_gate(sup, rec, "no_app_crash", *G.judge_no_app_crash(facts, sup.config.crash_watch))
-    if facts["alive"]:
+    if facts.alive:
         held = (rec.baseline or {}).get("display_server")
-        now = facts["extra"].get("display_server")
+        now = facts.extra.get("display_server")
         set_gate(sup, rec, "display_server", *G.judge_display_server(now, held))
-    if not facts["alive"] or not facts["init_identity_ok"]:
+    if not facts.alive or not facts.init_identity_ok:
         set_gate(sup, rec, "init_identity", *G.judge_init_identity(facts))
-    if facts["alive"] and facts["extra"].get("expected_mounts") is not None:
+    if facts.alive and facts.extra.get("expected_mounts") is not None:
         # A mount added mid-episode (e.g. by a root process in the slot) is a failure too.
         set_gate(sup, rec, "mount_table", *G.judge_mount_table(facts, None))
     # alive_after_resume is judged once, alive_after_s after ready (an agent may close apps
     # later on purpose); only the init's death turns it to fail afterwards.
-    if not facts["alive"]:
+    if not facts.alive:
         set_gate(
             sup,
             rec,

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from drumsd.core.seams import SlotHandle
+from drumsd.core.seams import SlotFacts, SlotHandle
 from drumsd.linux import evidence as ev
 from drumsd.linux import trees
 
@@ -151,25 +151,25 @@ class GateEvidence:
     def read(
         self,
         handle: SlotHandle,
-        facts: Mapping[str, Any],
+        facts: SlotFacts,
         *,
         profile: str,
         snapshot: Path | None = None,
         written_since: float | None = None,
     ) -> dict[str, Any]:
-        """Evidence for `facts` (the supervisor's dict form of SlotFacts) of this handle; with
+        """The `SlotFacts.extra` keys (module doc) for the runtime's `facts` of this handle; with
         `snapshot` (the checkpoint's upper dir), the state_hash evidence too."""
         out: dict[str, Any] = {"expected_mounts": self.expected_mounts}
         try:
-            out["mounts_normalized"] = ev.mount_entries(facts.get("mounts", ()))
+            out["mounts_normalized"] = ev.mount_entries(facts.mounts)
         except (ValueError, IndexError) as exc:
             out["mounts_unparsed"] = str(exc)
-        pids = [int(p) for p in facts.get("pids", ())]
+        pids = [int(p) for p in facts.pids]
         out["proc_names"] = ev.proc_names(pids)
         out["guest_workers"] = ev.guest_workers(out["proc_names"])
-        if facts.get("alive"):
+        if facts.alive:
             out["display_server"] = self.display_server(handle, pids, out["proc_names"])
-        if profile == "hardened" and facts.get("alive"):
+        if profile == "hardened" and facts.alive:
             out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
         if snapshot is not None:
             known = self.snapshot(snapshot) if snapshot.is_dir() else None

@@ -383,7 +383,7 @@ async def slot_metrics(sup: Supervisor, slot_id: str) -> dict[str, Any]:
     if rec.handle is not None and rec.status in (SlotStatus.ready, SlotStatus.quarantined):
         facts = await read_facts(sup, rec, handle_of(rec))
         if facts is not None:
-            out["pids"] = len(facts["pids"])
-            out["memory_mib"] = facts["extra"].get("memory_mib")
-            out["cpu_s"] = facts["extra"].get("cpu_s")
+            out["pids"] = len(facts.pids)
+            out["memory_mib"] = facts.extra.get("memory_mib")
+            out["cpu_s"] = facts.extra.get("cpu_s")
     return out

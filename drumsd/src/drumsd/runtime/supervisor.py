@@ -45,6 +45,7 @@ from drumsd.core.records import (
     check_can_observe,
 )
 from drumsd.core.seams import (
+    CrashWatchControl,
     Screenshot,
     SlotRuntime,
 )
@@ -99,7 +100,7 @@ class Supervisor:
         host_namespaces: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
         version: str = VERSION,
-        crash_watch: Any = None,
+        crash_watch: CrashWatchControl | None = None,
         evidence: GateEvidence | None = None,
     ) -> None:
         self.config = config
@@ -115,7 +116,7 @@ class Supervisor:
         self.clock = clock
         self.version = version
         # A started `CrashWatch` (track/untrack/facts/health) when config.crash_watch is on.
-        self.crash_watch = crash_watch
+        self.crash_watch: CrashWatchControl | None = crash_watch
         self.unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
         # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
         self.evidence = evidence

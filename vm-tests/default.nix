@@ -78,7 +78,7 @@ assert lib.assertMsg (pkgs ? drumsd)
 {
   vm-daemon-token = mkTest "daemon-token" "daemon_token";
   vm-episode = mkTest "episode" "episode";
-  vm-branch-isolation = mkTest "branch-isolation" "branch_isolation";
+  vm-fork-isolation = mkTest "fork-isolation" "fork_isolation";
   vm-gate-quarantine = mkTest "gate-quarantine" "gate_quarantine";
   vm-crash-recovery = mkTest "crash-recovery" "crash_recovery";
 }

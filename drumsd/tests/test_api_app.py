@@ -7,135 +7,17 @@ import io
 import json
 import tarfile
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import httpx
-import pytest
 import trio
 import zstandard
-from drumsd.api.app import create_app
 from drumsd.api.routes import ROUTES
 from drumsd.core.admission import HostSample
-from drumsd.core.config import Config
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime.memory_runtime import MemoryRuntime
-from drumsd.runtime.supervisor import Supervisor, open_supervisor
-
-TOKEN = "t" * 40
-SHA = "ab" * 32
-
-
-@dataclass
-class Api:
-    client: httpx.AsyncClient
-    sup: Supervisor
-    runtime: MemoryRuntime
-    config: Config
-    clock: list[float]
-
-
-def make_config(tmp: Path, **overrides) -> Config:
-    (tmp / "lower").mkdir(exist_ok=True)
-    raw = {
-        "token_file": str(tmp / "token"),
-        "state_dir": str(tmp / "state"),
-        "journal_dir": str(tmp / "journal"),
-        "forgotten_dir": str(tmp / "forgotten"),
-        "lower": str(tmp / "lower"),
-        "image_sha256": SHA,
-        "runtime": "memory",
-        "alive_after_s": 0.05,
-        "host_usd_per_hour": 3.6,
-        "lease": {"reap_interval_s": 3600},
-    }
-    raw.update(overrides)
-    return Config.model_validate(raw)
-
-
-def roomy(_: Path) -> HostSample:
-    return HostSample(time.time(), 20_000, 24_000, 0.0, 50_000, 100_000)
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    async with open_api(tmp_path) as a:
-        yield a
-
-
-class open_api:
-    def __init__(
-        self,
-        tmp: Path,
-        sampler=roomy,
-        runtime: MemoryRuntime | None = None,
-        clock=time.time,
-        runtime_cls=MemoryRuntime,
-        journal: Journal | None = None,
-        **cfg,
-    ):
-        self.config = make_config(tmp, **cfg)
-        self.runtime = runtime or runtime_cls(self.config.state_dir)
-        self.sampler = sampler
-        self.wall = clock
-        self.journal = journal
-        self.clock = [0.0]
-
-    async def __aenter__(self) -> Api:
-        self._sup_cm = open_supervisor(
-            self.config,
-            self.runtime,
-            self.journal,
-            sampler=self.sampler,
-            host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
-            clock=lambda: self.wall() + self.clock[0],
-        )
-        sup = await self._sup_cm.__aenter__()
-        await wait_for(lambda: sup.template_status.get("base") != "building")
-        app = create_app(sup, self.config, TOKEN)
-        self.client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://drumsd",
-            headers={"Authorization": f"Bearer {TOKEN}"},
-        )
-        return Api(self.client, sup, self.runtime, self.config, self.clock)
-
-    async def __aexit__(self, *exc) -> None:
-        await self.client.aclose()
-        await self._sup_cm.__aexit__(*exc)
-
-
-async def wait_for(predicate, limit_s: float = 5.0) -> None:
-    """Poll with a deadline (the state lives in another task; no event to wait on)."""
-    with trio.fail_after(limit_s):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
-
-
-async def create(api: Api, **body) -> dict:
-    r = await api.client.post("/v1/slots", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-async def wait_valid(api: Api, slot_id: str) -> dict:
-    async def poll() -> dict:
-        return (await api.client.get(f"/v1/slots/{slot_id}/gates")).json()
-
-    with trio.fail_after(5):
-        while (report := await poll())["valid"] is None:  # noqa: ASYNC110
-            await trio.sleep(0.02)
-    return report
-
-
-def error_of(r: httpx.Response, status: int, code: str) -> dict:
-    assert r.status_code == status, r.text
-    body = r.json()
-    assert body["error"]["code"] == code, body
-    assert body["error"]["message"]
-    return body["error"]
+from harness import SHA, TOKEN, Api, create, error_of, open_api, virtual_clock, wait_for, wait_valid
+from trio.testing import MockClock
 
 
 async def test_every_route_answers(api: Api) -> None:
@@ -172,7 +54,7 @@ async def test_every_route_answers(api: Api) -> None:
     pf = (await c.post(f"/v1/slots/{sid}/prefork")).json()
     again = (await c.post(f"/v1/slots/{sid}/prefork", json={})).json()
     assert again["id"] == pf["id"], "a young prefork of the same state is reused"
-    br = await c.post(f"/v1/slots/{sid}/branch", json={"n": 3})
+    br = await c.post(f"/v1/slots/{sid}/fork", json={"n": 3})
     assert br.status_code == 201, br.text
     assert br.json()["checkpoint"] == pf["id"] and len(br.json()["children"]) == 3
     assert all(ch["parent"] == sid for ch in br.json()["children"])
@@ -285,9 +167,9 @@ async def test_bad_input_is_4xx_with_a_message(api: Api) -> None:
             "x",
         ),
         (c.post(f"/v1/slots/{sid}/step", json={"action": "x", "extra": 1}), 422, "extra"),
-        (c.post(f"/v1/slots/{sid}/branch", json={"n": 0}), 422, "n"),
-        (c.post(f"/v1/slots/{sid}/branch", json={"n": "four"}), 422, "n"),
-        (c.post(f"/v1/slots/{sid}/branch", json={"n": 65}), 422, "n"),
+        (c.post(f"/v1/slots/{sid}/fork", json={"n": 0}), 422, "n"),
+        (c.post(f"/v1/slots/{sid}/fork", json={"n": "four"}), 422, "n"),
+        (c.post(f"/v1/slots/{sid}/fork", json={"n": 65}), 422, "n"),
         (c.post("/v1/slots", json={"idle_timeout_s": -5}), 422, "idle_timeout_s"),
         (c.post("/v1/slots", json={"image": "base", "from_state": "st-1"}), 422, "either"),
         (c.post("/v1/slots", json={"from_state": "st-nope"}), 404, "st-nope"),
@@ -491,7 +373,7 @@ async def test_capture_below_state_min_free_is_507(tmp_path: Path) -> None:
         err = error_of(await api.client.post(f"/v1/slots/{sid}/capture"), 507, "state_dir_full")
         assert "state_min_free_mib" in err["message"]
         error_of(
-            await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 1}), 507, "state_dir_full"
+            await api.client.post(f"/v1/slots/{sid}/fork", json={"n": 1}), 507, "state_dir_full"
         )
 
 
@@ -517,19 +399,21 @@ async def test_the_sampler_lifts_a_refusal_when_memory_returns(tmp_path: Path) -
         await create(api)
 
 
-async def test_an_early_verify_waits_for_the_pending_gates(tmp_path: Path) -> None:
+async def test_an_early_verify_waits_for_the_pending_gates(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     # The documented first episode: children of a fork verified at once, before alive_after_s
     # has passed. verify waits for alive_after_resume instead of calling the episode invalid.
-    async with open_api(tmp_path, alive_after_s=0.8) as api:
+    async with open_api(tmp_path, clock=virtual_clock, alive_after_s=0.8) as api:
         sid = (await create(api))["id"]
-        br = await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 2})
+        br = await api.client.post(f"/v1/slots/{sid}/fork", json={"n": 2})
         assert br.status_code == 201, br.text
         for child in br.json()["children"]:
-            started = time.monotonic()
+            started = trio.current_time()
             v = (await api.client.post(f"/v1/slots/{child['id']}/verify")).json()
             assert v["valid"] is True and v["verdict"] == "valid", v
             assert not any("pending" in r for r in v["invalid_reasons"]), v
-        assert time.monotonic() - started < 0.8 + 5.0  # bounded by alive_after_s and a margin
+        assert trio.current_time() - started < 0.8 + 5.0  # bounded by alive_after_s and a margin
 
 
 async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) -> None:
@@ -537,7 +421,7 @@ async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) ->
     its slot makes (the SDK's fork() and save() pass no lease of their own)."""
     maker = (await create(api, idle_timeout_s=60, ttl_s=900))["id"]
     await wait_valid(api, maker)
-    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 2})
+    r = await api.client.post(f"/v1/slots/{maker}/fork", json={"n": 2})
     assert r.status_code in (200, 201), r.text
     children = [c["id"] for c in r.json()["children"]]
     r = await api.client.post(f"/v1/slots/{maker}/capture", json={})
@@ -551,7 +435,7 @@ async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) ->
     assert cp.idle_timeout_s < api.config.lease.state_idle_timeout_s
 
     # Asked for explicitly, the request's lease wins.
-    r = await api.client.post(f"/v1/slots/{maker}/branch", json={"n": 1, "idle_timeout_s": 500})
+    r = await api.client.post(f"/v1/slots/{maker}/fork", json={"n": 1, "idle_timeout_s": 500})
     kept = r.json()["children"][0]["id"]
     assert api.sup.get_slot(kept).idle_timeout_s == 500
 
@@ -564,11 +448,11 @@ async def test_children_and_saved_states_inherit_their_makers_lease(api: Api) ->
 
 
 async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     # A gate left pending makes every verify of the episode invalid ("gates pending:
     # alive_after_resume", seen once in the live validator): an error reading facts is retried.
-    async with open_api(tmp_path, alive_after_s=0.2) as api:
+    async with open_api(tmp_path, clock=virtual_clock, alive_after_s=0.2) as api:
         sid = (await create(api))["id"]
         real = api.runtime.facts
         failures = iter([None, ValueError("boom")])  # the start's read, then the judge's
@@ -582,7 +466,9 @@ async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
         api.runtime.facts = flaky
         r = await api.client.post(f"/v1/slots/{sid}/reset")
         assert r.status_code == 200, r.text
-        await trio.sleep(0.2 + 1.5)
+        rec = api.sup.get_slot(sid)
+        # judged after alive_after_s and a retry 1 s later (virtual time)
+        await wait_for(lambda: api.sup.gate_statuses(rec)["alive_after_resume"] != "pending", 3)
         api.runtime.facts = real
         v = (await api.client.post(f"/v1/slots/{sid}/verify")).json()
         assert not any("pending" in r for r in v["invalid_reasons"]), v
@@ -591,10 +477,12 @@ async def test_the_alive_judge_survives_an_unexpected_error_and_still_judges(
         assert statuses["alive_after_resume"] == "pass", gates
 
 
-async def test_the_alive_judge_does_not_wait_for_a_long_first_step(tmp_path: Path) -> None:
+async def test_the_alive_judge_does_not_wait_for_a_long_first_step(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     # Issue 39, D8: a first step longer than alive_after_s held the slot's lock, and the judge
     # waited behind it, then saw the tree as the step left it. It judges on time now.
-    async with open_api(tmp_path, alive_after_s=0.3) as api:
+    async with open_api(tmp_path, clock=virtual_clock, alive_after_s=0.3) as api:
         sid = (await create(api))["id"]
         async with api.sup.table.lock(sid):  # what a long step does
             await wait_for(
@@ -605,16 +493,18 @@ async def test_the_alive_judge_does_not_wait_for_a_long_first_step(tmp_path: Pat
             )
 
 
-async def test_the_alive_judge_waits_out_a_capture_instead_of_giving_up(tmp_path: Path) -> None:
+async def test_the_alive_judge_waits_out_a_capture_instead_of_giving_up(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
     # A task checkpoint's capture right after a create's setup marks the slot busy; a judge
     # waking then returned without a verdict, and the episode stayed pending (never valid).
     from drumsd.core.records import SlotStatus
 
-    async with open_api(tmp_path, alive_after_s=0.3) as api:
+    async with open_api(tmp_path, clock=virtual_clock, alive_after_s=0.3) as api:
         sid = (await create(api))["id"]
         rec = api.sup.get_slot(sid)
         rec.status = SlotStatus.busy  # what a capture does while it holds the tree
-        await trio.sleep(0.6)
+        await trio.sleep(0.6)  # virtual: twice alive_after_s
         assert api.sup.gate_statuses(rec)["alive_after_resume"] == "pending"
         rec.status = SlotStatus.ready
         await wait_for(

@@ -12,7 +12,7 @@ from drumsd.core.config import Config
 from drumsd.core.leases import slot_lease, state_lease
 from drumsd.core.records import CheckpointKind
 from drumsd.core.retention import GIB, Archived, files_to_delete
-from test_api_app import TOKEN, create, error_of, open_api
+from harness import TOKEN, create, error_of, open_api
 
 
 async def test_capture_waits_for_quiet_then_dumps(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ async def test_a_state_deleted_when_unused_goes_with_its_last_child(tmp_path: Pa
     async with open_api(tmp_path) as api:
         parent = (await create(api))["id"]
         state = (await api.client.post(f"/v1/slots/{parent}/prefork", json={})).json()["id"]
-        r = await api.client.post(f"/v1/slots/{parent}/branch", json={"n": 2, "prefork": state})
+        r = await api.client.post(f"/v1/slots/{parent}/fork", json={"n": 2, "prefork": state})
         assert r.status_code == 201, r.text
         kids = [c["id"] for c in r.json()["children"]]
         # Plain DELETE still refuses (live children restore from it) and says what to do.
@@ -151,7 +151,7 @@ async def test_a_state_deleted_when_unused_goes_with_its_last_child(tmp_path: Pa
         assert r.status_code == 200, r.text
         # No new slot starts from it, the parent's next fork dumps afresh, children still reset.
         error_of(await api.client.post("/v1/slots", json={"from_state": state}), 409, "conflict")
-        r = await api.client.post(f"/v1/slots/{parent}/branch", json={"n": 1, "prefork": state})
+        r = await api.client.post(f"/v1/slots/{parent}/fork", json={"n": 1, "prefork": state})
         error_of(r, 409, "conflict")
         assert (await api.client.post(f"/v1/slots/{kids[0]}/reset")).status_code == 200
         await api.client.delete(f"/v1/slots/{kids[0]}")
@@ -187,7 +187,7 @@ async def test_a_fork_dumps_a_busy_desktop_without_a_quiet_wait(tmp_path: Path) 
         api.runtime.quiet = False
         r = await api.client.post(f"/v1/slots/{sid}/prefork", json={})
         assert r.status_code in (200, 201), r.text
-        r = await api.client.post(f"/v1/slots/{sid}/branch", json={"n": 2})
+        r = await api.client.post(f"/v1/slots/{sid}/fork", json={"n": 2})
         assert r.status_code == 201, r.text
         mine = [c[0] for c in api.runtime.calls if c[1] == sid]
         assert "quiescent" not in mine and "settle" in mine, mine

@@ -11,8 +11,8 @@ import pytest
 import trio
 from drumsd.core.config import Config
 from drumsd.core.slot_numbers import forwarded_ports, free_numbers
+from harness import create, error_of, open_api, wait_for
 from pydantic import ValidationError
-from test_api_app import create, error_of, open_api, wait_for
 
 BASE = 41000  # host ports 41000+N; a number whose ports are busy is skipped, so runs can overlap
 
@@ -87,7 +87,7 @@ async def test_each_slot_gets_a_number_and_its_guest_port_on_the_host(tmp_path: 
             assert await round_trip(BASE + a["number"], b"after reset") == b"after reset"
 
             # fork children each get their own
-            kids = (await api.client.post(f"/v1/slots/{b['id']}/branch", json={"n": 2})).json()
+            kids = (await api.client.post(f"/v1/slots/{b['id']}/fork", json={"n": 2})).json()
             numbers = {a["number"], b["number"], *(k["number"] for k in kids["children"])}
             assert len(numbers) == 4
             for kid in kids["children"]:
@@ -97,7 +97,7 @@ async def test_each_slot_gets_a_number_and_its_guest_port_on_the_host(tmp_path: 
             # destroy closes the listener and frees the number for the next slot
             gone = a["number"]
             await api.client.delete(f"/v1/slots/{a['id']}")
-            await wait_for_async(lambda: refused(BASE + gone))
+            await wait_for(lambda: refused(BASE + gone), what=f"port {BASE + gone} closed")
             everything = (await api.client.get("/v1/slots", params={"all": "true"})).json()
             listed = next(x for x in everything["slots"] if x["id"] == a["id"])
             assert listed["number"] is None and listed["ports"] == {}
@@ -133,7 +133,7 @@ async def test_a_number_whose_host_port_is_busy_is_skipped(tmp_path: Path) -> No
 async def test_fork_children_get_distinct_numbers_without_forwarding(tmp_path: Path) -> None:
     async with open_api(tmp_path, slot_range=[1, 10]) as api:
         parent = await create(api)
-        r = await api.client.post(f"/v1/slots/{parent['id']}/branch", json={"n": 3})
+        r = await api.client.post(f"/v1/slots/{parent['id']}/fork", json={"n": 3})
         assert r.status_code == 201, r.text
         numbers = [parent["number"], *(k["number"] for k in r.json()["children"])]
         assert numbers == [1, 2, 3, 4]
@@ -158,17 +158,8 @@ async def test_forwarded_ports_open_again_after_a_restart(tmp_path: Path) -> Non
         async with opener as api:
             s = await create(api)
             runtime = api.runtime
-        await wait_for_async(lambda: refused(BASE + s["number"]))  # the daemon is gone
+        await wait_for(lambda: refused(BASE + s["number"]), what="the port closed with the daemon")
         async with open_api(tmp_path, runtime=runtime, **cfg) as api2:
             assert api2.sup.slots[s["id"]].number == s["number"]
             assert await round_trip(BASE + s["number"], b"back") == b"back"
         servers.cancel_scope.cancel()
-
-
-async def wait_for_async(check, limit_s: float = 5.0) -> None:
-    with trio.fail_after(limit_s):
-        while not await check():  # noqa: ASYNC110
-            await trio.sleep(0.02)
-
-
-_ = wait_for  # the sync-predicate poller lives with the app tests

@@ -114,7 +114,7 @@ class FakeDaemon:
             ("GET", re.compile(r"/v1/slots/(?P<sid>[^/]+)/accessibility"), self.accessibility),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/capture"), self.capture),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/prefork"), self.prefork),
-            ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/branch"), self.branch),
+            ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/fork"), self.fork),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/quiescent"), self.quiescent),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/task"), self.load_task),
             ("POST", re.compile(r"/v1/slots/(?P<sid>[^/]+)/verify"), self.verify),
@@ -439,8 +439,8 @@ class FakeDaemon:
         self.live(sid, allow_quarantined=False)
         return self.checkpoint("prefork", sid)
 
-    def branch(self, sid: str, data: Any, **_: Any) -> m.BranchResult:
-        request = m.BranchRequest.model_validate(data)
+    def fork(self, sid: str, data: Any, **_: Any) -> m.ForkResult:
+        request = m.ForkRequest.model_validate(data)
         rec = self.live(sid, allow_quarantined=False)
         if request.prefork is not None:
             checkpoint = self.get_checkpoint(request.prefork).id
@@ -449,7 +449,7 @@ class FakeDaemon:
         children = [
             self.new_slot(checkpoint, rec.slot.task_id, parent=sid) for _ in range(request.n)
         ]
-        return m.BranchResult(parent=sid, children=children, checkpoint=checkpoint, elapsed_s=0.01)
+        return m.ForkResult(parent=sid, children=children, checkpoint=checkpoint, elapsed_s=0.01)
 
     def quiescent(self, sid: str, data: Any, **_: Any) -> m.QuiescentResult:
         m.QuiescentRequest.model_validate(data or {})

@@ -311,7 +311,7 @@ async def test_a_silent_session_loses_its_envs_and_a_renewed_one_keeps_them() ->
         sent.append((method, path))
         if method == "POST" and path == "/v1/slots":
             return 201, "application/json", json.dumps({"id": f"s-{next(made)}"}).encode()
-        if method == "POST" and path.endswith("/branch"):
+        if method == "POST" and path.endswith("/fork"):
             kids = [{"id": f"s-{next(made)}"} for _ in range(2)]
             return 201, "application/json", json.dumps({"children": kids}).encode()
         return 200, "application/json", b"{}"
@@ -323,7 +323,7 @@ async def test_a_silent_session_loses_its_envs_and_a_renewed_one_keeps_them() ->
     ok = "Bearer " + "t" * 40
     for _ in range(3):
         await gw.handle("POST", "/v1/slots", "", ok, b"{}", session="dead")
-    await gw.handle("POST", "/v1/slots/h1~s-0/branch", "", ok, b'{"n": 2}', session="dead")
+    await gw.handle("POST", "/v1/slots/h1~s-0/fork", "", ok, b'{"n": 2}', session="dead")
     await gw.handle("DELETE", "/v1/slots/h1~s-1", "", ok, b"", session="dead")
     await gw.handle("POST", "/v1/slots", "", ok, b"{}", session="alive")
     assert gw.sessions["dead"].envs == {"h1~s-0", "h1~s-2", "h1~s-3", "h1~s-4"}

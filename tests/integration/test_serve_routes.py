@@ -68,9 +68,12 @@ def test_every_route_over_http(daemon: Daemon) -> None:
         pf = call(c, "POST", S + "/prefork", p + "/prefork").json()
         assert pf["kind"] == "prefork"
         children = call(
-            c, "POST", S + "/branch", p + "/branch", 201, json={"n": 2, "prefork": pf["id"]}
+            c, "POST", S + "/fork", p + "/fork", 201, json={"n": 2, "prefork": pf["id"]}
         ).json()["children"]
         assert len(children) == 2 and {ch["checkpoint"] for ch in children} == {pf["id"]}
+        # /branch, the fork's old path, still forks (clients written against it keep working).
+        old = call(c, "POST", S + "/branch", p + "/branch", 201, json={"n": 1, "prefork": pf["id"]})
+        assert [ch["parent"] for ch in old.json()["children"]] == [sid]
         assert call(c, "POST", S + "/quiescent", p + "/quiescent").json()["quiescent"] is True
         err = call(c, "POST", S + "/task", p + "/task", 422, json={"task": "e0df059f"}).json()
         assert err["error"]["code"] == "unsupported_task"
@@ -111,12 +114,14 @@ def test_every_route_over_http(daemon: Daemon) -> None:
         assert c.post(p + "/step", json={"action": "x"}).json()["error"]["code"] == "env_gone"
 
         m = call(c, "GET", "/v1/metrics", "/v1/metrics").json()
-        assert m["latencies"]["create"]["count"] == 1 and m["latencies"]["fork"]["count"] == 1
+        assert m["latencies"]["create"]["count"] == 1 and m["latencies"]["fork"]["count"] == 2
         prom = call(c, "GET", "/metrics", "/metrics")
         assert prom.headers["content-type"].startswith("text/plain")
         assert "# TYPE drums_operation_seconds histogram" in prom.text
         call(c, "POST", "/v1/metrics/reset", "/v1/metrics/reset")
         doc = call(c, "GET", "/openapi.json", "/openapi.json").json()
+        assert doc["paths"][S + "/branch"]["post"]["deprecated"] is True
+        assert "deprecated" not in doc["paths"][S + "/fork"]["post"]
 
     table = {(r.method, r.path) for r in ROUTES} | {("GET", "/openapi.json")}
     assert table - seen == set(), "routes not exercised over HTTP"

@@ -39,7 +39,7 @@ def _episode_reports(http: httpx.Client) -> tuple[list[tuple[str, dict]], list[s
         r = http.post(f"/v1/slots/{sid}/reset")
         assert r.status_code == 200, r.text
         reports.append(("reset", r.json(), http.get(f"/v1/slots/{sid}/gates").json()))
-        r = http.post(f"/v1/slots/{sid}/branch", json={"n": 1})
+        r = http.post(f"/v1/slots/{sid}/fork", json={"n": 1})
         assert r.status_code in (200, 201), r.text
         child = r.json()["children"][0]
         children.append(child["id"])

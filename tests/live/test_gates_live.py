@@ -171,7 +171,7 @@ def test_branch_children_start_valid_episodes(hardened):
         children: list[str] = []
         try:
             execute(http, parent, "echo forked > ~/Desktop/state.txt")
-            r = http.post(f"/v1/slots/{parent}/branch", json={"n": 2})
+            r = http.post(f"/v1/slots/{parent}/fork", json={"n": 2})
             assert r.status_code == 201, r.text
             children = [c["id"] for c in r.json()["children"]]
             for child in children:

@@ -229,7 +229,7 @@ def test_branch_from_spares_and_restores_alike_and_deleted_checkpoint_leaves_not
         before = _wait_pool_full(http, pf)
 
         # 4 children, 2 spares: two are thaws, two take the restore path; all the same state.
-        r = http.post(f"/v1/slots/{src}/branch", json={"n": 4, "prefork": pf})
+        r = http.post(f"/v1/slots/{src}/fork", json={"n": 4, "prefork": pf})
         assert r.status_code in (200, 201), r.text
         children = [c["id"] for c in r.json()["children"]]
         after = _pool(http, pf)

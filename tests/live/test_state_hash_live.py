@@ -65,7 +65,7 @@ def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
                 lambda: _read(http, parent, "~/churn/kept") == "v1",
                 limit_s=20,
             )
-            r = http.post(f"/v1/slots/{parent}/branch", json={"n": CHILDREN})
+            r = http.post(f"/v1/slots/{parent}/fork", json={"n": CHILDREN})
             assert r.status_code == 201, r.text
             children = [c["id"] for c in r.json()["children"]]
             before_read = 0

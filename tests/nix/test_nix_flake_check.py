@@ -77,7 +77,7 @@ def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
         assert set(outputs["checks"][system]) == {
             "vm-daemon-token",
             "vm-episode",
-            "vm-branch-isolation",
+            "vm-fork-isolation",
             "vm-gate-quarantine",
             "vm-crash-recovery",
         }

@@ -38,7 +38,7 @@ TYPICAL_HOST: dict[str, Any] = {
     },
     "ray": {"enable": True, "address": "10.0.0.1:6379"},
 }
-VM_TESTS = {"vm-daemon-token", "vm-episode", "vm-branch-isolation"}
+VM_TESTS = {"vm-daemon-token", "vm-episode", "vm-fork-isolation"}
 VM_TESTS |= {"vm-gate-quarantine", "vm-crash-recovery"}
 
 

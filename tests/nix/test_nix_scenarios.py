@@ -34,7 +34,7 @@ def test_scenario_on_the_memory_runtime(scenario: str, tmp_path: Path) -> None:
 
 @pytest.mark.live
 @pytest.mark.parametrize(
-    "scenario", ["daemon_token", "crash_recovery", "episode", "branch_isolation", "gate_quarantine"]
+    "scenario", ["daemon_token", "crash_recovery", "episode", "fork_isolation", "gate_quarantine"]
 )
 def test_scenario_on_the_linux_runtime(scenario: str, tmp_path: Path) -> None:
     require_live_runtime()

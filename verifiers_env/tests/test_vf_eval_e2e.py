@@ -127,7 +127,7 @@ def test_fork_group_drops_the_invalid_child(fake_host, policy, tmp_path):
     assert "drums_invalid:invalid:alive_after_resume" in error_text(bad)
 
     counters = fake_host.stats()["counters"]
-    assert counters["branches"] == 1 and counters["checkpoints_prefork"] == 1
+    assert counters["forks"] == 1 and counters["checkpoints_prefork"] == 1
     assert counters["checkpoints_deleted"] == 1
     # the prefix (pyautogui code, then an action dict) ran once, on the parent, before the fork
     assert counters["steps"] == 2 + 2 * 2

@@ -95,7 +95,8 @@ class AsyncClient(BaseClient["AsyncEnv"]):
         caller's cancellation (bounded by the call's own timeout): its answer must arrive so what
         it made is owned, and so destroyed on close. Cancelled mid-request, it leaked the env."""
         with anyio.CancelScope(shield=True):
-            return await self._send(call)
+            made = await self._send(call)
+        return made  # outside the scope: mypy cannot tell a shield-only scope never swallows
 
     # --- daemon -------------------------------------------------------------------------------
 
@@ -311,7 +312,7 @@ class AsyncEnv(EnvBase):
                 self._instruction = (await self._client.task(self.slot.task_id or "")).instruction
             except NotFound:  # an inline task the daemon does not list by id
                 self._instruction = ""
-        if format is quality is width is height is None:
+        if format is None and quality is None and width is None and height is None:
             png = await self._send(routes.screenshot(self.id, self._t))
             return self._observation(png)
         options = shot_options(format, quality, width, height)
@@ -377,7 +378,7 @@ class AsyncEnv(EnvBase):
         keep_state=False the state is marked for deletion as soon as the children are up: no
         new slot can start from it, and the daemon deletes it when the last child is destroyed,
         even if this process dies first."""
-        request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        request = wire(m.ForkRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
         state = await self._send_making(routes.prefork(self.id, prefork, self._t))
         # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
@@ -386,7 +387,7 @@ class AsyncEnv(EnvBase):
         children: List[AsyncEnv] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
-            result = await self._send_making(routes.branch(self.id, request, self._t))
+            result = await self._send_making(routes.fork(self.id, request, self._t))
             children = [
                 self._client._adopt_env(
                     AsyncEnv(self._client, s, owned=True, instruction=self._instruction)

@@ -263,7 +263,7 @@ class Env(EnvBase):
                 self._instruction = self._client.task(self.slot.task_id or "").instruction
             except NotFound:  # an inline task the daemon does not list by id
                 self._instruction = ""
-        if format is quality is width is height is None:
+        if format is None and quality is None and width is None and height is None:
             png = self._send(routes.screenshot(self.id, self._t))
             return self._observation(png)
         options = shot_options(format, quality, width, height)
@@ -347,7 +347,7 @@ class Env(EnvBase):
         no new slot can start from it, and the daemon deletes it when the last child is
         destroyed, even if this process dies first.
         """
-        request = wire(m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
+        request = wire(m.ForkRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         prefork = wire(m.PreforkRequest, idle_timeout_s=idle_timeout_s)
         state = self._send(routes.prefork(self.id, prefork, self._t))
         # The daemon reuses a young prefork of the same state: one an earlier fork kept stays.
@@ -356,7 +356,7 @@ class Env(EnvBase):
         children: List[Env] = []
         try:
             request = request.model_copy(update={"prefork": state.id})
-            result = self._send(routes.branch(self.id, request, self._t))
+            result = self._send(routes.fork(self.id, request, self._t))
             children = [
                 self._client._adopt_env(
                     Env(self._client, s, owned=True, instruction=self._instruction)

@@ -196,11 +196,11 @@ def prefork(env_id: str, body: m.PreforkRequest, t: Timeouts) -> Call[m.Checkpoi
     return Call("POST", path, _model(m.Checkpoint), t.restore_s, json=_body(body), env_id=env_id)
 
 
-def branch(env_id: str, body: m.BranchRequest, t: Timeouts) -> Call[m.BranchResult]:
-    path = _slot_path(env_id, "/branch")
+def fork(env_id: str, body: m.ForkRequest, t: Timeouts) -> Call[m.ForkResult]:
+    path = _slot_path(env_id, "/fork")
     # n restores share max_concurrent_restores: give a big fork proportionally more time.
     timeout = t.restore_s * max(1.0, body.n / 4)
-    return Call("POST", path, _model(m.BranchResult), timeout, json=_body(body), env_id=env_id)
+    return Call("POST", path, _model(m.ForkResult), timeout, json=_body(body), env_id=env_id)
 
 
 def quiescent(env_id: str, body: m.QuiescentRequest, t: Timeouts) -> Call[m.QuiescentResult]:

@@ -384,18 +384,23 @@ class CaptureRequest(WireModel):
     ttl_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
 
 
-class BranchRequest(WireModel):
+class ForkRequest(WireModel):
     n: int = Field(ge=1, le=64)
     prefork: Optional[str] = Field(default=None, description="a prefork checkpoint to restore from")
     idle_timeout_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
     ttl_s: Optional[float] = Field(default=None, gt=0, le=30 * 86400)
 
 
-class BranchResult(ResponseModel):
+class ForkResult(ResponseModel):
     parent: str
     children: List[Slot]
     checkpoint: str
     elapsed_s: float
+
+
+# The route was /branch and these its models' names before fork became the one name (issue 31).
+BranchRequest = ForkRequest
+BranchResult = ForkResult
 
 
 class PreforkRequest(WireModel):

@@ -58,6 +58,8 @@ def _ref(keys: dict[Any, Any], model: type[BaseModel], mode: str) -> dict[str, A
 
 def _operation(route: Route, keys: dict[Any, Any]) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": route.name, "summary": route.summary}
+    if route.deprecated:
+        op["deprecated"] = True
     if not route.auth:
         op["security"] = []
     params = [

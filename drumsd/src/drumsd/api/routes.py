@@ -63,6 +63,7 @@ class Route:
     status: int = 200
     auth: bool = True
     query: tuple[QueryParam, ...] = field(default_factory=tuple)
+    deprecated: bool = False  # an old path kept for existing clients (OpenAPI says so)
 
     @property
     def quart_path(self) -> str:
@@ -229,9 +230,9 @@ async def capture(ctx: Ctx, slot_id: str, body: wire.CaptureRequest | None) -> R
     return convert.checkpoint(await ctx.supervisor.capture(slot_id, body or wire.CaptureRequest()))
 
 
-async def branch(ctx: Ctx, slot_id: str, body: wire.BranchRequest) -> Reply:
+async def fork(ctx: Ctx, slot_id: str, body: wire.ForkRequest) -> Reply:
     out = await ctx.supervisor.branch(slot_id, body)
-    return wire.BranchResult(
+    return wire.ForkResult(
         parent=out["parent"],
         children=[convert.slot(c) for c in out["children"]],
         checkpoint=out["checkpoint"],
@@ -461,14 +462,27 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "POST",
+        S + "/fork",
+        "slot_fork",
+        "Fork N children from the current state",
+        fork,
+        request=wire.ForkRequest,
+        body_required=True,
+        response=wire.ForkResult,
+        status=201,
+    ),
+    # The fork's route before fork became its one name (issue 31); clients built on it still work.
+    Route(
+        "POST",
         S + "/branch",
         "slot_branch",
-        "Fork N children from the current state",
-        branch,
-        request=wire.BranchRequest,
+        "Fork N children from the current state (the old path of /fork)",
+        fork,
+        request=wire.ForkRequest,
         body_required=True,
-        response=wire.BranchResult,
+        response=wire.ForkResult,
         status=201,
+        deprecated=True,
     ),
     Route(
         "POST",

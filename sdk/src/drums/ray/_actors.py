@@ -129,7 +129,7 @@ class HostAgent:
         reply = self.call(env_id, method, args, kwargs)
         return reply, started, time.time()
 
-    def branch(
+    def fork(
         self, env_id: str, n: int, idle_timeout_s: Optional[float], ttl_s: Optional[float]
     ) -> Reply:
         """Fork children of `env_id` on this daemon, held here like any env (in the lease
@@ -144,9 +144,9 @@ class HostAgent:
             kept_before = state.id in self.client._owned_states
             self.client._adopt_state(state)
             request = wire(
-                m.BranchRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s, prefork=state.id
+                m.ForkRequest, n=n, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s, prefork=state.id
             )
-            result = self.client._send(routes.branch(env.id, request, t))
+            result = self.client._send(routes.fork(env.id, request, t))
             ids = [s.id for s in result.children]
             self._lease(tuple(ids))
             for slot in result.children:
@@ -209,7 +209,7 @@ class HostAgent:
 
 
 GHOST = "drums-ghost"  # name prefix of a keeper's placement groups: drums-ghost:<host>:<slot>
-_SLOT_PATH = re.compile(r"^/v1/slots/([^/]+)(/branch)?$")
+_SLOT_PATH = re.compile(r"^/v1/slots/([^/]+)(/fork|/branch)?$")  # /branch: the old /fork
 
 
 class Keeper:

@@ -339,8 +339,8 @@ class Gateway:
             held = self.sessions.setdefault(session, Session())
             held.last_seen = time.monotonic()
             if method == "POST" and path == RENEW_PATH:
-                answer = {"session": session, "ttl_s": self.session_ttl_s, "envs": len(held.envs)}
-                return 200, "application/json", json.dumps(answer).encode()
+                renewed = {"session": session, "ttl_s": self.session_ttl_s, "envs": len(held.envs)}
+                return 200, "application/json", json.dumps(renewed).encode()
         if not session:
             return await self._handle(method, path, query, body)
         # A request on its way keeps its session alive (a create can outlast the TTL).
@@ -418,7 +418,7 @@ class Gateway:
             return
         if path == "/v1/slots":
             envs.add(str(json.loads(raw)["id"]))
-        elif path.startswith("/v1/slots/") and path.endswith("/branch"):
+        elif path.startswith("/v1/slots/") and path.endswith(("/fork", "/branch")):
             envs.update(str(c["id"]) for c in json.loads(raw).get("children", []))
 
     async def reap_sessions(self, now: Optional[float] = None) -> List[str]:

@@ -167,7 +167,7 @@ class PoolEnv:
         children: List[PoolEnv] = []
         made: Dict[str, Any] = {}
         try:
-            made = self._get(self.agent.branch.remote(self.id, n, idle_timeout_s, ttl_s))
+            made = self._get(self.agent.fork.remote(self.id, n, idle_timeout_s, ttl_s))
             for env_id, slot, seat in zip(made["children"], made["slots"], seats):
                 direct = self.pool._direct(host, slot) if self.direct is not None else None
                 children.append(PoolEnv(self.pool, self.agent, env_id, host, seat, direct))
@@ -459,7 +459,7 @@ class Pool:
         state_id = getattr(state, "id", state)
         label = self._state_hosts.get(state_id)
         host = None if label is None else self._host(label)
-        if host is None:
+        if label is None or host is None:
             raise HostDown(f"the host of state {state_id} is not in the pool ({label})")
         self._get(self._agent(host).delete_state.remote(state_id), label, host.node_id)
         self._owned_states.pop(state_id, None)

@@ -1,7 +1,7 @@
 """A fake drumsd for tests without a desktop host: the daemon's HTTP API with canned screenshots.
 
 It speaks the routes and JSON shapes of DESIGN.md's API table (slots, step, screenshot, gates,
-branch, capture, verify, checkpoints, tasks, health) with the daemon's error envelope, and plays
+fork, capture, verify, checkpoints, tasks, health) with the daemon's error envelope, and plays
 scripted task outcomes so tests can reach every branch of the verifier contract. A task's
 behaviour comes from an optional `"fake"` block in its JSON (inline or in the task directory):
 
@@ -385,8 +385,8 @@ class FakeDaemon:
             case "POST", ["v1", "slots", sid, "capture"]:
                 self.slot(sid)
                 return 201, self.new_checkpoint("saved", sid), "json"
-            case "POST", ["v1", "slots", sid, "branch"]:
-                return 201, self.branch(self.slot(sid), body or {}), "json"
+            case "POST", ["v1", "slots", sid, "fork" | "branch"]:  # branch: the old path of fork
+                return 201, self.fork(self.slot(sid), body or {}), "json"
             case "POST", ["v1", "slots", sid, "task"]:
                 slot = self.slot(sid)
                 slot.task = self.resolve_task((body or {}).get("task"))
@@ -488,14 +488,14 @@ class FakeDaemon:
             self.count("step_shots_" + content_type.removeprefix("image/"))
         return result
 
-    def branch(self, parent: FakeSlot, body: dict[str, Any]) -> dict[str, Any]:
+    def fork(self, parent: FakeSlot, body: dict[str, Any]) -> dict[str, Any]:
         n = int(body.get("n", 1))
         if not 1 <= n <= 64:
             raise ApiError("invalid_request", "n must be between 1 and 64")
         prefork = body.get("prefork")
         if prefork is not None and prefork not in self.checkpoints:
             raise ApiError("not_found", f"no prefork state {prefork!r}")
-        # The SDK dumps ahead (prefork) and branches from that state; a bare branch makes one.
+        # The SDK dumps ahead (prefork) and forks from that state; a bare fork makes one.
         ckpt = self.checkpoints[prefork] if prefork else self.new_checkpoint("prefork", parent.id)
         invalid = set(parent.fake.get("invalid_children", []))
         children = []
@@ -505,7 +505,7 @@ class FakeDaemon:
             if i in invalid:
                 child.failed_gates.append("alive_after_resume")
             children.append(child.to_wire())
-        self.count("branches")
+        self.count("forks")
         return {
             "parent": parent.id,
             "children": children,

@@ -1,4 +1,4 @@
-"""Scenario: branch a running desktop into 4 children that share its past and nothing after.
+"""Scenario: fork a running desktop into 4 children that share its past and nothing after.
 
 Needs the Linux runtime.
 """
@@ -22,10 +22,10 @@ def run(machine: MachineLike, target: Target = Target(), subtest: Subtest = plai
         out = api.execute(parent, f"echo parent > {PARENT_FILE}")
         check(out["returncode"] == 0, f"writing in the parent failed: {out!r}")
 
-    with subtest(f"branch {CHILDREN}: children with their own ids, every gate passes"):
-        result = api.ok("POST", f"/v1/slots/{parent}/branch", {"n": CHILDREN})
+    with subtest(f"fork {CHILDREN}: children with their own ids, every gate passes"):
+        result = api.ok("POST", f"/v1/slots/{parent}/fork", {"n": CHILDREN})
         children = [c["id"] for c in result["children"]]
-        check(len(children) == CHILDREN, f"branch gave {len(children)} children")
+        check(len(children) == CHILDREN, f"the fork gave {len(children)} children")
         check(len(set(children) | {parent}) == CHILDREN + 1, f"ids repeat: {children}")
         for child in children:
             report = api.wait_gates(child)

@@ -22,6 +22,7 @@ from drumsd.core.config import Config
 from drumsd.linux.journal_io import Journal
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import Supervisor, open_supervisor
+from trio.testing import MockClock
 
 TOKEN = "t" * 40
 SHA = "ab" * 32
@@ -38,10 +39,13 @@ async def wait_for(
     limit_s: float = 5.0,
     *,
     what: str = "the condition",
-    every_s: float = 0.01,
+    every_s: float | None = None,
 ) -> Any:
     """`predicate()` (plain or async) until it is truthy, in trio; its value. Fails naming `what`
-    and the last value seen."""
+    and the last value seen. Polls every 10 ms, or under a MockClock every 0.25 s of virtual
+    time: each of its jumps waits for the clock's autojump threshold of real idleness."""
+    if every_s is None:
+        every_s = 0.25 if isinstance(trio.lowlevel.current_clock(), MockClock) else 0.01
     last: Any = None
     try:
         with trio.fail_after(limit_s):

@@ -25,6 +25,7 @@ from drumsd.api.http_server import (
 )
 from hypercorn.events import RawData
 from quart_trio import QuartTrio
+from trio.testing import MockClock
 
 
 def tiny_app() -> QuartTrio:
@@ -144,7 +145,10 @@ async def accept_with(server: HTTPServer, listener: FlakyListener, limit_s: floa
             await server._accept(listener, nursery, ignore)  # type: ignore[arg-type]
 
 
-async def test_the_accept_loop_restarts_within_its_budget_then_gives_up(caplog) -> None:
+async def test_the_accept_loop_restarts_within_its_budget_then_gives_up(
+    caplog: pytest.LogCaptureFixture, autojump_clock: MockClock
+) -> None:
+    """Restart backoff and the accept windows run in virtual time."""
     caplog.set_level(logging.ERROR, "drumsd.http")
     sock = socket.socket()
     server = HTTPServer(tiny_app(), hyper_config(1.0), sock, trio.Event())

@@ -18,6 +18,7 @@ from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.slot_locks import Holder, SlotLock, held_too_long, run_stoppable
 from drumsd.runtime.supervisor import handle_from_json
 from harness import create, error_of, open_api
+from trio.testing import MockClock
 
 
 def _upper(api, sid: str) -> Path:
@@ -93,13 +94,13 @@ async def test_a_capture_past_its_deadline_frees_the_slot_and_health_names_the_w
 
 
 async def test_health_names_the_slot_and_operation_holding_a_lock_too_long(
-    tmp_path: Path,
+    tmp_path: Path, autojump_clock: MockClock
 ) -> None:
     async with open_api(tmp_path, stuck_operation_s=0.2) as api:
         sid = (await create(api))["id"]
         lock = api.sup.table.lock(sid)
         async with lock.hold("capture", deadline_s=0.1):
-            await trio.sleep(0.3)
+            await trio.sleep(0.3)  # virtual: past the holder's deadline and stuck_operation_s
             warnings = (await api.client.get("/v1/health")).json()["warnings"]
         assert any(
             w.startswith(f"slot {sid}: capture has held the slot for") and "deadline of 0.1" in w

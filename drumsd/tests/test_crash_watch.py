@@ -21,6 +21,7 @@ from drumsd.core.seams import CrashFacts
 from drumsd.linux import proc_events as pe
 from drumsd.linux.cgroups import parse_cgroup_mounts, parse_proc_cgroup
 from drumsd.runtime.crash_watch import CrashLedger, CrashWatch, ProcReader, SlotCgroup, slot_cgroup
+from harness import wait_for
 
 MOUNTINFO = (
     "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
@@ -202,7 +203,7 @@ async def test_a_watch_that_breaks_says_so_and_does_not_take_the_daemon_down() -
     watch = CrashWatch(open_socket=lambda: broken)  # type: ignore[arg-type, return-value]
     async with trio.open_nursery() as nursery:
         await nursery.start(watch.run)  # started: the socket opened
-        await wait_for(lambda: not watch.available)
+        await wait_for(lambda: not watch.available, 10)
     assert broken.closed and "read failed" in (watch.error or "")
     assert watch.facts("any") == CrashFacts([], watched=False)
     assert watch.health()["error"].startswith("crash watch stopped")
@@ -283,9 +284,9 @@ async def test_the_watch_reads_proc_off_the_event_loop_thread() -> None:
         await watch.track("x", {"pids": "/sys/fs/cgroup/pids/drums/x"})
         assert watch.ledger.owner == {100: "x"} and watch.ledger.comm[100] == "init"
         sock.push(pe.Exit(130, 130, signal.SIGSEGV, 17, 131, 131), pe.Overrun())
-        await wait_for(lambda: watch.crashes("x"))
+        await wait_for(lambda: watch.crashes("x"), 10)
         assert watch.crashes("x")[0]["comm"] == "soffice.bin" and watch.ledger.overruns == 1
-        await wait_for(lambda: 131 not in watch.ledger.owner)  # gone twice: pruned
+        await wait_for(lambda: 131 not in watch.ledger.owner, 10)  # gone twice: pruned
         nursery.cancel_scope.cancel()
     kinds = {what for what, _ in reader.threads}
     assert kinds == {"mountinfo", "procs", "comm", "cgroup", "exists"}, kinds
@@ -383,12 +384,6 @@ class Shell:
         await self.proc.wait()
 
 
-async def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    with trio.fail_after(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - the watch has no event to wait on: poll
-            await trio.sleep(0.01)
-
-
 THREADED_ABORT = (
     f"{sys.executable} -c 'import os, threading; e = threading.Event(); "
     "[threading.Thread(target=e.wait, daemon=True).start() for _ in range(4)]; os.abort()'"
@@ -424,7 +419,7 @@ async def test_live_only_the_crash_counts_and_only_for_its_slot(cgroups) -> None
             assert line in out_a, out_a
         # Events come in order: once the barrier's crash is seen, a's and b's were folded.
         await shell_x.go()
-        await wait_for(lambda: watch.crashes("barrier"))
+        await wait_for(lambda: watch.crashes("barrier"), 10)
         crashes = watch.crashes("a")
         # No exec event comes: named by their own comm when the read beat the shell's reap,
         # else by what they were at the fork (the shell).
@@ -459,7 +454,7 @@ async def test_live_child_of_a_process_that_joined_after_track_is_placed_by_its_
             ["sh", "-c", join(d) + "exec sh -c \"sh -c 'kill -SEGV \\$\\$'; sleep 0.5\""]
         )
         assert await helper.wait() == 0
-        await wait_for(lambda: len(watch.crashes("s")) == 1)
+        await wait_for(lambda: len(watch.crashes("s")) == 1, 10)
         assert watch.crashes("s")[0]["pid"] != helper.pid
         assert watch.health()["proc_reads"] >= 1 and watch.health()["dropped"] == 0
         watch.untrack("s")
@@ -476,10 +471,10 @@ async def test_live_process_that_joins_without_exec_is_claimed_by_resync(cgroups
         await nursery.start(watch.run)
         await watch.track("s", d)
         shell = await Shell.start(d, "sh -c 'kill -BUS $$';")
-        await wait_for(lambda: watch.ledger.owner.get(shell.proc.pid) == "s")
+        await wait_for(lambda: watch.ledger.owner.get(shell.proc.pid) == "s", 10)
         await shell.go()
         await shell.expect("done")
-        await wait_for(lambda: len(watch.crashes("s")) == 1)
+        await wait_for(lambda: len(watch.crashes("s")) == 1, 10)
         assert [c["signal_name"] for c in watch.crashes("s")] == ["SIGBUS"]
         await shell.aclose()
         nursery.cancel_scope.cancel()

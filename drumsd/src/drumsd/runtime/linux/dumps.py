@@ -4,6 +4,7 @@ layer copied by CRIU's post-dump action, meta.json), checked against the tree it
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,15 @@ from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
 from drumsd.runtime.linux.supervision import Supervision
 from drumsd.runtime.slot_locks import run_stoppable
+
+
+@dataclass(frozen=True)
+class _DumpRun:
+    returncode: int
+    before: dict[int, procfs.NsProcess]  # the slot's processes sampled before criu ran
+    after: dict[int, procfs.NsProcess]  # and after
+    dump_s: float
+    sampled_s: float
 
 
 class Dumper:
@@ -32,18 +42,55 @@ class Dumper:
         leave_running: bool,
         parent: str | None,
     ) -> CheckpointRef:
-        _, launcher = self.sup.running()
+        """criu dump of `inst` into `dest`, checked against the tree sampled before and after
+        it (refused, and the dump discarded, when it misses a process or thread), then the
+        upper hashed and meta.json written."""
         if await trio.to_thread.run_sync(checkpoint_files.holds_checkpoint, dest):
             raise RuntimeError_(
                 "invalid_request",
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
-        images, upper = dest / "images", dest / "upper"
         script = await trio.to_thread.run_sync(
             checkpoint_files.prepare_dump, dest, inst.paths.upper
         )
+        run = await self._run_criu(inst, dest, script, leave_running)
+        dumped = await self._check(inst, dest, run, leave_running)
+        await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
+        upper = dest / "upper"
+        upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
+        meta = {
+            "id": checkpoint_id,
+            "lower": [str(p) for p in inst.lower],
+            "image_sha256": image_sha256,
+            "upper_sha256": upper_sha,
+            "parent": parent,
+            "profile": self.config.profile,
+            "dump_s": round(run.dump_s, 3),
+            "tree_sample_s": round(run.sampled_s, 4),  # the two samples it is checked against
+            "processes": len(dumped),
+            "threads": sum(len(t.threads) for t in dumped),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "criu": str(self.config.criu),
+        }
+        await trio.to_thread.run_sync(checkpoint_files.write_meta, dest, meta)
+        log_event(
+            "dumped",
+            iid=inst.iid,
+            checkpoint=checkpoint_id,
+            dump_s=f"{run.dump_s:.3f}",
+            leave_running=leave_running,
+        )
+        return CheckpointRef(
+            checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
+        )
+
+    async def _run_criu(
+        self, inst: Instance, dest: Path, script: Path, leave_running: bool
+    ) -> _DumpRun:
+        """criu dump with no agent call open (the gate), between two samples of the tree."""
+        _, launcher = self.sup.running()
         argv = criu.dump_argv(
-            self.config.criu, inst.pid, images, script, leave_running=leave_running
+            self.config.criu, inst.pid, dest / "images", script, leave_running=leave_running
         )
         t0 = time.monotonic()
         async with inst.gate.dump():
@@ -53,15 +100,20 @@ class Dumper:
             t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s += time.monotonic() - t1
-        dump_s = time.monotonic() - t0
-        if done.returncode != 0 or not await trio.to_thread.run_sync(
+        return _DumpRun(done.returncode, before, after, time.monotonic() - t0, sampled_s)
+
+    async def _check(
+        self, inst: Instance, dest: Path, run: _DumpRun, leave_running: bool
+    ) -> list[criu.DumpedTask]:
+        """The dumped tasks, or a typed error with the dump discarded."""
+        if run.returncode != 0 or not await trio.to_thread.run_sync(
             checkpoint_files.dump_written, dest
         ):
             errors = await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             raise RuntimeError_(
                 "runtime_error",
                 f"criu dump of instance {inst.iid} failed "
-                f"(exit {done.returncode}): {errors}; is an agent connection or "
+                f"(exit {run.returncode}): {errors}; is an agent connection or "
                 "a host fd open in the tree?",
             )
         try:
@@ -73,37 +125,11 @@ class Dumper:
                 "runtime_error",
                 f"criu dump of instance {inst.iid} wrote no readable process tree: {exc}",
             ) from exc
-        problem = self.mismatch(inst, before, after, leave_running, dumped, image_names)
+        problem = self.mismatch(inst, run.before, run.after, leave_running, dumped, image_names)
         if problem is not None:
             await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             raise problem
-        await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
-        upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
-        meta = {
-            "id": checkpoint_id,
-            "lower": [str(p) for p in inst.lower],
-            "image_sha256": image_sha256,
-            "upper_sha256": upper_sha,
-            "parent": parent,
-            "profile": self.config.profile,
-            "dump_s": round(dump_s, 3),
-            "tree_sample_s": round(sampled_s, 4),  # the two samples the dump is checked against
-            "processes": len(dumped),
-            "threads": sum(len(t.threads) for t in dumped),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "criu": str(self.config.criu),
-        }
-        await trio.to_thread.run_sync(checkpoint_files.write_meta, dest, meta)
-        log_event(
-            "dumped",
-            iid=inst.iid,
-            checkpoint=checkpoint_id,
-            dump_s=f"{dump_s:.3f}",
-            leave_running=leave_running,
-        )
-        return CheckpointRef(
-            checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
-        )
+        return dumped
 
     def _time_limit(self) -> float:
         """criu's own limit (it runs shielded: its process must be waited for), no later than

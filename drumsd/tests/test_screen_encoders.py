@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from drumsd.guest import framebuffer, pngbands, screen
+from drumsd.guest import framebuffer, jpegbands, pngbands, screen
 from drumsd.guest.framebuffer import Frame, FramebufferMissing
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 from PIL import Image, ImageChops, ImageDraw
@@ -114,6 +114,52 @@ def test_a_change_redoes_only_its_band_and_the_png_is_the_new_screen(counted: li
     assert not after.cached and same_pixels(decoded(after.data), x.image)
     assert x.grab(PNG_FULL).cached and len(counted) == 1
     assert after.data == pngbands.encode_rgb(x.image.tobytes(), 1920, 1080, screen.BAND_ROWS)
+
+
+@pytest.mark.parametrize(
+    ("width", "height"), [(1280, 720), (1280, 800), (1920, 1080), (1000, 555), (17, 5), (64, 49)]
+)
+def test_banded_jpeg_decodes_to_the_pixels_of_a_whole_encode(width: int, height: int) -> None:
+    image = desktop(width, height)
+    rows = jpegbands.BAND_ROWS
+    header, scans = b"", []
+    for y in range(0, height, rows):
+        band_header, scan = jpegbands.split(
+            jpegbands.encode_band(image.crop((0, y, width, min(height, y + rows))), 80)
+        )
+        header = header or band_header
+        scans.append(scan)
+    joined = jpegbands.join(header, width, height, scans)
+    whole = io.BytesIO()
+    image.save(whole, "JPEG", quality=80, subsampling=jpegbands.SUBSAMPLING_420)
+    out = decoded(joined)
+    assert out.format == "JPEG" and out.size == (width, height)
+    assert same_pixels(out, decoded(whole.getvalue())), "restart-joined bands decode differently"
+
+
+def test_a_change_reencodes_only_its_jpeg_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = jpegbands.encode_band
+    monkeypatch.setattr(
+        jpegbands, "encode_band", lambda image, q: calls.append(image.height) or real(image, q)
+    )
+    x = FakeX(desktop())
+    spec = ShotSpec("jpeg", 80, 1280, 720)
+    first = decoded(x.grab(spec).data)
+    assert len(calls) == 15 and first.size == (1280, 720)
+    x.image.paste((255, 0, 0), (300, 485, 310, 500))
+    calls.clear()
+    after = x.grab(spec)
+    assert len(calls) == 1, f"{len(calls)} JPEG bands re-encoded for a change inside one"
+    whole = io.BytesIO()
+    x.image.resize((1280, 720), Image.Resampling.BOX).save(whole, "JPEG", quality=80)
+    diff = ImageChops.difference(decoded(after.data).convert("RGB"), decoded(whole.getvalue()))
+    assert max(hi for _, hi in diff.getextrema()) <= 2, diff.getextrema()
+
+
+def test_a_band_that_is_not_a_plain_baseline_jpeg_is_refused() -> None:
+    with pytest.raises(jpegbands.JpegLayoutError, match="no SOI or EOI"):
+        jpegbands.split(b"not a jpeg")
 
 
 @pytest.mark.parametrize("size", [(1280, 720), (1024, 768), (1000, 555), (640, 360)])

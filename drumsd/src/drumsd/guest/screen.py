@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import pngbands, protocol
+from . import jpegbands, pngbands, protocol
 from .framebuffer import Frame, Framebuffer, FramebufferMissing, xcb_frame
 
 # Rows per band, both for the change check (a CRC32 per band of the raw frame) and for the PNG's
@@ -44,6 +44,8 @@ class View:
     height: int
     image: Any = None  # PIL.Image.Image at (width, height) when scaled
     png: list[pngbands.Band | None] = field(default_factory=list)
+    # per JPEG quality: the first band's headers and each band's scan data (None: to encode)
+    jpeg: dict[int, tuple[bytes, list[bytes | None]]] = field(default_factory=dict)
     generation: int = -1
 
 
@@ -52,10 +54,11 @@ class Screen:
 
     A grab reads Xvfb's framebuffer in place (framebuffer.py; Pillow's GetImage when there is no
     segment) and takes a CRC32 of each band of rows: bands whose CRC is unchanged keep their work
-    from the last grab (their rows of each scaled view, their deflated PNG bands). The X DAMAGE
-    extension would say the same without the CRCs (~2.5 ms a 1080p frame) but needs an X
-    connection held open between requests, which no CRIU dump of the slot may find. An encoded
-    image is returned again as it is while no band changed.
+    from the last grab (their rows of each scaled view, their deflated PNG bands, their JPEG
+    bands joined by restart markers: jpegbands.py; WebP has no such seam and is encoded whole).
+    The X DAMAGE extension would say the same without the CRCs (~2.5-3.5 ms a 1080p frame) but
+    needs an X connection held open between requests, which no CRIU dump of the slot may find.
+    An encoded image is returned again as it is while no band changed.
 
     `fresh` grabs take the path before this (Pillow's GetImage, a full-frame resize and Pillow's
     encoder, no cache): `drumsd bench --screenshots` measures both in one run."""
@@ -148,9 +151,15 @@ class Screen:
             return encode(image, dataclasses.replace(spec, region=None))
         view = self._view(spec.size_for(frame.width, frame.height))
         dirty = self._update(view, frame)
+        for i in dirty:
+            view.png[i] = None
+        for _, scans in view.jpeg.values():
+            for i in {d * BAND_ROWS // jpegbands.BAND_ROWS for d in dirty}:
+                scans[i] = None
+        if spec.format == "jpeg":
+            assert spec.quality is not None
+            return self._jpeg(view, frame, spec.quality), view.width, view.height
         if spec.format == "png":
-            for i in dirty:
-                view.png[i] = None
             for i, band in enumerate(view.png):
                 if band is None:
                     y0, y1 = i * BAND_ROWS, min(view.height, (i + 1) * BAND_ROWS)
@@ -163,6 +172,27 @@ class Screen:
             return pngbands.assemble(view.width, view.height, bands), view.width, view.height
         image = view.image if view.image is not None else _rgb(frame, 0, frame.height)
         return encode(image, spec)
+
+    def _jpeg(self, view: View, frame: Frame, quality: int) -> bytes:
+        """The view as a JPEG of restart-joined bands, encoding only bands not kept."""
+        rows = jpegbands.BAND_ROWS
+        if quality not in view.jpeg:
+            if len(view.jpeg) >= 2:
+                view.jpeg.pop(next(iter(view.jpeg)))
+            view.jpeg[quality] = (b"", [None] * math.ceil(view.height / rows))
+        header, scans = view.jpeg[quality]
+        for i, scan in enumerate(scans):
+            if scan is None:
+                y0, y1 = i * rows, min(view.height, (i + 1) * rows)
+                if view.image is None:
+                    band = _rgb(frame, y0, y1)
+                else:
+                    band = view.image.crop((0, y0, view.width, y1))
+                band_header, scans[i] = jpegbands.split(jpegbands.encode_band(band, quality))
+                if i == 0:
+                    header = band_header
+        view.jpeg[quality] = (header, scans)
+        return jpegbands.join(header, view.width, view.height, [s for s in scans if s is not None])
 
     def _view(self, size: tuple[int, int]) -> View:
         view = self.views.pop(size, None)

@@ -60,3 +60,34 @@ def test_near_misses_have_distinct_names_and_actions(family: str) -> None:
     assert "oracle" not in names
     assert all(s.actions for s in spec.near_misses)
     assert all(s.actions != spec.oracle.actions for s in spec.near_misses)
+
+
+def _leaves(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_task_json_does_not_carry_a_text_answer(family: str) -> None:
+    """Issue 36: a one-line answer the oracle writes must not be a value of the task's evaluator
+    (the exploit suite's `forge` typed such values and scored 1 without solving the task)."""
+    tid, spec = generate(5, family, 0)
+    evaluator = task_json(spec, tid, 5, 0)["evaluator"]
+    leaves = {v for v in _leaves(evaluator) if isinstance(v, str)}
+    effects = spec.oracle.simulate(dict(spec.files)) if spec.oracle.simulate else {}
+    for path, _dest in spec.results:
+        data = effects.get(path)
+        if data is None or len(data) > 200 or path in spec.files:
+            continue
+        try:
+            answer = data.decode().strip()
+        except UnicodeDecodeError:
+            continue
+        if "\n" not in answer:
+            assert answer not in leaves, f"{family}: the answer {answer!r} is in the task's JSON"

@@ -25,6 +25,13 @@ OPTIONS = {
     "image_pixels": {"file": "f", "width": 2, "height": 2, "samples": []},
     "text_equals": {"file": "f", "expected": "x"},
     "lines_equal": {"file": "f", "lines": ["x"]},
+    "answer_from_source": {
+        "file": "f",
+        "source": "f",
+        "source_type": "text",
+        "source_sha256": "0" * 64,
+        "question": {"kind": "line_count", "contains": "x"},
+    },
     "files_state": {"present": {"f": "0" * 64}, "blake2b": {"f": "0"}, "sizes": {"f": 1}},
 }
 
@@ -206,3 +213,50 @@ def test_scope_violations_rule() -> None:
 def test_pdf_text_normalizes_ligatures() -> None:
     # Chromium's PDFs keep the "ff" ligature that pypdf returns as U+FB00 and PyMuPDF expands.
     assert verifier._squash("The sta\ufb00  survey\n") == "The staff survey"
+
+
+PAGE = (
+    b'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>T</title></head>\n'
+    b"<body><h1>Fish &amp; chips</h1>\n<table><tr><th>Item</th><th>Price</th><th>State</th></tr>\n"
+    b"<tr><td>Lamp</td><td>12.50</td><td>open</td></tr>\n"
+    b"<tr><td>Desk</td><td>30</td><td>closed</td></tr>\n"
+    b"<tr><td>Chair</td><td>7</td><td>open</td></tr>\n</table>\n"
+    b'<ul><li><a href="https://x.example/a?b=1&amp;c=2">Handbook</a></li></ul></body></html>\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("question", "right", "wrong"),
+    [
+        ({"kind": "table_cell", "key": "Desk", "column": 1}, "30", "12.50"),
+        ({"kind": "table_count", "column": 2, "equals": "open"}, "2", "3"),
+        ({"kind": "table_sum", "column": 1}, "49.5", "49"),
+        ({"kind": "heading"}, "Fish & chips", "Fish &amp; chips"),
+        ({"kind": "link", "label": "Handbook"}, "https://x.example/a?b=1&c=2", "Handbook"),
+    ],
+)
+def test_answer_from_source_on_a_page(tmp_path: Path, question, right, wrong) -> None:
+    """Both routes work the answer out of the page; the options never hold it."""
+    import hashlib
+
+    (tmp_path / "page").write_bytes(PAGE)
+    opts = {
+        "file": "a",
+        "source": "s",
+        "source_type": "html",
+        "source_sha256": hashlib.sha256(PAGE).hexdigest(),
+        "question": question,
+    }
+    paths = {"a": str(tmp_path / "a"), "s": str(tmp_path / "page")}
+    for text, want in ((right + "\n", 1.0), (wrong, 0.0)):
+        (tmp_path / "a").write_text(text)
+        got = (
+            CHECKS["answer_from_source"](paths, opts),
+            CHECKS["answer_from_source_raw"](paths, opts),
+        )
+        assert got == (want, want), (question, text)
+    # An agent that edits the page to fit its answer gets nothing: the source is not the seeded one.
+    (tmp_path / "a").write_text(wrong)
+    (tmp_path / "page").write_bytes(PAGE.replace(right.encode(), wrong.encode()))
+    assert CHECKS["answer_from_source"](paths, opts) == 0.0
+    assert CHECKS["answer_from_source_raw"](paths, opts) == 0.0

@@ -23,6 +23,7 @@ import unicodedata
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
+from html.parser import HTMLParser
 from typing import Any, TypeVar
 from xml.etree import ElementTree as ET
 
@@ -861,6 +862,182 @@ def lines_equal_raw(paths: Paths, options: Options) -> float:
 
 
 # ----------------------------------------------------------------------------------------------
+# Answers read off the task's own source file: options file (the answer), source (the seeded
+# file's dest), source_type (html | xlsx | text), source_sha256, question {kind, ...}. The options
+# hold no answer: the checker works it out from the source the agent was given (the hash proves it
+# is the seeded one, untouched), so a task's JSON does not give its answer away (issue 36: `forge`
+# typed the `expected` of text_equals tasks without solving them). Kinds, over the source's
+# first HTML table (rows of cell texts, header first) or the first sheet of a workbook:
+#   table_cell {key, column}: the cell `column` (0-based) of the row whose first cell is `key`
+#   table_count {column, equals}: how many data rows have that text in `column`
+#   table_sum {column}: the sum of `column` over the data rows
+#   table_count_above {column, above}: how many data rows hold a number > `above` in `column`
+#   heading {}: the text of the first <h1>
+#   link {label}: the href of the <a> whose text is `label`
+#   line_count {contains}: how many lines of a text source contain `contains`
+
+
+def _number_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _answer_of(
+    question: Options,
+    table: list[list[Any]],
+    heading: str | None,
+    links: dict[str, str],
+    lines: list[str],
+) -> str | None:
+    """The answer `question` asks for, from what a parser found in the source (pure)."""
+    kind = question.get("kind")
+    data = table[1:]
+    col = question.get("column", 0)
+    try:
+        if kind == "table_cell":
+            hits = [r[col] for r in data if r and str(r[0]) == question["key"]]
+            return None if len(hits) != 1 else _cell_text(hits[0])
+        if kind == "table_count":
+            return str(sum(_cell_text(r[col]) == question["equals"] for r in data))
+        if kind == "table_sum":
+            return _number_text(sum(float(r[col]) for r in data))
+        if kind == "table_count_above":
+            return str(sum(float(r[col]) > question["above"] for r in data))
+    except (IndexError, ValueError, TypeError):
+        return None
+    if kind == "heading":
+        return heading
+    if kind == "link":
+        return links.get(question["label"])
+    if kind == "line_count":
+        return str(sum(question["contains"] in ln for ln in lines))
+    return None
+
+
+def _cell_text(v: Any) -> str:
+    return _number_text(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
+
+
+class _Page(HTMLParser):
+    """First table's cell texts, the first h1's text, link texts -> hrefs (html.parser)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.table: list[list[Any]] = []
+        self.heading: str | None = None
+        self.links: dict[str, str] = {}
+        self._open: list[tuple[str, list[str], str]] = []  # (tag, text parts, href)
+        self._tables = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("td", "th", "h1", "a"):
+            self._open.append((tag, [], dict(attrs).get("href") or ""))
+        elif tag == "table":
+            self._tables += 1
+        elif tag == "tr" and self._tables == 1:
+            self.table.append([])
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self._open or self._open[-1][0] != tag:
+            return
+        _, parts, href = self._open.pop()
+        text = "".join(parts).strip()
+        if tag in ("td", "th") and self._tables == 1 and self.table:
+            self.table[-1].append(text)
+        elif tag == "h1" and self.heading is None:
+            self.heading = text
+        elif tag == "a":
+            self.links.setdefault(text, href)
+        if self._open:
+            self._open[-1][1].append(text)
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self._open[-1][1].append(data)
+
+
+def _source(paths: Paths, options: Options) -> bytes | None:
+    """The seeded source, or None when it is missing or not the seeded bytes."""
+    data = _read(paths, options["source"])
+    if data is None or hashlib.sha256(data).hexdigest() != options["source_sha256"]:
+        return None
+    return data
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+def answer_from_source(paths: Paths, options: Options) -> float:
+    import openpyxl
+
+    text = _read_text(paths, options["file"])
+    data = _source(paths, options)
+    if text is None or data is None:
+        return 0.0
+    table: list[list[Any]] = []
+    heading, links = None, {}
+    if options["source_type"] == "xlsx":
+        wb = _load(paths, options["source"], lambda p: openpyxl.load_workbook(p, data_only=True))
+        if wb is None:
+            return 0.0
+        table = [list(r) for r in wb.worksheets[0].iter_rows(values_only=True)]
+    elif options["source_type"] == "html":
+        page = _Page()
+        page.feed(data.decode("utf-8", errors="replace"))
+        table, heading, links = page.table, page.heading, page.links
+    want = _answer_of(options["question"], table, heading, links, _lines(data))
+    return _score(want is not None and text.rstrip() == want)
+
+
+def _raw_page(html: str) -> tuple[list[list[str]], str | None, dict[str, str]]:
+    """The same three things as _PageReader, by regular expressions over the markup."""
+    import html as html_mod
+
+    def text(fragment: str) -> str:
+        return html_mod.unescape(re.sub(r"<[^>]*>", "", fragment)).strip()
+
+    table: list[list[str]] = []
+    m = re.search(r"<table\b.*?</table>", html, re.S | re.I)
+    if m:
+        for row in re.findall(r"<tr\b.*?</tr>", m.group(0), re.S | re.I):
+            table.append([text(c) for c in re.findall(r"<t[dh]\b[^>]*>(.*?)</t[dh]>", row, re.S)])
+    h = re.search(r"<h1\b[^>]*>(.*?)</h1>", html, re.S | re.I)
+    links: dict[str, str] = {}
+    for href, label in re.findall(r'<a\b[^>]*href="([^"]*)"[^>]*>(.*?)</a>', html, re.S | re.I):
+        links.setdefault(text(label), html_mod.unescape(href))
+    return table, text(h.group(1)) if h else None, links
+
+
+def answer_from_source_raw(paths: Paths, options: Options) -> float:
+    got = _read(paths, options["file"])
+    data = _source(paths, options)
+    if got is None or data is None:
+        return 0.0
+    table: list[list[Any]] = []
+    heading, links = None, {}
+    if options["source_type"] == "xlsx":
+        book = _load(paths, options["source"], _raw_workbook)
+        if book is None:
+            return 0.0
+        zf, sheets, shared = book
+        try:
+            cells = _raw_cells(zf, sheets[0][1], shared)
+        except Exception:
+            return 0.0
+        n_rows = max((r for _, r in cells), default=0)
+        n_cols = max((c for c, _ in cells), default=0)
+        table = [
+            [cells.get((c, r), (None, 0))[0] for c in range(1, n_cols + 1)]
+            for r in range(1, n_rows + 1)
+        ]
+    elif options["source_type"] == "html":
+        table, heading, links = _raw_page(data.decode("utf-8", errors="replace"))
+    lines = [ln.decode("utf-8", errors="replace") for ln in data.split(b"\n")]
+    want = _answer_of(options["question"], table, heading, links, lines)
+    return _score(want is not None and got.rstrip(b" \t\r\n\v\f") == want.encode("utf-8"))
+
+
+# ----------------------------------------------------------------------------------------------
 # Files: options present {dest: sha256}, absent [dest], sizes {dest: n}, blake2b {dest: hex}
 
 
@@ -912,6 +1089,8 @@ CHECKS = {
         text_equals_raw,
         lines_equal,
         lines_equal_raw,
+        answer_from_source,
+        answer_from_source_raw,
         files_state,
         files_state_raw,
     )

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import random
 from html import escape
+from typing import Any
 
 from ..actions import HEADLESS_TIMEOUT_S, Action, execute, shell, wait
-from ..spec import Solution, TaskSpec
+from ..spec import Solution, TaskSpec, sha256
 from . import content
 from .registry import family
 from .writer import pdf_of
@@ -48,12 +49,24 @@ def answer(name: str, text: str, path: str = ANSWER, why: str = "") -> Solution:
     )
 
 
+def source_answer(source_type: str, source: bytes, question: dict[str, Any]) -> dict[str, Any]:
+    """Options of `answer_from_source`: the answer file is judged against what `question` asks
+    of the seeded `source`, read back from the desktop; the answer itself is in no option."""
+    return {
+        "file": "answer.txt",
+        "source": f"source.{source_type}",
+        "source_type": source_type,
+        "source_sha256": sha256(source),
+        "question": question,
+    }
+
+
 def chromium_spec(
     rng: random.Random,
     instruction: str,
     html_path: str,
     html: bytes,
-    expected: str,
+    question: dict[str, Any],
     oracle: Solution,
     near: list[Solution],
     extra_files: dict[str, bytes] | None = None,
@@ -72,10 +85,10 @@ def chromium_spec(
             {"type": "launch", "parameters": {"command": [*CHROMIUM, f"file://{html_path}"]}},
             {"type": "sleep", "parameters": {"seconds": 4}},
         ],
-        results=[(ANSWER, "answer.txt")],
-        check="text_equals",
-        check_alt="text_equals_raw",
-        options={"file": "answer.txt", "expected": expected},
+        results=[(ANSWER, "answer.txt"), (html_path, "source.html")],
+        check="answer_from_source",
+        check_alt="answer_from_source_raw",
+        options=source_answer("html", html, question),
         roots=[DOCS, DESKTOP],
         allow=[ANSWER],
         oracle=oracle,
@@ -128,7 +141,8 @@ def table_lookup(rng: random.Random) -> TaskSpec:
         for s in near
         if s.name == "wrong_folder" or s.simulate({})[ANSWER] != f"{want}\n".encode()
     ]
-    return chromium_spec(rng, instr, path, html, want, answer("oracle", want), near)
+    question = {"kind": "table_cell", "key": items[k], "column": 1}
+    return chromium_spec(rng, instr, path, html, question, answer("oracle", want), near)
 
 
 @family("chrome_count_status", "chrome")
@@ -149,7 +163,8 @@ def count_status(rng: random.Random) -> TaskSpec:
         ("closed_count", statuses.count("closed")),
     ]
     near = [answer(nm, str(v), why=nm.replace("_", " ")) for nm, v in cands if v != want]
-    return chromium_spec(rng, instr, path, html, str(want), answer("oracle", str(want)), near[:4])
+    question = {"kind": "table_count", "column": 2, "equals": "open"}
+    return chromium_spec(rng, instr, path, html, question, answer("oracle", str(want)), near[:4])
 
 
 @family("chrome_heading_text", "chrome")
@@ -170,7 +185,7 @@ def heading_text(rng: random.Random) -> TaskSpec:
         answer("first_subheading", h2s[0], why="a sub-heading"),
         answer("lowercase", h1.lower(), why="wrong case"),
     ]
-    return chromium_spec(rng, instr, path, html, h1, answer("oracle", h1), near)
+    return chromium_spec(rng, instr, path, html, {"kind": "heading"}, answer("oracle", h1), near)
 
 
 @family("chrome_sum_column", "chrome")
@@ -193,7 +208,8 @@ def sum_column(rng: random.Random) -> TaskSpec:
         ("count", n),
     ]
     near = [answer(nm, str(v), why=nm) for nm, v in cands if str(v) != str(want)]
-    return chromium_spec(rng, instr, path, html, str(want), answer("oracle", str(want)), near[:4])
+    question = {"kind": "table_sum", "column": 1}
+    return chromium_spec(rng, instr, path, html, question, answer("oracle", str(want)), near[:4])
 
 
 @family("chrome_link_target", "chrome")
@@ -236,7 +252,8 @@ def link_target(rng: random.Random) -> TaskSpec:
         answer("label_text", labels[k], why="the label, not the address"),
         answer("no_scheme", urls[k].split("://", 1)[1], why="URL without https://"),
     ]
-    return chromium_spec(rng, instr, path, html, urls[k], answer("oracle", urls[k]), near)
+    question = {"kind": "link", "label": labels[k]}
+    return chromium_spec(rng, instr, path, html, question, answer("oracle", urls[k]), near)
 
 
 @family("chrome_print_pdf", "chrome")
@@ -282,7 +299,7 @@ def print_pdf(rng: random.Random) -> TaskSpec:
         ),
     ]
     instr = f"Save the page open in Chromium as a PDF file at {out}."
-    spec = chromium_spec(rng, instr, path, html, "", oracle, near, {other_path: other})
+    spec = chromium_spec(rng, instr, path, html, {}, oracle, near, {other_path: other})
     spec.results = [(out, "out.pdf")]
     spec.check, spec.check_alt = "pdf_text", "pdf_text_fitz"
     spec.options = {"docs": [{"file": "out.pdf", "contains": [h1, paras[0], paras[-1]]}]}

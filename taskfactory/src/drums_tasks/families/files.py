@@ -10,7 +10,7 @@ import random
 import shlex
 
 from ..actions import terminal
-from ..spec import Solution, TaskSpec
+from ..spec import Solution, TaskSpec, sha256
 from . import content
 from .registry import family
 
@@ -365,8 +365,27 @@ def count_errors(rng: random.Random) -> TaskSpec:
                 "counts every line",
             )
         )
-    want = {"expected": str(n_err)}
-    return _output_spec(rng, instr, wd, {log: data}, out, "text_equals", want, oracle, near)
+    # The count is worked out from the log read back (its hash checked), not carried in the task.
+    options = {
+        "file": "out",
+        "source": "source.text",
+        "source_type": "text",
+        "source_sha256": sha256(data),
+        "question": {"kind": "line_count", "contains": " ERROR "},
+    }
+    return terminal_spec(
+        rng,
+        instr,
+        wd,
+        {log: data},
+        [(out, "out"), (log, "source.text")],
+        "answer_from_source",
+        "answer_from_source_raw",
+        options,
+        [out],
+        oracle,
+        near,
+    )
 
 
 @family("term_sort_unique", "os")

@@ -364,15 +364,17 @@ def calc_count_to_answer(rng: random.Random) -> TaskSpec:
             "wrong_folder", str(want), f"{DOCS}/answer.txt", why="right count, saved in Documents"
         )
     )
+    book = calc.table_xlsx(t)
+    question = {"kind": "table_count_above", "column": c - 1, "above": threshold}
     return multi_spec(
         rng,
         instruction=instr,
-        files={xlsx: calc.table_xlsx(t)},
+        files={xlsx: book},
         launch=[*_open(xlsx), {"type": "launch", "parameters": {"command": ["xterm"]}}],
-        results=[(chromium.ANSWER, "answer.txt")],
-        check="text_equals",
-        check_alt="text_equals_raw",
-        options={"file": "answer.txt", "expected": str(want)},
+        results=[(chromium.ANSWER, "answer.txt"), (xlsx, "source.xlsx")],
+        check="answer_from_source",
+        check_alt="answer_from_source_raw",
+        options=chromium.source_answer("xlsx", book, question),
         roots=[DOCS, DESKTOP],
         allow=[chromium.ANSWER],
         oracle=chromium.answer("oracle", str(want)),

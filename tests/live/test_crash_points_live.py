@@ -54,24 +54,38 @@ def in_background(fn: Any) -> threading.Thread:
     return thread
 
 
-def inits_rooted_under(state: Path) -> list[int]:
-    """Processes whose root is a slot overlay of this daemon (its desktops' trees)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            root = os.readlink(proc / "root")
-        except OSError:
-            continue
-        if root.startswith(str(state)):
-            found.append(int(proc.name))
+def slot_inits(state: Path) -> dict[int, int]:
+    """The inits of this daemon's slot instances (pid -> starttime, from each instance's
+    owner.json). Not from /proc/<pid>/root: a slot's processes are in their own mount namespace
+    and their root reads "/" from here."""
+    found = {}
+    for owner in (state / "slots").glob("*/owner.json"):
+        init = json.loads(owner.read_text()).get("init")
+        if isinstance(init, list) and len(init) == 2:
+            found[int(init[0])] = int(init[1])
     return found
 
 
+def process_state(pid: int, start: int) -> str | None:
+    """That process's state letter (R, S, Z, ...), None when it is gone (or the pid reused)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0] if int(fields[19]) == start else None
+
+
+def wait_while(predicate: Any, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    while predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def restart_and_check(daemon: Daemon, root: Path, what: str) -> None:
-    daemon.start(limit_s=120)
     state = root / "state"
+    survivors = slot_inits(state)  # the killed daemon's desktops, still running
+    assert survivors, f"{what}: no slot init found running after the kill (owner.json)"
+    daemon.start(limit_s=120)
     with http_client(daemon) as http:
         ids = {c["id"] for c in http.get("/v1/checkpoints").json()["checkpoints"]}
         ckpt_root = state / "checkpoints"
@@ -85,10 +99,17 @@ def restart_and_check(daemon: Daemon, root: Path, what: str) -> None:
         assert not strays, f"{what}: instances {strays} belong to no live slot ({sorted(slots)})"
         for slot_id in slots:
             http.delete(f"/v1/slots/{slot_id}")
-    deadline = time.monotonic() + 15
-    while inits_rooted_under(state) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert inits_rooted_under(state) == [], f"{what}: desktops outlived their slots"
+
+    def states() -> list[str | None]:
+        return [process_state(pid, start) for pid, start in survivors.items()]
+
+    wait_while(lambda: any(s not in (None, "Z") for s in states()), 15)
+    assert all(s in (None, "Z") for s in states()), f"{what}: desktops outlived their slots"
+    # Their inits' parent (the launcher's process) outlived the killed daemon: each is reaped
+    # the moment it exits, not whenever pid 1 gets to it (this sandbox's pid 1 reaps every
+    # ~1.7 s, measured).
+    wait_while(lambda: "Z" in states(), 0.3)
+    assert "Z" not in states(), f"{what}: inits of the killed daemon left unreaped"
 
 
 def forget_task_checkpoints(daemon: Daemon) -> None:

@@ -166,6 +166,33 @@ async def test_scope_violation(venv_ctx: TaskContext, tmp_path: Path) -> None:
     assert result.audit.scope.violations == ["/home/user/.bashrc"]
 
 
+async def test_a_failing_getter_makes_the_episode_invalid(
+    venv_ctx: TaskContext, tmp_path: Path
+) -> None:
+    """Issue 36: the result file made unreadable (a directory in its place, as the exploit
+    suite's `break` does with a FIFO) is no score and an invalid episode whose reason names the
+    getter, the path and the error; before, the read's error escaped verify (a 502)."""
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, check="main", check_alt=None)
+    (slot.home / "Desktop" / "out.txt").mkdir()
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
+    assert result.score is None and result.valid is False and result.trusted is False
+    assert result.audit.error_class == "getter"
+    [reason] = result.invalid_reasons
+    assert "getter 'vm_file'" in reason and "Desktop/out.txt" in reason, reason
+    assert "directory" in reason.lower(), reason
+
+
+async def test_a_getter_error_names_the_getter(venv_ctx: TaskContext, tmp_path: Path) -> None:
+    task, slot, ctx = setup_case(venv_ctx, tmp_path, check="main", check_alt=None)
+    task.evaluator.result = {"type": "cache_file", "path": "out.txt", "dest": "out.txt"}
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True, run_dir=None))
+    assert result.valid is False and result.score is None
+    assert result.invalid_reasons == [
+        "verify failed: getter 'cache_file' (result0, out.txt): cache_file needs the episode's "
+        "run dir, which verify was not given"
+    ], result.invalid_reasons
+
+
 @pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_osworld_task_scope_unchecked(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = find_task("e0df059f-28a6-4169-924f-b9623e7184cc", [SHARED])

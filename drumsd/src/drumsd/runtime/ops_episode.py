@@ -294,6 +294,11 @@ def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> Veri
     statuses = sup.gate_statuses(rec)
     valid_state = G.episode_valid(statuses)
     verdict = G.verdict(statuses, rec.status is SlotStatus.quarantined)
+    if result.invalid_reasons:
+        # verify itself could not read the episode (a getter or checker failed): invalid, the
+        # reasons name what failed, whatever the gates say (issue 36).
+        valid_state = False
+        verdict = "quarantined" if verdict == "quarantined" else "invalid"
     failed = G.failed_gates(statuses)
     reasons = [f"gate {name} failed" for name in failed]
     if valid_state is None:

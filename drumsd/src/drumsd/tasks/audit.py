@@ -89,6 +89,9 @@ class AuditedScore(BaseModel):
     checker_error: str | None
     audit: Audit
     trusted: bool | None
+    # Why verify itself makes the episode invalid (a getter or checker that failed): the daemon
+    # adds these to the gates' reasons, and the episode is not valid.
+    invalid_reasons: list[str] = Field(default_factory=list)
 
 
 # ---- scope scan ------------------------------------------------------------------------------
@@ -420,10 +423,25 @@ async def verify(
     checker_error = (
         f"{evaluation.error_class}: {evaluation.error}" if evaluation.error_class else None
     )
+    reasons = [failed_evaluation_reason(evaluation)] if evaluation.error_class else []
+    valid = False if reasons else episode.valid
     return AuditedScore(
         score=evaluation.score,
-        valid=episode.valid,
+        valid=valid,
         checker_error=checker_error,
         audit=audit,
-        trusted=trusted_verdict(episode.valid, evaluation.score, flags),
+        trusted=trusted_verdict(valid, evaluation.score, flags),
+        invalid_reasons=reasons,
     )
+
+
+def failed_evaluation_reason(evaluation: Evaluation) -> str:
+    """Why an evaluation that could not score makes the episode invalid (pure): a getter, the
+    postconfig or a checker failed, so there is no reward to learn from, not even a 0 (issue 36:
+    an agent that breaks what the evaluator reads must not earn a trusted 0 or 1 by it)."""
+    kind = evaluation.error_class
+    if kind == "getter":
+        return f"verify failed: {evaluation.error}"
+    if kind in ("postconfig", "unsupported", "bad_request"):
+        return f"verify failed ({kind}): {evaluation.error}"
+    return f"verify failed: checker {kind}: {evaluation.error}"

@@ -426,6 +426,7 @@ class TaskBridge:
                 scope=result.audit.scope.model_dump(mode="json"),
             ),
             trusted=None,
+            invalid_reasons=result.invalid_reasons,
             last_action=slot_record.last_action,
             actions=slot_record.actions,
         )

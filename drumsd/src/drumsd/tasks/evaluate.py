@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
+
+from drumsd.core.seams import RuntimeError_
+
 from .checker import (
     CheckerCall,
     CheckerEnv,
@@ -119,6 +123,25 @@ class Evaluation:
     postconfig_s: float = 0.0
 
 
+async def read_getter(config: dict[str, Any] | None, env: GetterEnv) -> Any:
+    """`get_value`, with any failure to read the slot named by its getter and where it reads
+    (a failing getter makes the episode invalid: its cause must say which one failed)."""
+    if config is None:
+        return None
+    what = f"getter {config.get('type')!r} ({env.prefix}"
+    what += f", {config['path']})" if isinstance(config.get("path"), str) else ")"
+    try:
+        return await get_value(config, env)
+    except ResultMissing:
+        raise
+    except GetterError as exc:
+        raise type(exc)(f"{what}: {exc}") from exc
+    except (OSError, RuntimeError, RuntimeError_, trio.TooSlowError) as exc:
+        # The runtime's own errors: a read that failed or was refused (a result file over the
+        # read limit), a guest that did not answer, a slot that died.
+        raise GetterError(f"{what}: {exc}") from exc
+
+
 async def prepare_metrics(
     ev: Evaluator,
     task: Task,
@@ -140,13 +163,13 @@ async def prepare_metrics(
         result_env = GetterEnv(access, ctx, task, f"{prefix}result{i}", run_dir, "result")
         expected_env = GetterEnv(access, ctx, task, f"{prefix}expected{i}", run_dir, "expected")
         try:
-            result = await get_value(spec.result, result_env)
+            result = await read_getter(spec.result, result_env)
         except ResultMissing as exc:
             prepared.append(PreparedMetric(spec.func, None, missing=str(exc)))
             continue
         args = [result]
         if spec.expected:
-            args.append(await get_value(spec.expected, expected_env))
+            args.append(await read_getter(spec.expected, expected_env))
         prepared.append(PreparedMetric(spec.func, metric_call(spec.func, args, spec.options)))
     return prepared
 
@@ -172,7 +195,7 @@ async def _prepare_verifier(
     for i, config in enumerate(results):
         env = GetterEnv(access, ctx, task, f"{prefix}result{i}", run_dir, "expected")
         # role "expected": a missing file is passed as None instead of scoring 0 outright
-        paths[config.get("dest") or f"result{i}"] = await get_value(config, env)
+        paths[config.get("dest") or f"result{i}"] = await read_getter(config, env)
     options = ev.options if isinstance(ev.options, dict) else {}
     call = verifier_call(module_dir, ev.module, check or ev.check or "", [paths, options], None)
     return PreparedMetric("drums_verifier", call)

@@ -30,8 +30,9 @@ HOST_NAMESPACES = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
 
 
 # --- polling ---------------------------------------------------------------------------------
-# For state that lives in another task or process, with no event to wait on. Both take the same
-# arguments; the async one counts trio's time, so under MockClock its limit is virtual.
+# For state that lives in another task or process, with no event to wait on. Both fail naming what
+# they waited for and the last value; the async one counts trio's time, so under MockClock its
+# limit is virtual.
 
 
 async def wait_for(
@@ -61,13 +62,10 @@ async def wait_for(
 
 
 def poll(
-    predicate: Callable[[], Any],
-    limit_s: float = 30.0,
-    *,
-    what: str = "the condition",
-    every_s: float = 0.2,
+    what: str, predicate: Callable[[], Any], limit_s: float = 30.0, every_s: float = 0.25
 ) -> Any:
-    """The same, blocking, in wall time: for tests that drive real processes over HTTP."""
+    """The same, blocking, in wall time: for tests that drive real processes (integration and
+    live), where every call names what it waits for."""
     deadline = time.monotonic() + limit_s
     while True:
         last = predicate()

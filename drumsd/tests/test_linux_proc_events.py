@@ -251,6 +251,6 @@ def test_a_quiesce_socket_sees_a_short_lived_child_that_exits_0() -> None:
 
     try:
         subprocess.run(["true"], check=True)  # lives for a moment and exits 0
-        poll(fork_and_exit, 5, what="the child's fork and exit events", every_s=0.01)
+        poll("the child's fork and exit events", fork_and_exit, 5, every_s=0.01)
     finally:
         sock.close()

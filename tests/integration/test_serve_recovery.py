@@ -38,9 +38,9 @@ def test_kill9_mid_create_then_restart_reconciles(tmp_path: Path) -> None:
             target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 5), daemon=True
         ).start()
         poll(
+            "a creating record",
             lambda: any(r["status"] == "creating" for r in journal_slots(tmp_path).values()),
             10,
-            what="a creating record",
             every_s=0.02,
         )
     d.kill9()
@@ -83,7 +83,7 @@ def test_sigterm_drains_an_in_flight_request(tmp_path: Path) -> None:
 
     t = threading.Thread(target=create)
     t.start()
-    poll(lambda: journal_slots(tmp_path), 10, what="the create to start", every_s=0.02)
+    poll("the create to start", lambda: journal_slots(tmp_path), 10, every_s=0.02)
     started = time.monotonic()
     d.proc.send_signal(signal.SIGTERM)
     assert d.proc.wait(timeout=15) == 0
@@ -101,10 +101,10 @@ def test_second_signal_stops_at_once(tmp_path: Path) -> None:
     threading.Thread(
         target=post_ignoring_disconnect, args=(d.url + "/v1/slots", d.token, 30), daemon=True
     ).start()
-    poll(lambda: journal_slots(tmp_path), 10, what="the create to start", every_s=0.02)
+    poll("the create to start", lambda: journal_slots(tmp_path), 10, every_s=0.02)
     d.proc.send_signal(signal.SIGTERM)
     # Not "sleep, then it is still running": wait until it says it drains, then check it is.
-    poll(lambda: "SIGTERM: draining requests" in d.log(), 10, what="the drain", every_s=0.02)
+    poll("the drain", lambda: "SIGTERM: draining requests" in d.log(), 10, every_s=0.02)
     assert d.proc.poll() is None, "the first signal drains (the create is still running)"
     started = time.monotonic()
     d.proc.send_signal(signal.SIGINT)

@@ -32,9 +32,9 @@ from gate_daemons import (
     execute,
     init_pid,
     office_daemon,
-    poll,
     state_dir_of,
 )
+from harness import poll
 
 PORT_BASE = OFFICE_PORT_BASE  # slot N's guest_port on 43000+N, DevTools (1337) on 43200+N
 GUEST_PORT = OFFICE_GUEST_PORT

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, final, poll, settled_gates, shared_daemon, verify
+from gate_daemons import create, destroy, execute, final, settled_gates, shared_daemon, verify
+from harness import poll
 from live_daemon import http_client
 
 RENAME = "e0df059f-28a6-4169-924f-b9623e7184cc"

@@ -22,7 +22,8 @@ from drumsd.api.console_frames import scale_png
 from PIL import Image, ImageChops, ImageStat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, poll, settled_gates, shared_daemon
+from gate_daemons import create, destroy, execute, settled_gates, shared_daemon
+from harness import poll
 from live_daemon import Daemon, http_client
 
 # DRUMS_CONSOLE_SCREENSHOTS=dir: keep PNGs of the grid and the quarantined slot's page (docs/).

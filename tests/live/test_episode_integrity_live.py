@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, execute, gates, poll, settled_gates
+from gate_daemons import create, execute, gates, settled_gates
+from harness import poll
 from live_daemon import http_client
 
 # The session daemon's (live_daemon.live_config): the tests below step across it.

@@ -21,7 +21,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.runtime import agent_client
-from gate_daemons import create, destroy, poll, settled_gates, shared_daemon, verify
+from gate_daemons import create, destroy, settled_gates, shared_daemon, verify
+from harness import poll
 from live_daemon import http_client
 from test_escape_hardened import execute, host_view, python_in_slot
 

@@ -19,12 +19,12 @@ from gate_daemons import (
     gates,
     init_pid,
     nsenter_mount_tmpfs,
-    poll,
     settled_gates,
     shared_daemon,
     state_of,
     verify,
 )
+from harness import poll
 from live_daemon import http_client
 
 ALL_GATES = set(GATES)

@@ -31,11 +31,11 @@ from gate_daemons import (
     execute,
     final,
     office_daemon,
-    poll,
     put_file,
     settled_gates,
     verify,
 )
+from harness import poll
 from live_daemon import http_client
 
 SITE = "/home/user/Desktop/site"

@@ -17,13 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.tasks.testing import png_image
-from gate_daemons import (
-    episode,
-    execute,
-    poll,
-    put_file,
-    shared_daemon,
-)
+from gate_daemons import episode, execute, put_file, shared_daemon
+from harness import poll
 from live_daemon import osworld_opt_in
 
 osworld_opt_in("the osworld image tests are")

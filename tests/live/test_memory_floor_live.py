@@ -25,7 +25,8 @@ if os.environ.get("DRUMS_LIVE_MEMORY") != "1":
 os.environ.setdefault("DRUMS_LIVE", "1")  # opted in: a host that cannot run it fails
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, execute, poll
+from gate_daemons import create, execute
+from harness import poll
 from live_daemon import http_client, start_live_daemon, stop_and_clean
 
 # What the hog leaves above the floor: less than one more slot costs (env_mib, the cost once

@@ -18,15 +18,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import (
-    OSWORLD,
-    create,
-    destroy,
-    episode,
-    execute,
-    poll,
-    shared_daemon,
-)
+from gate_daemons import OSWORLD, create, destroy, episode, execute, shared_daemon
+from harness import poll
 from live_daemon import http_client, osworld_opt_in
 
 osworld_opt_in("the osworld image tests are")

@@ -16,12 +16,13 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from harness import poll
 from live_daemon import Daemon, http_client, mounts_under, start_live_daemon, stop_and_clean
 
 PER_CHECKPOINT = 2
@@ -59,17 +60,6 @@ def cold() -> Iterator[tuple[Daemon, Path]]:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def poll(what: str, fn: Callable[[], Any], limit_s: float = 30.0, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + limit_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"{what}: not within {limit_s}s (last: {last!r})")
 
 
 def _template(http: httpx.Client) -> str:

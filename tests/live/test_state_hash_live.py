@@ -21,7 +21,8 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, poll, settled_gates, shared_daemon
+from gate_daemons import create, destroy, execute, settled_gates, shared_daemon
+from harness import poll
 from live_daemon import http_client, require_live
 
 CHILDREN = 4

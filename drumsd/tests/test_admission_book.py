@@ -33,7 +33,7 @@ def test_a_reservation_is_given_back_on_return_and_on_error(tmp_path) -> None:
             assert (b.pending_mib, b.pending_state_mib) == (1000, 300)
             assert b.reserved == {"create": 700, "capture": 300}
     assert (b.pending_mib, b.pending_state_mib, b.reserved) == (0, 0, {})
-    with pytest.raises(RuntimeError), b.reserve("branch", 2000):
+    with pytest.raises(RuntimeError), b.reserve("fork", 2000):
         raise RuntimeError("the restore failed")
     assert (b.pending_mib, b.reserved) == (0, {})
 

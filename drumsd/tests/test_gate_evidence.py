@@ -423,7 +423,7 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
     read (seen: Chromium's `Web Data` rewritten in a branch's late children under load): what it
     wrote since its own restore began is its own. The children's starts overlap, so no child
     waits for its siblings' evidence."""
-    from drums.models import BranchRequest, SlotCreate
+    from drums.models import ForkRequest, SlotCreate
 
     evidence = _SlowEvidence()
     config = _config(tmp_path)
@@ -435,7 +435,7 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
     ) as sup:
         await _wait(lambda: sup.template_status.get("base") == "ready")
         parent = await sup.create(SlotCreate())
-        out = await sup.branch(parent.id, BranchRequest(n=4))
+        out = await sup.fork(parent.id, ForkRequest(n=4))
         for child in out["children"]:
             restored_at = handle_from_json(child.handle).extra["restore_started_at"]
             assert evidence.since[child.id] == restored_at

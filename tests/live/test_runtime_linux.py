@@ -178,7 +178,7 @@ async def test_branch_of_4_children_are_independent(rt, template, state_dir) -> 
     h = await rt.restore("live-b", template, LIMITS)
     await rt.exec_user(h, "echo parent > /tmp/parent-mark", 10)
     ck = await rt.capture(h, "live-b-pre", state_dir / "ck" / f"pre-{uuid.uuid4().hex[:6]}")
-    kids = await rt.branch(h, ck, [f"live-b-{i}" for i in range(4)], LIMITS)
+    kids = await rt.fork(h, ck, [f"live-b-{i}" for i in range(4)], LIMITS)
     assert len({k.init_pid for k in kids}) == 4
     res = await rt.exec_user(kids[0], "touch /tmp/only-in-child-0", 10)
     assert res.returncode == 0, res.stderr
@@ -357,7 +357,7 @@ async def test_slot_ids_map_as_the_profile_says(rt, template, profile) -> None:
         assert res.stdout.split()[0] == "0" and "MKNOD-OK" not in res.stdout
     # A fork restores into its own range: the userns image is rewritten per range.
     ck = await rt.capture(a, "live-h-pre", Path(a.root).parents[2] / "ck" / uuid.uuid4().hex[:6])
-    (kid,) = await rt.branch(a, ck, ["live-h3"], LIMITS)
+    (kid,) = await rt.fork(a, ck, ["live-h3"], LIMITS)
     assert kid.extra["uid_base"] not in (base_a, base_b)
     assert (await rt.exec_user(kid, "id -un", 10)).stdout.strip() == "user"
     for sid in ("live-h3", "live-h2", "live-h1"):

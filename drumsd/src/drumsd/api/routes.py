@@ -231,7 +231,7 @@ async def capture(ctx: Ctx, slot_id: str, body: wire.CaptureRequest | None) -> R
 
 
 async def fork(ctx: Ctx, slot_id: str, body: wire.ForkRequest) -> Reply:
-    out = await ctx.supervisor.branch(slot_id, body)
+    out = await ctx.supervisor.fork(slot_id, body)
     return wire.ForkResult(
         parent=out["parent"],
         children=[convert.slot(c) for c in out["children"]],

@@ -52,7 +52,7 @@ def state_lease(
 def child_lease(
     config: Config, maker: SlotRecord, idle_timeout_s: float | None, ttl_s: float | None
 ) -> Lease:
-    """The lease of a branch child: per-request overrides, else its maker's lease (not the
+    """The lease of a fork child: per-request overrides, else its maker's lease (not the
     config's env defaults: a client that asked for a 60 s idle timeout must not leave children
     that live for 1,800 s after it dies; issue 14, finding 8)."""
     return Lease(

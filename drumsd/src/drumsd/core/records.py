@@ -164,7 +164,7 @@ def check_can_reset(record: SlotRecord) -> None:
 
 def check_can_fork(record: SlotRecord) -> None:
     if record.status is not SlotStatus.ready:
-        raise _refuse(record, "branch")
+        raise _refuse(record, "fork")
 
 
 def check_can_capture(record: SlotRecord) -> None:

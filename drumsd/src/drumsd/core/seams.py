@@ -205,7 +205,7 @@ class SlotRuntime(Protocol):
         """Dump the running tree (left running) and snapshot the upper layer while frozen."""
         ...
 
-    async def branch(
+    async def fork(
         self,
         handle: SlotHandle,
         source: CheckpointRef,
@@ -290,7 +290,7 @@ class SlotRuntime(Protocol):
 @runtime_checkable
 class SpareControl(Protocol):
     """A runtime that keeps frozen restores ("warm spares") of checkpoints ready, so a create,
-    reset or branch child from a pooled checkpoint is a thaw instead of a restore."""
+    reset or fork child from a pooled checkpoint is a thaw instead of a restore."""
 
     refill_allowed: Callable[[], bool]  # set by the supervisor: admission's word on new desktops
 

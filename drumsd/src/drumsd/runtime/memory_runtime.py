@@ -236,7 +236,7 @@ class MemoryRuntime:
             upper_sha256=upper_hash,
         )
 
-    async def branch(
+    async def fork(
         self,
         handle: SlotHandle,
         source: CheckpointRef,

@@ -1,4 +1,5 @@
-"""capture (a saved state), prefork (a state to branch from) and branch (N children at once)."""
+"""capture (a saved checkpoint), prefork (a checkpoint to fork from) and fork (N children
+at once)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from drums.models import (
-    BranchRequest,
     CaptureRequest,
+    ForkRequest,
     PreforkRequest,
 )
 
@@ -289,7 +290,7 @@ async def quiet_capture(
     raise AssertionError("unreachable: the last try returns or raises")
 
 
-async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str, Any]:
+async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> dict[str, Any]:
     sup.check_open()
     rec = sup.get_slot(slot_id)
     started = trio.current_time()
@@ -312,14 +313,14 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
     if source is None:
         cost += sup.config.admission.capture_mib
         state_mib = sup.config.admission.capture_mib
-    sup.admission_book.check_state_space("branch", state_mib)  # the children's restores too
-    sup.admission_book.admit("branch", cost, state_mib)
+    sup.admission_book.check_state_space("fork", state_mib)  # the children's restores too
+    sup.admission_book.admit("fork", cost, state_mib)
     async with sup.table.locked(slot_id, check_can_fork) as rec:
         if source is None:
             source = reusable_prefork(sup, rec)
         if source is None:
             lease = state_lease(sup.config, CheckpointKind.prefork, None, None)
-            with capture_deadline(sup, slot_id, "the prefork of a branch"):
+            with capture_deadline(sup, slot_id, "the prefork of a fork"):
                 source = await dump(
                     sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s
                 )
@@ -356,11 +357,11 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
         sup.table.save_checkpoint(source, "used")
         await sup.store.durable()  # the children's records before their restores
         with (
-            sup.admission_book.reserve("branch", children_cost),
-            runtime_failures(sup.metrics, what=f"branch of slot {slot_id}", slot_id=slot_id),
+            sup.admission_book.reserve("fork", children_cost),
+            runtime_failures(sup.metrics, what=f"fork of slot {slot_id}", slot_id=slot_id),
         ):
             try:
-                handles = await sup.runtime.branch(
+                handles = await sup.runtime.fork(
                     handle_of(rec),
                     checkpoint_ref(source),
                     [c.id for c in children],
@@ -368,7 +369,7 @@ async def branch(sup: Supervisor, slot_id: str, req: BranchRequest) -> dict[str,
                 )
             except BaseException as exc:
                 with trio.CancelScope(shield=True):
-                    why = failure_text(exc, "branch was cancelled")
+                    why = failure_text(exc, "fork was cancelled")
                     for child in children:
                         await discard(sup, child, why)
                 raise

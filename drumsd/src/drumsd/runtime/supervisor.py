@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import trio
 from drums.models import (
-    BranchRequest,
     CaptureRequest,
     CheckpointAdopt,
+    ForkRequest,
     PreforkRequest,
     QuiescentRequest,
     SlotCreate,
@@ -348,8 +348,8 @@ class Supervisor:
     async def prefork(self, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
         return await self._durable(await ops_fork.prefork(self, slot_id, req))
 
-    async def branch(self, slot_id: str, req: BranchRequest) -> dict[str, Any]:
-        return await self._durable(await ops_fork.branch(self, slot_id, req))
+    async def fork(self, slot_id: str, req: ForkRequest) -> dict[str, Any]:
+        return await self._durable(await ops_fork.fork(self, slot_id, req))
 
     async def adopt_checkpoint(self, req: CheckpointAdopt) -> CheckpointRecord:
         return await self._durable(await ops_checkpoints.adopt_checkpoint(self, req))

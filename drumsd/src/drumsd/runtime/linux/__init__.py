@@ -18,7 +18,7 @@ Parts (operations):
 - base.py         config, the instance record, the event log line
 - supervision.py  the running nursery and launcher, pidfd watches, agent calls, disposal
 - restore.py      Restorer: the restore queue (CRIU restore into a fresh instance, retries)
-- slots.py        Slots: restore, reset, destroy, branch of a slot
+- slots.py        Slots: restore, reset, destroy, fork of a slot
 - slot_io.py      SlotIO: agent calls, commands and files in a slot, facts
 - waits.py        TreeWaits: quiescence, a booting tree's quiet, the init's exit
 - dumps.py        Dumper: CRIU dumps, checked against the tree

@@ -1,5 +1,5 @@
 """`LinuxRuntime`: the owners and parts held together, the `SlotRuntime` calls that give a slot an
-instance or take it away (restore, reset, destroy, branch), and its lifetime (`run`,
+instance or take it away (restore, reset, destroy, fork), and its lifetime (`run`,
 `open_linux_runtime`). Every other call is one of its parts'."""
 
 from __future__ import annotations
@@ -110,14 +110,14 @@ class LinuxRuntime:
     async def destroy(self, slot_id: str) -> None:
         await self.slots.destroy(slot_id)
 
-    async def branch(
+    async def fork(
         self,
         handle: SlotHandle,
         source: CheckpointRef,
         child_ids: Sequence[str],
         limits: SlotLimits,
     ) -> list[SlotHandle]:
-        return await self.slots.branch(handle, source, child_ids, limits)
+        return await self.slots.fork(handle, source, child_ids, limits)
 
     async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
         inst = self.instances.of(handle)

@@ -1,6 +1,6 @@
 """The `SlotRuntime` calls that give a slot an instance or take it away: restore (a warm spare's
 thaw or a CRIU restore), reset (the instance swapped, the old one torn down in the background),
-destroy, and branch (N restores of one checkpoint side by side)."""
+destroy, and fork (N restores of one checkpoint side by side)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ class Slots:
         if scope.cancelled_caught:
             log_event("destroy_overran", slot=slot_id, timeout_s=self.config.teardown_timeout_s)
 
-    async def branch(
+    async def fork(
         self,
         handle: SlotHandle,
         source: CheckpointRef,

@@ -10,6 +10,7 @@ form (6/4/4, 14 envs placed); DRUMS_POOL_BENCH=1 adds the benchmark (docs/bench/
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -683,6 +684,65 @@ def test_a_dead_drumsd_is_host_down_and_new_envs_go_elsewhere(hosts: dict[str, A
     assert live_ids(hosts["daemons"]["h1"]) == live_ids(hosts["daemons"]["h2"]) == set()
     with Pool(warm=False) as pool:
         placers_agree_with_the_daemons(hosts, pool)
+
+
+def power_off(daemon: Any, state: Path) -> int:
+    """What a host's reboot does to drumsd's world, short of the kernel: the daemon, every
+    desktop (a pid namespace dies with its init) and the inits' parent die at once, the mounts
+    go; the journal and the state directory's files stay (they are on disk). The number of slot
+    inits killed (from each instance's owner.json: a slot's root reads "/" from here)."""
+    daemon.kill9()
+    killed, parents = 0, set()
+    for owner in state.glob("slots/*/owner.json"):
+        init = json.loads(owner.read_text()).get("init")
+        if not isinstance(init, list):
+            continue
+        try:
+            fields = Path(f"/proc/{init[0]}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[19]) == init[1]:
+            parents.add(int(fields[1]))
+            os.kill(init[0], signal.SIGKILL)
+            killed += 1
+    for ppid in parents - {1}:  # the launcher's process that held the inits
+        if b"reaper.py" in Path(f"/proc/{ppid}/cmdline").read_bytes():
+            os.kill(ppid, signal.SIGKILL)
+    time.sleep(0.5)
+    for target in sorted(mounts_under(state), reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True)
+    return killed
+
+
+def test_a_host_restart_resurrects_nothing_and_capacity_comes_back(
+    hosts: dict[str, Any],
+) -> None:
+    """Fault suite, a host restart: h3's drumsd and desktops all die at once, mounts gone, the
+    journal kept. The restarted daemon adopts nothing (0 resurrected), the pool's env there is
+    host_down while h3 is away and gone after, and every placer sees h3 whole again."""
+    daemon = hosts["daemons"]["h3"]
+    with Pool(down_ttl_s=600) as pool:
+        envs = []
+        while not any(e.host == "h3" for e in envs):
+            envs.append(pool.create())
+        on_h3 = next(e for e in envs if e.host == "h3")
+        killed = power_off(daemon, hosts["root"] / "h3" / "state")
+        assert killed > 0, "no desktop process of h3 found to kill"
+        with pytest.raises(HostDown):
+            on_h3.observe()
+        daemon.start(limit_s=120)
+        took = wait_for(lambda: live_ids(daemon) == set(), 30, "h3 with no slot after restart")
+        print(f"host restart: {killed} processes killed, h3 empty {took:.2f} s after its start")
+        for env in envs:
+            env.close()
+    leaked = {lb: live_ids(d) for lb, d in hosts["daemons"].items() if live_ids(d)}
+    assert leaked == {}, f"leaked after the host restart: {leaked}"
+    with Pool(warm=False) as pool:
+        placers_agree_with_the_daemons(hosts, pool)
+    with http_client(daemon, timeout=120) as http:  # h3 serves desktops again
+        made = http.post("/v1/slots", json={})
+        assert made.status_code == 201, made.text
+        http.delete(f"/v1/slots/{made.json()['id']}")
 
 
 def test_a_stopped_node_is_host_down_and_the_pool_carries_on(hosts: dict[str, Any]) -> None:

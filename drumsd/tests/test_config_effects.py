@@ -9,7 +9,7 @@ from pathlib import Path
 
 from drumsd.core.admission import HostSample
 from drumsd.core.config import Config
-from drumsd.core.leases import slot_lease, state_lease
+from drumsd.core.leases import checkpoint_lease, slot_lease
 from drumsd.core.records import CheckpointKind
 from drumsd.core.retention import GIB, Archived, files_to_delete
 from harness import TOKEN, create, error_of, open_api
@@ -78,7 +78,7 @@ def test_lease_limits_turn_off_with_null_or_zero() -> None:
         c = config(lease={"env_idle_timeout_s": off, "state_idle_timeout_s": off, "env_ttl_s": 0})
         lease = slot_lease(c, None, None)
         assert lease.idle_timeout_s is None and lease.ttl_s is None
-        assert state_lease(c, CheckpointKind.saved, None, None).idle_timeout_s is None
+        assert checkpoint_lease(c, CheckpointKind.saved, None, None).idle_timeout_s is None
     assert slot_lease(config(), None, None).idle_timeout_s == 1800.0
 
 

@@ -7,13 +7,13 @@ from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import (
     TOMBSTONE_KEEP_S,
+    checkpoint_lease,
     expired_checkpoints,
     expired_slots,
     expires_at,
     prefork_reusable,
     slot_lease,
     stale_tombstones,
-    state_lease,
 )
 from drumsd.core.records import (
     CheckpointKind,
@@ -117,7 +117,7 @@ def cp(kind: CheckpointKind, **kw) -> CheckpointRecord:
 
 def test_templates_never_expire_and_referenced_states_are_kept() -> None:
     c = cfg()
-    assert state_lease(c, CheckpointKind.template, 1, 1).idle_timeout_s is None
+    assert checkpoint_lease(c, CheckpointKind.template, 1, 1).idle_timeout_s is None
     saved = cp(CheckpointKind.saved, id="st", idle_timeout_s=1)
     used = cp(CheckpointKind.saved, id="st2", idle_timeout_s=1)
     tpl = cp(CheckpointKind.template, id="tpl", idle_timeout_s=1)
@@ -126,7 +126,7 @@ def test_templates_never_expire_and_referenced_states_are_kept() -> None:
 
 
 def test_prefork_lease_is_capped_by_max_age() -> None:
-    lease = state_lease(cfg(prefork_max_age_s=30), CheckpointKind.prefork, None, None)
+    lease = checkpoint_lease(cfg(prefork_max_age_s=30), CheckpointKind.prefork, None, None)
     assert lease.ttl_s == 30
 
 

@@ -29,7 +29,7 @@ def slot_lease(config: Config, idle_timeout_s: float | None, ttl_s: float | None
     )
 
 
-def state_lease(
+def checkpoint_lease(
     config: Config, kind: CheckpointKind, idle_timeout_s: float | None, ttl_s: float | None
 ) -> Lease:
     if kind is CheckpointKind.template:
@@ -61,13 +61,13 @@ def child_lease(
     )
 
 
-def saved_state_lease(
+def saved_checkpoint_lease(
     config: Config, maker: SlotRecord, idle_timeout_s: float | None, ttl_s: float | None
 ) -> Lease:
-    """The lease of a state saved from `maker`: per-request overrides, else the maker's idle
-    timeout (the state is as abandoned as its slot when the client stops); the TTL counts from
-    the state's own creation, so it stays the config's unless asked for."""
-    base = state_lease(config, CheckpointKind.saved, idle_timeout_s, ttl_s)
+    """The lease of a checkpoint saved from `maker`: per-request overrides, else the maker's
+    idle timeout (the checkpoint is as abandoned as its slot when the client stops); the TTL
+    counts from the checkpoint's own creation, so it stays the config's unless asked for."""
+    base = checkpoint_lease(config, CheckpointKind.saved, idle_timeout_s, ttl_s)
     if idle_timeout_s is None and maker.idle_timeout_s is not None:
         return Lease(maker.idle_timeout_s, base.ttl_s)
     return base

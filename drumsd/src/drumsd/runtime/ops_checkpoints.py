@@ -14,7 +14,7 @@ from drums.models import (
 
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import (
-    state_lease,
+    checkpoint_lease,
 )
 from drumsd.core.records import (
     CheckpointKind,
@@ -116,7 +116,7 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
         )
     kind = CheckpointKind(req.kind)
     now = sup.clock()
-    lease = state_lease(sup.config, kind, None, None)
+    lease = checkpoint_lease(sup.config, kind, None, None)
     cp = CheckpointRecord(
         id=new_id("tpl" if kind is CheckpointKind.template else "st"),
         kind=kind,

@@ -19,10 +19,10 @@ from drums.models import (
 
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import (
+    checkpoint_lease,
     child_lease,
     prefork_reusable,
-    saved_state_lease,
-    state_lease,
+    saved_checkpoint_lease,
 )
 from drumsd.core.records import (
     CheckpointKind,
@@ -63,7 +63,7 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
     limit = sup.config.capture_timeout_s
     async with sup.table.locked(slot_id, check_can_capture, op="capture", deadline_s=limit) as rec:
         with capture_deadline(sup, slot_id, "capture"):
-            lease = saved_state_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
+            lease = saved_checkpoint_lease(sup.config, rec, req.idle_timeout_s, req.ttl_s)
             cp = await dump(sup, rec, CheckpointKind.saved, lease.idle_timeout_s, lease.ttl_s)
             return cp
 
@@ -83,7 +83,7 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
             reusable = reusable_prefork(sup, rec)
             if reusable is not None:
                 return reusable
-            lease = state_lease(sup.config, CheckpointKind.prefork, req.idle_timeout_s, None)
+            lease = checkpoint_lease(sup.config, CheckpointKind.prefork, req.idle_timeout_s, None)
             return await dump(sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s)
 
 
@@ -319,7 +319,7 @@ async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> dict[str, Any
         if source is None:
             source = reusable_prefork(sup, rec)
         if source is None:
-            lease = state_lease(sup.config, CheckpointKind.prefork, None, None)
+            lease = checkpoint_lease(sup.config, CheckpointKind.prefork, None, None)
             with capture_deadline(sup, slot_id, "the prefork of a fork"):
                 source = await dump(
                     sup, rec, CheckpointKind.prefork, lease.idle_timeout_s, lease.ttl_s

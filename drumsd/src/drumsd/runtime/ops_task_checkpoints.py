@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from drumsd.core.errors import DrumsdError
-from drumsd.core.leases import state_lease
+from drumsd.core.leases import checkpoint_lease
 from drumsd.core.records import CheckpointKind, CheckpointRecord, SlotRecord, SlotStatus
 from drumsd.core.seams import SlotHandle
 from drumsd.core.task_checkpoints import (
@@ -168,7 +168,7 @@ async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan)
     cache = setup_cache(sup)
     assert cache is not None
     mib = sup.config.admission.capture_mib
-    lease = state_lease(sup.config, CheckpointKind.task, None, None)
+    lease = checkpoint_lease(sup.config, CheckpointKind.task, None, None)
     try:
         sup.admission_book.check_state_space("task checkpoint", mib)
         sup.admission_book.admit("task checkpoint", mib, mib)

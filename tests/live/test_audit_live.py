@@ -7,7 +7,6 @@ DRUMS_LIVE=1 (root, CRIU, the base image, the checker venv)."""
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import (
-    VERIFIER_MODULE,
-    create,
-    destroy,
-    execute,
-    final,
-    settled_gates,
-    shared_daemon,
-    verify,
-)
-from live_daemon import http_client
+from gate_daemons import VERIFIER_MODULE, shared_daemon, timed_verify
 
 ANSWER = "/home/user/Desktop/answer.txt"
 SCOPE = {
@@ -60,20 +49,7 @@ def _task(check: str, *, check_alt: str | None = None, options: dict | None = No
 
 
 def _verify_after(daemon, task: dict, commands: list[str]) -> tuple[dict, float]:
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            for command in commands:
-                out = execute(http, sid, command)
-                assert out["output"]["returncode"] == 0, out
-            final(http, sid, "done")
-            settled_gates(http, sid)
-            started = time.monotonic()
-            r = verify(http, sid)
-            took = time.monotonic() - started
-            assert r.status_code == 200, r.text
-        finally:
-            destroy(http, sid)
+    r, took = timed_verify(daemon, task, commands)
     result = r.json()
     # The audit never changes validity: every gate passed on these slots.
     assert result["valid"] is True and result["verdict"] == "valid", result

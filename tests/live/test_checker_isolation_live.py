@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,10 @@ from gate_daemons import (
     OSWORLD,
     VERIFIER_MODULE,
     VERIFIERS,
-    create,
-    destroy,
-    execute,
-    final,
     put_file,
-    settled_gates,
     shared_daemon,
     state_of,
-    verify,
+    timed_verify,
 )
 from live_daemon import http_client
 
@@ -52,20 +46,7 @@ def daemon():
 
 def _verify_after(daemon, task: dict, commands: list[str]) -> tuple[dict, int, float]:
     """Create on `task`, run the agent's `commands`, verify: (result, answer bytes, seconds)."""
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            for command in commands:
-                out = execute(http, sid, command)
-                assert out["output"]["returncode"] == 0, (command, out["output"]["stderr"][-600:])
-            final(http, sid, "done")
-            settled_gates(http, sid)
-            started = time.monotonic()
-            r = verify(http, sid)
-            took = time.monotonic() - started
-            assert r.status_code == 200, r.text
-        finally:
-            destroy(http, sid)
+    r, took = timed_verify(daemon, task, commands)
     result = r.json()
     assert result["valid"] is True, result
     return result, len(r.content), took

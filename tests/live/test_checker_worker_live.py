@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, final, settled_gates, shared_daemon, verify
+from gate_daemons import (
+    create,
+    destroy,
+    execute,
+    final,
+    settled_gates,
+    shared_daemon,
+    timed_verify,
+    verify,
+)
 from harness import poll
 from live_daemon import http_client
 
@@ -61,22 +69,9 @@ def probe_task(test_body: str) -> dict:
 def run_probe(daemon, test_body: str) -> tuple[dict, float]:
     task = probe_task(test_body)
     body = task.pop("_body")
-    with http_client(daemon) as http:
-        sid = create(http, task=task)["id"]
-        try:
-            write = (
-                "printf 'X = 1\\n' > ~/probe.py && cat > ~/test_probe.py <<'PY'\n" + body + "\nPY"
-            )
-            assert execute(http, sid, write)["output"]["returncode"] == 0
-            final(http, sid, "done")
-            settled_gates(http, sid)
-            started = time.monotonic()
-            r = verify(http, sid)
-            took = time.monotonic() - started
-            assert r.status_code == 200, r.text
-            return r.json(), took
-        finally:
-            destroy(http, sid)
+    write = "printf 'X = 1\\n' > ~/probe.py && cat > ~/test_probe.py <<'PY'\n" + body + "\nPY"
+    r, took = timed_verify(daemon, task, [write])
+    return r.json(), took
 
 
 def rename_episode(daemon, solved: bool) -> dict:

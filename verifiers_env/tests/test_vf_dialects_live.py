@@ -7,14 +7,12 @@ opt-in (DRUMS_VF_DIALECTS=1): the API and MCP replays (tests/live) run by defaul
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 
 import pytest
-from test_vf_live import RENAME, SOLUTION, _held, _no_refusals, _policy, daemon  # noqa: F401
-from vf_support import Fake, by_task, error_text, vf_eval
+from test_vf_live import RENAME, SOLUTION, _eval_rename, _held, _no_refusals, daemon  # noqa: F401
+from vf_support import by_task, error_text
 
 pytestmark = [
     pytest.mark.live,
@@ -56,27 +54,16 @@ def test_vendor_tool_style_solves_a_task(
 ) -> None:
     url, token_file = daemon
     token = token_file.read_text().strip()
-    policy = _policy(tmp_path, SCRIPTS[style])
-    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
-    before = _held(url, token)
-    started = time.monotonic()
-    try:
-        episodes = vf_eval(
-            real,
-            policy,
-            tmp_path / "out",
-            None,
-            "--env.taskset.task-ids",
-            json.dumps([RENAME]),
-            "--env.taskset.task.tool-style",
-            style,
-            "--env.taskset.task.max-turns",
-            "6",
-            timeout=600,
-        )
-    finally:
-        policy.close()
-    print(f"vf live {style}: vf-eval took {time.monotonic() - started:.1f}s")
+    episodes, before = _eval_rename(
+        daemon,
+        tmp_path,
+        style,
+        SCRIPTS[style],
+        "--env.taskset.task.tool-style",
+        style,
+        "--env.taskset.task.max-turns",
+        "6",
+    )
     (trace,) = by_task(episodes)[RENAME]
     assert trace["ok"], error_text(trace)
     _no_refusals(trace)

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -77,6 +78,34 @@ def _policy(tmp_path: Path, script: list[dict]) -> MockPolicy:
     policy = MockPolicy({"default": script}, tmp_path / "policy-requests.jsonl")
     policy.base_url = f"http://127.0.0.1:{policy.serve()}/v1"  # type: ignore[attr-defined]
     return policy
+
+
+def _eval_rename(
+    daemon: tuple[str, Path], tmp_path: Path, label: str, script: list[dict], *args: str, **kw: Any
+) -> tuple[list[dict], tuple[set[str], set[str]]]:
+    """vf-eval on the real daemon's task RENAME (by id) with the scripted policy `script` and
+    vf-eval's `args`: (its episodes, what the daemon held before, for the after check)."""
+    url, token_file = daemon
+    policy = _policy(tmp_path, script)
+    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
+    before = _held(url, token_file.read_text().strip())
+    started = time.monotonic()
+    try:
+        episodes = vf_eval(
+            real,
+            policy,
+            tmp_path / "out",
+            None,
+            "--env.taskset.task-ids",
+            json.dumps([RENAME]),
+            *args,
+            timeout=600,
+            **kw,
+        )
+    finally:
+        policy.close()
+    print(f"vf live {label}: vf-eval took {time.monotonic() - started:.1f}s")
+    return episodes, before
 
 
 def _no_refusals(trace: dict) -> None:
@@ -203,37 +232,26 @@ def test_fork_group_of_4_by_task_id_with_the_chat_harness(
         {"tool": "computer_move", "arguments": {"x": 300, "y": 300}},
         {"tool": "computer_done", "arguments": {}},
     ]
-    policy = _policy(tmp_path, script)
-    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
-    before = _held(url, token)
-    started = time.monotonic()
-    try:
-        episodes = vf_eval(
-            real,
-            policy,
-            tmp_path / "out",
-            None,
-            "--env.taskset.task-ids",
-            json.dumps([RENAME]),
-            "--env.fork-n",
-            "4",
-            "--env.prefix",
-            json.dumps(["pyautogui.moveTo(100, 100)", {"type": "click", "x": 120, "y": 120}]),
-            "--env.settle-s",
-            "0.2",
-            "--env.max-concurrent-agents",
-            "4",
-            "--env.taskset.visual-window",
-            "2",
-            "--env.taskset.task.max-turns",
-            "6",
-            harness="drums-verifiers",
-            records=tmp_path / "records.jsonl",
-            timeout=600,
-        )
-    finally:
-        policy.close()
-    print(f"vf live fork group of 4: vf-eval took {time.monotonic() - started:.1f}s")
+    episodes, before = _eval_rename(
+        daemon,
+        tmp_path,
+        "fork group of 4",
+        script,
+        "--env.fork-n",
+        "4",
+        "--env.prefix",
+        json.dumps(["pyautogui.moveTo(100, 100)", {"type": "click", "x": 120, "y": 120}]),
+        "--env.settle-s",
+        "0.2",
+        "--env.max-concurrent-agents",
+        "4",
+        "--env.taskset.visual-window",
+        "2",
+        "--env.taskset.task.max-turns",
+        "6",
+        harness="drums-verifiers",
+        records=tmp_path / "records.jsonl",
+    )
     assert len(episodes) == 1, "a fork group is one episode"
     children = sorted(episodes[0]["traces"], key=lambda t: t["info"]["drums"]["fork_index"])
     infos = [c["info"]["drums"] for c in children]
@@ -264,27 +282,16 @@ def test_scalecua_tools_on_a_task_id(daemon: tuple[str, Path], tmp_path: Path) -
         {"tool": "computer", "arguments": {"action": "click", "x": 200, "y": 200}},
         {"tool": "computer", "arguments": {"action": "terminate", "status": "failure"}},
     ]
-    policy = _policy(tmp_path, script)
-    real = Fake(url=url, token_file=token_file, task_dir=tmp_path, daemon=None)  # type: ignore[arg-type]
-    before = _held(url, token)
-    started = time.monotonic()
-    try:
-        episodes = vf_eval(
-            real,
-            policy,
-            tmp_path / "out",
-            None,
-            "--env.taskset.task-ids",
-            json.dumps([RENAME]),
-            "--env.taskset.task.tool-style",
-            "scalecua",
-            "--env.taskset.task.max-turns",
-            "4",
-            timeout=600,
-        )
-    finally:
-        policy.close()
-    print(f"vf live scalecua: vf-eval took {time.monotonic() - started:.1f}s")
+    episodes, before = _eval_rename(
+        daemon,
+        tmp_path,
+        "scalecua",
+        script,
+        "--env.taskset.task.tool-style",
+        "scalecua",
+        "--env.taskset.task.max-turns",
+        "4",
+    )
     (trace,) = by_task(episodes)[RENAME]
     assert trace["ok"], error_text(trace)
     _no_refusals(trace)

@@ -32,7 +32,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]
 
     # Host subcommands (doctor, image, host, bench) register themselves when installed.
     bench = sub.add_parser(
-        "bench", help="measure cold boot, create, reset, branch, step and memory (table + JSON)"
+        "bench", help="measure cold boot, create, reset, fork, step and memory (table + JSON)"
     )
     from drumsd.bench.runtime import add_bench_args, main_bench
 

@@ -17,7 +17,7 @@ from drumsd.core.metrics import Histogram
 
 # Claims older than this no longer describe the current load.
 RATE_WINDOW_S = 120.0
-# Burst headroom over the mean rate (claims are bursty: branch, a trainer's synchronized reset).
+# Burst headroom over the mean rate (claims are bursty: a fork, a trainer's synchronized reset).
 HEADROOM = 2.0
 # Restore time assumed before any restore of the checkpoint was observed (measured 0.15-0.3 s).
 DEFAULT_RESTORE_S = 0.25

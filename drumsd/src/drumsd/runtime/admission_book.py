@@ -1,6 +1,6 @@
 """The admission book: what admission knows between two host samples. The last sample and
 decision, the memory and state_dir space reserved by admitted work still running (a restore,
-a dump, a branch's children: not yet visible in the sample), each slot's last memory charge.
+a dump, a fork's children: not yet visible in the sample), each slot's last memory charge.
 
 `reserve(op, mib)` holds a reservation for the body of a `with` and gives it back on every exit,
 so no operation writes the bookkeeping by hand. The decisions themselves are

@@ -88,7 +88,7 @@ async def read_facts(
             snapshot = Path(cp.dir) / "upper"
             # Files the restored tree writes itself are not a mismatch: anything touched
             # after its restore began. The runtime's wall clock of that start, not "now
-            # minus restore_s": a branch restores all its children before their episodes
+            # minus restore_s": a fork restores all its children before their episodes
             # begin, so under load a child's tree has run for seconds by then.
             restored_at = handle.extra.get("restore_started_at")
             written_since = (
@@ -331,7 +331,7 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
             )
             facts = None
         if current_episode(sup, slot_id, episode_id) is not rec:
-            return  # reset, branch or destroy replaced the tree while it was read
+            return  # reset, fork or destroy replaced the tree while it was read
         if facts is None and attempt < JUDGE_READ_TRIES:
             log.warning(
                 "slot=%s episode=%s alive_after_resume: facts unreadable (try %d of %d)",
@@ -377,7 +377,7 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
     async with sup.table.lock(slot_id):
         rec = current_episode(sup, slot_id, episode_id)
         if rec is None:
-            return  # reset, branch or destroy replaced this tree on purpose
+            return  # reset, fork or destroy replaced this tree on purpose
         set_gate(
             sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited", "how": how}
         )

@@ -1,4 +1,4 @@
-"""The admission sampler: the host figures that create, capture and branch are admitted by,
+"""The admission sampler: the host figures that create, capture and fork are admitted by,
 and the memory limit of all slots together, which follows MemAvailable so admission's floor
 holds for memory used outside slots too (issue 39, D7)."""
 

@@ -64,7 +64,7 @@ def spares_on(sup: Supervisor) -> bool:
 
 
 def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
-    """Keep frozen restores of `cp` ready so create/reset/branch from it are a thaw."""
+    """Keep frozen restores of `cp` ready so create/reset/fork from it are a thaw."""
     if not spares_on(sup) or not cp.ready:
         return
     assert isinstance(sup.runtime, SpareControl)
@@ -86,7 +86,7 @@ async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
 
 
 def note_claim(sup: Supervisor, checkpoint_id: str, handle: SlotHandle) -> None:
-    """A create/reset/branch child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
+    """A create/reset/fork child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
     stats = sup.pools.stats.get(checkpoint_id)
     if stats is None:
         return

@@ -215,7 +215,6 @@ class SlotIO:
         """Run in the slot with each output kept to checker_exec.OUTPUT_LIMIT (a command that
         prints without end costs the daemon no memory) and its whole process group killed at
         the deadline (nsenter forks the command into the slot's pid namespace)."""
-        limit = checker_exec.OUTPUT_LIMIT
         proc = await trio.lowlevel.open_process(
             self._nsenter(inst, argv, uid),
             env=_ROOT_ENV,  # nothing of the daemon's environment enters the slot (env -i after)
@@ -225,32 +224,17 @@ class SlotIO:
             start_new_session=True,
         )
         out, err = bytearray(), bytearray()
-
-        async def drain(stream: trio.abc.ReceiveStream | None, buf: bytearray) -> None:
-            if stream is None:
-                return
-            while chunk := await stream.receive_some(65536):
-                if len(buf) < limit:
-                    buf += chunk[: limit - len(buf)]
-
-        timed_out = False
         try:
             with trio.move_on_after(timeout_s) as scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(drain, proc.stdout, out)
-                    nursery.start_soon(drain, proc.stderr, err)
+                    nursery.start_soon(_drain, proc.stdout, out)
+                    nursery.start_soon(_drain, proc.stderr, err)
                     await proc.wait()
                     # A background child may hold the pipes: answer soon after the exit.
                     nursery.cancel_scope.deadline = trio.current_time() + 1.0
-            timed_out = scope.cancelled_caught
         finally:
-            kill_group(proc.pid)
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    await stream.aclose()
-        if timed_out:
+            await _end_group(proc)
+        if scope.cancelled_caught:
             raise RuntimeError_(
                 "timeout",
                 f"checker command {list(argv)[-1]!r} in slot instance {inst.iid} ran over "
@@ -315,46 +299,66 @@ class SlotIO:
 
     async def facts(self, handle: SlotHandle) -> SlotFacts:
         inst = self.table.get(handle.slot_id)
-        pid = handle.init_pid
-        dirs = dict(handle.cgroups)
+        exited = inst is not None and inst.exited.is_set()
+        return await trio.to_thread.run_sync(self._read_facts, handle, exited)
 
-        def read() -> SlotFacts:
-            identity = procfs.is_same_process(pid, handle.init_starttime)
-            alive = identity and (inst is None or not inst.exited.is_set())
-            limits: dict[str, Any] = {}
-            oom = 0
-            pids_max_hits: int | None = None
-            pids: list[int] = []
-            memory_mib: float | None = None
-            with contextlib.suppress(OSError):
-                limits = dict(self.driver.limits_in_force(dirs))
-                oom = self.driver.oom_kills(dirs)
-                pids = self.driver.pids(dirs)
-                pids_max_hits = self.driver.pids_max_hits(dirs)
-            with contextlib.suppress(OSError, ValueError):
-                memory_mib = self.driver.memory_bytes(dirs) / 2**20
-            mountinfo, links, uid_map = slot_proc_files(pid)
-            return SlotFacts(
-                alive=alive,
-                init_identity_ok=identity,
-                limits_in_force=limits,
-                mounts=mountinfo,
-                net_links=links,
-                namespaces=procfs.namespaces(pid),
-                oom_kills=oom,
-                pids=pids,
-                extra={
-                    "pids_max_hits": pids_max_hits,
-                    "host_namespaces": procfs.namespaces("self"),
-                    "cgroup_version": self.driver.version,
-                    "cgroups": dirs,
-                    "profile": self.config.profile,
-                    "uid_map": uid_map,
-                    "memory_mib": memory_mib,
-                },
-            )
+    def _read_facts(self, handle: SlotHandle, exited: bool) -> SlotFacts:
+        """Blocking: the slot's facts from /proc and its cgroups (a read that fails leaves the
+        fact empty: the gates judge what is missing)."""
+        pid, dirs = handle.init_pid, dict(handle.cgroups)
+        identity = procfs.is_same_process(pid, handle.init_starttime)
+        limits: dict[str, Any] = {}
+        oom = 0
+        pids_max_hits: int | None = None
+        pids: list[int] = []
+        memory_mib: float | None = None
+        with contextlib.suppress(OSError):
+            limits = dict(self.driver.limits_in_force(dirs))
+            oom = self.driver.oom_kills(dirs)
+            pids = self.driver.pids(dirs)
+            pids_max_hits = self.driver.pids_max_hits(dirs)
+        with contextlib.suppress(OSError, ValueError):
+            memory_mib = self.driver.memory_bytes(dirs) / 2**20
+        mountinfo, links, uid_map = slot_proc_files(pid)
+        return SlotFacts(
+            alive=identity and not exited,
+            init_identity_ok=identity,
+            limits_in_force=limits,
+            mounts=mountinfo,
+            net_links=links,
+            namespaces=procfs.namespaces(pid),
+            oom_kills=oom,
+            pids=pids,
+            extra={
+                "pids_max_hits": pids_max_hits,
+                "host_namespaces": procfs.namespaces("self"),
+                "cgroup_version": self.driver.version,
+                "cgroups": dirs,
+                "profile": self.config.profile,
+                "uid_map": uid_map,
+                "memory_mib": memory_mib,
+            },
+        )
 
-        return await trio.to_thread.run_sync(read)
+
+async def _drain(stream: trio.abc.ReceiveStream | None, buf: bytearray) -> None:
+    """Read `stream` to its end, keeping at most checker_exec.OUTPUT_LIMIT bytes of it."""
+    limit = checker_exec.OUTPUT_LIMIT
+    if stream is None:
+        return
+    while chunk := await stream.receive_some(65536):
+        if len(buf) < limit:
+            buf += chunk[: limit - len(buf)]
+
+
+async def _end_group(proc: trio.Process) -> None:
+    """Kill the command's process group, wait for it (shielded, at most 5 s), close its pipes."""
+    kill_group(proc.pid)
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        await proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            await stream.aclose()
 
 
 def _screenshot(

@@ -1,5 +1,6 @@
 """The Linux runtime's owners, each through its public interface: the instance table, the spare
-pool's bookkeeping, the uid ranges, the image cache and KSM membership (no root, no desktops)."""
+pool's bookkeeping, the uid ranges, the image cache, KSM membership and instance filesystems
+(no root, no desktops)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import trio
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 from drumsd.linux import host_share, idmap, mounts, slot_fs
 from drumsd.runtime.linux.base import Instance, Prepared
+from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
 from drumsd.runtime.linux.ksm import KsmMembership
@@ -223,3 +225,24 @@ def test_ksm_is_joined_with_our_settings_and_the_hosts_values_come_back(tmp_path
     off = KsmMembership(share, enabled=False, pages_to_scan=1, sleep_millisecs=1)
     off.join()
     assert not off.joined and off.stats()["enabled"] is False
+
+
+# ---------------------------------------------------------------- InstanceFs
+
+
+def test_a_failed_fs_build_leaves_no_dir_no_busy_iid_and_no_uid_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(slot_fs, "build_fs", fail)
+    uids = UidRanges(host_share.UidRanges(tmp_path / "s", tmp_path / "claims"), hardened=True)
+    fs = InstanceFs(tmp_path / "state", uids)
+    iid = fs.new_iid("slot-a")
+    assert iid.startswith("slot-a-") and fs.busy() == {iid}  # a sweep leaves it alone
+    with pytest.raises(OSError, match="No space"):
+        trio.run(fs.make, iid, "slot:a", None, (tmp_path,), 64)
+    assert not (tmp_path / "state" / "slots" / iid).exists()
+    assert fs.busy() == set() and uids.held() == set()
+    assert not list((tmp_path / "claims").iterdir())  # the host-wide claim is gone too

@@ -1,6 +1,6 @@
-"""`LinuxRuntime`: the owners and parts held together, the `SlotRuntime` calls that give a slot an
-instance or take it away (restore, reset, destroy, fork), and its lifetime (`run`,
-`open_linux_runtime`). Every other call is one of its parts'."""
+"""`LinuxRuntime`: the owners of the runtime's state and its parts held together, each
+`SlotRuntime` call forwarded to its part (restore, reset, destroy and fork to `slots.Slots`), the
+slots' group memory limit, and the runtime's lifetime (`run`, `open_linux_runtime`)."""
 
 from __future__ import annotations
 

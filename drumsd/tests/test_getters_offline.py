@@ -262,7 +262,7 @@ def test_the_cdp_script_compiles() -> None:
 
 
 def test_wallpaper_tasks_need_gnomes_background_schema() -> None:
-    from drumsd.tasks.apps import AppManifest
+    from drumsd.linux.image_apps import AppManifest
     from drumsd.tasks.host_support import support
 
     task = resolve_task(

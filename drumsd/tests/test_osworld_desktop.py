@@ -12,8 +12,8 @@ from typing import Any
 
 from drumsd.guest import a11y, session
 from drumsd.linux import image, image_osworld
+from drumsd.linux.image_apps import features, probe_apps
 from drumsd.tasks import accessibility
-from drumsd.tasks.apps import features, probe_apps
 
 
 def test_the_osworld_profile_has_osworlds_apps_on_the_office_base() -> None:
@@ -224,7 +224,7 @@ def test_an_image_with_the_bus_and_bindings_has_the_accessibility_feature(tmp_pa
 
 
 def image_osworld_files() -> tuple[str, str]:
-    from drumsd.tasks.apps import APPS
+    from drumsd.linux.image_apps import APPS
 
     bus, bindings = APPS["accessibility"].files
     assert image_osworld.DESKTOP.count("at-spi2-core") == 1

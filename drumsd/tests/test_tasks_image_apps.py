@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 from drumsd.cli import main as drumsd_main
 from drumsd.core.config import Config, ConfigError, OsworldConfig, config_from_text
-from drumsd.tasks.apps import (
+from drumsd.linux.image_apps import (
     AppManifest,
     manifest_for_root,
-    missing_app_reason,
     probe_apps,
     read_manifest,
-    task_needs,
-    task_schemas,
     write_manifest,
 )
+from drumsd.tasks.apps import missing_app_reason, task_needs, task_schemas
 from drumsd.tasks.coverage import coverage, reason_kind, render_table
 from drumsd.tasks.host_support import support
 from drumsd.tasks.model import MetricCatalog, Task, TaskContext, list_tasks

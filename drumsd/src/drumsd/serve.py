@@ -35,7 +35,7 @@ from drumsd.linux.host_share import ClaimError, bind_listener, hold_dir
 from drumsd.version import VERSION
 
 if TYPE_CHECKING:
-    from drumsd.tasks.apps import AppManifest
+    from drumsd.linux.image_apps import AppManifest
 
 log = logging.getLogger("drumsd.serve")
 
@@ -166,8 +166,8 @@ async def open_runtime(config: Config) -> AsyncIterator[SlotRuntime]:
 def default_image_apps(config: Config) -> AppManifest | None:
     """The apps of the default image (config `lower`, or the built `default_image` profile), which
     `GET /v1/tasks` checks tasks against; None when no image is built yet (apps unchecked)."""
+    from drumsd.linux.image_apps import manifest_for_root
     from drumsd.linux.state_files import find_image
-    from drumsd.tasks.apps import manifest_for_root
 
     if config.lower is not None:
         root = config.lower

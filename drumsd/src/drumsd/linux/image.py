@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsd.linux.image_apps import APPS, probe_apps
+from drumsd.linux.image_apps import read_manifest as read_app_manifest
+from drumsd.linux.image_apps import write_manifest as write_app_manifest
 from drumsd.linux.image_manifest import write_manifest
 from drumsd.linux.image_profiles import PROFILES, Profile
 from drumsd.linux.mounts import DEVICES
-from drumsd.tasks.apps import APPS, probe_apps
-from drumsd.tasks.apps import read_manifest as read_app_manifest
-from drumsd.tasks.apps import write_manifest as write_app_manifest
 
 Progress = Callable[[str], None]
 

@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 from drumsd.linux.image import ImageBuildError, ImageInfo, Progress, find_image
+from drumsd.linux.image_apps import probe_apps
+from drumsd.linux.image_apps import write_manifest as write_app_manifest
 from drumsd.linux.image_manifest import write_manifest
-from drumsd.tasks.apps import probe_apps
-from drumsd.tasks.apps import write_manifest as write_app_manifest
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 

@@ -23,9 +23,9 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 from drumsd.core.task_checkpoints import SetupFingerprint
+from drumsd.linux.image_apps import AppManifest, features, manifest_for_root
 
 from . import accessibility, terminal
-from .apps import AppManifest, features, manifest_for_root
 from .audit import EpisodeFacts, verify
 from .checker import CheckerSlots
 from .checker_pool import CheckerPool

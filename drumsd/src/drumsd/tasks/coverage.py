@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from drumsd.core.config import TasksConfig
+from drumsd.linux.image_apps import AppManifest, features, manifest_for_root
 
-from .apps import AppManifest, features, manifest_for_root, missing_apps
+from .apps import missing_apps
 from .host_support import SLOT_FEATURES, support
 from .model import Task, TaskContext, beneath, list_tasks, url_file_name
 

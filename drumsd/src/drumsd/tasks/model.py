@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from .apps import AppManifest
+from drumsd.linux.image_apps import AppManifest
 
 
 @dataclass(frozen=True)

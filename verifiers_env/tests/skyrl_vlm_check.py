@@ -31,6 +31,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from skyrl.train.generators.skyrl_vlm_generator import SkyRLVLMGymGenerator  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
+from vf_support import fake_daemon_unless_live, live_envs  # noqa: E402
 
 LIVE_TASK = os.environ.get("DRUMS_SKYRL_VLM_LIVE_TASK")
 WORDS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<image>", "system", "user", "assistant"]
@@ -173,21 +174,9 @@ def group(
     return asyncio.run(go()), server
 
 
-def live_envs() -> set[str]:
-    import drums
-
-    with drums.connect() as client:
-        return {e.id for e in client.list_envs()}
-
-
 @pytest.fixture
 def daemon(tmp_path, monkeypatch):
-    if LIVE_TASK:
-        yield None
-        return
-    from vf_support import fake_daemon_env
-
-    yield from fake_daemon_env(tmp_path, monkeypatch)
+    yield from fake_daemon_unless_live(LIVE_TASK, tmp_path, monkeypatch)
 
 
 def grpo(outs: list[Any], uids: list[str]) -> list[float]:

@@ -131,6 +131,25 @@ def fake_daemon_env(tmp_path: Path, monkeypatch: Any) -> Iterator[FakeDaemon]:
         server.close()
 
 
+def fake_daemon_unless_live(
+    live_task: str | None, tmp_path: Path, monkeypatch: Any
+) -> Iterator[FakeDaemon | None]:
+    """The trainer checks' `daemon` fixture: nothing when a live task is set (DRUMS_URL names
+    the real daemon then), else `fake_daemon_env`."""
+    if live_task:
+        yield None
+        return
+    yield from fake_daemon_env(tmp_path, monkeypatch)
+
+
+def live_envs() -> set[str]:
+    """The daemon's envs, by the SDK (works for the fake and the real daemon)."""
+    import drums
+
+    with drums.connect() as client:
+        return {e.id for e in client.list_envs()}
+
+
 def write_tasks(directory: Path, names: list[str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     for name in names:

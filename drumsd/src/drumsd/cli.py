@@ -95,7 +95,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
     from drumsd.core.config import defaults_json, effective_config_json
-    from drumsd.serve import load_config_or_report
+    from drumsd.linux.config_file import load_config_or_report
 
     if args.defaults:
         print(defaults_json())

@@ -319,7 +319,7 @@ def main_coverage(args: argparse.Namespace) -> int:
         return 2
     tasks_cfg = TasksConfig()
     if args.config is not None:  # the daemon's own tasks block: its cache, timeouts, verifiers
-        from drumsd.serve import load_config_or_report
+        from drumsd.linux.config_file import load_config_or_report
 
         config = load_config_or_report(args.config)
         if config is None:

@@ -180,7 +180,7 @@ def add_fetch_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main_fetch(args: argparse.Namespace) -> int:
-    from drumsd.serve import load_config_or_report
+    from drumsd.linux.config_file import load_config_or_report
 
     config = load_config_or_report(args.config)
     if config is None:

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import time
 
+from harness import poll
 from live_daemon import http_client
 
 
 def _wait_valid(http, slot: str, limit_s: float = 60) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    def valid() -> bool:
         report = http.get(f"/v1/slots/{slot}/gates").json()
-        if report.get("valid") is True:
-            return
         assert report.get("valid") is not False, report
-        time.sleep(0.2)
-    raise AssertionError(f"slot {slot} not valid in {limit_s}s")
+        return report.get("valid") is True
+
+    poll(f"slot {slot} valid", valid, limit_s)
 
 
 def test_slot_cost_is_the_live_slots_measured_charge(live_daemon) -> None:

@@ -26,7 +26,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from firefox_bidi import Firefox, Tab
-from gate_daemons import create, destroy, execute, gates, settled_gates
+from gate_daemons import coloured_slots, execute, gates
 from live_daemon import Daemon, http_client
 from test_console_live import (
     _difference,
@@ -45,19 +45,8 @@ COLOURS = ("#d35400", "#16a085")  # one root window colour per slot
 
 @pytest.fixture(scope="module")
 def slots(daemon: Daemon) -> Iterator[list[str]]:  # noqa: F811 - the imported fixture
-    with http_client(daemon) as http:
-        ids: list[str] = []
-        try:
-            for _ in COLOURS:
-                ids.append(create(http)["id"])
-            for sid, colour in zip(ids, COLOURS, strict=True):
-                settled_gates(http, sid)
-                out = execute(http, sid, f"xsetroot -solid '{colour}'")
-                assert out["output"]["returncode"] == 0, out
-            yield ids
-        finally:
-            for sid in ids:
-                destroy(http, sid)
+    with coloured_slots(daemon, COLOURS) as (_, ids):
+        yield ids
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from drumsd.api.console_frames import scale_png
 from PIL import Image, ImageChops, ImageStat
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import create, destroy, execute, settled_gates, shared_daemon
+from gate_daemons import coloured_slots, execute, shared_daemon
 from harness import poll
 from live_daemon import Daemon, http_client
 
@@ -40,26 +40,15 @@ def daemon() -> Daemon:
 
 @pytest.fixture(scope="module")
 def slots(daemon: Daemon) -> Iterator[list[str]]:
-    with http_client(daemon) as http:
-        ids: list[str] = []
-        try:
-            for _ in COLOURS:
-                ids.append(create(http)["id"])
-            for sid, colour in zip(ids, COLOURS, strict=True):
-                settled_gates(http, sid)
-                out = execute(http, sid, f"xsetroot -solid '{colour}'")
-                assert out["output"]["returncode"] == 0, out
-            # The last one crashes its xterm: no_app_crash fails and the slot is quarantined.
-            execute(http, ids[3], "pkill -SEGV -x xterm")
-            poll(
-                "slot quarantined by no_app_crash",
-                lambda: http.get(f"/v1/slots/{ids[3]}").json()["state"] == "quarantined",
-                limit_s=20,
-            )
-            yield ids
-        finally:
-            for sid in ids:
-                destroy(http, sid)
+    with coloured_slots(daemon, COLOURS) as (http, ids):
+        # The last one crashes its xterm: no_app_crash fails and the slot is quarantined.
+        execute(http, ids[3], "pkill -SEGV -x xterm")
+        poll(
+            "slot quarantined by no_app_crash",
+            lambda: http.get(f"/v1/slots/{ids[3]}").json()["state"] == "quarantined",
+            limit_s=20,
+        )
+        yield ids
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import anyio
 import drums
 import pytest
 from drumsd_process import free_port
+from harness import poll
 from live_daemon import start_live_daemon, stop_and_clean
 
 mcp = pytest.importorskip("mcp", reason="drums mcp needs the mcp extra (in the dev group)")
@@ -56,13 +57,6 @@ async def refused(session: ClientSession, tool: str, **args: object) -> str:
     result = await session.call_tool(tool, args)
     assert result.is_error, (tool, text_of(result))
     return text_of(result)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def children_running(marker: str) -> list[int]:
@@ -185,7 +179,7 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
                 # the client closed stdin: the server ends its session and destroys the env
 
             anyio.run(over_stdio)
-            wait_until(lambda: live_envs() == [], "stdio session's env still alive")
+            poll("the stdio session's env destroyed", lambda: live_envs() == [])
 
             async def stdio_sigterm() -> None:
                 params = StdioServerParameters(
@@ -200,7 +194,7 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
                 (child,) = children_running("drums._cli")
                 os.kill(child, signal.SIGTERM)  # the client still holds its stdin open
                 await anyio.to_thread.run_sync(
-                    lambda: wait_until(lambda: live_envs() == [], "SIGTERM'd stdio server's env")
+                    lambda: poll("the SIGTERM'd server's env destroyed", lambda: live_envs() == [])
                 )
                 with anyio.move_on_after(10), contextlib.suppress(Exception):
                     await stack.aclose()
@@ -241,7 +235,7 @@ def test_drums_mcp_over_stdio_and_http(tmp_path: Path) -> None:
 
             anyio.run(over_http)
             # the client deleted its session; the server is still running
-            wait_until(lambda: live_envs() == [], "HTTP session's env still alive")
+            poll("the HTTP session's env destroyed", lambda: live_envs() == [])
             assert http.poll() is None, (tmp_path / "http.log").read_text()
 
             async def sigterm_mid_session() -> None:

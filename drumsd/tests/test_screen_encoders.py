@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from drumsd.guest import framebuffer, jpegbands, pngbands, screen
+from drumsd.guest import damage, framebuffer, jpegbands, pngbands, screen
 from drumsd.guest.framebuffer import Frame, FramebufferMissing
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 from PIL import Image, ImageChops, ImageDraw
@@ -78,7 +78,7 @@ class FakeX(screen.Screen):
     def __init__(self, image: Image.Image) -> None:
         super().__init__(":0")
         self.image = image
-        self.deflated = 0
+        self.use_damage = False  # no X server: every band is checked
 
     @contextmanager
     def _frame(self) -> Iterator[Frame]:
@@ -114,6 +114,37 @@ def test_a_change_redoes_only_its_band_and_the_png_is_the_new_screen(counted: li
     assert not after.cached and same_pixels(decoded(after.data), x.image)
     assert x.grab(PNG_FULL).cached and len(counted) == 1
     assert after.data == pngbands.encode_rgb(x.image.tobytes(), 1920, 1080, screen.BAND_ROWS)
+
+
+class Drawn:
+    """DamageWatch's stand-in: answers the rows the test says were drawn."""
+
+    def __init__(self) -> None:
+        self.rows: tuple[int, int] | str | None = damage.EVERYTHING
+
+    def take(self) -> tuple[int, int] | str | None:
+        return self.rows
+
+
+def test_only_bands_x_damage_reports_are_checked_until_the_full_check() -> None:
+    x = FakeX(desktop())
+    x.use_damage, x.damage = True, Drawn()
+    x.grab(PNG_FULL)
+    assert x.full_checks == 1
+    x.damage.rows = None  # nothing drawn: no band is read, the encoding is the cached one
+    x.image.paste((255, 0, 0), (300, 485, 310, 500))  # (a change DAMAGE did not report)
+    assert x.grab(PNG_FULL).cached
+    x.damage.rows = (490, 492)  # drawn on the band of rows 480..503: it is checked
+    shot = x.grab(PNG_FULL)
+    assert not shot.cached and same_pixels(decoded(shot.data), x.image)
+    x.image.paste((0, 255, 0), (300, 900, 310, 910))
+    x.damage.rows = (0, 24)  # drawn elsewhere: the change at row 900 waits for a full check
+    assert not same_pixels(decoded(x.grab(PNG_FULL).data), x.image)
+    x.full_check_at -= screen.FULL_CHECK_S + 1
+    assert same_pixels(decoded(x.grab(PNG_FULL).data), x.image) and x.full_checks == 2
+    x.damage.rows = damage.EVERYTHING  # a lost connection: every band again
+    x.image.paste((0, 0, 255), (0, 0, 5, 5))
+    assert same_pixels(decoded(x.grab(PNG_FULL).data), x.image) and x.full_checks == 3
 
 
 @pytest.mark.parametrize(

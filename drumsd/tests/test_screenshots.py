@@ -102,6 +102,7 @@ class FakeX(screen.Screen):
     def __init__(self) -> None:
         super().__init__(":0")
         self.image = desktop()
+        self.use_damage = False  # no X server: every band is checked
 
     @contextmanager
     def _frame(self) -> Iterator[Frame]:

@@ -187,6 +187,8 @@ class DesktopInit:
         # -noreset: the server must not reset when its last client leaves (the agent's
         # screenshot connections come and go). -shmem: the framebuffer is a SysV segment the
         # agent reads screenshots from in place (framebuffer.py), no GetImage through the socket.
+        # -nocursor: Xvfb would draw the pointer into that framebuffer (GetImage hides it, and
+        # X DAMAGE does not report it), so screenshots stay as they were: without the pointer.
         xvfb = [
             "Xvfb",
             self.args.display,
@@ -199,8 +201,9 @@ class DesktopInit:
             "96",
             "-noreset",
             "-shmem",
+            "-nocursor",
         ]
-        self.spawn("xvfb", [*xvfb, "-nocursor"] if self.args.no_cursor else xvfb)
+        self.spawn("xvfb", xvfb)
         if not wait_for_socket(f"/tmp/.X11-unix/X{display_no}", time.monotonic() + 15):
             log("X server did not come up in 15 s; see xvfb.log", log=str(self.log_dir))
         x_at = time.monotonic() - started
@@ -404,5 +407,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-xterm", action="store_true")
     parser.add_argument("--session-file", default=session.SESSION_FILE)
-    parser.add_argument("--no-cursor", action="store_true")
+    parser.add_argument("--no-cursor", action="store_true", help="always on; kept for callers")
     return DesktopInit(parser.parse_args(argv)).serve()

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import jpegbands, pngbands, protocol
+from .damage import EVERYTHING, DamageWatch
 from .framebuffer import Frame, Framebuffer, FramebufferMissing, xcb_frame
 
 # Rows per band, both for the change check (a CRC32 per band of the raw frame) and for the PNG's
 # independently deflated bands. 24 rows of 1920 px: a typed character dirties one or two of 45;
 # a multiple of 3, so a band maps to whole rows at the common 1920 -> 1280 scale.
 BAND_ROWS = 24
+FULL_CHECK_S = 2.0  # every band is checksummed at least this often, whatever DAMAGE says
 
 
 @dataclass
@@ -53,12 +55,12 @@ class Screen:
     """Grabs the X screen and encodes it per spec (PNG, JPEG or WebP, scaled or a region).
 
     A grab reads Xvfb's framebuffer in place (framebuffer.py; Pillow's GetImage when there is no
-    segment) and takes a CRC32 of each band of rows: bands whose CRC is unchanged keep their work
+    segment) and takes a CRC32 of each band of rows X DAMAGE says were drawn on (damage.py; every
+    band when it cannot say, and every FULL_CHECK_S): bands whose CRC is unchanged keep their work
     from the last grab (their rows of each scaled view, their deflated PNG bands, their JPEG
     bands joined by restart markers: jpegbands.py; WebP has no such seam and is encoded whole).
-    The X DAMAGE extension would say the same without the CRCs (~2.5-3.5 ms a 1080p frame) but
-    needs an X connection held open between requests, which no CRIU dump of the slot may find.
-    An encoded image is returned again as it is while no band changed.
+    Without DAMAGE the CRCs of the whole frame cost ~2.5-3.5 ms at 1080p. An encoded image is
+    returned again as it is while no band changed.
 
     `fresh` grabs take the path before this (Pillow's GetImage, a full-frame resize and Pillow's
     encoder, no cache): `drumsd bench --screenshots` measures both in one run."""
@@ -70,6 +72,10 @@ class Screen:
         self.display = display
         self.framebuffer = Framebuffer()
         self.use_shm = True
+        self.damage = DamageWatch(display)
+        self.use_damage = True
+        self.full_check_at = 0.0
+        self.full_checks = 0
         self.band_crcs: list[int] = []
         self.band_generation: list[int] = []
         self.frame_size: tuple[int, int] = (0, 0)
@@ -99,13 +105,40 @@ class Screen:
         size, data = Image.core.grabscreen_x11(self.display)
         return Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)
 
+    def _bands_to_check(self, frame: Frame) -> range:
+        """The bands X DAMAGE says were drawn on (all of them when it cannot say, the frame's
+        size changed, or FULL_CHECK_S passed since the last full check: a net under DAMAGE)."""
+        bands = math.ceil(frame.height / BAND_ROWS)
+        drawn = self.damage.take() if self.use_damage else EVERYTHING
+        now = time.monotonic()
+        if (
+            drawn == EVERYTHING
+            or (frame.width, frame.height) != self.frame_size
+            or now - self.full_check_at > FULL_CHECK_S
+        ):
+            self.full_check_at = now
+            self.full_checks += 1
+            return range(bands)
+        if drawn is None:
+            return range(0)
+        assert isinstance(drawn, tuple)
+        return range(drawn[0] // BAND_ROWS, min(bands, math.ceil(drawn[1] / BAND_ROWS)))
+
     def _note_changes(self, frame: Frame) -> None:
-        """CRC each band; bands that differ from the last grab get the new generation."""
+        """CRC the bands drawn on; bands that differ from the last grab get the new generation."""
         size = (frame.width, frame.height)
-        crcs = [
-            zlib.crc32(frame.rows(y, min(frame.height, y + BAND_ROWS)))
-            for y in range(0, frame.height, BAND_ROWS)
-        ]
+        check = self._bands_to_check(frame)
+        crcs = list(self.band_crcs) if size == self.frame_size else []
+        if len(check) == math.ceil(frame.height / BAND_ROWS):
+            crcs = [
+                zlib.crc32(frame.rows(y, min(frame.height, y + BAND_ROWS)))
+                for y in range(0, frame.height, BAND_ROWS)
+            ]
+        else:
+            for i in check:
+                crcs[i] = zlib.crc32(
+                    frame.rows(i * BAND_ROWS, min(frame.height, (i + 1) * BAND_ROWS))
+                )
         if size != self.frame_size:
             self.frame_size = size
             self.views.clear()

@@ -31,6 +31,7 @@
   restore_cpu_boost = true;
   prefork_max_age_s = 120.0;
   crash_watch = true;
+  criu_log_level = null;
   host_usd_per_hour = null;
   quiesce = {
     window_s = 1.0;

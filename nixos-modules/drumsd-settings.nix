@@ -156,6 +156,11 @@ in
     default = defaults.crash_watch;
     description = "refuse to start without proc events";
   };
+  criu_log_level = mkOption {
+    type = types.nullOr (types.addCheck types.int (x: x >= 0 && x <= 4));
+    default = defaults.criu_log_level;
+    description = "CRIU's -v level (0 none .. 4 debug) of every dump and restore log; null = dumps at 4, restores at CRIU's own default (2), which keeps restores cheap";
+  };
   host_usd_per_hour = mkOption {
     type = types.nullOr (types.addCheck types.number (x: x >= 0));
     default = defaults.host_usd_per_hour;

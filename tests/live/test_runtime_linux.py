@@ -408,3 +408,21 @@ async def test_the_group_above_all_slots_has_a_memory_limit(rt, template) -> Non
         assert int(limit.read_text()) == (int(total_mib) - 4096) << 20
     finally:
         await rt.destroy("live-g")
+
+
+async def test_criu_log_level_sets_the_restore_logs_detail(state_dir, template) -> None:
+    """criu_log_level reaches CRIU: a restore's log at level 4 (debug) is many times the one at
+    level 1 (errors only); without the setting taking effect both would be CRIU's default."""
+    from drumsd.runtime.linux import open_linux_runtime
+
+    lines = {}
+    for level in (1, 4):
+        async with open_linux_runtime(_config(state_dir, criu_log_level=level)) as rt:
+            await rt.restore(f"live-log{level}", template, LIMITS)
+            logs = sorted(
+                state_dir.glob("slots/*/rw/criu/restore.log"), key=lambda p: p.stat().st_mtime
+            )
+            lines[level] = len(logs[-1].read_text(errors="replace").splitlines())
+            await rt.destroy(f"live-log{level}")
+            await rt.sweep([])
+    assert lines[4] > 10 * max(lines[1], 1), lines

@@ -86,7 +86,6 @@ NOT_BUILT = {
     "restore_cpu_weight": "not built yet (issue 38): a cpu weight for restores in progress",
     "daemon_cpu_weight": "not built yet (issue 38): a cpu weight for the daemon itself",
     "prefork_quiesce_window_s": "not built yet (issue 38): a quiet window before a prefork",
-    "criu_log_level": "not built yet (issue 38): CRIU's log level for dumps and restores",
     "procview_dir": "not built yet (issue 38): a slot's own /proc view of memory and CPUs",
 }
 

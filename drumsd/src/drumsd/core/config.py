@@ -346,6 +346,13 @@ class Config(Block):
     restore_cpu_boost: bool = Field(default=True, description="lift the cpu quota while restoring")
     prefork_max_age_s: float = Field(default=120.0, gt=0)
     crash_watch: bool = Field(default=True, description="refuse to start without proc events")
+    criu_log_level: int | None = Field(
+        default=None,
+        ge=0,
+        le=4,
+        description="CRIU's -v level (0 none .. 4 debug) of every dump and restore log; null = "
+        "dumps at 4, restores at CRIU's own default (2), which keeps restores cheap",
+    )
     host_usd_per_hour: float | None = Field(
         default=None, ge=0, description="null or 0: cost is not reported"
     )

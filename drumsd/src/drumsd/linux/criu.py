@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GHOST_LIMIT = "64M"
+DUMP_LOG_LEVEL = 4  # a dump's log at debug unless the config says otherwise (it is read on failure)
 
 
 def dump_argv(
@@ -25,6 +26,7 @@ def dump_argv(
     leave_running: bool,
     externals: Mapping[str, str] | None = None,
     log: str = "dump.log",
+    log_level: int | None = None,
 ) -> list[str]:
     argv = [
         str(criu),
@@ -35,7 +37,7 @@ def dump_argv(
         str(images),
         "-o",
         log,
-        "-v4",
+        f"-v{DUMP_LOG_LEVEL if log_level is None else log_level}",
         "--network-lock",
         "skip",
         "--file-locks",
@@ -61,6 +63,7 @@ def restore_argv(
     externals: Mapping[str, str] | None = None,
     leave_stopped: bool = False,
     log: str = "restore.log",
+    log_level: int | None = None,
 ) -> list[str]:
     argv = [
         str(criu),
@@ -80,6 +83,8 @@ def restore_argv(
         "--file-locks",
         "--manage-cgroups=ignore",
     ]
+    if log_level is not None:
+        argv.append(f"-v{log_level}")
     if leave_stopped:
         argv.append("--leave-stopped")
     for key, path in (externals or {}).items():

@@ -76,6 +76,7 @@ class LinuxRuntimeConfig:
     quiesce_events: bool = _MODEL.quiesce.events
     teardown_timeout_s: float = _MODEL.linux.teardown_timeout_s
     profile: str = _MODEL.profile
+    criu_log_level: int | None = _MODEL.criu_log_level
 
     @classmethod
     def from_config(cls, cfg: Config) -> LinuxRuntimeConfig:
@@ -108,6 +109,7 @@ class LinuxRuntimeConfig:
             quiesce_events=cfg.quiesce.events,
             teardown_timeout_s=linux.teardown_timeout_s,
             profile=cfg.profile,
+            criu_log_level=cfg.criu_log_level,
         )
 
 

@@ -90,7 +90,12 @@ class Dumper:
         """criu dump with no agent call open (the gate), between two samples of the tree."""
         _, launcher = self.sup.running()
         argv = criu.dump_argv(
-            self.config.criu, inst.pid, dest / "images", script, leave_running=leave_running
+            self.config.criu,
+            inst.pid,
+            dest / "images",
+            script,
+            leave_running=leave_running,
+            log_level=self.config.criu_log_level,
         )
         t0 = time.monotonic()
         async with inst.gate.dump():

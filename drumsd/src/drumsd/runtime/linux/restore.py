@@ -119,7 +119,14 @@ class Restorer:
             self.fs.helper,
             self.driver.procs_files(inst.cgroups),
             self.config.ksm,
-            criu.restore_argv(self.config.criu, images, work, inst.paths.root, work / "pid"),
+            criu.restore_argv(
+                self.config.criu,
+                images,
+                work,
+                inst.paths.root,
+                work / "pid",
+                log_level=self.config.criu_log_level,
+            ),
         )
         t0 = time.monotonic()
         async with self.limiter:

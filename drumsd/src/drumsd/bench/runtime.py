@@ -256,7 +256,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
             for k in range(3):
                 pre = await rt.capture(h, f"bench-pre-{n}-{k}", ck_dir / f"pre-{n}-{k}")
                 t0 = time.monotonic()
-                kids = await rt.branch(h, pre, [f"bench-b{n}-{k}-{i}" for i in range(n)], lim)
+                kids = await rt.fork(h, pre, [f"bench-b{n}-{k}-{i}" for i in range(n)], lim)
                 walls.append(time.monotonic() - t0)
                 for kid in kids:
                     await rt.destroy(kid.slot_id)

@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import drums_verifiers.adapters.skyrl as drums_skyrl
@@ -309,27 +313,146 @@ def test_an_invalid_sample_is_out_of_its_grpo_group_under_skyrl(daemon):
     assert live_envs() == before
 
 
-def test_drums_trainer_passes_left_out_groups_and_restores_the_uids():
-    """The trainer mixin around a trainer's compute_advantages_and_returns (skyrl-train's
-    RayPPOTrainer cannot be imported here without its training dependencies: datasets,
-    torchdata): the estimator sees a left-out row alone, the batch keeps its uids."""
+class TurnFailingEngine(ScriptedEngine):
+    """Every trajectory gets the scripted replies by its turn (the tool calls in its prompt);
+    the `fail`-th trajectory to reach its second turn has its engine raise there."""
+
+    def __init__(self, tokenizer: Any, replies: list[str], fail: int) -> None:
+        super().__init__(tokenizer, replies)
+        self.script, self.fail, self.second_turns = list(replies), fail, 0
+
+    async def generate(self, engine_input: dict[str, Any]) -> dict[str, Any]:
+        (prompt,) = engine_input["prompt_token_ids"]
+        turn = self.tokenizer.decode(prompt).count("<tool_call>")
+        if turn == 1:
+            self.second_turns += 1
+            if self.second_turns == self.fail:
+                self.calls += 1
+                raise RuntimeError("inference engine died (scripted)")
+        self.replies = self.script[turn : turn + 1]
+        return await super().generate(engine_input)
+
+
+def skyrl_train_config(tmp_path: Any, data: str) -> Any:
+    """skyrl-train's own ppo_base_config.yaml (GRPO by default), sized for one prompt of 4
+    samples on the CPU: no colocation, no eval, no checkpoints, the console logger."""
+    from hydra import compose, initialize_config_dir
+    from skyrl_train import config as skyrl_config
+
+    with initialize_config_dir(os.path.dirname(skyrl_config.__file__), version_base=None):
+        cfg = compose(
+            config_name="ppo_base_config",
+            overrides=[
+                f"data.train_data=[{data}]",
+                "data.val_data=[]",
+                "trainer.placement.colocate_all=false",
+                "trainer.train_batch_size=1",
+                "trainer.policy_mini_batch_size=1",
+                "trainer.critic_mini_batch_size=1",
+                "trainer.eval_interval=-1",
+                "trainer.eval_before_train=false",
+                "trainer.ckpt_interval=-1",
+                "trainer.resume_mode=none",
+                "trainer.logger=console",
+                f"trainer.ckpt_path={tmp_path}/ckpt",
+                f"trainer.export_path={tmp_path}/export",
+                "trainer.max_prompt_length=4096",
+                "generator.n_samples_per_prompt=4",
+                "generator.max_turns=6",
+                "generator.max_input_length=100000",
+                "generator.sampling_params.max_generate_length=256",
+                "generator.enable_http_endpoint=true",  # its dataloader without 8 worker processes
+                "environment.env_class=drums",
+                "environment.skyrl_gym.max_env_workers=0",
+                "+environment.skyrl_gym.drums.multimodal=false",
+                "+environment.skyrl_gym.drums.wait_valid_timeout_s=120",
+            ],
+        )
+    assert cfg.trainer.algorithm.advantage_estimator == "grpo"  # skyrl-train's default
+    return cfg
+
+
+@pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
+@pytest.mark.skipif(
+    os.environ.get("DRUMS_SKYRL_TRAINER") != "1",
+    reason="slow (a local Ray and skyrl-train's trainer imports, ~1 min): DRUMS_TRAINER_MATRIX=1 "
+    "runs it, and CI on the days it samples the skyrl-trainer row (test_vf_skyrl.py)",
+)
+def test_drums_trainer_inside_skyrl_train_ray_ppo_trainer(daemon, tmp_path, record_property):
+    """drums_trainer(RayPPOTrainer) and the drums generator in skyrl-train's own training loop
+    (RayPPOTrainer.train: its dataloader over a PromptDataset, prepare_generator_input, generate,
+    postprocess_generator_output, convert_to_training_input, compute_advantages_and_returns)
+    with skyrl-train's default config, for one step: one prompt, 4 samples, one of them losing its
+    inference engine mid-trajectory. Only what needs a model is a tiny fake policy (weight sync,
+    the log-prob forward pass, the update step, which records the batch it is given). The failed
+    sample reaches the update with loss mask 0 and is out of the GRPO group: the 3 solved get a
+    group of 3's advantages (0), not skyrl's +0.5 from the failed one's 0.0."""
+    import ray
     import torch
+    from skyrl_train.dataset import PromptDataset
+    from skyrl_train.trainer import RayPPOTrainer
+    from skyrl_train.utils.tracking import Tracking
 
-    seen = []
+    before = live_envs()
+    data = tmp_path / "train.jsonl"
+    row = {"prompt": [{"role": "system", "content": "acting"}], "env_class": "drums",
+           "drums_task": "solve"}  # fmt: skip
+    data.write_text(json.dumps(row) + "\n")
+    cfg = skyrl_train_config(tmp_path, str(data))
+    tok = tiny_tokenizer([*SOLVE, "acting nothing break"])
+    engine = TurnFailingEngine(tok, SOLVE, fail=3)
+    generator = DrumsGenerator(cfg.generator, cfg.environment.skyrl_gym, engine, tok, "tiny")
+    dataset = PromptDataset([str(data)], tok, cfg.trainer.max_prompt_length, num_workers=1)
+    updates: list[Any] = []
 
-    class Trainer:
-        def compute_advantages_and_returns(self, data: Any) -> Any:
-            seen.append(list(data.metadata["uids"]))
-            return data
+    class TinyPolicyTrainer(drums_skyrl.drums_trainer(RayPPOTrainer)):  # type: ignore[misc]
+        """What needs model weights, faked; the rest is RayPPOTrainer's own. The policy is one
+        data-parallel rank (build_models would make its Ray actor group); no critic, no ref."""
 
-    class Batch(dict):
-        metadata: dict[str, Any]
+        def init_weight_sync_state(self) -> None:
+            rank = SimpleNamespace(dp_size=1)
+            self.policy_model = SimpleNamespace(actor_infos=[SimpleNamespace(rank=rank)])
 
-    data = Batch(loss_mask=torch.tensor([[1, 1], [0, 0], [0, 1]]))
-    data.metadata = {"uids": ["p0", "p0", "p0"]}
-    out = drums_skyrl.drums_trainer(Trainer)().compute_advantages_and_returns(data)
-    assert seen == [["p0", "p0/drums-left-out-1", "p0"]]
-    assert out.metadata["uids"] == ["p0", "p0", "p0"]
+        def sync_policy_weights_to_inference_engines(self) -> list[Any]:
+            return []
+
+        def fwd_logprobs_values_reward(self, training_input: Any) -> Any:
+            zeros = torch.zeros_like(training_input["loss_mask"], dtype=torch.float)
+            training_input["base_action_log_probs"] = None
+            training_input["action_log_probs"] = zeros
+            training_input["values"] = None
+            return training_input
+
+        def train_critic_and_policy(self, data: Any) -> dict[str, Any]:
+            updates.append(data)
+            return {}
+
+    tracker = Tracking("drums", "skyrl-check", backends="console", config=cfg)
+    trainer = TinyPolicyTrainer(
+        cfg=cfg, tracker=tracker, tokenizer=tok, train_dataset=dataset,
+        inference_engine_client=engine, generator=generator,
+    )  # fmt: skip
+    started = time.monotonic()
+    ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir)
+    try:
+        trainer.train()  # its weight sync waits on Ray (ray.get), which needs a cluster
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    (batch,) = updates
+    trained = (batch["loss_mask"].sum(dim=-1) > 0).tolist()
+    advantages = [
+        round(float(row[mask.nonzero()[0]]), 4) if mask.any() else 0.0
+        for row, mask in zip(batch["advantages"], batch["response_mask"], strict=True)
+    ]
+    result = {"trained": trained, "advantages": advantages, "engine_calls": engine.calls,
+              "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    print("DRUMS_SKYRL_TRAINER_RESULT", json.dumps(result))
+    record_property("result", result)
+    assert trained.count(False) == 1 and len(trained) == 4
+    assert advantages == [0.0] * 4  # the solved as a group of 3, the failed one alone
+    assert live_envs() == before
 
 
 def test_skyrl_train_text_generator_with_screenshots_is_refused():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv, parse_tool_call
+from drums_verifiers.adapters.skyrl import DrumsSkyRLEnv, parse_tool_call, uniform_rewards
 
 
 def call(**arguments) -> str:
@@ -95,3 +95,14 @@ def test_skyrl_turn_limit_ends_with_the_checker(fake_host):
 def test_parse_tool_call_rejects_other_tools():
     with pytest.raises(ValueError, match="only tool"):
         parse_tool_call('<tool_call>{"name": "bash", "arguments": {}}</tool_call>')
+
+
+def test_uniform_rewards_gives_a_left_out_float_the_batch_s_per_token_form():
+    """skyrl-train's RayPPOTrainer refuses a batch mixing float and per-token rewards (a left-out
+    trajectory's 0.0 beside the others' lists failed its generate); floats alone stay floats."""
+    assert uniform_rewards([[0.0, 1.0], 0.0], [[5, 6], [7]]) == [[0.0, 1.0], [0.0]]
+    assert uniform_rewards([[0.0, 0.0, 1.0], 0.5], [[1, 2, 3], [4, 5]]) == [
+        [0.0, 0.0, 1.0],
+        [0.0, 0.5],
+    ]
+    assert uniform_rewards([1.0, 0.0], [[1], [2, 3]]) == [1.0, 0.0]

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,9 +21,6 @@ import pytest
 from drums_verifiers import actions, screen_fit
 from drums_verifiers.adapters import verl as drums_verl
 from omegaconf import OmegaConf
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
-from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil, Qwen2VLProcessor
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     DictConfigWrap,
@@ -35,48 +33,12 @@ from verl.tools.schemas import ToolResponse
 from verl.tools.tool_registry import initialize_tools_from_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
-
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
-SPECIAL += ["<|video_pad|>"]
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|> {{ m.role }} "
-    "{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}"
-    "{% if c.type == 'text' %}{{ c.text }} {% elif c.type in ['image', 'image_url'] %}"
-    "<|vision_start|> <|image_pad|> <|vision_end|> {% endif %}{% endfor %}{% endif %}"
-    " <|im_end|> {% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-)
+from verl_tiny_model import tiny_tokenizer
 
 
 def reply(**arguments: Any) -> str:
     call = json.dumps({"name": "computer", "arguments": arguments})
     return f"acting <tool_call> {call} </tool_call> <|im_end|>"
-
-
-class TinyProcessor(Qwen2VLProcessor):
-    """Qwen2-VL's processor without its video half (that needs torchvision, not installed)."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
-
-
-def tiny_tokenizer(corpus: list[str]) -> tuple[PreTrainedTokenizerFast, TinyProcessor]:
-    words = ["<pad>", "<unk>", *SPECIAL, "system", "user", "assistant", "tool"]
-    words += [w for text in corpus for w in text.split()]
-    vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=SPECIAL,
-    )
-    tok.chat_template = TEMPLATE
-    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16)
-    return tok, TinyProcessor(image_processor=images, tokenizer=tok, chat_template=TEMPLATE)
 
 
 class ScriptedServer:
@@ -558,48 +520,85 @@ def test_screenshots_are_sized_to_the_prompt_and_a_too_small_prompt_fails_first(
 # --- verl's default v1 worker, AgentLoopWorkerTQ, with a real TransferQueue ---------------------
 
 
-class GroupServer(ScriptedServer):
-    """Each trajectory (request id) gets the scripted replies; the `fail`-th trajectory to ask
-    has its model server die on its second call, mid-trajectory. Records the images per call."""
-
-    def __init__(self, tokenizer: Any, replies: list[str], fail: int) -> None:
-        super().__init__(tokenizer, replies)
-        self.script, self.fail, self.order = list(replies), fail, []
-        self.per_request: dict[str, list[str]] = {}
-        self.images: dict[str, list[int]] = {}
-
-    async def generate(self, *, request_id: str, prompt_ids: list[int], **kwargs: Any) -> Any:
-        if request_id not in self.per_request:
-            self.order.append(request_id)
-            self.per_request[request_id] = list(self.script)
-        self.images.setdefault(request_id, []).append(len(kwargs.get("image_data") or []))
-        if self.order.index(request_id) + 1 == self.fail and len(self.images[request_id]) == 2:
-            raise ConnectionError("the model server went away mid-trajectory (scripted)")
-        self.replies = self.per_request[request_id]
-        return await super().generate(request_id=request_id, prompt_ids=prompt_ids, **kwargs)
-
-
 V1_GROUP = os.environ.get("DRUMS_VERL_V1_GROUP") == "1"
+
+
+def v1_config(model_dir: str, tool_config: str) -> Any:
+    """verl's own trainer config (ppo_trainer.yaml, its defaults: the v1 trainer in sync mode)
+    with the drums agent loop and tool, rollout.n 4 and one agent loop worker."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer import main_ppo
+
+    config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        config = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_dir}",
+                "actor_rollout_ref.model.external_lib=verl_tiny_model",
+                "actor_rollout_ref.rollout.name=vllm",  # mandatory; only the client reads it here
+                "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.rollout.prompt_length=4096",
+                "actor_rollout_ref.rollout.response_length=4096",
+                "actor_rollout_ref.rollout.agent.num_workers=1",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={drums_verl.AGENT_LOOP_CONFIG}",
+                "actor_rollout_ref.rollout.agent.default_agent_loop=drums_desktop",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+                "actor_rollout_ref.rollout.multi_turn.format=hermes",
+                "algorithm.adv_estimator=grpo",
+                "data.train_batch_size=1",
+                "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+            ],
+        )
+    assert config.trainer.use_v1 and config.trainer.v1.trainer_mode == "sync"  # verl's defaults
+    return config
+
+
+class V1TrainerParts:
+    """The methods of verl's v1 PPOTrainer that submit prompts, build the ReplayBuffer and compute
+    the advantage, run as verl wrote them; the rest of the trainer (actor, critic, weight sync)
+    needs a real model and is not made."""
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    _build_replay_buffer = PPOTrainer._build_replay_buffer
+    _resolve_filter_groups_metric = PPOTrainer._resolve_filter_groups_metric
+    _submit_batch_to_rollout = PPOTrainer._submit_batch_to_rollout
+    _compute_advantage = PPOTrainer._compute_advantage
+    del PPOTrainer
+
+    def __init__(self, config: Any, agent_loop_manager: Any) -> None:
+        self.config, self.agent_loop_manager, self.global_steps = config, agent_loop_manager, 1
+        self.trainer_mode = config.trainer.v1.trainer_mode
+        self.replay_buffer = self._build_replay_buffer()
+
+    def _add_prompts_to_generate(self, num_prompts: int) -> int:
+        raise AssertionError(f"the replay buffer asked for {num_prompts} more prompts")
 
 
 @pytest.mark.skipif(
     not V1_GROUP,
-    reason="slow (a local Ray and TransferQueue, ~90 s): DRUMS_TRAINER_MATRIX=1 runs it, and CI "
-    "on the days it samples the verl v1 row (test_vf_verl.py)",
+    reason="slow (a local Ray, verl's worker actor and TransferQueue, ~2 min): "
+    "DRUMS_TRAINER_MATRIX=1 runs it, and CI on the days it samples the verl v1 row "
+    "(test_vf_verl.py)",
 )
-def test_v1_worker_group_of_four_with_one_forced_invalid(daemon):
-    """AgentLoopWorkerTQ._run_prompt (verl's default v1 worker) on one prompt with rollout.n 4
-    and a real TransferQueue (local Ray): one trajectory's model server dies mid-way. The three
-    others are in TransferQueue, the failed one is not ("Empty output for prompt"), the prompt's
-    status is finished, the model got the screenshots as images in every turn, verl's own v1
-    advantage over what TransferQueue holds is a group of 3's, and no desktop is left."""
+def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, record_property):
+    """verl's default v1 path as its trainer wires it, on a local Ray: TransferQueue initialised
+    from the trainer config (as TaskRunnerV1 does), AgentLoopManagerTQ.create making verl's
+    AgentLoopWorkerTQ as a Ray actor (its own __init__: tokenizer, processor, tools and agent loop
+    from the config), verl's LLMServerClient and load balancer in front of a scripted model server
+    actor, the ReplayBuffer from PPOTrainer._build_replay_buffer. One prompt, rollout.n 4, one
+    trajectory's model server dying mid-way. The three others reach the ReplayBuffer's sample,
+    the failed one does not ("Empty output for prompt"), the model got the screenshots as images
+    in every turn, PPOTrainer._compute_advantage gives a group of 3's, and no desktop is left."""
     import numpy as np
     import ray
     import transfer_queue as tq
-    from verl.experimental.agent_loop.agent_loop import get_trajectory_info
-    from verl.protocol import DataProto
-    from verl.trainer.ppo.v1 import AgentLoopWorkerTQ
-    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+    from verl_tiny_model import ScriptedModelServer, write_model_dir
 
     task = LIVE_TASK or "solve"
     replies = (
@@ -607,65 +606,86 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon):
         if LIVE_TASK
         else [reply(action="type", text="42"), reply(action="done")]
     )
+    model_dir = str(write_model_dir(tmp_path / "model", [*replies, "acting nothing more"]))
+    tools = OmegaConf.load(os.path.join(os.path.dirname(drums_verl.__file__), "verl_tools.yaml"))
+    if LIVE_TASK:  # a real daemon's first desktop on a task also runs its setup
+        tools.tools[0].config.wait_valid_timeout_s = 600
+    OmegaConf.save(tools, tmp_path / "tools.yaml")
+    config = v1_config(model_dir, str(tmp_path / "tools.yaml"))
     before = live_envs()
+    started = time.monotonic()
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir)
+    # The actors inherit this process's environment (DRUMS_URL / DRUMS_TOKEN_FILE, PYTHONPATH).
+    # TransferQueue's controller and each storage unit hold 1 CPU of Ray's and verl's worker
+    # needs 1 to be placed: with Ray's count of this 2-core host (num_cpus=2) the worker is never
+    # placed and the rollout waits forever. So one storage unit (verl's default is 8) and 4
+    # logical CPUs; the model server actor asks for none.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=ray_dir)
     try:
-        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
-        worker_class = AgentLoopWorkerTQ.__ray_metadata__.modified_class
-        worker = object.__new__(worker_class)
-        base = batch_worker(replies, shipped_tools(), [])
-        worker.__dict__.update(base.__dict__)
-        worker.llm_client = server = GroupServer(base.tokenizer, replies, fail=3)
-        worker.config.actor_rollout_ref.rollout.n = 4
-        worker.background_tasks = set()
-        prompt = {
-            "uid": "p0",
-            "index": 0,
-            "global_steps": 1,
-            "agent_name": "drums_desktop",
-            "raw_prompt": [{"role": "system", "content": "acting"}],
-            "tools_kwargs": {"computer": {"create_kwargs": {"drums_task": task}}},
-        }
-
-        async def go() -> None:
-            (info,) = await get_trajectory_info(1, [0], False)
-            await worker._run_prompt(prompt, {"temperature": 1.0}, trajectory=info)
-
-        asyncio.run(go())
-        status = tq.kv_list(partition_id="train")
-        keys = sorted(k for k in status["train"] if k.startswith("p0_"))
-        fields = ["uid", "response_mask", "rm_scores"]
-        held = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
-        data = DataProto(batch=held.to_padded_tensor())
-        data.batch["token_level_rewards"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
-        data = compute_advantage_for_multi_trajectories(
-            data, batch_keys=keys, adv_estimator="grpo", num_repeat=4
+        tq.init(config.transfer_queue)
+        server = ray.remote(num_cpus=0)(ScriptedModelServer).remote(model_dir, replies, 3)
+        balancer = get_router_handle(servers={"scripted:0": server})
+        manager = AgentLoopManagerTQ.create(
+            config=config,
+            llm_client=LLMServerClient(config=config, load_balancer_handle=balancer),
+            teacher_client=None,
+            reward_loop_worker_handles=None,
         )
-        failed = server.order[2]
+        (worker,) = manager.agent_loop_workers
+        assert "AgentLoopWorkerTQ" in repr(worker)  # an actor handle of verl's class
+        trainer = V1TrainerParts(config, manager)
+        batch = tu.get_tensordict(
+            {
+                "uid": np.array(["p0"], dtype=object),
+                "index": np.array([0], dtype=object),
+                "agent_name": np.array(["drums_desktop"], dtype=object),
+                "raw_prompt": np.array([[{"role": "system", "content": "acting"}]], dtype=object),
+                "tools_kwargs": np.array(
+                    [{"computer": {"create_kwargs": {"drums_task": task}}}], dtype=object
+                ),
+            }
+        )
+        tu.assign_non_tensor_data(batch, "global_steps", 1)
+        trainer._submit_batch_to_rollout(batch)
+        sampled, _ = trainer.replay_buffer.sample(
+            global_steps=1, partition_id="train", batch_size=1
+        )
+        keys = sorted(sampled.keys)
+        metrics: dict[str, Any] = {}
+        trainer._compute_advantage(sampled, metrics)
+        fields = ["rm_scores", "advantages", "response_mask", "multi_modal_inputs"]
+        held = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=fields)
+        rewards = [float(row.sum()) for row in held["rm_scores"].unbind()]
+        advantages = []
+        for adv, mask in zip(
+            held["advantages"].unbind(), held["response_mask"].unbind(), strict=True
+        ):
+            trained = mask.nonzero()
+            advantages.append(round(float(adv[trained[0]]), 4) if len(trained) else 0.0)
+        calls = ray.get(server.calls.remote())
         result = {
             "keys": keys,
-            "prompt_status": status["train"]["p0"]["status"],
-            "images_per_call": [server.images[r] for r in server.order],
-            "rewards": data.batch["rm_scores"].sum(-1).tolist(),
-            "advantages": row_advantages(data),
+            "statuses": sorted({tag.get("status") for tag in sampled.tags}),
+            "images_per_call": sorted(calls),
+            "rewards": rewards,
+            "advantages": advantages,
+            "seconds": round(time.monotonic() - started, 1),
         }
         print("DRUMS_VERL_V1_RESULT", json.dumps(result))
+        record_property("result", result)
     finally:
         try:
             tq.close()
         finally:
             ray.shutdown()
             shutil.rmtree(ray_dir, ignore_errors=True)
-    assert len(keys) == 3 and result["prompt_status"] == "finished"
-    assert server.images[failed] == [1, 2]  # it died on its second call
-    for request in server.order:
-        calls = server.images[request]
-        assert calls == list(range(1, len(calls) + 1))  # every turn: every screenshot so far
+    assert len(keys) == 3 and all(key.startswith("p0_") for key in keys)
+    assert result["statuses"] == ["success"]
+    # 4 first turns with the opening screenshot, 4 second turns with two (one of them raised)
+    assert result["images_per_call"] == [1, 1, 1, 1, 2, 2, 2, 2]
     # the three kept score alike (1.0 on the fake's task; the live click-and-done scores 0.0):
     # as a group of 3 their advantages are 0; the failed one's 0.0 would have moved them
-    assert len(set(result["rewards"])) == 1 and result["advantages"] == [0.0] * 3
+    assert len(set(rewards)) == 1 and advantages == [0.0] * 3
     assert live_envs() == before
 
 

@@ -307,6 +307,11 @@ def drums_generator(base: type) -> type:
                 out.loss_mask = [0] * len(out.loss_mask)
             return out
 
+        async def generate(self, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+            out = await super().generate(input_batch, *args, **kwargs)
+            out["rewards"] = uniform_rewards(out["rewards"], out["response_ids"])
+            return out
+
         def left_out(self, prompt: Any, reason: str) -> Any:
             """A trajectory with no trained token and reward 0.0 for a sample that failed."""
             prompt_ids = self.tokenizer.apply_chat_template(
@@ -359,6 +364,17 @@ def check_screenshots(drums: Any, generator_cfg: Any, vision: bool) -> int | Non
             f"the opening screenshot and one per turn): {exc}"
         ) from exc
     return budget
+
+
+def uniform_rewards(rewards: list[Any], responses: list[list[int]]) -> list[Any]:
+    """The batch's rewards in one form, as skyrl's trainer requires (all floats or all per-token
+    lists): a left-out trajectory's 0.0 beside per-token rewards becomes per-token too."""
+    if not any(isinstance(r, list) for r in rewards):
+        return rewards
+    return [
+        r if isinstance(r, list) else [0.0] * (len(ids) - 1) + [float(r)]
+        for r, ids in zip(rewards, responses, strict=True)
+    ]
 
 
 def left_out_groups(uids: list[str], trained: list[bool]) -> list[str]:

@@ -31,7 +31,7 @@ bash scripts/trainer-venv.sh primerl >/dev/null || rc=$?
 echo "==> ruff"
 ruff check .
 ruff format --check .
-echo "==> import contracts (lint-imports: core <- linux <- runtime <- api)"
+echo "==> import contracts (lint-imports: guest < core < linux < tasks < runtime < api < serve, bench < cli)"
 lint-imports
 # Each package from its own config (sdk/ and drumsd/pyproject.toml): the SDK strict, the daemon
 # strict less the per-module ratchet listed there. The caches keep a rerun to seconds.

@@ -179,7 +179,7 @@ def probe_apps(root: Path, profile: str = "") -> AppManifest:
         elif hit_cmd or hit_file:
             found[app.name] = hit_cmd or hit_file or ""
     schema_dir = root / SCHEMA_DIR
-    schemas = set()
+    schemas: set[str] = set()
     if schema_dir.is_dir():
         for path in schema_dir.glob("*.gschema.xml"):
             schemas.update(_schema_ids(path))

@@ -3,6 +3,7 @@ processes in the checker venv and a directory-backed fake slot and upper layer."
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -14,7 +15,13 @@ from typing import Any
 
 import pytest
 import trio
-from drumsd.tasks.audit import EpisodeFacts, scan_scope, trusted_verdict, verify
+from drumsd.tasks.audit import (
+    EpisodeFacts,
+    full_disk_reason,
+    scan_scope,
+    trusted_verdict,
+    verify,
+)
 from drumsd.tasks.model import ScopeManifest, Task, TaskContext, find_task, resolve_task
 from drumsd.tasks.testing import DirSlot, checker_context
 
@@ -193,6 +200,53 @@ async def test_a_getter_error_names_the_getter(venv_ctx: TaskContext, tmp_path: 
     ], result.invalid_reasons
 
 
+class RacedSlot(DirSlot):
+    """A slot with a freezer, and an agent process that removes an out-of-scope write from the
+    upper layer as soon as the result file is read (it cannot run while the slot is frozen)."""
+
+    def __init__(self, root: Path, stray: Path) -> None:
+        super().__init__(root)
+        self.stray = stray
+        self.is_frozen = False
+        self.pending = False
+        self.reads: list[tuple[str, bool]] = []
+
+    @contextlib.asynccontextmanager
+    async def frozen(self):
+        self.is_frozen = True
+        try:
+            yield True
+        finally:
+            self.is_frozen = False
+            if self.pending:
+                self.stray.unlink(missing_ok=True)
+
+    async def read_file(self, path: str) -> bytes:
+        self.reads.append((path, self.is_frozen))
+        if self.is_frozen:
+            self.pending = True
+        else:
+            self.stray.unlink(missing_ok=True)
+        return await super().read_file(path)
+
+
+async def test_the_scope_scan_sees_the_state_the_getters_read(
+    venv_ctx: TaskContext, tmp_path: Path
+) -> None:
+    """Issue 36, `race`: the getters' files are read and the scope scanned in one frozen
+    window; an agent process that undoes its out-of-scope write on the first read of the result
+    file is seen. Before, the scan ran after the checkers and found a clean scope."""
+    scope = {"roots": ["/home/user"], "allow": ["/home/user/Desktop/out.txt"]}
+    task, _, ctx = setup_case(venv_ctx, tmp_path, scope=scope)
+    upper = upper_with(tmp_path, {"/home/user/Desktop/out.txt": b"done", "/home/user/x": b"x"})
+    slot = RacedSlot(tmp_path / "slot", upper / "home" / "user" / "x")
+    (slot.home / "Desktop" / "out.txt").write_text("done")
+    result = await verify(task, slot, ctx, EpisodeFacts(valid=True, upper_dir=upper))
+    assert result.score == 1.0 and result.audit.scope.violations == ["/home/user/x"], result
+    assert result.trusted is False
+    assert slot.reads and all(frozen for _, frozen in slot.reads), slot.reads
+
+
 @pytest.mark.integration  # runs the checker program in the real checker venv
 async def test_osworld_task_scope_unchecked(venv_ctx: TaskContext, tmp_path: Path) -> None:
     task = find_task("e0df059f-28a6-4169-924f-b9623e7184cc", [SHARED])
@@ -343,3 +397,10 @@ async def test_second_run_and_redundant_checker_run_at_once(
     assert len(calls) == 3
     assert result.audit.second_score == 1.0 and result.audit.redundant_score == 1.0, result
     assert "checker_timeout" not in result.audit.flags
+
+
+def test_a_full_slot_disk_is_a_reason_to_drop_the_episode() -> None:
+    assert "disk was full (1.0 MiB free of 1024 MiB)" in (full_disk_reason(1.0, 1024.0) or "")
+    assert full_disk_reason(11.0, 1024.0) is None  # over 1% of the disk free
+    assert full_disk_reason(3.0, 100.0) is not None  # under the 4 MiB floor
+    assert full_disk_reason(None, None) is None  # no upper layer to look at

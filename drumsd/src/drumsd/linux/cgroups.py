@@ -170,6 +170,18 @@ def _read_pids(path: Path) -> list[int]:
         return []
 
 
+def freeze_whole(driver: CgroupDriver, dirs: Mapping[str, str], timeout_s: float = 2.0) -> None:
+    """Stop every process of a slot (verify reads its state while nothing can change it), or
+    leave it running and raise CgroupError: a freeze that did not complete in time is undone,
+    so a slot is never left half frozen."""
+    try:
+        driver.freeze(dirs, timeout_s)
+    except (CgroupError, OSError) as exc:
+        with contextlib.suppress(OSError):
+            driver.thaw(dirs)
+        raise CgroupError(f"cannot freeze the slot's cgroup {dict(dirs)}: {exc}") from exc
+
+
 def _kill_until_empty(driver: CgroupDriver, dirs: Mapping[str, str], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:

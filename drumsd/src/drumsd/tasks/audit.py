@@ -372,6 +372,13 @@ async def verify(
     """
     if run is None:
         run = default_runner(ctx)
+    scans: list[ScopeReport] = []
+
+    async def scan() -> None:
+        # In the frozen window, right after the getters' files are read: what the scan sees is
+        # the state they read, not one an agent process changed since (issue 36).
+        scans.append(await trio.to_thread.run_sync(_scope, task, episode))
+
     evaluation = await evaluate(
         task,
         access,
@@ -380,8 +387,12 @@ async def verify(
         last_action=episode.last_action,
         run_dir=episode.run_dir,
         label=episode.label,
+        while_frozen=scan,
     )
     flags: list[str] = []
+    if evaluation.frozen is False:
+        flags.append("not_frozen")  # the freeze failed: the reads raced the desktop
+    reads = evaluation.reads or access
     first_flag = _flag_for(evaluation.error_class)
     if first_flag:
         flags.append(first_flag)
@@ -397,7 +408,7 @@ async def verify(
     if evaluation.scoring is not None and evaluation.score is not None:
         # The second run and the redundant checker are independent reads of what the first run
         # read (each checker process gets its own scratch copy): run them at once.
-        second, redundant = await _second_and_redundant(task, evaluation, access, ctx, run, episode)
+        second, redundant = await _second_and_redundant(task, evaluation, reads, ctx, run, episode)
         audit.second_score = second.score
         second_flag = _flag_for(second.error_class)
         if second_flag and second_flag not in flags:
@@ -414,7 +425,7 @@ async def verify(
                 flags.append("redundant_disagree")
     if evaluation.score and desktop_evidence(task) and redundant_evaluator(task) is None:
         flags.append("weak_evidence")
-    audit.scope = await trio.to_thread.run_sync(_scope, task, episode)
+    audit.scope = scans[0] if scans else await trio.to_thread.run_sync(_scope, task, episode)
     if not audit.scope.checked:
         flags.append("scope_unchecked")
     if audit.scope.violations:
@@ -432,6 +443,24 @@ async def verify(
         audit=audit,
         trusted=trusted_verdict(valid, evaluation.score, flags),
         invalid_reasons=reasons,
+    )
+
+
+# A slot's disk with less free than this at verify is full: what its apps saved may be cut short
+# and what its getters or checkers write may fail (issue 36, the exploit suite's `diskfill`).
+DISK_FULL_MIB = 4.0
+DISK_FULL_FRACTION = 0.01
+
+
+def full_disk_reason(free_mib: float | None, total_mib: float | None) -> str | None:
+    """Why a slot whose disk is full at verify is an invalid episode, or None (pure)."""
+    if free_mib is None or not total_mib:
+        return None
+    if free_mib >= max(DISK_FULL_MIB, DISK_FULL_FRACTION * total_mib):
+        return None
+    return (
+        f"verify failed: the slot's disk was full ({free_mib:.1f} MiB free of "
+        f"{total_mib:.0f} MiB): the state the evaluator reads may be cut short"
     )
 
 

@@ -7,10 +7,12 @@ models. The supervisor then sets validity, verdict and gates from its own record
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,11 @@ from drumsd.core.errors import DrumsdError
 from drumsd.core.records import SlotRecord
 from drumsd.core.seams import RuntimeError_, SlotHandle, SlotRuntime
 from drumsd.core.task_checkpoints import SetupFingerprint
+from drumsd.linux import host_sampler
 from drumsd.linux.image_apps import AppManifest, features, manifest_for_root
 
 from . import accessibility, terminal
-from .audit import EpisodeFacts, verify
+from .audit import EpisodeFacts, full_disk_reason, verify
 from .checker import CheckerSlots
 from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
@@ -152,6 +155,27 @@ class RuntimeSlotAccess:
 
     async def screenshot(self) -> bytes:
         return await self.runtime.screenshot(self.handle)
+
+    @contextlib.asynccontextmanager
+    async def frozen(self) -> AsyncIterator[bool | None]:
+        """The slot's processes stopped (its cgroup frozen) for the block: True; the freeze
+        failed (logged, the block runs anyway): False; a runtime without a freezer: None."""
+        freeze = getattr(self.runtime, "freeze", None)
+        if freeze is None:
+            yield None
+            return
+        try:
+            await freeze(self.handle)
+        except RuntimeError_ as exc:
+            log.warning("slot %s: verify reads unfrozen: %s", self.slot_id, exc)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            # Never leave a desktop frozen: the thaw runs even when verify is cancelled.
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self.runtime.thaw(self.handle)
 
     async def terminal_output(self) -> str | None:
         """The slot feature "terminal_output" (vm_terminal_output): None if no xterm prints."""
@@ -406,6 +430,11 @@ class TaskBridge:
         if self.checker_slots is not None:
             run = self.checker_slots.bounded(run)
         result = await verify(task, access, self.ctx, episode, run)
+        if handle.upper is not None:
+            space = await trio.to_thread.run_sync(host_sampler.read_space, handle.upper)
+            full = full_disk_reason(*space)
+            if full is not None:
+                result.invalid_reasons.append(full)
         if self.ctx.exploit_verdicts.get(task.id) and result.score:
             # A reward from a task the exploit suite could take without doing it.
             result.audit.flags.append("hackable_task")

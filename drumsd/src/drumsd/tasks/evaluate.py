@@ -109,6 +109,87 @@ class Scoring:
         return round(sum(m.duration_s for m in self.metrics), 3)
 
 
+# Getters that read the slot only through `SlotAccess.read_file`, at the paths their config names:
+# their files are read once while the slot is frozen, before any getter runs (issue 36).
+FILE_GETTERS = frozenset({"vm_file", "content_from_vm_file"})
+
+# What runs inside the frozen window after the reads (the audit's scope scan).
+WhileFrozen = Callable[[], Awaitable[None]]
+
+
+def frozen_paths(task: Task, ctx: TaskContext) -> list[str]:
+    """The slot paths the task's file getters (and its redundant evaluator's) will read, as
+    the getters ask for them (`~` expanded): read together while the slot is frozen (pure)."""
+    configs: list[Any] = []
+    for ev in (task.evaluator.model_dump(), task.evaluator.redundant or {}):
+        for part in (ev.get("result"), ev.get("expected")):
+            configs += part if isinstance(part, list) else [part]
+    paths: list[str] = []
+    for config in configs:
+        if isinstance(config, dict) and config.get("type") in FILE_GETTERS:
+            for path in (
+                config.get("path") if isinstance(config.get("path"), list) else [config.get("path")]
+            ):
+                if isinstance(path, str):
+                    paths.append(ctx.user_home + path[1:] if path.startswith("~") else path)
+    return list(dict.fromkeys(paths))
+
+
+class FrozenReads:
+    """A SlotAccess whose `read_file` answers the paths read while the slot was frozen from
+    those reads (the same bytes, or the same error), and passes anything else to the slot."""
+
+    def __init__(self, access: SlotAccess, files: dict[str, bytes | Exception | None]) -> None:
+        self.access = access
+        self.files = files
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.access, name)
+
+    async def read_file(self, path: str) -> bytes:
+        if path not in self.files:
+            return await self.access.read_file(path)
+        got = self.files[path]
+        if got is None:
+            raise FileNotFoundError(path)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+async def read_frozen(
+    task: Task, access: SlotAccess, ctx: TaskContext, while_frozen: WhileFrozen | None
+) -> tuple[bool | None, FrozenReads]:
+    """Freeze the slot (its cgroup: no process of it runs), read every file a getter will
+    read, run `while_frozen` (the scope scan), thaw. An agent process racing verify can then
+    neither change a result file between two getters' reads nor undo an out-of-scope write
+    between the getters' read and the scan (issue 36, `race`). Getters that ask live apps
+    (DevTools, AT-SPI, a command) run after the thaw: they need the desktop running.
+
+    Returns (True: frozen, False: the freeze failed, None: the slot cannot be frozen), and
+    the access to read through."""
+    files: dict[str, bytes | Exception | None] = {}
+
+    async def read_all() -> None:
+        for path in frozen_paths(task, ctx):
+            try:
+                files[path] = await access.read_file(path)
+            except FileNotFoundError:
+                files[path] = None
+            except (OSError, RuntimeError, RuntimeError_, trio.TooSlowError) as exc:
+                files[path] = exc  # raised again to the getter that reads it
+        if while_frozen is not None:
+            await while_frozen()
+
+    frozen_state = getattr(access, "frozen", None)
+    if frozen_state is None:
+        await read_all()
+        return None, FrozenReads(access, files)
+    async with frozen_state() as frozen:
+        await read_all()
+    return frozen, FrozenReads(access, files)
+
+
 @dataclass
 class Evaluation:
     score: float | None
@@ -121,6 +202,8 @@ class Evaluation:
     postconfig: SetupReport | None = None
     getters_s: float = 0.0
     postconfig_s: float = 0.0
+    frozen: bool | None = None  # the slot was frozen while its files were read (read_frozen)
+    reads: SlotAccess | None = None  # what the getters read through (the frozen reads)
 
 
 async def read_getter(config: dict[str, Any] | None, env: GetterEnv) -> Any:
@@ -276,8 +359,10 @@ async def evaluate(
     last_action: str | None,
     run_dir: Path | None = None,
     label: str = "",
+    while_frozen: WhileFrozen | None = None,
 ) -> Evaluation:
-    """Score the slot's current state for the task, as OSWorld would."""
+    """Score the slot's current state for the task, as OSWorld would. After postconfig the
+    slot is frozen while its files are read and `while_frozen` runs (read_frozen)."""
     ev = task.evaluator
     evaluation = Evaluation(score=None, conj=ev.conj)
     started = time.monotonic()
@@ -291,6 +376,8 @@ async def evaluate(
         return evaluation
     finally:
         evaluation.postconfig_s = round(time.monotonic() - started, 3)
+    evaluation.frozen, reads = await read_frozen(task, access, ctx, while_frozen)
+    evaluation.reads = access = reads
     if ev.is_infeasible:
         failed = _last_action_is_fail(last_action)
         evaluation.score = 1.0 if failed else 0.0

@@ -17,6 +17,7 @@ from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
     Quiescence,
+    RuntimeError_,
     Screenshot,
     SlotFacts,
     SlotHandle,
@@ -172,6 +173,20 @@ class LinuxRuntime:
 
     async def read_file(self, handle: SlotHandle, path: str, max_bytes: int) -> bytes:
         return await self.io.read_file(handle, path, max_bytes)
+
+    async def freeze(self, handle: SlotHandle, timeout_s: float = 2.0) -> None:
+        """Stop every process of the slot until `thaw`: verify reads the desktop's files and
+        scans its upper layer while nothing in it can change them (issue 36). RuntimeError_
+        when the cgroup does not freeze in `timeout_s` (the slot is left running)."""
+        dirs = self.instances.of(handle).cgroups
+        try:
+            await trio.to_thread.run_sync(cgroups.freeze_whole, self.driver, dirs, timeout_s)
+        except cgroups.CgroupError as exc:
+            raise RuntimeError_("runtime_error", str(exc), slot=handle.slot_id) from exc
+
+    async def thaw(self, handle: SlotHandle) -> None:
+        dirs = self.instances.of(handle).cgroups
+        await trio.to_thread.run_sync(self.driver.thaw, dirs)
 
     async def write_file(
         self, handle: SlotHandle, path: str, data: bytes, *, user: bool = True

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -24,15 +25,31 @@ from drumsd.runtime.handles import handle_from_json
 if TYPE_CHECKING:
     import socket
 
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.config import Config
+    from drumsd.core.seams import SlotRuntime
 
 log = logging.getLogger("drumsd.ports")
 
 RELAY_CHUNK = 65536
 
 
+class PortsHost(Protocol):
+    """What the port forwards use of the supervisor: the slots, the config, the runtime that
+    opens a stream into a slot, and its nursery for the relays."""
+
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def nursery(self) -> trio.Nursery | None: ...
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None: ...
+
+
 class PortForwards:
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: PortsHost) -> None:
         self.sup = sup
         self._reserved: set[int] = set()  # numbers being tried (between choice and bind)
         self._held: dict[str, int] = {}  # slot -> number, from assign until it is not live

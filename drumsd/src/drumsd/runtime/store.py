@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -23,14 +23,25 @@ from drumsd.core.journal import Event, JournalState, RecordKind, snapshot_events
 from drumsd.linux.journal_io import Journal
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.records import CheckpointRecord, SlotRecord
 
 log = logging.getLogger("drumsd.supervisor")
 
 Write = Callable[[], None]
 
 
-def snapshot_of(sup: Supervisor, last_seq: int) -> list[Event]:
+class Records(Protocol):
+    """The records a snapshot is taken of (the supervisor's, as they are in memory)."""
+
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+
+def snapshot_of(sup: Records, last_seq: int) -> list[Event]:
     """The compacted journal of the supervisor's records as they are in memory now."""
     state = JournalState(slots=sup.slots, checkpoints=sup.checkpoints, last_seq=last_seq)
     return snapshot_events(state, sup.clock())

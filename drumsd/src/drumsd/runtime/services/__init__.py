@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
 
 log = logging.getLogger("drumsd.supervisor")
 
@@ -54,14 +55,28 @@ class ServiceHealth:
         return data
 
 
-def register(sup: Supervisor, name: str, interval_s: float | None) -> ServiceHealth:
+class ServiceHost(Protocol):
+    """What a service's loop reads of the supervisor: its config, clock, failure metrics and
+    the services' health table (the supervisor is one; so is a test's stand-in)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+    @property
+    def services(self) -> dict[str, ServiceHealth]: ...
+
+
+def register(sup: ServiceHost, name: str, interval_s: float | None) -> ServiceHealth:
     health = ServiceHealth(name=name, interval_s=interval_s, started_at=sup.clock())
     sup.services[name] = health
     return health
 
 
 async def guarded_loop(
-    sup: Supervisor,
+    sup: ServiceHost,
     name: str,
     iteration: Callable[[], Awaitable[object]],
     interval_s: float,
@@ -98,7 +113,7 @@ async def guarded_loop(
         await trio.sleep(interval_s)
 
 
-def health_json(sup: Supervisor) -> tuple[dict[str, Any], list[str]]:
+def health_json(sup: ServiceHost) -> tuple[dict[str, Any], list[str]]:
     """Each service's state, and a warning per failing or stalled one."""
     now = sup.clock()
     grace = sup.config.service_backoff_max_s

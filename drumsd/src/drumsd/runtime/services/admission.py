@@ -6,21 +6,34 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from drumsd.core.admission import memory_floor_mib
 from drumsd.core.seams import GroupMemoryControl
-from drumsd.runtime.services import guarded_loop
+from drumsd.runtime.services import ServiceHost, guarded_loop
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.admission import HostSample
+    from drumsd.core.seams import SlotRuntime
+
+
+class SamplerHost(ServiceHost, Protocol):
+    """What the admission sampler uses of the supervisor: its sample, the runtime and the
+    slots' group memory limit it keeps."""
+
+    group_memory_limit_mib: int | None
+
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    async def sample_now(self) -> HostSample | None: ...
+
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+async def run(sup: SamplerHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
     """Sample host memory, PSI and state_dir space every admission.sample_interval_s, then move
     the slots' group memory limit with the sample."""
     await guarded_loop(
@@ -33,7 +46,7 @@ async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-async def sample_and_hold_floor(sup: Supervisor) -> None:
+async def sample_and_hold_floor(sup: SamplerHost) -> None:
     sample = await sup.sample_now()
     if sample is None or sample.mem_available_mib is None:
         return

@@ -5,22 +5,36 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from drumsd.core.records import (
     SlotStatus,
 )
-from drumsd.runtime.services import guarded_loop
+from drumsd.runtime.services import ServiceHost, guarded_loop
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.records import SlotRecord
+    from drumsd.runtime.slot_table import SlotTable
+
+
+class GateRefreshHost(ServiceHost, Protocol):
+    """What the gate refresh uses of the supervisor: the slots, their locks, the refresh."""
+
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def table(self) -> SlotTable: ...
+    async def refresh_gates(self, rec: SlotRecord) -> None: ...
+
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+async def run(
+    sup: GateRefreshHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+):
     await guarded_loop(
         sup,
         "gate_refresh",
@@ -31,7 +45,7 @@ async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-async def refresh_all(sup: Supervisor) -> None:
+async def refresh_all(sup: GateRefreshHost) -> None:
     """One pass over the ready slots. A slot whose refresh raises is logged by name and skipped:
     one bad slot must not stop the others' gates (the pass then fails, so health shows it)."""
     failed: list[str] = []

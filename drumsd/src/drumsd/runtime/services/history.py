@@ -7,18 +7,35 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from drumsd.core.host_history import EVERY_S
-from drumsd.runtime.services import guarded_loop
+from drumsd.runtime.services import ServiceHost, guarded_loop
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.admission import HostSample
+    from drumsd.core.records import SlotRecord
+    from drumsd.core.seams import SlotRuntime
+    from drumsd.runtime.console_state import ConsoleState
 
 
-async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+class HistoryHost(ServiceHost, Protocol):
+    """What the history samples of the supervisor."""
+
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def sample(self) -> HostSample | None: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def console(self) -> ConsoleState: ...
+    def pools_state(self) -> dict[str, Any]: ...
+
+
+async def run(sup: HistoryHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
     await guarded_loop(
         sup,
         "history",
@@ -29,7 +46,7 @@ async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-async def sample_once(sup: Supervisor) -> None:
+async def sample_once(sup: HistoryHost) -> None:
     states = Counter(r.status.value for r in sup.slots.values())
     counts = {op: h.count for op, h in sup.metrics.latencies.items()}
     host = sup.sample

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -27,12 +27,66 @@ from drumsd.runtime.services import health_json as services_health
 from drumsd.runtime.slot_locks import abandoned, held_too_long
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Callable
+
+    from drumsd.core.admission import HostSample
+    from drumsd.core.config import Config
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.core.seams import CrashWatchControl, SlotRuntime
+    from drumsd.runtime.admission_book import AdmissionBook
+    from drumsd.runtime.services import ServiceHealth
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.verifier import TaskCatalog, Verifier
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def health(sup: Supervisor) -> dict[str, Any]:
+class HealthHost(Protocol):
+    """What /v1/health and the metrics read of the supervisor. Health reports on the whole
+    daemon, so this is most of its state, read-only but for the metrics window (a reset starts a
+    new one) and the forgotten_dir total (a health call rescans it)."""
+
+    metrics: MetricsWindow
+    forgotten_bytes: int
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def table(self) -> SlotTable: ...
+    @property
+    def services(self) -> dict[str, ServiceHealth]: ...
+    @property
+    def admission_book(self) -> AdmissionBook: ...
+    @property
+    def sample(self) -> HostSample | None: ...
+    @property
+    def group_memory_limit_mib(self) -> int | None: ...
+    @property
+    def crash_watch(self) -> CrashWatchControl | None: ...
+    @property
+    def template_status(self) -> dict[str, str]: ...
+    @property
+    def reconciled(self) -> dict[str, list[str]]: ...
+    @property
+    def tasks(self) -> TaskCatalog: ...
+    @property
+    def verifier(self) -> Verifier: ...
+    def slot_cost_mib(self) -> float: ...
+    def list_checkpoints(self) -> list[CheckpointRecord]: ...
+    def pools_state(self) -> dict[str, Any]: ...
+    def admission_state(self, decision: Decision | None = None) -> dict[str, Any]: ...
+    def metrics_json(self) -> dict[str, Any]: ...
+
+
+async def health(sup: HealthHost) -> dict[str, Any]:
     by_state: dict[str, int] = {s.value: 0 for s in SlotStatus}
     for rec in sup.slots.values():
         by_state[rec.status.value] += 1
@@ -87,7 +141,7 @@ async def health(sup: Supervisor) -> dict[str, Any]:
     }
 
 
-def stuck_operations(sup: Supervisor) -> list[str]:
+def stuck_operations(sup: HealthHost) -> list[str]:
     """A slot lock held past its operation's deadline (or stuck_operation_s), and worker threads
     still running after their operation gave up on them: each a warning naming what and since
     when (issue 39: a capture hashing an 8 TiB hole held its slot for good while health said ok)."""
@@ -107,7 +161,7 @@ def stuck_operations(sup: Supervisor) -> list[str]:
     return out
 
 
-def checker_health(sup: Supervisor) -> dict[str, Any]:
+def checker_health(sup: HealthHost) -> dict[str, Any]:
     """How checker calls run (the resident worker's pid, RSS and bound), when tasks are served."""
     report = getattr(sup.verifier, "checker_health", None)
     if report is None:
@@ -118,7 +172,7 @@ def checker_health(sup: Supervisor) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-async def runtime_ksm(sup: Supervisor) -> dict[str, Any]:
+async def runtime_ksm(sup: HealthHost) -> dict[str, Any]:
     """KSM figures when the runtime offers them (an optional extra of the Linux runtime)."""
     if not isinstance(sup.runtime, KsmControl):
         return {}
@@ -131,7 +185,7 @@ async def runtime_ksm(sup: Supervisor) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def admission_state(sup: Supervisor, decision: Decision | None = None) -> dict[str, Any]:
+def admission_state(sup: HealthHost, decision: Decision | None = None) -> dict[str, Any]:
     s = sup.sample
     cost = sup.slot_cost_mib()
     decision = decision or decide(s, sup.config.admission, cost)
@@ -149,7 +203,7 @@ def admission_state(sup: Supervisor, decision: Decision | None = None) -> dict[s
     }
 
 
-def metrics_json(sup: Supervisor) -> dict[str, Any]:
+def metrics_json(sup: HealthHost) -> dict[str, Any]:
     now = sup.clock()
     data = sup.metrics.as_json(now, sup.config.host_usd_per_hour)
     data["window_started_at"] = sup.metrics.started_at
@@ -164,7 +218,7 @@ def metrics_json(sup: Supervisor) -> dict[str, Any]:
     return data
 
 
-def reset_metrics(sup: Supervisor) -> dict[str, Any]:
+def reset_metrics(sup: HealthHost) -> dict[str, Any]:
     old = sup.metrics_json()
     sup.metrics = MetricsWindow(started_at=sup.clock())
     return old

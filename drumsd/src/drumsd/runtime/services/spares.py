@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -20,10 +20,11 @@ from drumsd.core.seams import (
 )
 from drumsd.core.spare_pool import PoolStats, share_host, spare_target
 from drumsd.runtime.handles import checkpoint_ref, slot_limits
-from drumsd.runtime.services import guarded_loop
+from drumsd.runtime.services import ServiceHost, guarded_loop
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.seams import SlotRuntime
+    from drumsd.runtime.admission_book import AdmissionBook
 
 log = logging.getLogger("drumsd.supervisor")
 
@@ -59,11 +60,28 @@ class SparePools:
         }
 
 
-def spares_on(sup: Supervisor) -> bool:
+class SparesHost(ServiceHost, Protocol):
+    """What the spare pools use of the supervisor: the runtime, the pools, admission (a refill
+    is admitted like a slot), whether it drains, and its pool sizing and state."""
+
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def pools(self) -> SparePools: ...
+    @property
+    def admission_book(self) -> AdmissionBook: ...
+    @property
+    def draining(self) -> bool: ...
+    def slot_cost_mib(self) -> float: ...
+    def size_pools(self) -> dict[str, int]: ...
+    def pools_state(self) -> dict[str, Any]: ...
+
+
+def spares_on(sup: SparesHost) -> bool:
     return sup.config.spares.enabled and isinstance(sup.runtime, SpareControl)
 
 
-def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
+def enable_spares(sup: SparesHost, cp: CheckpointRecord) -> None:
     """Keep frozen restores of `cp` ready so create/reset/fork from it are a thaw."""
     if not spares_on(sup) or not cp.ready:
         return
@@ -73,7 +91,7 @@ def enable_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
     log.info("checkpoint=%s warm spares enabled", cp.id)
 
 
-async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
+async def forget_spares(sup: SparesHost, checkpoint_id: str) -> None:
     """A deleted or replaced checkpoint: its spares and cached image copies go."""
     sup.pools.forget(checkpoint_id)
     if not isinstance(sup.runtime, SpareControl):
@@ -85,7 +103,7 @@ async def forget_spares(sup: Supervisor, checkpoint_id: str) -> None:
             log.error("checkpoint=%s dropping spares failed: %s", checkpoint_id, exc.message)
 
 
-def note_claim(sup: Supervisor, checkpoint_id: str, handle: SlotHandle) -> None:
+def note_claim(sup: SparesHost, checkpoint_id: str, handle: SlotHandle) -> None:
     """A create/reset/fork child of a pooled checkpoint: a hit (thaw) or a miss (restore)."""
     stats = sup.pools.stats.get(checkpoint_id)
     if stats is None:
@@ -96,14 +114,14 @@ def note_claim(sup: Supervisor, checkpoint_id: str, handle: SlotHandle) -> None:
     sup.metrics.count("spare_hits" if spare else "spare_misses")
 
 
-def refill_allowed(sup: Supervisor) -> bool:
+def refill_allowed(sup: SparesHost) -> bool:
     """A refill is a new desktop: only when admission would admit a create right now."""
     if sup.draining:
         return False
     return sup.admission_book.decision(sup.slot_cost_mib(), checkers=False).admit
 
 
-def size_pools(sup: Supervisor) -> dict[str, int]:
+def size_pools(sup: SparesHost) -> dict[str, int]:
     """Targets from each pool's claim rate and restore time, fitted into spares.per_host."""
     wanted = sup.pools.wanted(trio.current_time(), sup.config.spares.per_checkpoint)
     targets = share_host(wanted, sup.config.spares.per_host)
@@ -114,7 +132,7 @@ def size_pools(sup: Supervisor) -> dict[str, int]:
     return targets
 
 
-async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+async def run(sup: SparesHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
     """Pool targets follow the observed claim rate (only when the runtime keeps spares)."""
     assert isinstance(sup.runtime, SpareControl)
     sup.runtime.refill_allowed = partial(refill_allowed, sup)
@@ -132,7 +150,7 @@ async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-def pools_state(sup: Supervisor) -> dict[str, Any]:
+def pools_state(sup: SparesHost) -> dict[str, Any]:
     """Per pooled checkpoint: spares parked now, target, hits, misses, claim latency."""
     counts: dict[str, int] = (
         dict(sup.runtime.spare_counts()) if isinstance(sup.runtime, SpareControl) else {}
@@ -155,7 +173,7 @@ def pools_state(sup: Supervisor) -> dict[str, Any]:
     }
 
 
-def pool_gauges(sup: Supervisor) -> list[tuple[str, str, dict[str, str], float]]:
+def pool_gauges(sup: SparesHost) -> list[tuple[str, str, dict[str, str], float]]:
     """Prometheus gauges of the pools and KSM (for the /metrics route's `gauges`)."""
     out: list[tuple[str, str, dict[str, str], float]] = []
     for cid, p in sup.pools_state()["checkpoints"].items():

@@ -436,7 +436,7 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
         await _wait(lambda: sup.template_status.get("base") == "ready")
         parent = await sup.create(SlotCreate())
         out = await sup.fork(parent.id, ForkRequest(n=4))
-        for child in out["children"]:
+        for child in out.children:
             restored_at = handle_from_json(child.handle).extra["restore_started_at"]
             assert evidence.since[child.id] == restored_at
         assert evidence.most_at_once > 1, "the children's episodes began one after another"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,6 +11,7 @@ from drums import models as wire
 from drumsd.core import gates as G
 from drumsd.core.leases import record_expires_at
 from drumsd.core.records import CheckpointRecord, SlotRecord, SlotStatus
+from drumsd.core.results import Forked, StepDone
 
 
 def ts(value: float | None) -> datetime | None:
@@ -83,6 +85,42 @@ def gate_report(rec: SlotRecord) -> wire.GateReport:
         ],
         valid=G.episode_valid(statuses) if rec.gates else None,
         failed=G.failed_gates(statuses),
+    )
+
+
+def step(done: StepDone) -> wire.StepResult:
+    """The screenshot goes as base64: under screenshot_png_b64 for a PNG (the default), else
+    screenshot_b64 with its content type."""
+    out = done.output
+    shot = done.screenshot
+    b64 = base64.b64encode(shot.data).decode() if shot is not None else None
+    png = shot is not None and shot.content_type == "image/png"
+    return wire.StepResult(
+        slot=done.slot,
+        episode=done.episode,
+        action_type=done.action_type,
+        elapsed_s=done.elapsed_s,
+        actions=done.actions,
+        terminal=done.terminal,
+        output=wire.CommandOutput(returncode=out.returncode, stdout=out.stdout, stderr=out.stderr)
+        if out is not None
+        else None,
+        screenshot_png_b64=b64 if png else None,
+        screenshot_b64=None if png else b64,
+        screenshot_content_type=shot.content_type if shot is not None else None,
+        screenshot_width=shot.width if shot is not None else None,
+        screenshot_height=shot.height if shot is not None else None,
+        screenshot_cached=shot.cached if shot is not None else None,
+        results=done.results,
+    )
+
+
+def fork(forked: Forked) -> wire.ForkResult:
+    return wire.ForkResult(
+        parent=forked.parent,
+        children=[slot(c) for c in forked.children],
+        checkpoint=forked.checkpoint,
+        elapsed_s=forked.elapsed_s,
     )
 
 

@@ -6,7 +6,6 @@ served without being documented or documented without being served.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,21 +177,7 @@ async def reset_slot(ctx: Ctx, slot_id: str, body: BaseModel | None) -> Reply:
 
 
 async def step(ctx: Ctx, slot_id: str, body: wire.StepRequest) -> Reply:
-    out = await ctx.supervisor.step(slot_id, body)
-    shot = out.pop("screenshot")
-    output = out.pop("output")
-    extra: dict[str, Any] = {}
-    if shot is not None:
-        b64 = base64.b64encode(shot.data).decode()
-        png = shot.content_type == "image/png"
-        extra = {
-            "screenshot_png_b64" if png else "screenshot_b64": b64,
-            "screenshot_content_type": shot.content_type,
-            "screenshot_width": shot.width,
-            "screenshot_height": shot.height,
-            "screenshot_cached": shot.cached,
-        }
-    return wire.StepResult(**out, output=wire.CommandOutput(**output) if output else None, **extra)
+    return convert.step(await ctx.supervisor.step(slot_id, body))
 
 
 def shot_spec(query: dict[str, str]) -> ShotSpec:
@@ -215,11 +200,11 @@ async def screenshot(ctx: Ctx, slot_id: str) -> Reply:
 
 
 async def terminal(ctx: Ctx, slot_id: str) -> Reply:
-    return wire.TerminalOutput(**await ctx.supervisor.terminal(slot_id))
+    return await ctx.supervisor.terminal(slot_id)
 
 
 async def accessibility(ctx: Ctx, slot_id: str) -> Reply:
-    return wire.AccessibilityTree(**await ctx.supervisor.accessibility_tree(slot_id))
+    return await ctx.supervisor.accessibility_tree(slot_id)
 
 
 async def gates(ctx: Ctx, slot_id: str) -> Reply:
@@ -231,13 +216,7 @@ async def capture(ctx: Ctx, slot_id: str, body: wire.CaptureRequest | None) -> R
 
 
 async def fork(ctx: Ctx, slot_id: str, body: wire.ForkRequest) -> Reply:
-    out = await ctx.supervisor.fork(slot_id, body)
-    return wire.ForkResult(
-        parent=out["parent"],
-        children=[convert.slot(c) for c in out["children"]],
-        checkpoint=out["checkpoint"],
-        elapsed_s=out["elapsed_s"],
-    )
+    return convert.fork(await ctx.supervisor.fork(slot_id, body))
 
 
 async def prefork(ctx: Ctx, slot_id: str, body: wire.PreforkRequest | None) -> Reply:
@@ -245,13 +224,11 @@ async def prefork(ctx: Ctx, slot_id: str, body: wire.PreforkRequest | None) -> R
 
 
 async def quiescent(ctx: Ctx, slot_id: str, body: wire.QuiescentRequest | None) -> Reply:
-    return wire.QuiescentResult(
-        **await ctx.supervisor.quiescent(slot_id, body or wire.QuiescentRequest())
-    )
+    return await ctx.supervisor.quiescent(slot_id, body or wire.QuiescentRequest())
 
 
 async def load_task(ctx: Ctx, slot_id: str, body: wire.TaskLoad) -> Reply:
-    return wire.TaskLoaded(**await ctx.supervisor.load_task(slot_id, body.task))
+    return await ctx.supervisor.load_task(slot_id, body.task)
 
 
 async def verify(ctx: Ctx, slot_id: str, body: wire.VerifyRequest | None) -> Reply:
@@ -259,9 +236,7 @@ async def verify(ctx: Ctx, slot_id: str, body: wire.VerifyRequest | None) -> Rep
 
 
 async def slot_metrics(ctx: Ctx, slot_id: str) -> Reply:
-    out = await ctx.supervisor.slot_metrics(slot_id)
-    out["latencies"] = {k: wire.LatencySummary(**v) for k, v in out["latencies"].items()}
-    return wire.SlotMetrics(**out)
+    return await ctx.supervisor.slot_metrics(slot_id)
 
 
 async def quarantine(ctx: Ctx, slot_id: str, body: wire.QuarantineRequest) -> Reply:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 from drums.dialects import DialectError, Scale, translate_batch
-from drums.models import StepRequest
+from drums.models import CallResult, StepRequest
 
 from drumsd.core.errors import DrumsdError
 from drumsd.core.records import check_can_step
+from drumsd.core.results import StepDone
 from drumsd.core.seams import Screenshot
 from drumsd.guest import protocol
 from drumsd.guest.protocol import ShotSpec
@@ -101,7 +102,7 @@ async def _run_guest(
             return results, shot
 
 
-async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
+async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
     sup.check_open()
     sup.get_slot(slot_id)
     scale, calls, spec = plan(req)
@@ -166,14 +167,12 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             final = await screenshot_locked(sup, rec, handle, spec)
         elapsed = trio.current_time() - started
         sup.observe("step", slot_id, elapsed)
-        return {
-            "slot": slot_id,
-            "episode": rec.episode,
-            "action_type": f"{req.dialect}:{entries[-1]['name']}",
-            "elapsed_s": elapsed,
-            "actions": rec.actions,
-            "terminal": None,
-            "output": None,
-            "screenshot": final,
-            "results": entries,
-        }
+        return StepDone(
+            slot=slot_id,
+            episode=rec.episode,
+            action_type=f"{req.dialect}:{entries[-1]['name']}",
+            elapsed_s=elapsed,
+            actions=rec.actions,
+            screenshot=final,
+            results=[CallResult(**entry) for entry in entries],
+        )

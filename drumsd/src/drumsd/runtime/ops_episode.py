@@ -3,14 +3,19 @@ gate report and per-slot metrics."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
 import trio
 from drums.models import (
+    AccessibilityTree,
+    LatencySummary,
     QuiescentRequest,
+    QuiescentResult,
+    SlotMetrics,
     StepRequest,
+    TaskLoaded,
+    TerminalOutput,
     VerifyRequest,
     VerifyResult,
 )
@@ -26,7 +31,9 @@ from drumsd.core.records import (
     check_can_step,
     check_can_verify,
 )
+from drumsd.core.results import StepDone
 from drumsd.core.seams import (
+    CommandResult,
     Quiescence,
     Screenshot,
     SlotHandle,
@@ -47,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any]:
+async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
     sup.check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
@@ -57,7 +64,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
         handle = handle_of(rec)
         started = trio.current_time()
         kind = action["type"]
-        output = None
+        output: CommandResult | None = None
         shot: Screenshot | None = None
         if kind in TERMINAL_ACTIONS:
             rec.terminal = kind
@@ -75,8 +82,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
                 with trio.fail_after(timeout + 5):  # the guest enforces `timeout`; 5 s margin
                     # The screenshot after it comes in the same round trip to the guest.
                     outcome = await sup.runtime.step(handle, action, spec)
-            if outcome.output is not None:
-                output = dataclasses.asdict(outcome.output)
+            output = outcome.output
             shot = outcome.screenshot
             await check_display(sup, rec, handle)
         rec.actions += 1
@@ -94,16 +100,16 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> dict[str, Any
             sup.observe("step", slot_id, elapsed)
             if spec is not None:  # wait, done, fail: no guest step to carry it
                 shot = await screenshot_locked(sup, rec, handle, spec)
-        return {
-            "slot": slot_id,
-            "episode": rec.episode,
-            "action_type": kind,
-            "elapsed_s": elapsed,
-            "actions": rec.actions,
-            "terminal": rec.terminal if kind in TERMINAL_ACTIONS else None,
-            "output": output,
-            "screenshot": shot,
-        }
+        return StepDone(
+            slot=slot_id,
+            episode=rec.episode,
+            action_type=kind,
+            elapsed_s=elapsed,
+            actions=rec.actions,
+            terminal=rec.terminal if kind in TERMINAL_ACTIONS else None,
+            output=output,
+            screenshot=shot,
+        )
 
 
 def step_shot_spec(req: StepRequest) -> ShotSpec:
@@ -176,17 +182,18 @@ def _keep_shot(
         sup.console.last_screenshot[rec.id] = shot.data
 
 
-async def terminal(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+async def terminal(sup: Supervisor, slot_id: str) -> TerminalOutput:
     """The desktop's terminal text (OSWorld's terminal observation); not an action."""
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_observe) as rec:
         with runtime_failures(sup.metrics, what=f"terminal of slot {slot_id}", slot_id=slot_id):
             got = await terminal_text.read(sup.runtime, handle_of(rec))
-        return {"slot": slot_id, "episode": rec.episode, "text": got.text, "source": got.source,
-                "reason": got.reason}  # fmt: skip
+        return TerminalOutput(
+            slot=slot_id, episode=rec.episode, text=got.text, source=got.source, reason=got.reason
+        )
 
 
-async def accessibility_tree(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+async def accessibility_tree(sup: Supervisor, slot_id: str) -> AccessibilityTree:
     """The desktop's accessibility tree in OSWorld's XML (its a11y observation); not an action."""
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_observe) as rec:
@@ -194,10 +201,10 @@ async def accessibility_tree(sup: Supervisor, slot_id: str) -> dict[str, Any]:
         with runtime_failures(sup.metrics, what=what, slot_id=slot_id):
             done = await sup.runtime.exec_user(handle_of(rec), a11y.ARGV, a11y.TIMEOUT_S)
         got = a11y.parse(done.returncode, done.stdout, done.stderr)
-        return {"slot": slot_id, "episode": rec.episode, "tree": got.xml, "reason": got.reason}
+        return AccessibilityTree(slot=slot_id, episode=rec.episode, tree=got.xml, reason=got.reason)
 
 
-async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
+async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> QuiescentResult:
     sup.get_slot(slot_id)
     q = sup.config.quiesce
     window = req.window_s or q.window_s
@@ -209,22 +216,22 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> dic
             waited = Quiescence(False)
             with trio.move_on_after(timeout + 10):
                 waited = await sup.runtime.quiescent(handle_of(rec), window, timeout, q.poll_ms)
-        return {
-            "slot": slot_id,
-            "quiescent": waited.quiet,
-            "waited_s": trio.current_time() - started,
-            "moving": list(waited.moving),
-        }
+        return QuiescentResult(
+            slot=slot_id,
+            quiescent=waited.quiet,
+            waited_s=trio.current_time() - started,
+            moving=list(waited.moving),
+        )
 
 
-async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
+async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> TaskLoaded:
     sup.check_open()
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_step) as rec:
         started = trio.current_time()
         rec.task_source = rec.checkpoint  # this setup runs on the slot's state: resets replay it
         info = await load_task_locked(sup, rec, handle_of(rec), task)
-        return {"slot": slot_id, "task": info, "setup_s": trio.current_time() - started}
+        return TaskLoaded(slot=slot_id, task=info, setup_s=trio.current_time() - started)
 
 
 # How long verify waits, past alive_after_s, for the gate judge to read facts under load.
@@ -377,18 +384,22 @@ async def gate_report(sup: Supervisor, slot_id: str) -> SlotRecord:
         return rec
 
 
-async def slot_metrics(sup: Supervisor, slot_id: str) -> dict[str, Any]:
+async def slot_metrics(sup: Supervisor, slot_id: str) -> SlotMetrics:
     rec = sup.get_slot(slot_id)
-    out: dict[str, Any] = {
-        "slot": slot_id,
-        "episode": rec.episode,
-        "actions": rec.actions,
-        "latencies": {op: h.summary() for op, h in sup.slot_latency.get(slot_id, {}).items()},
-    }
+    pids: int | None = None
+    memory_mib = cpu_s = None
     if rec.handle is not None and rec.status in (SlotStatus.ready, SlotStatus.quarantined):
         facts = await read_facts(sup, rec, handle_of(rec))
         if facts is not None:
-            out["pids"] = len(facts.pids)
-            out["memory_mib"] = facts.extra.get("memory_mib")
-            out["cpu_s"] = facts.extra.get("cpu_s")
-    return out
+            pids = len(facts.pids)
+            memory_mib, cpu_s = facts.extra.get("memory_mib"), facts.extra.get("cpu_s")
+    latencies = sup.slot_latency.get(slot_id, {})
+    return SlotMetrics(
+        slot=slot_id,
+        episode=rec.episode,
+        actions=rec.actions,
+        latencies={op: LatencySummary(**h.summary()) for op, h in latencies.items()},
+        memory_mib=memory_mib,
+        cpu_s=cpu_s,
+        pids=pids,
+    )

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 from drums.models import (
@@ -32,6 +32,7 @@ from drumsd.core.records import (
     check_can_capture,
     check_can_fork,
 )
+from drumsd.core.results import Forked
 from drumsd.core.seams import (
     CheckpointRef,
     Quiescence,
@@ -290,7 +291,7 @@ async def quiet_capture(
     raise AssertionError("unreachable: the last try returns or raises")
 
 
-async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> dict[str, Any]:
+async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> Forked:
     sup.check_open()
     rec = sup.get_slot(slot_id)
     started = trio.current_time()
@@ -381,12 +382,7 @@ async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> dict[str, Any
             nursery.start_soon(partial(begin_child_episode, sup), child, handle)
     elapsed = trio.current_time() - started
     sup.observe("fork", slot_id, elapsed)
-    return {
-        "parent": slot_id,
-        "children": children,
-        "checkpoint": source.id,
-        "elapsed_s": elapsed,
-    }
+    return Forked(parent=slot_id, children=children, checkpoint=source.id, elapsed_s=elapsed)
 
 
 async def begin_child_episode(sup: Supervisor, child: SlotRecord, handle: SlotHandle) -> None:

@@ -20,13 +20,18 @@ from typing import Any, TypeVar
 
 import trio
 from drums.models import (
+    AccessibilityTree,
     CaptureRequest,
     CheckpointAdopt,
     ForkRequest,
     PreforkRequest,
     QuiescentRequest,
+    QuiescentResult,
     SlotCreate,
+    SlotMetrics,
     StepRequest,
+    TaskLoaded,
+    TerminalOutput,
     VerifyRequest,
     VerifyResult,
 )
@@ -44,6 +49,7 @@ from drumsd.core.records import (
     SlotStatus,
     check_can_observe,
 )
+from drumsd.core.results import Forked, StepDone
 from drumsd.core.seams import (
     CrashWatchControl,
     Screenshot,
@@ -275,7 +281,7 @@ class Supervisor:
         """Idempotent: (record, already_destroyed)."""
         return await self._durable(await ops_reset.destroy(self, slot_id, reason))
 
-    async def step(self, slot_id: str, req: StepRequest) -> dict[str, Any]:
+    async def step(self, slot_id: str, req: StepRequest) -> StepDone:
         started = self.clock()
         try:
             if req.dialect is not None or req.actions is not None:
@@ -286,24 +292,24 @@ class Supervisor:
             if (rec := self.slots.get(slot_id)) is not None:
                 self.console.log_step(rec, req, started, self.clock() - started, error=exc.code)
             raise
-        returncode = (out.get("output") or {}).get("returncode")
+        returncode = out.output.returncode if out.output is not None else None
         if (rec := self.slots.get(slot_id)) is not None:
-            self.console.log_step(rec, req, started, out["elapsed_s"], returncode=returncode)
+            self.console.log_step(rec, req, started, out.elapsed_s, returncode=returncode)
         return out
 
     async def screenshot(self, slot_id: str, spec: ShotSpec = PNG_FULL) -> Screenshot:
         return await ops_episode.screenshot(self, slot_id, spec)
 
-    async def terminal(self, slot_id: str) -> dict[str, Any]:
+    async def terminal(self, slot_id: str) -> TerminalOutput:
         return await ops_episode.terminal(self, slot_id)
 
-    async def accessibility_tree(self, slot_id: str) -> dict[str, Any]:
+    async def accessibility_tree(self, slot_id: str) -> AccessibilityTree:
         return await ops_episode.accessibility_tree(self, slot_id)
 
-    async def quiescent(self, slot_id: str, req: QuiescentRequest) -> dict[str, Any]:
+    async def quiescent(self, slot_id: str, req: QuiescentRequest) -> QuiescentResult:
         return await ops_episode.quiescent(self, slot_id, req)
 
-    async def load_task(self, slot_id: str, task: str | dict[str, Any]) -> dict[str, Any]:
+    async def load_task(self, slot_id: str, task: str | dict[str, Any]) -> TaskLoaded:
         return await self._durable(await ops_episode.load_task(self, slot_id, task))
 
     async def verify(self, slot_id: str, req: VerifyRequest) -> VerifyResult:
@@ -336,7 +342,7 @@ class Supervisor:
     async def gate_report(self, slot_id: str) -> SlotRecord:
         return await ops_episode.gate_report(self, slot_id)
 
-    async def slot_metrics(self, slot_id: str) -> dict[str, Any]:
+    async def slot_metrics(self, slot_id: str) -> SlotMetrics:
         return await ops_episode.slot_metrics(self, slot_id)
 
     async def refresh_gates(self, rec: SlotRecord) -> None:
@@ -348,7 +354,7 @@ class Supervisor:
     async def prefork(self, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
         return await self._durable(await ops_fork.prefork(self, slot_id, req))
 
-    async def fork(self, slot_id: str, req: ForkRequest) -> dict[str, Any]:
+    async def fork(self, slot_id: str, req: ForkRequest) -> Forked:
         return await self._durable(await ops_fork.fork(self, slot_id, req))
 
     async def adopt_checkpoint(self, req: CheckpointAdopt) -> CheckpointRecord:

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from drums.models import CallResult
 
 from drumsd.core.records import CheckpointRecord, SlotRecord
 from drumsd.core.seams import CommandResult, Screenshot
+
+Terminal = Literal["done", "fail"]
+
+
+def terminal_of(action_type: str) -> Terminal | None:
+    """The terminal action a step's action type is (done, fail), or None."""
+    return "done" if action_type == "done" else "fail" if action_type == "fail" else None
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class StepDone:
     action_type: str
     elapsed_s: float
     actions: int  # actions taken in the episode, this step's included
-    terminal: str | None = None  # done | fail when the step ended the episode
+    terminal: Terminal | None = None  # when the step ended the episode
     output: CommandResult | None = None  # an execute action's
     screenshot: Screenshot | None = None  # taken after the step, when asked for
     results: list[CallResult] | None = None  # per call of a dialect step, in order
@@ -141,4 +148,6 @@ __all__ = [
     "SparePoolReport",
     "SparesReport",
     "StepDone",
+    "Terminal",
+    "terminal_of",
 ]

@@ -174,5 +174,5 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
             elapsed_s=elapsed,
             actions=rec.actions,
             screenshot=final,
-            results=[CallResult(**entry) for entry in entries],
+            results=[CallResult.model_validate(entry) for entry in entries],
         )

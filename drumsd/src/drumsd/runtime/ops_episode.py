@@ -31,7 +31,7 @@ from drumsd.core.records import (
     check_can_step,
     check_can_verify,
 )
-from drumsd.core.results import StepDone
+from drumsd.core.results import StepDone, terminal_of
 from drumsd.core.seams import (
     CommandResult,
     Quiescence,
@@ -106,7 +106,7 @@ async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
             action_type=kind,
             elapsed_s=elapsed,
             actions=rec.actions,
-            terminal=rec.terminal if kind in TERMINAL_ACTIONS else None,
+            terminal=terminal_of(kind),
             output=output,
             screenshot=shot,
         )
@@ -398,7 +398,7 @@ async def slot_metrics(sup: Supervisor, slot_id: str) -> SlotMetrics:
         slot=slot_id,
         episode=rec.episode,
         actions=rec.actions,
-        latencies={op: LatencySummary(**h.summary()) for op, h in latencies.items()},
+        latencies={op: LatencySummary.model_validate(h.summary()) for op, h in latencies.items()},
         memory_mib=memory_mib,
         cpu_s=cpu_s,
         pids=pids,

@@ -8,7 +8,7 @@ import logging
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -25,16 +25,51 @@ from drumsd.core.seams import (
     SlotHandle,
 )
 from drumsd.runtime.handles import handle_of, handle_to_json
-from drumsd.runtime.services.spares import note_claim
+from drumsd.runtime.services.spares import SparesHost, note_claim
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Awaitable, Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.core.seams import CrashWatchControl
+    from drumsd.runtime.gate_evidence import GateEvidence
+    from drumsd.runtime.slot_table import SlotTable
 
 log = logging.getLogger("drumsd.supervisor")
 
 
+class EpisodesHost(SparesHost, Protocol):
+    """What an episode's start, gates and timers use of the supervisor (a claim of a warm
+    spare is noted in its pool)."""
+
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def crash_watch(self) -> CrashWatchControl | None: ...
+    @property
+    def evidence(self) -> GateEvidence | None: ...
+    def gate_statuses(self, rec: SlotRecord) -> dict[str, str]: ...
+    @property
+    def host_namespaces(self) -> dict[str, int]: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None: ...
+    @property
+    def table(self) -> SlotTable: ...
+    @property
+    def unwatched(self) -> dict[str, str]: ...
+
+
 def set_gate(
-    sup: Supervisor, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
+    sup: EpisodesHost, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
 ) -> None:
     now = sup.clock()
     for gate in rec.gates:
@@ -47,7 +82,7 @@ def set_gate(
     rec.gates.append(GateEntry(name=name, status=status, evidence=evidence, checked_at=now))
 
 
-def other_namespaces(sup: Supervisor, slot_id: str) -> dict[str, dict[str, int]]:
+def other_namespaces(sup: EpisodesHost, slot_id: str) -> dict[str, dict[str, int]]:
     out = {}
     for other in sup.slots.values():
         if other.id != slot_id and is_live(other) and other.handle:
@@ -56,7 +91,7 @@ def other_namespaces(sup: Supervisor, slot_id: str) -> dict[str, dict[str, int]]
 
 
 async def read_facts(
-    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, *, at_start: bool = False
+    sup: EpisodesHost, rec: SlotRecord, handle: SlotHandle, *, at_start: bool = False
 ) -> SlotFacts | None:
     """The runtime's facts with the crash watch's and the evidence module's keys merged into
     `extra` (what the gates judge); `at_start` adds the restored upper layer's hash (state_hash
@@ -115,13 +150,13 @@ async def read_facts(
     return dataclasses.replace(facts, mounts=mounts, extra=extra)
 
 
-def expected_limits(sup: Supervisor) -> dict[str, Any]:
+def expected_limits(sup: EpisodesHost) -> dict[str, Any]:
     c = sup.config
     return {"memory_mib": c.memory_mib, "pids_max": c.pids_max, "vcpus": c.vcpus}
 
 
 async def begin_episode(
-    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, event: str, *, file: bool = True
+    sup: EpisodesHost, rec: SlotRecord, handle: SlotHandle, event: str, *, file: bool = True
 ) -> None:
     """A new episode: fresh gate report, start gates judged now, alive_after later."""
     rec.episode += 1
@@ -167,7 +202,7 @@ async def begin_episode(
 
 
 def judge_start(
-    sup: Supervisor,
+    sup: EpisodesHost,
     rec: SlotRecord,
     facts: SlotFacts,
     upper_sha256: str | None,
@@ -189,7 +224,7 @@ def judge_start(
         set_gate(sup, rec, name, status, evidence)
 
 
-def judge_running(sup: Supervisor, rec: SlotRecord, facts: SlotFacts) -> None:
+def judge_running(sup: EpisodesHost, rec: SlotRecord, facts: SlotFacts) -> None:
     """Gates that can turn to fail mid-episode, judged whenever facts are read."""
     set_gate(sup, rec, "no_oom_kill", *G.judge_no_oom_kill(facts, rec.baseline))
     set_gate(sup, rec, "no_app_crash", *G.judge_no_app_crash(facts, sup.config.crash_watch))
@@ -213,7 +248,7 @@ def judge_running(sup: Supervisor, rec: SlotRecord, facts: SlotFacts) -> None:
         )
 
 
-async def check_display(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) -> None:
+async def check_display(sup: EpisodesHost, rec: SlotRecord, handle: SlotHandle) -> None:
     """At each screenshot and step: does the X server of the episode's start still hold the
     display? One process's fds and the netns's socket table, read in a thread; a replacement
     fails display_server and quarantines the slot at once, not at the next gate refresh."""
@@ -231,7 +266,7 @@ async def check_display(sup: Supervisor, rec: SlotRecord, handle: SlotHandle) ->
 
 
 def apply_gate(
-    sup: Supervisor, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
+    sup: EpisodesHost, rec: SlotRecord, name: str, status: str, evidence: dict[str, Any]
 ) -> None:
     """A gate judged outside an operation's save (a check at a step, a timer): set it, save the
     record (the journal write can wait) and quarantine the slot if the gate failed."""
@@ -240,7 +275,7 @@ def apply_gate(
     quarantine_on_failure(sup, rec)
 
 
-def quarantine_on_failure(sup: Supervisor, rec: SlotRecord) -> None:
+def quarantine_on_failure(sup: EpisodesHost, rec: SlotRecord) -> None:
     statuses = sup.gate_statuses(rec)
     # Each failure quarantines once: after a release, the same failure does not re-trigger.
     fresh = {
@@ -255,7 +290,7 @@ def quarantine_on_failure(sup: Supervisor, rec: SlotRecord) -> None:
         quarantine_slot(sup, rec, reason)
 
 
-def quarantine_slot(sup: Supervisor, rec: SlotRecord, reason: str) -> None:
+def quarantine_slot(sup: EpisodesHost, rec: SlotRecord, reason: str) -> None:
     rec.status = SlotStatus.quarantined
     rec.quarantine_reason = reason
     set_gate(sup, rec, "not_quarantined", G.FAIL, {"reason": reason})
@@ -264,7 +299,7 @@ def quarantine_slot(sup: Supervisor, rec: SlotRecord, reason: str) -> None:
     log.warning("slot=%s episode=%s quarantined: %s", rec.id, rec.episode, reason)
 
 
-async def refresh_gates(sup: Supervisor, rec: SlotRecord) -> None:
+async def refresh_gates(sup: EpisodesHost, rec: SlotRecord) -> None:
     if rec.status not in (SlotStatus.ready, SlotStatus.quarantined) or rec.handle is None:
         return
     facts = await read_facts(sup, rec, handle_of(rec))
@@ -277,7 +312,7 @@ async def refresh_gates(sup: Supervisor, rec: SlotRecord) -> None:
     quarantine_on_failure(sup, rec)
 
 
-async def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
+async def track(sup: EpisodesHost, slot_id: str, handle: SlotHandle) -> None:
     """Point the crash watch at the slot's (new) cgroups; records of earlier episodes stay
     but facts() reads only those since the episode's start."""
     if sup.crash_watch is None:
@@ -294,7 +329,7 @@ async def track(sup: Supervisor, slot_id: str, handle: SlotHandle) -> None:
         log.error("slot=%s crash watch %s", slot_id, sup.unwatched[slot_id])
 
 
-def untrack(sup: Supervisor, slot_id: str) -> None:
+def untrack(sup: EpisodesHost, slot_id: str) -> None:
     sup.unwatched.pop(slot_id, None)
     if sup.crash_watch is not None:
         sup.crash_watch.untrack(slot_id)
@@ -304,7 +339,7 @@ def untrack(sup: Supervisor, slot_id: str) -> None:
 JUDGE_READ_TRIES = 3
 
 
-async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> None:
+async def judge_alive_after(sup: EpisodesHost, slot_id: str, episode_id: str) -> None:
     """Judge alive_after_resume once, alive_after_s after ready, from the tree as it is at that
     instant: what was alive at ready against what is alive now. Not under the slot's lock: a
     long first step (or one that restarts the guest's worker) held it for as long as it ran,
@@ -353,13 +388,13 @@ async def judge_alive_after(sup: Supervisor, slot_id: str, episode_id: str) -> N
         return
 
 
-def episode_record(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecord | None:
+def episode_record(sup: EpisodesHost, slot_id: str, episode_id: str) -> SlotRecord | None:
     """The slot's record while `episode_id` is its episode (busy or not); else None."""
     rec = sup.slots.get(slot_id)
     return rec if rec is not None and rec.episode_id == episode_id else None
 
 
-def current_episode(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecord | None:
+def current_episode(sup: EpisodesHost, slot_id: str, episode_id: str) -> SlotRecord | None:
     """The slot's record while `episode_id` is its live, judged episode; else None."""
     rec = episode_record(sup, slot_id, episode_id)
     if rec is None or rec.handle is None:
@@ -369,7 +404,7 @@ def current_episode(sup: Supervisor, slot_id: str, episode_id: str) -> SlotRecor
     return rec
 
 
-async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: SlotHandle) -> None:
+async def watch_exit(sup: EpisodesHost, slot_id: str, episode_id: str, handle: SlotHandle) -> None:
     try:
         how = await sup.runtime.wait_exit(handle)
     except RuntimeError_:
@@ -394,7 +429,7 @@ async def watch_exit(sup: Supervisor, slot_id: str, episode_id: str, handle: Slo
             )
 
 
-def finish_episode(sup: Supervisor, rec: SlotRecord) -> None:
+def finish_episode(sup: EpisodesHost, rec: SlotRecord) -> None:
     if rec.episode <= 0 or not rec.episode_id:
         return
     verdict = G.verdict(sup.gate_statuses(rec), rec.status is SlotStatus.quarantined)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from drums.models import (
@@ -26,15 +26,40 @@ from drumsd.core.records import (
 )
 from drumsd.linux import state_files
 from drumsd.runtime.handles import new_id
-from drumsd.runtime.services.spares import forget_spares
+from drumsd.runtime.services.spares import SparesHost, forget_spares
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.store import RecordStore
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-def resolve_source(sup: Supervisor, req: SlotCreate) -> CheckpointRecord:
+class CheckpointsHost(SparesHost, Protocol):
+    """What the checkpoint operations use of the supervisor."""
+
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def store(self) -> RecordStore: ...
+    @property
+    def table(self) -> SlotTable: ...
+    @property
+    def template_status(self) -> dict[str, str]: ...
+
+
+def resolve_source(sup: CheckpointsHost, req: SlotCreate) -> CheckpointRecord:
     if req.image and req.from_state:
         raise DrumsdError(
             "invalid_request", "give either image or from_state, not both", field="image"
@@ -67,7 +92,7 @@ def resolve_source(sup: Supervisor, req: SlotCreate) -> CheckpointRecord:
     return cp
 
 
-def template_for(sup: Supervisor, image: str) -> CheckpointRecord | None:
+def template_for(sup: CheckpointsHost, image: str) -> CheckpointRecord | None:
     found = [
         cp
         for cp in sup.checkpoints.values()
@@ -76,13 +101,13 @@ def template_for(sup: Supervisor, image: str) -> CheckpointRecord | None:
     return max(found, key=lambda c: c.created_at) if found else None
 
 
-def referenced_checkpoints(sup: Supervisor) -> set[str]:
+def referenced_checkpoints(sup: CheckpointsHost) -> set[str]:
     """What live (or failed) slots restore from, and the sources their task setups run on."""
     held = [s for s in sup.slots.values() if is_live(s) or s.status is SlotStatus.failed]
     return {s.checkpoint for s in held} | {s.task_source for s in held if s.task_source}
 
 
-async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointRecord:
+async def adopt_checkpoint(sup: CheckpointsHost, req: CheckpointAdopt) -> CheckpointRecord:
     path = Path(req.path)
     if not path.is_absolute():
         raise DrumsdError("invalid_request", f"path {req.path!r} must be absolute", field="path")
@@ -137,7 +162,7 @@ async def adopt_checkpoint(sup: Supervisor, req: CheckpointAdopt) -> CheckpointR
     return cp
 
 
-async def known_images(sup: Supervisor) -> tuple[dict[str, KnownImage], set[str]]:
+async def known_images(sup: CheckpointsHost) -> tuple[dict[str, KnownImage], set[str]]:
     """The desktop images on this host a checkpoint may have been made from (the builder's,
     the configured `lower`, those of the template checkpoints built here), and the guest keys of
     the images this daemon's templates were built from."""
@@ -162,7 +187,7 @@ def check_not_deleting(cp: CheckpointRecord) -> None:
         )
 
 
-async def delete_unused_checkpoints(sup: Supervisor) -> list[str]:
+async def delete_unused_checkpoints(sup: CheckpointsHost) -> list[str]:
     """Delete what no live slot restores from any more: checkpoints marked delete_when_unused
     and preforks whose source slot is gone."""
     referenced = referenced_checkpoints(sup)
@@ -180,7 +205,7 @@ async def delete_unused_checkpoints(sup: Supervisor) -> list[str]:
 
 
 async def delete_checkpoint(
-    sup: Supervisor, checkpoint_id: str, when_unused: bool = False
+    sup: CheckpointsHost, checkpoint_id: str, when_unused: bool = False
 ) -> CheckpointRecord:
     cp = sup.get_checkpoint(checkpoint_id)
     if cp.kind is CheckpointKind.template:
@@ -206,7 +231,7 @@ async def delete_checkpoint(
     return cp
 
 
-async def delete_checkpoint_record(sup: Supervisor, cp: CheckpointRecord, reason: str) -> None:
+async def delete_checkpoint_record(sup: CheckpointsHost, cp: CheckpointRecord, reason: str) -> None:
     sup.checkpoints.pop(cp.id, None)
     await forget_spares(sup, cp.id)
     sup.store.delete("checkpoint", cp.id, f"deleted ({reason})", sup.clock())

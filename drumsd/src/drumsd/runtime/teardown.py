@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -12,18 +12,39 @@ from drumsd.core.records import (
     SlotStatus,
 )
 from drumsd.core.retention import keep_kind
-from drumsd.runtime.episodes import finish_episode, untrack
+from drumsd.runtime.episodes import EpisodesHost, finish_episode, untrack
 from drumsd.runtime.failures import bounded_cleanup
 from drumsd.runtime.forgotten import write_forgotten
-from drumsd.runtime.ops_checkpoints import delete_unused_checkpoints
+from drumsd.runtime.ops_checkpoints import CheckpointsHost, delete_unused_checkpoints
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.metrics import Histogram
+    from drumsd.core.seams import SlotRuntime
+    from drumsd.runtime.admission_book import AdmissionBook
+    from drumsd.runtime.console_state import ConsoleState
+    from drumsd.runtime.verifier import TaskCatalog
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def discard(sup: Supervisor, rec: SlotRecord, failure: str) -> None:
+class TeardownHost(EpisodesHost, CheckpointsHost, Protocol):
+    """What a slot's teardown and archive use of the supervisor."""
+
+    @property
+    def admission_book(self) -> AdmissionBook: ...
+    @property
+    def console(self) -> ConsoleState: ...
+    @property
+    def nursery(self) -> trio.Nursery | None: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def slot_latency(self) -> dict[str, dict[str, Histogram]]: ...
+    @property
+    def tasks(self) -> TaskCatalog: ...
+
+
+async def discard(sup: TeardownHost, rec: SlotRecord, failure: str) -> None:
     """A slot that never became ready: clean the runtime side, keep a full archive."""
     rec.failure = failure
     await bounded_cleanup(
@@ -42,7 +63,7 @@ async def discard(sup: Supervisor, rec: SlotRecord, failure: str) -> None:
 
 
 async def destroy_locked(
-    sup: Supervisor, rec: SlotRecord, reason: str, rejected: bool = False
+    sup: TeardownHost, rec: SlotRecord, reason: str, rejected: bool = False
 ) -> None:
     if rec.status is not SlotStatus.failed:
         finish_episode(sup, rec)
@@ -65,7 +86,7 @@ async def destroy_locked(
     await delete_unused_checkpoints(sup)
 
 
-async def archive(sup: Supervisor, rec: SlotRecord) -> None:
+async def archive(sup: TeardownHost, rec: SlotRecord) -> None:
     kind = keep_kind(rec, sup.config.retention.mode)
     record = rec.model_dump(mode="json")
     gate_report = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -26,10 +26,16 @@ from drumsd.runtime.handles import handle_from_json
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.store import snapshot_of
-from drumsd.runtime.teardown import archive
+from drumsd.runtime.teardown import TeardownHost, archive
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Awaitable, Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.store import RecordStore
 
 log = logging.getLogger("drumsd.supervisor")
 
@@ -39,7 +45,33 @@ TEMPLATE_ATTEMPTS = 3
 TEMPLATE_RETRY_S = 5.0
 
 
-async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
+class TemplatesHost(TeardownHost, Protocol):
+    """What reconcile and the template builds use of the supervisor."""
+
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    def gate_statuses(self, rec: SlotRecord) -> dict[str, str]: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+
+    reconciled: dict[str, list[str]]
+
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: Any) -> None: ...
+    @property
+    def store(self) -> RecordStore: ...
+    @property
+    def table(self) -> SlotTable: ...
+    @property
+    def template_status(self) -> dict[str, str]: ...
+
+
+async def reconcile(sup: TemplatesHost) -> dict[str, list[str]]:
     """After a (re)start: adopt live slots, mark dead ones down and clean them, drop unfinished
     checkpoints, sweep what no record owns, compact the journal."""
     state = await sup.store.load()
@@ -121,7 +153,7 @@ async def reconcile(sup: Supervisor) -> dict[str, list[str]]:
     return report
 
 
-async def start_template_builds(sup: Supervisor) -> None:
+async def start_template_builds(sup: TemplatesHost) -> None:
     image = await default_image(sup)
     if image is None:
         name = sup.config.default_image
@@ -148,7 +180,7 @@ async def start_template_builds(sup: Supervisor) -> None:
     sup.spawn(build_template, sup, name, root, sha, cp_id)
 
 
-async def default_image(sup: Supervisor) -> tuple[str, Path, str] | None:
+async def default_image(sup: TemplatesHost) -> tuple[str, Path, str] | None:
     name = sup.config.default_image
     if sup.config.lower is not None:
         return name, sup.config.lower, sup.config.image_sha256 or ""
@@ -159,7 +191,7 @@ async def default_image(sup: Supervisor) -> tuple[str, Path, str] | None:
     return name, root, sha
 
 
-async def build_template(sup: Supervisor, name: str, root: Path, sha: str, cp_id: str) -> None:
+async def build_template(sup: TemplatesHost, name: str, root: Path, sha: str, cp_id: str) -> None:
     dest = sup.config.state_dir / "templates" / cp_id
     now = sup.clock()
     ref = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from drums.models import (
@@ -28,16 +28,50 @@ from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import checkpoint_ref, new_id, slot_limits
 from drumsd.runtime.ops_checkpoints import resolve_source
-from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_create
+from drumsd.runtime.ops_task_checkpoints import (
+    TaskCheckpointsHost,
+    capture_after_setup,
+    load_cached,
+    plan_create,
+)
 from drumsd.runtime.teardown import destroy_locked, discard
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
+    from drumsd.core.seams import SlotRuntime
+    from drumsd.runtime.ports import PortForwards
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.store import RecordStore
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
+class CreateHost(TaskCheckpointsHost, Protocol):
+    """What create and a task's load use of the supervisor."""
+
+    def check_open(self) -> None: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+    def observe(self, operation: str, slot_id: str | None, seconds: float) -> None: ...
+    @property
+    def ports(self) -> PortForwards: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    def slot_cost_mib(self) -> float: ...
+    @property
+    def store(self) -> RecordStore: ...
+    @property
+    def table(self) -> SlotTable: ...
+
+
+async def create(sup: CreateHost, req: SlotCreate) -> SlotRecord:
     sup.check_open()
     source = resolve_source(sup, req)
     sup.admission_book.check_state_space("create")
@@ -89,7 +123,7 @@ async def create(sup: Supervisor, req: SlotCreate) -> SlotRecord:
     return rec
 
 
-async def restore_new(sup: Supervisor, rec: SlotRecord, cp: CheckpointRecord) -> SlotHandle:
+async def restore_new(sup: CreateHost, rec: SlotRecord, cp: CheckpointRecord) -> SlotHandle:
     with (
         sup.admission_book.reserve("create", sup.slot_cost_mib()),
         runtime_failures(sup.metrics, what=f"restore of slot {rec.id}", slot_id=rec.id),
@@ -103,7 +137,7 @@ async def restore_new(sup: Supervisor, rec: SlotRecord, cp: CheckpointRecord) ->
 
 
 async def load_task_locked(
-    sup: Supervisor,
+    sup: CreateHost,
     rec: SlotRecord,
     handle: SlotHandle,
     task: str | dict[str, Any],

@@ -11,7 +11,7 @@ the desktop's own resolution.
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from drums.dialects import DialectError, Scale, translate_batch
@@ -26,10 +26,28 @@ from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import check_display
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.handles import handle_of
-from drumsd.runtime.ops_episode import screenshot_locked, step_shot_spec
+from drumsd.runtime.ops_episode import EpisodeOpsHost, screenshot_locked, step_shot_spec
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
+    from drumsd.core.seams import SlotRuntime
+    from drumsd.runtime.slot_table import SlotTable
+
+
+class DialectHost(EpisodeOpsHost, Protocol):
+    """What a vendor dialect's step uses of the supervisor."""
+
+    def check_open(self) -> None: ...
+    @property
+    def config(self) -> Config: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+    def observe(self, operation: str, slot_id: str | None, seconds: float) -> None: ...
+    @property
+    def runtime(self) -> SlotRuntime: ...
+    @property
+    def table(self) -> SlotTable: ...
 
 
 def _bad(message: str, field: str) -> DrumsdError:
@@ -76,7 +94,7 @@ GUEST_LESS = ("screenshot", "zoom", "wait")  # answered by the daemon, not the g
 
 
 async def _run_guest(
-    sup: Supervisor, handle: Any, slot_id: str, actions: list[dict[str, Any]], spec: Any
+    sup: DialectHost, handle: Any, slot_id: str, actions: list[dict[str, Any]], spec: Any
 ) -> tuple[list[dict[str, Any]], Screenshot | None]:
     """Consecutive guest actions in one request to the guest (its worker runs them in order),
     the screenshot after them in the same round trip when `spec` asks for one."""
@@ -102,7 +120,7 @@ async def _run_guest(
             return results, shot
 
 
-async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
+async def step(sup: DialectHost, slot_id: str, req: StepRequest) -> StepDone:
     sup.check_open()
     sup.get_slot(slot_id)
     scale, calls, spec = plan(req)

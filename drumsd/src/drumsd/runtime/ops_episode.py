@@ -4,7 +4,7 @@ gate report and per-slot metrics."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from drums.models import (
@@ -44,17 +44,36 @@ from drumsd.guest.protocol import ShotSpec
 from drumsd.runtime.episodes import check_display, quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.handles import handle_of
-from drumsd.runtime.ops_create import load_task_locked
+from drumsd.runtime.ops_create import CreateHost, load_task_locked
 from drumsd.tasks import accessibility as a11y
 from drumsd.tasks import terminal as terminal_text
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.metrics import Histogram
+    from drumsd.core.records import SlotRecord
+    from drumsd.runtime.console_state import ConsoleState
+    from drumsd.runtime.verifier import Verifier
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def step(sup: Supervisor, slot_id: str, req: StepRequest) -> StepDone:
+class EpisodeOpsHost(CreateHost, Protocol):
+    """What the operations inside an episode use of the supervisor."""
+
+    @property
+    def console(self) -> ConsoleState: ...
+    def gate_statuses(self, rec: SlotRecord) -> dict[str, str]: ...
+    def get_slot(self, slot_id: str, *, renew: bool = True) -> SlotRecord: ...
+    async def refresh_gates(self, rec: SlotRecord) -> None: ...
+    @property
+    def slot_latency(self) -> dict[str, dict[str, Histogram]]: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def verifier(self) -> Verifier: ...
+
+
+async def step(sup: EpisodeOpsHost, slot_id: str, req: StepRequest) -> StepDone:
     sup.check_open()
     sup.get_slot(slot_id)
     action = action_dict(sup, req)
@@ -125,7 +144,7 @@ def step_shot_spec(req: StepRequest) -> ShotSpec:
         ) from None
 
 
-def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
+def action_dict(sup: EpisodeOpsHost, req: StepRequest) -> dict[str, Any]:
     if req.action is None:
         raise DrumsdError(
             "invalid_request",
@@ -154,7 +173,7 @@ def action_dict(sup: Supervisor, req: StepRequest) -> dict[str, Any]:
 
 
 async def screenshot(
-    sup: Supervisor, slot_id: str, spec: ShotSpec = protocol.PNG_FULL
+    sup: EpisodeOpsHost, slot_id: str, spec: ShotSpec = protocol.PNG_FULL
 ) -> Screenshot:
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_observe) as rec:
@@ -162,7 +181,7 @@ async def screenshot(
 
 
 async def screenshot_locked(
-    sup: Supervisor, rec: SlotRecord, handle: SlotHandle, spec: ShotSpec = protocol.PNG_FULL
+    sup: EpisodeOpsHost, rec: SlotRecord, handle: SlotHandle, spec: ShotSpec = protocol.PNG_FULL
 ) -> Screenshot:
     """Encoded once, in the guest, as `spec` asks; the bytes go to the client as they are."""
     started = trio.current_time()
@@ -174,7 +193,7 @@ async def screenshot_locked(
 
 
 def _keep_shot(
-    sup: Supervisor, rec: SlotRecord, spec: ShotSpec, shot: Screenshot, seconds: float
+    sup: EpisodeOpsHost, rec: SlotRecord, spec: ShotSpec, shot: Screenshot, seconds: float
 ) -> None:
     sup.observe("screenshot", rec.id, seconds)
     if spec == protocol.PNG_FULL:
@@ -182,7 +201,7 @@ def _keep_shot(
         sup.console.last_screenshot[rec.id] = shot.data
 
 
-async def terminal(sup: Supervisor, slot_id: str) -> TerminalOutput:
+async def terminal(sup: EpisodeOpsHost, slot_id: str) -> TerminalOutput:
     """The desktop's terminal text (OSWorld's terminal observation); not an action."""
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_observe) as rec:
@@ -193,7 +212,7 @@ async def terminal(sup: Supervisor, slot_id: str) -> TerminalOutput:
         )
 
 
-async def accessibility_tree(sup: Supervisor, slot_id: str) -> AccessibilityTree:
+async def accessibility_tree(sup: EpisodeOpsHost, slot_id: str) -> AccessibilityTree:
     """The desktop's accessibility tree in OSWorld's XML (its a11y observation); not an action."""
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_observe) as rec:
@@ -204,7 +223,7 @@ async def accessibility_tree(sup: Supervisor, slot_id: str) -> AccessibilityTree
         return AccessibilityTree(slot=slot_id, episode=rec.episode, tree=got.xml, reason=got.reason)
 
 
-async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> QuiescentResult:
+async def quiescent(sup: EpisodeOpsHost, slot_id: str, req: QuiescentRequest) -> QuiescentResult:
     sup.get_slot(slot_id)
     q = sup.config.quiesce
     window = req.window_s or q.window_s
@@ -224,7 +243,7 @@ async def quiescent(sup: Supervisor, slot_id: str, req: QuiescentRequest) -> Qui
         )
 
 
-async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -> TaskLoaded:
+async def load_task(sup: EpisodeOpsHost, slot_id: str, task: str | dict[str, Any]) -> TaskLoaded:
     sup.check_open()
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_step) as rec:
@@ -238,7 +257,7 @@ async def load_task(sup: Supervisor, slot_id: str, task: str | dict[str, Any]) -
 GATE_JUDGE_S = 5.0
 
 
-async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyResult:
+async def verify(sup: EpisodeOpsHost, slot_id: str, req: VerifyRequest) -> VerifyResult:
     sup.check_open()
     sup.get_slot(slot_id)
     per_run = req.timeout_s or sup.config.tasks.eval_timeout_s
@@ -278,7 +297,7 @@ async def verify(sup: Supervisor, slot_id: str, req: VerifyRequest) -> VerifyRes
         return judge_verify(sup, rec, result)
 
 
-async def wait_gates_judged(sup: Supervisor, slot_id: str, *, budget_s: float) -> None:
+async def wait_gates_judged(sup: EpisodeOpsHost, slot_id: str, *, budget_s: float) -> None:
     """Until no gate of the slot's episode is pending, bounded by what is left of
     alive_after_s (plus the time its judge takes to read facts) and by `budget_s`."""
     rec = sup.slots.get(slot_id)
@@ -297,7 +316,7 @@ async def wait_gates_judged(sup: Supervisor, slot_id: str, *, budget_s: float) -
             await trio.sleep(0.1)
 
 
-def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> VerifyResult:
+def judge_verify(sup: EpisodeOpsHost, rec: SlotRecord, result: VerifyResult) -> VerifyResult:
     statuses = sup.gate_statuses(rec)
     valid_state = G.episode_valid(statuses)
     verdict = G.verdict(statuses, rec.status is SlotStatus.quarantined)
@@ -356,7 +375,7 @@ def judge_verify(sup: Supervisor, rec: SlotRecord, result: VerifyResult) -> Veri
     )
 
 
-async def quarantine(sup: Supervisor, slot_id: str, reason: str) -> SlotRecord:
+async def quarantine(sup: EpisodeOpsHost, slot_id: str, reason: str) -> SlotRecord:
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_quarantine) as rec:
         if rec.status is SlotStatus.quarantined:
@@ -365,7 +384,7 @@ async def quarantine(sup: Supervisor, slot_id: str, reason: str) -> SlotRecord:
         return rec
 
 
-async def release(sup: Supervisor, slot_id: str) -> SlotRecord:
+async def release(sup: EpisodeOpsHost, slot_id: str) -> SlotRecord:
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_release) as rec:
         # The episode stays invalid (its not_quarantined gate failed); a reset starts a
@@ -376,7 +395,7 @@ async def release(sup: Supervisor, slot_id: str) -> SlotRecord:
         return rec
 
 
-async def gate_report(sup: Supervisor, slot_id: str) -> SlotRecord:
+async def gate_report(sup: EpisodeOpsHost, slot_id: str) -> SlotRecord:
     sup.get_slot(slot_id)
     async with sup.table.lock(slot_id):
         rec = sup.get_slot(slot_id)
@@ -384,7 +403,7 @@ async def gate_report(sup: Supervisor, slot_id: str) -> SlotRecord:
         return rec
 
 
-async def slot_metrics(sup: Supervisor, slot_id: str) -> SlotMetrics:
+async def slot_metrics(sup: EpisodeOpsHost, slot_id: str) -> SlotMetrics:
     rec = sup.get_slot(slot_id)
     pids: int | None = None
     memory_mib = cpu_s = None

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 from drums.models import (
@@ -47,15 +47,46 @@ from drumsd.runtime.handles import checkpoint_ref, handle_of, new_id, slot_limit
 from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.slot_locks import run_stoppable
-from drumsd.runtime.teardown import discard
+from drumsd.runtime.teardown import TeardownHost, discard
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.metrics import MetricsWindow
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.runtime.ports import PortForwards
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.store import RecordStore
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
+class ForkHost(TeardownHost, Protocol):
+    """What capture, prefork and fork use of the supervisor."""
+
+    def check_open(self) -> None: ...
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord: ...
+    def get_slot(self, slot_id: str, *, renew: bool = True) -> SlotRecord: ...
+    @property
+    def metrics(self) -> MetricsWindow: ...
+    def observe(self, operation: str, slot_id: str | None, seconds: float) -> None: ...
+    @property
+    def ports(self) -> PortForwards: ...
+    def slot_cost_mib(self) -> float: ...
+    @property
+    def store(self) -> RecordStore: ...
+    @property
+    def table(self) -> SlotTable: ...
+
+
+async def capture(sup: ForkHost, slot_id: str, req: CaptureRequest) -> CheckpointRecord:
     sup.check_open()
     sup.get_slot(slot_id)
     mib = sup.config.admission.capture_mib
@@ -69,7 +100,7 @@ async def capture(sup: Supervisor, slot_id: str, req: CaptureRequest) -> Checkpo
             return cp
 
 
-async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
+async def prefork(sup: ForkHost, slot_id: str, req: PreforkRequest) -> CheckpointRecord:
     sup.check_open()
     rec = sup.get_slot(slot_id)
     reusable = reusable_prefork(sup, rec)
@@ -89,7 +120,7 @@ async def prefork(sup: Supervisor, slot_id: str, req: PreforkRequest) -> Checkpo
 
 
 @contextmanager
-def capture_deadline(sup: Supervisor, slot_id: str, what: str) -> Iterator[None]:
+def capture_deadline(sup: ForkHost, slot_id: str, what: str) -> Iterator[None]:
     """capture_timeout_s over a capture under its slot lock: past it the dump is abandoned (its
     worker threads stop at their next chunk, its half-written checkpoint is removed) and the
     slot is free again; the caller gets a 504 saying so."""
@@ -110,7 +141,7 @@ def capture_deadline(sup: Supervisor, slot_id: str, what: str) -> Iterator[None]
         ) from None
 
 
-def check_capture_size(sup: Supervisor, rec: SlotRecord, usage: Usage) -> None:
+def check_capture_size(sup: ForkHost, rec: SlotRecord, usage: Usage) -> None:
     """A capture copies the data of the slot's files into state_dir: refused (409) past
     admission.capture_max_mib, counting what the files hold, not their apparent size."""
     bound = sup.config.admission.capture_max_mib
@@ -130,7 +161,7 @@ def check_capture_size(sup: Supervisor, rec: SlotRecord, usage: Usage) -> None:
     )
 
 
-def reusable_prefork(sup: Supervisor, rec: SlotRecord) -> CheckpointRecord | None:
+def reusable_prefork(sup: ForkHost, rec: SlotRecord) -> CheckpointRecord | None:
     now = sup.clock()
     found = [
         cp
@@ -141,7 +172,7 @@ def reusable_prefork(sup: Supervisor, rec: SlotRecord) -> CheckpointRecord | Non
 
 
 async def dump(
-    sup: Supervisor,
+    sup: ForkHost,
     rec: SlotRecord,
     kind: CheckpointKind,
     idle_timeout_s: float | None,
@@ -232,7 +263,7 @@ FORK_SETTLE_S = 5.0
 
 
 async def quiet_capture(
-    sup: Supervisor,
+    sup: ForkHost,
     rec: SlotRecord,
     handle: SlotHandle,
     cp_id: str,
@@ -291,7 +322,7 @@ async def quiet_capture(
     raise AssertionError("unreachable: the last try returns or raises")
 
 
-async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> Forked:
+async def fork(sup: ForkHost, slot_id: str, req: ForkRequest) -> Forked:
     sup.check_open()
     rec = sup.get_slot(slot_id)
     started = trio.current_time()
@@ -385,6 +416,6 @@ async def fork(sup: Supervisor, slot_id: str, req: ForkRequest) -> Forked:
     return Forked(parent=slot_id, children=children, checkpoint=source.id, elapsed_s=elapsed)
 
 
-async def begin_child_episode(sup: Supervisor, child: SlotRecord, handle: SlotHandle) -> None:
+async def begin_child_episode(sup: ForkHost, child: SlotRecord, handle: SlotHandle) -> None:
     async with sup.table.lock(child.id):
         await begin_episode(sup, child, handle, "ready")

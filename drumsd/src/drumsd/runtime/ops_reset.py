@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -17,17 +17,26 @@ from drumsd.core.records import (
 from drumsd.runtime.episodes import begin_episode, finish_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import checkpoint_ref, handle_of, slot_limits
-from drumsd.runtime.ops_create import load_task_locked
+from drumsd.runtime.ops_create import CreateHost, load_task_locked
 from drumsd.runtime.ops_task_checkpoints import capture_after_setup, load_cached, plan_reset
 from drumsd.runtime.teardown import destroy_locked
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.core.records import CheckpointRecord, SlotRecord
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
+class ResetHost(CreateHost, Protocol):
+    """What reset and destroy use of the supervisor."""
+
+    def get_checkpoint(self, checkpoint_id: str) -> CheckpointRecord: ...
+    def get_slot(self, slot_id: str, *, renew: bool = True) -> SlotRecord: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+
+
+async def reset(sup: ResetHost, slot_id: str) -> SlotRecord:
     sup.check_open()
     sup.get_slot(slot_id)
     async with sup.table.locked(slot_id, check_can_reset) as rec:
@@ -66,7 +75,7 @@ async def reset(sup: Supervisor, slot_id: str) -> SlotRecord:
     return rec
 
 
-async def destroy(sup: Supervisor, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
+async def destroy(sup: ResetHost, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]:
     """Idempotent: (record, already_destroyed)."""
     rec = check_is_known(sup.slots.get(slot_id), slot_id)
     if rec.status is SlotStatus.destroyed:

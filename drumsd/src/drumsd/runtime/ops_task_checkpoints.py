@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -30,13 +30,15 @@ from drumsd.core.task_checkpoints import (
     task_checkpoints_over_cap,
 )
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
-from drumsd.runtime.ops_fork import capture_deadline, dump
+from drumsd.runtime.ops_fork import ForkHost, capture_deadline, dump
 from drumsd.runtime.services.spares import enable_spares, spares_on
 from drumsd.runtime.teardown import destroy_locked
 from drumsd.runtime.verifier import TaskSetupCache
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from drumsd.runtime.admission_book import AdmissionBook
+    from drumsd.runtime.services.spares import SparePools
+    from drumsd.runtime.verifier import TaskCatalog
 
 log = logging.getLogger("drumsd.supervisor")
 
@@ -46,6 +48,19 @@ CACHEABLE_SOURCES = (CheckpointKind.template, CheckpointKind.saved)
 # After a refused capture (a tree that never goes quiet would cost every episode
 # quiesce.timeout_s), the same key is not tried again for this long.
 CAPTURE_RETRY_S = 600.0
+
+
+class TaskCheckpointsHost(ForkHost, Protocol):
+    """What task checkpoints use of the supervisor."""
+
+    @property
+    def admission_book(self) -> AdmissionBook: ...
+    @property
+    def pools(self) -> SparePools: ...
+    @property
+    def task_capture_refused(self) -> dict[str, float]: ...
+    @property
+    def tasks(self) -> TaskCatalog: ...
 
 
 @dataclass(frozen=True)
@@ -60,12 +75,12 @@ class SetupPlan:
     fingerprint: SetupFingerprint | None = None
 
 
-def setup_cache(sup: Supervisor) -> TaskSetupCache | None:
+def setup_cache(sup: TaskCheckpointsHost) -> TaskSetupCache | None:
     return sup.tasks if isinstance(sup.tasks, TaskSetupCache) else None
 
 
 async def plan_setup(
-    sup: Supervisor, source: CheckpointRecord, task: str | dict[str, Any]
+    sup: TaskCheckpointsHost, source: CheckpointRecord, task: str | dict[str, Any]
 ) -> SetupPlan:
     """The plan for a task on `source`: its task checkpoint when one is ready under the key."""
     cache = setup_cache(sup)
@@ -87,7 +102,7 @@ async def plan_setup(
 
 
 async def plan_create(
-    sup: Supervisor, source: CheckpointRecord, task: str | dict[str, Any] | None
+    sup: TaskCheckpointsHost, source: CheckpointRecord, task: str | dict[str, Any] | None
 ) -> SetupPlan | None:
     """A create's plan: on a task, as plan_setup; from a task checkpoint named as the state,
     that checkpoint's cached setup; else None (no task)."""
@@ -98,7 +113,9 @@ async def plan_create(
     return None
 
 
-async def plan_reset(sup: Supervisor, rec: SlotRecord, current: CheckpointRecord) -> SetupPlan:
+async def plan_reset(
+    sup: TaskCheckpointsHost, rec: SlotRecord, current: CheckpointRecord
+) -> SetupPlan:
     """A reset of a slot on a task: from the task's source, cached or replayed again (the key
     is computed again: a changed asset or task file means a new setup)."""
     assert rec.task is not None
@@ -109,7 +126,7 @@ async def plan_reset(sup: Supervisor, rec: SlotRecord, current: CheckpointRecord
     return await plan_setup(sup, source or current, rec.task)
 
 
-def use_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
+def use_spares(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> None:
     """A task checkpoint restored by a later episode is hot: keep warm spares of it."""
     if (
         cp.kind is CheckpointKind.task
@@ -121,7 +138,7 @@ def use_spares(sup: Supervisor, cp: CheckpointRecord) -> None:
 
 
 async def load_cached(
-    sup: Supervisor,
+    sup: TaskCheckpointsHost,
     rec: SlotRecord,
     handle: SlotHandle,
     cp: CheckpointRecord,
@@ -153,7 +170,7 @@ async def load_cached(
     use_spares(sup, cp)
 
 
-async def capture_after_setup(sup: Supervisor, rec: SlotRecord, plan: SetupPlan) -> None:
+async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: SetupPlan) -> None:
     """The task's first setup on this source just finished on `rec`: dump it as the task's
     checkpoint (waiting for a quiet tree, as a saved state does). A capture that cannot happen
     (no space, a tree that does not go quiet) is logged and the episode goes on: the next one
@@ -203,7 +220,7 @@ async def keep_run_files(cache: TaskSetupCache, slot_id: str, cp: CheckpointReco
     await cache.keep_run_files(slot_id, Path(cp.dir))
 
 
-async def reap_over_cap(sup: Supervisor) -> list[str]:
+async def reap_over_cap(sup: TaskCheckpointsHost) -> list[str]:
     """Least recently used task checkpoints past task_checkpoints.max_mib are deleted."""
     doomed = task_checkpoints_over_cap(
         list(sup.checkpoints.values()),

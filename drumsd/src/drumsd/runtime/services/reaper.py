@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -17,17 +17,44 @@ from drumsd.core.leases import (
 from drumsd.core.retention import files_to_delete
 from drumsd.runtime.forgotten import delete_archives, scan_forgotten
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
-from drumsd.runtime.ops_task_checkpoints import reap_over_cap
+from drumsd.runtime.ops_task_checkpoints import TaskCheckpointsHost, reap_over_cap
 from drumsd.runtime.services import guarded_loop
 from drumsd.runtime.store import snapshot_of
 
 if TYPE_CHECKING:
-    from drumsd.runtime.supervisor import Supervisor
+    from collections.abc import Callable
+
+    from drumsd.core.config import Config
+    from drumsd.core.records import CheckpointRecord, SlotRecord
+    from drumsd.runtime.slot_table import SlotTable
+    from drumsd.runtime.store import RecordStore
 
 log = logging.getLogger("drumsd.supervisor")
 
 
-async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
+class ReaperHost(TaskCheckpointsHost, Protocol):
+    """What the reaper uses of the supervisor."""
+
+    @property
+    def checkpoints(self) -> dict[str, CheckpointRecord]: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
+    @property
+    def config(self) -> Config: ...
+    async def destroy(self, slot_id: str, reason: str = "api") -> tuple[SlotRecord, bool]: ...
+
+    forgotten_bytes: int
+
+    async def reap_once(self) -> dict[str, list[str]]: ...
+    @property
+    def slots(self) -> dict[str, SlotRecord]: ...
+    @property
+    def store(self) -> RecordStore: ...
+    @property
+    def table(self) -> SlotTable: ...
+
+
+async def run(sup: ReaperHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
     await guarded_loop(
         sup,
         "reaper",
@@ -38,7 +65,7 @@ async def run(sup: Supervisor, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
+async def reap_once(sup: ReaperHost) -> dict[str, list[str]]:
     """Destroy expired slots and states, drop old tombstones, flush renewals, apply caps."""
     now = sup.clock()
     done: dict[str, list[str]] = {"slots": [], "checkpoints": [], "archives": []}
@@ -65,7 +92,7 @@ async def reap_once(sup: Supervisor) -> dict[str, list[str]]:
     return done
 
 
-async def compact_if_large(sup: Supervisor) -> None:
+async def compact_if_large(sup: ReaperHost) -> None:
     """Bound events.jsonl between restarts (the store keeps appends from interleaving)."""
     size = await sup.store.events_size()
     if size is not None and size > sup.config.journal_compact_mib * 1024 * 1024:

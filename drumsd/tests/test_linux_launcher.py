@@ -106,3 +106,28 @@ def test_it_outlives_its_owner_while_it_has_children(tmp_path: Path) -> None:
     # With no child left it exits (a zombie of this test process until reaped here).
     assert wait_until(lambda: state(reaper) in (None, "Z"), 5)
     os.waitpid(reaper, 0)
+
+
+def test_it_does_not_hold_its_owners_pipes(tmp_path: Path) -> None:
+    """A daemon run in a pipeline (`drumsd serve | tee`) ends the pipe when it exits, even while
+    the launcher's process lives on for the desktops it holds."""
+    import subprocess
+    import sys
+
+    owner = (
+        "import sys, trio\n"
+        "from pathlib import Path\n"
+        "from drumsd.linux.launcher import Launcher\n"
+        "l = Launcher(1)\n"
+        f"trio.run(l.run, ['sh', '-c', {ORPHAN.format(s=30)!r}], Path({str(tmp_path / 'log')!r}))\n"
+        "print('ran', flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE)
+    try:
+        out, _ = proc.communicate(timeout=10)  # EOF only once no process holds the pipe
+        assert out == b"ran\n"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        orphan = int((tmp_path / "log").read_text().split()[-1])
+        os.kill(orphan, signal.SIGKILL)

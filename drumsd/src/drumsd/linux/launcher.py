@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import trio
 
 from drumsd.linux import procfs
 
+log = logging.getLogger("drumsd.launcher")
 REAPER = Path(__file__).with_name("reaper.py")
 KEEP_STATUSES = 4096  # exit statuses of inits nobody asked for yet (the newest kept)
 
@@ -76,6 +78,8 @@ class Launcher:
                 [sys.executable, "-I", str(REAPER), str(theirs.fileno()), str(self._size)],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # it may outlive the daemon: never hold its pipes
+                stderr=subprocess.DEVNULL,  # (its own failure comes back as {"fatal": ...})
                 start_new_session=True,  # a signal to the daemon's process group is not for it
             )
         self._sock = ours
@@ -99,6 +103,10 @@ class Launcher:
         self._fail_all(LauncherError("the launcher's process exited; restart drumsd"))
 
     def _deliver(self, msg: dict[str, Any]) -> None:
+        if "fatal" in msg:
+            log.error("the launcher's process failed:\n%s", msg["fatal"])
+            self._fail_all(LauncherError(f"the launcher's process failed: {msg['fatal'][-300:]}"))
+            return
         with self._lock:
             if "reaped" in msg:
                 pid = int(msg["reaped"])

@@ -13,6 +13,7 @@ other child (a restored init), with its raw wait status.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 
@@ -140,7 +142,18 @@ class Reaper:
 
 
 def main(argv: list[str]) -> int:
-    fd, size = int(argv[1]), int(argv[2])
+    """Its stdout and stderr are /dev/null (it must not hold the daemon's pipes open after the
+    daemon is gone): a failure of its own goes to the daemon as {"fatal": traceback}."""
+    sock = socket.socket(fileno=int(argv[1]))
+    try:
+        return serve(sock, int(argv[2]))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sock.sendall(json.dumps({"fatal": traceback.format_exc()}).encode() + b"\n")
+        return 1
+
+
+def serve(sock: socket.socket, size: int) -> int:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is for the daemon
     wake_r, wake_w = os.pipe()
@@ -148,7 +161,7 @@ def main(argv: list[str]) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    reaper = Reaper(socket.socket(fileno=fd), size)
+    reaper = Reaper(sock, size)
     sel = selectors.DefaultSelector()
     sel.register(reaper.sock, selectors.EVENT_READ, "owner")
     sel.register(wake_r, selectors.EVENT_READ, "child")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import matrix_results
 import pytest
 from drums_verifiers.testing.fake_drumsd import FakeDaemon, FakeDrumsd, load_tasks
 from drums_verifiers.testing.mock_policy import MockPolicy
@@ -32,3 +33,10 @@ def policy(tmp_path: Path):
     mock.base_url = f"http://127.0.0.1:{port}/v1"  # type: ignore[attr-defined]
     yield mock
     mock.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Every test's result goes to the trainer matrix's results (matrix_results.py)."""
+    outcome = yield
+    matrix_results.record(outcome.get_result(), item.get_closest_marker("live") is not None)

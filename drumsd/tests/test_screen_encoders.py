@@ -296,3 +296,12 @@ def test_candidate_segments_are_world_readable_and_screen_sized() -> None:
         "         0      65557   644                  4096  1731  1988      4     0\n"
     )
     assert framebuffer.candidate_segments(table) == [(65555, 8297632)]
+    look_alike = (
+        table + "         0      65558   777               9000000  1999  1988      1     0\n"
+    )
+    assert framebuffer.candidate_segments(look_alike)[0] == (65558, 9000000), "largest first"
+    names = {1730: "Xvfb", 1999: "python3"}
+    assert framebuffer.candidate_segments(look_alike, names.get) == [
+        (65555, 8297632),
+        (65558, 9000000),
+    ], "the segment Xvfb created comes before a larger look-alike"

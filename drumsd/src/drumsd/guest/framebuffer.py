@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,18 +92,29 @@ def parse_xwd_header(head: bytes, segment_size: int) -> Layout:
     return Layout(offset, width, height, stride)
 
 
-def candidate_segments(table: str) -> list[tuple[int, int]]:
+def candidate_segments(
+    table: str, creator: Callable[[int], str] | None = None
+) -> list[tuple[int, int]]:
     """(shmid, size) of the segments in /proc/sysvipc/shm's text that could be a framebuffer:
-    world-readable (Xvfb creates it 0777) and at least a small screen's size, largest first."""
+    world-readable (Xvfb creates it 0777) and at least a small screen's size; those Xvfb created
+    first (another process of the slot could make a look-alike), then the largest."""
     out = []
     for line in table.splitlines()[1:]:
         fields = line.split()
-        if len(fields) < 4:
+        if len(fields) < 5:
             continue
-        shmid, perms, size = int(fields[1]), int(fields[2], 8), int(fields[3])
+        shmid, perms, size, cpid = int(fields[1]), int(fields[2], 8), int(fields[3]), int(fields[4])
         if perms & 0o004 and size >= 640 * 480 * 4:
-            out.append((shmid, size))
-    return sorted(out, key=lambda s: -s[1])
+            by_xvfb = creator is not None and creator(cpid) == "Xvfb"
+            out.append((not by_xvfb, -size, shmid, size))
+    return [(shmid, size) for _, _, shmid, size in sorted(out)]
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 class _Libc:
@@ -166,7 +177,7 @@ class Framebuffer:
             table = self.sysvipc.read_text()
         except OSError as exc:
             raise FramebufferMissing(f"cannot read {self.sysvipc}: {exc}") from exc
-        for shmid, size in candidate_segments(table):
+        for shmid, size in candidate_segments(table, process_name):
             addr = _LIBC.shmat(shmid, None, SHM_RDONLY)
             if addr in (None, ctypes.c_void_p(-1).value):
                 continue

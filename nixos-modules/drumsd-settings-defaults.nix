@@ -29,6 +29,8 @@
   warm_upper = true;
   async_kill = true;
   restore_cpu_boost = true;
+  restore_cpu_weight = null;
+  daemon_cpu_weight = null;
   prefork_max_age_s = 120.0;
   crash_watch = true;
   criu_log_level = null;

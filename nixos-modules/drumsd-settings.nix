@@ -146,6 +146,16 @@ in
     default = defaults.restore_cpu_boost;
     description = "lift the cpu quota while restoring";
   };
+  restore_cpu_weight = mkOption {
+    type = types.nullOr (types.addCheck types.int (x: x >= 2 && x <= 262144));
+    default = defaults.restore_cpu_weight;
+    description = "CPU weight (v1 shares; 1024 = a slot's own) of a restoring slot until its agent answers, against the other slots; null = the slot's own weight throughout";
+  };
+  daemon_cpu_weight = mkOption {
+    type = types.nullOr (types.addCheck types.int (x: x >= 2 && x <= 262144));
+    default = defaults.daemon_cpu_weight;
+    description = "CPU weight (v1 shares) of the daemon's own cgroup, set at start (v1: the daemon moves into a `daemon` leaf beside the slots' group); null = left as it is";
+  };
   prefork_max_age_s = mkOption {
     type = types.addCheck types.number (x: x > 0);
     default = defaults.prefork_max_age_s;

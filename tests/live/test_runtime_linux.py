@@ -426,3 +426,58 @@ async def test_criu_log_level_sets_the_restore_logs_detail(state_dir, template) 
             await rt.destroy(f"live-log{level}")
             await rt.sweep([])
     assert lines[4] > 10 * max(lines[1], 1), lines
+
+
+async def test_restore_cpu_weight_holds_until_the_agent_answers(state_dir, template) -> None:
+    """restore_cpu_weight is the restoring slot's cpu weight while its agent is awaited (read
+    from the cgroup at that moment), then the slot's own (1024) once it answers."""
+    from drumsd.linux import cgroups
+    from drumsd.runtime.linux import open_linux_runtime
+
+    seen: list[int] = []
+    async with open_linux_runtime(
+        _config(state_dir, restore_cpu_weight=8192, spares_per_checkpoint=0)
+    ) as rt:
+        sup = rt.restorer.sup
+        wait_agent = sup.wait_agent
+
+        async def observed(inst, timeout_s):
+            seen.append(rt.driver.cpu_shares(inst.cgroups))
+            return await wait_agent(inst, timeout_s)
+
+        sup.wait_agent = observed
+        h = await rt.restore("live-w", template, LIMITS)
+        try:
+            assert seen == [8192]
+            assert rt.driver.cpu_shares(h.cgroups) == cgroups.DEFAULT_SHARES
+        finally:
+            await rt.destroy("live-w")
+            await rt.sweep([])
+
+
+async def test_daemon_cpu_weight_is_set_on_the_daemons_cgroup_at_start(state_dir, template) -> None:
+    """daemon_cpu_weight: after start this process (the daemon) is in a cgroup of that weight."""
+    from drumsd.linux import cgroups
+    from drumsd.runtime.linux import open_linux_runtime
+
+    def own_cpu_dir() -> Path:
+        own = cgroups.parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+        v1, v2 = cgroups.parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
+        if "cpu" in v1:
+            return v1["cpu"] / own["cpu"].lstrip("/")
+        assert v2 is not None
+        return v2 / own[""].lstrip("/")
+
+    before = own_cpu_dir()
+    try:
+        async with open_linux_runtime(_config(state_dir, daemon_cpu_weight=3072)):
+            after = own_cpu_dir()
+            if (after / "cpu.shares").exists():
+                assert int((after / "cpu.shares").read_text()) == 3072, after
+            else:
+                assert int((after / "cpu.weight").read_text()) == 300, after
+            assert after.name == cgroups.DAEMON_LEAF
+    finally:  # the test process goes back where it was
+        (before / "cgroup.procs").write_text(str(os.getpid()))
+        with contextlib.suppress(OSError):  # another daemon's still in it
+            (before / cgroups.DAEMON_LEAF).rmdir()

@@ -344,6 +344,20 @@ class Config(Block):
     warm_upper: bool = Field(default=True, description="prepare the next upper layer ahead")
     async_kill: bool = Field(default=True, description="kill a reset's old tree in background")
     restore_cpu_boost: bool = Field(default=True, description="lift the cpu quota while restoring")
+    restore_cpu_weight: int | None = Field(
+        default=None,
+        ge=2,
+        le=262144,
+        description="CPU weight (v1 shares; 1024 = a slot's own) of a restoring slot until its "
+        "agent answers, against the other slots; null = the slot's own weight throughout",
+    )
+    daemon_cpu_weight: int | None = Field(
+        default=None,
+        ge=2,
+        le=262144,
+        description="CPU weight (v1 shares) of the daemon's own cgroup, set at start (v1: the "
+        "daemon moves into a `daemon` leaf beside the slots' group); null = left as it is",
+    )
     prefork_max_age_s: float = Field(default=120.0, gt=0)
     crash_watch: bool = Field(default=True, description="refuse to start without proc events")
     criu_log_level: int | None = Field(

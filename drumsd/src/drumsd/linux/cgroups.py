@@ -45,6 +45,18 @@ def cpu_quota_us(vcpus: float) -> int:
     return max(1000, round(vcpus * CPU_PERIOD_US))
 
 
+# A cgroup's CPU weight when nothing set it: v1 shares 1024, v2 weight 100 (the same weight).
+DEFAULT_SHARES = 1024
+
+
+def clamp_shares(shares: int) -> int:
+    return max(2, min(262144, shares))
+
+
+def v2_weight(shares: int) -> int:
+    return max(1, min(10000, shares * 100 // DEFAULT_SHARES))
+
+
 def limit_writes_v1(limits: SlotLimits) -> list[CgroupWrite]:
     return [
         CgroupWrite("memory", "memory.limit_in_bytes", str(limits.memory_mib * MIB)),
@@ -129,6 +141,8 @@ class CgroupDriver(Protocol):
     def procs_files(self, dirs: Mapping[str, str]) -> list[Path]: ...
     def pids(self, dirs: Mapping[str, str]) -> list[int]: ...
     def set_cpu(self, dirs: Mapping[str, str], vcpus: float | None) -> None: ...
+    def set_shares(self, dirs: Mapping[str, str], shares: int | None) -> None: ...
+    def cpu_shares(self, dirs: Mapping[str, str]) -> int: ...
     def freeze(self, dirs: Mapping[str, str], timeout_s: float = 2.0) -> None: ...
     def thaw(self, dirs: Mapping[str, str]) -> None: ...
     def kill(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None: ...
@@ -140,6 +154,7 @@ class CgroupDriver(Protocol):
     def slot_names(self) -> list[str]: ...
     def dirs_of(self, name: str) -> dict[str, str]: ...
     def set_group_weight(self, shares: int) -> None: ...
+    def set_daemon_weight(self, shares: int) -> Path: ...
     def set_group_memory(self, limit_mib: int | None) -> None: ...
     def group_memory_bytes(self) -> int: ...
     def remove_group_if_empty(self) -> None: ...
@@ -236,8 +251,9 @@ class CgroupV1:
     @classmethod
     def from_host(cls, group: str = GROUP) -> CgroupV1:
         v1, _ = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
-        bases = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
-        return cls(v1, bases, group)
+        own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+        # A daemon set_daemon_weight moved into its leaf manages the leaf's parent, as on v2.
+        return cls(v1, {c: managed_base(p) for c, p in own.items()}, group)
 
     def _group(self, controller: str) -> Path:
         base = self.bases.get(controller, "/").lstrip("/")
@@ -263,6 +279,14 @@ class CgroupV1:
     def set_cpu(self, dirs: Mapping[str, str], vcpus: float | None) -> None:
         quota = "-1" if vcpus is None else str(cpu_quota_us(vcpus))
         _write(Path(dirs["cpu"]) / "cpu.cfs_quota_us", quota)
+
+    def set_shares(self, dirs: Mapping[str, str], shares: int | None) -> None:
+        """The slot's CPU weight against the other slots (None: the default, 1024)."""
+        value = DEFAULT_SHARES if shares is None else clamp_shares(shares)
+        _write(Path(dirs["cpu"]) / "cpu.shares", str(value))
+
+    def cpu_shares(self, dirs: Mapping[str, str]) -> int:
+        return int((Path(dirs["cpu"]) / "cpu.shares").read_text())
 
     def freeze(self, dirs: Mapping[str, str], timeout_s: float = 2.0) -> None:
         state = Path(dirs["freezer"]) / "freezer.state"
@@ -319,7 +343,16 @@ class CgroupV1:
         """The CPU weight of all slots together against the daemon's siblings (v1 shares)."""
         group = self._group("cpu")
         group.mkdir(parents=True, exist_ok=True)
-        _write(group / "cpu.shares", str(max(2, min(262144, shares))))
+        _write(group / "cpu.shares", str(clamp_shares(shares)))
+
+    def set_daemon_weight(self, shares: int) -> Path:
+        """Move this process into the `daemon` leaf of the cpu hierarchy beside the slots' group
+        (the root cgroup's weight cannot be set) and give the leaf `shares`; its cgroup dir."""
+        leaf = self.mounts["cpu"] / self.bases.get("cpu", "/").lstrip("/") / DAEMON_LEAF
+        leaf.mkdir(parents=True, exist_ok=True)
+        _write(leaf / "cpu.shares", str(clamp_shares(shares)))
+        _write(leaf / "cgroup.procs", str(os.getpid()))
+        return leaf
 
     def set_group_memory(self, limit_mib: int | None) -> None:
         """The memory limit of all slots together (None: no limit). The kernel refuses a limit
@@ -411,6 +444,15 @@ class CgroupV2:
         value = "max" if vcpus is None else str(cpu_quota_us(vcpus))
         _write(Path(dirs["unified"]) / "cpu.max", f"{value} {CPU_PERIOD_US}")
 
+    def set_shares(self, dirs: Mapping[str, str], shares: int | None) -> None:
+        """The slot's CPU weight against the other slots (None: the default, v2 weight 100)."""
+        weight = v2_weight(DEFAULT_SHARES if shares is None else shares)
+        _write(Path(dirs["unified"]) / "cpu.weight", str(weight))
+
+    def cpu_shares(self, dirs: Mapping[str, str]) -> int:
+        """The slot's weight in v1 shares."""
+        return int((Path(dirs["unified"]) / "cpu.weight").read_text()) * DEFAULT_SHARES // 100
+
     def _events(self, dirs: Mapping[str, str], file: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for line in (Path(dirs["unified"]) / file).read_text().splitlines():
@@ -459,8 +501,20 @@ class CgroupV2:
     def set_group_weight(self, shares: int) -> None:
         if not (self.group / "cgroup.subtree_control").exists():
             self.prepare()
-        weight = max(1, min(10000, shares * 100 // 1024))  # v1 shares 1024 = v2 weight 100
-        _write(self.group / "cpu.weight", str(weight))
+        _write(self.group / "cpu.weight", str(v2_weight(shares)))
+
+    def set_daemon_weight(self, shares: int) -> Path:
+        """The weight of the `daemon` leaf prepare() moved this process into; its cgroup dir."""
+        if not (self.group / "cgroup.subtree_control").exists():
+            self.prepare()
+        leaf = self.base / DAEMON_LEAF
+        if not leaf.is_dir():
+            raise CgroupError(
+                f"the daemon runs in {self.base}, not in a {DAEMON_LEAF!r} leaf of its own; run it "
+                "under systemd with Delegate=yes (DelegateSubgroup=daemon) to weigh it"
+            )
+        _write(leaf / "cpu.weight", str(v2_weight(shares)))
+        return leaf
 
     def set_group_memory(self, limit_mib: int | None) -> None:
         if not (self.group / "cgroup.subtree_control").exists():

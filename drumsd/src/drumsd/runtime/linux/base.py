@@ -54,6 +54,8 @@ class LinuxRuntimeConfig:
     warm_upper: bool = _MODEL.warm_upper
     async_kill: bool = _MODEL.async_kill
     restore_cpu_boost: bool = _MODEL.restore_cpu_boost
+    restore_cpu_weight: int | None = _MODEL.restore_cpu_weight
+    daemon_cpu_weight: int | None = _MODEL.daemon_cpu_weight
     group_cpu_shares: int = _MODEL.linux.group_cpu_shares
     # Memory limit of all slots together (MiB): None = host memory less group_memory_reserve_mib,
     # 0 = none. Each slot's own limit alone lets 50 slots x 2 GiB overcommit a 24 GiB host.
@@ -89,6 +91,8 @@ class LinuxRuntimeConfig:
             warm_upper=cfg.warm_upper,
             async_kill=cfg.async_kill,
             restore_cpu_boost=cfg.restore_cpu_boost,
+            restore_cpu_weight=cfg.restore_cpu_weight,
+            daemon_cpu_weight=cfg.daemon_cpu_weight,
             group_cpu_shares=linux.group_cpu_shares,
             group_memory_mib=cfg.group_memory_mib,
             group_memory_reserve_mib=cfg.admission.min_available_mib,

@@ -114,6 +114,8 @@ class Restorer:
         inst.cgroups = await trio.to_thread.run_sync(self.driver.create, inst.iid, limits)
         if self.config.restore_cpu_boost:
             self.driver.set_cpu(inst.cgroups, None)
+        if self.config.restore_cpu_weight is not None:
+            self.driver.set_shares(inst.cgroups, self.config.restore_cpu_weight)
         work = inst.paths.rw / "criu"
         argv = helper_argv(
             self.fs.helper,
@@ -159,20 +161,25 @@ class Restorer:
         return True
 
     async def _start(self, inst: Instance, limits: SlotLimits, freeze: bool) -> None:
-        """The restored tree frozen (a spare) or its agent answering, on its own CPU quota."""
-        boost = self.config.restore_cpu_boost
+        """The restored tree frozen (a spare) or its agent answering, on its own CPU quota and
+        weight."""
         if freeze:
             await trio.to_thread.run_sync(self.driver.freeze, inst.cgroups)
             inst.frozen = True
-            if boost:
-                self.driver.set_cpu(inst.cgroups, limits.vcpus)
+            self._end_boost(inst, limits)
             return
         try:
             await self.sup.wait_agent(inst, self.config.agent_ready_timeout_s)
         finally:
-            if boost and inst.pidfd >= 0:
+            if inst.pidfd >= 0:
                 with contextlib.suppress(cgroups.CgroupError):
-                    self.driver.set_cpu(inst.cgroups, limits.vcpus)
+                    self._end_boost(inst, limits)
+
+    def _end_boost(self, inst: Instance, limits: SlotLimits) -> None:
+        if self.config.restore_cpu_boost:
+            self.driver.set_cpu(inst.cgroups, limits.vcpus)
+        if self.config.restore_cpu_weight is not None:
+            self.driver.set_shares(inst.cgroups, None)
 
     @staticmethod
     async def check_lower(checkpoint: CheckpointRef) -> None:

@@ -276,6 +276,12 @@ class LinuxRuntime:
             self.driver.set_group_weight(self.config.group_cpu_shares)
         except (cgroups.CgroupError, OSError) as exc:
             log_event("group_cpu_weight_unset", error=exc)
+        if self.config.daemon_cpu_weight is not None:
+            try:
+                where = self.driver.set_daemon_weight(self.config.daemon_cpu_weight)
+                log_event("daemon_cpu_weight", shares=self.config.daemon_cpu_weight, cgroup=where)
+            except (cgroups.CgroupError, OSError) as exc:
+                log_event("daemon_cpu_weight_unset", error=exc)
         await self._limit_group_memory()
         self.sup.launcher = Launcher(self.config.max_concurrent_restores + 2)
         self.ksm.join()

@@ -161,7 +161,8 @@ class RuntimeSlotAccess:
         """The slot's processes stopped (its cgroup frozen) for the block: True; the freeze
         failed (logged, the block runs anyway): False; a runtime without a freezer: None."""
         freeze = getattr(self.runtime, "freeze", None)
-        if freeze is None:
+        thaw = getattr(self.runtime, "thaw", None)
+        if freeze is None or thaw is None:
             yield None
             return
         try:
@@ -175,7 +176,7 @@ class RuntimeSlotAccess:
         finally:
             # Never leave a desktop frozen: the thaw runs even when verify is cancelled.
             with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await self.runtime.thaw(self.handle)
+                await thaw(self.handle)
 
     async def terminal_output(self) -> str | None:
         """The slot feature "terminal_output" (vm_terminal_output): None if no xterm prints."""

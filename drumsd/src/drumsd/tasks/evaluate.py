@@ -127,9 +127,8 @@ def frozen_paths(task: Task, ctx: TaskContext) -> list[str]:
     paths: list[str] = []
     for config in configs:
         if isinstance(config, dict) and config.get("type") in FILE_GETTERS:
-            for path in (
-                config.get("path") if isinstance(config.get("path"), list) else [config.get("path")]
-            ):
+            found = config.get("path")
+            for path in found if isinstance(found, list) else [found]:
                 if isinstance(path, str):
                     paths.append(ctx.user_home + path[1:] if path.startswith("~") else path)
     return list(dict.fromkeys(paths))

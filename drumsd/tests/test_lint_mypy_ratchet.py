@@ -11,7 +11,7 @@ from typing import Any
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 # The (module, error code) pairs relaxed when mypy joined the test command. Fixed one? Take it
 # out of the list and lower this to the new count.
-CEILING = 57
+CEILING = 56
 
 
 def mypy_config() -> dict[str, Any]:

@@ -283,7 +283,7 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         assert watch.tracked[rec.id] == dict(handle_from_json(rec.handle).cgroups)
         assert watch.since[-1] == rec.episode_started_at
         health = await sup.health()
-        assert health["crash_watch"]["available"] is True and health["crash_watch"]["enabled"]
+        assert health.crash_watch["available"] is True and health.crash_watch["enabled"]
 
         # A crash of an earlier episode does not count; one in this episode quarantines the
         # slot without any request (the gate loop).

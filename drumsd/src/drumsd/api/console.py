@@ -216,7 +216,7 @@ def add_console(app: QuartTrio, supervisor: Supervisor, config: Config, token: s
     @api("/host", "host")
     async def host() -> Response:
         health = convert.health(await supervisor.health()).model_dump(mode="json")
-        metrics = convert.metrics(supervisor.metrics_json()).model_dump(mode="json")
+        metrics = convert.metrics(supervisor.metrics_report()).model_dump(mode="json")
         return _json({"health": health, "metrics": metrics})
 
     @api("/history", "history")

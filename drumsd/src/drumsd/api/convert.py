@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import base64
 from datetime import UTC, datetime
-from typing import Any
 
 from drums import models as wire
 
 from drumsd.core import gates as G
 from drumsd.core.leases import record_expires_at
 from drumsd.core.records import CheckpointRecord, SlotRecord, SlotStatus
-from drumsd.core.results import Forked, StepDone
+from drumsd.core.results import (
+    AdmissionReport,
+    Forked,
+    HealthReport,
+    MetricsReport,
+    SpaceReport,
+    StepDone,
+)
 
 
 def ts(value: float | None) -> datetime | None:
@@ -124,35 +130,59 @@ def fork(forked: Forked) -> wire.ForkResult:
     )
 
 
-def health(data: dict[str, Any]) -> wire.Health:
-    admission = dict(data["admission"])
-    admission["sampled_at"] = ts(admission.get("sampled_at"))
-    return wire.Health(
-        status=data["status"],
-        version=data["version"],
-        profile=data["profile"],
-        slots_by_state=data["slots_by_state"],
-        checkpoints=[checkpoint(cp) for cp in data["checkpoints"]],
-        admission=wire.AdmissionState(**admission),
-        crash_watch=data["crash_watch"],
-        state_dir=wire.SpaceState(**data["state_dir"]) if data["state_dir"] else None,
-        journal_dir=wire.SpaceState(**data["journal_dir"]) if data["journal_dir"] else None,
-        forgotten_gib=data["forgotten_gib"],
-        pools=data["pools"],
-        ksm=data.get("ksm", {}),
-        services=data.get("services", {}),
-        tasks=data.get("tasks", {}),
-        warnings=data["warnings"],
+def admission(report: AdmissionReport) -> wire.AdmissionState:
+    return wire.AdmissionState(
+        enabled=report.enabled,
+        admitting=report.admitting,
+        reason=report.reason,
+        mem_available_mib=report.mem_available_mib,
+        mem_total_mib=report.mem_total_mib,
+        psi_memory_some_avg10=report.psi_memory_some_avg10,
+        state_free_mib=report.state_free_mib,
+        slot_cost_mib=report.slot_cost_mib,
+        group_memory_limit_mib=report.group_memory_limit_mib,
+        sampled_at=ts(report.sampled_at),
     )
 
 
-def metrics(data: dict[str, Any]) -> wire.Metrics:
+def space(report: SpaceReport | None) -> wire.SpaceState | None:
+    if report is None:
+        return None
+    return wire.SpaceState(
+        path=report.path,
+        free_mib=report.free_mib,
+        total_mib=report.total_mib,
+        free_pct=report.free_pct,
+    )
+
+
+def health(report: HealthReport) -> wire.Health:
+    return wire.Health(
+        status="ok" if report.status == "ok" else "degraded",
+        version=report.version,
+        profile=report.profile,
+        slots_by_state=report.slots_by_state,
+        checkpoints=[checkpoint(cp) for cp in report.checkpoints],
+        admission=admission(report.admission),
+        crash_watch=dict(report.crash_watch),
+        state_dir=space(report.state_dir),
+        journal_dir=space(report.journal_dir),
+        forgotten_gib=report.forgotten_gib,
+        pools=dict(report.pools),
+        ksm=dict(report.ksm),
+        services=dict(report.services),
+        tasks=dict(report.tasks),
+        warnings=report.warnings,
+    )
+
+
+def metrics(report: MetricsReport) -> wire.Metrics:
     return wire.Metrics(
-        window_started_at=at(data["window_started_at"]),
-        window_s=data["window_s"],
-        latencies={k: wire.LatencySummary(**v) for k, v in data["latencies"].items()},
-        episodes_by_verdict=data["episodes_by_verdict"],
-        failures_by_class=data["failures_by_class"],
-        counters=data["counters"],
-        cost=data["cost"],
+        window_started_at=at(report.window_started_at),
+        window_s=report.window_s,
+        latencies={k: wire.LatencySummary.model_validate(v) for k, v in report.latencies.items()},
+        episodes_by_verdict=report.episodes_by_verdict,
+        failures_by_class=report.failures_by_class,
+        counters=report.counters,
+        cost=report.cost,
     )

@@ -99,7 +99,7 @@ async def health(ctx: Ctx) -> Reply:
 
 
 async def get_metrics(ctx: Ctx) -> Reply:
-    return convert.metrics(ctx.supervisor.metrics_json())
+    return convert.metrics(ctx.supervisor.metrics_report())
 
 
 async def reset_metrics(ctx: Ctx, body: BaseModel | None) -> Reply:

@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from drumsd.core.results import MetricsReport
+
 OPERATIONS = ("create", "reset", "fork", "step", "screenshot", "verify", "capture", "prefork")
 
 # Seconds; spans a 5 ms screenshot to a slow cold restore.
@@ -96,15 +98,16 @@ class MetricsWindow:
             ),
         }
 
-    def as_json(self, now: float, host_usd_per_hour: float | None) -> dict:
-        return {
-            "window_s": max(0.0, now - self.started_at),
-            "latencies": {op: h.summary() for op, h in self.latencies.items()},
-            "episodes_by_verdict": dict(self.episodes_by_verdict),
-            "failures_by_class": dict(self.failures_by_class),
-            "counters": {**self.counters, "verified_rewards": float(self.verified_rewards)},
-            "cost": self.cost(now, host_usd_per_hour),
-        }
+    def report(self, now: float, host_usd_per_hour: float | None) -> MetricsReport:
+        return MetricsReport(
+            window_started_at=self.started_at,
+            window_s=max(0.0, now - self.started_at),
+            latencies={op: h.summary() for op, h in self.latencies.items()},
+            episodes_by_verdict=dict(self.episodes_by_verdict),
+            failures_by_class=dict(self.failures_by_class),
+            counters={**self.counters, "verified_rewards": float(self.verified_rewards)},
+            cost=self.cost(now, host_usd_per_hour),
+        )
 
 
 def _label_value(value: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from drumsd.core.records import KnownImage
+from drumsd.core.results import SpaceReport
 from drumsd.linux import trees
 from drumsd.linux.host_sampler import read_space
 from drumsd.linux.sparse import NEVER, CancelFlag, Usage
@@ -25,17 +26,17 @@ def upper_usage(upper: Path, cancel: CancelFlag = NEVER) -> Usage:
     return trees.tree_usage(upper, cancel) if upper.is_dir() else Usage()
 
 
-def space(path: Path) -> dict[str, Any] | None:
+def space(path: Path) -> SpaceReport | None:
     """Free and total MiB of the filesystem holding `path`, or None when it cannot be read."""
     free, total = read_space(path)
     if free is None or total is None:
         return None
-    return {
-        "path": str(path),
-        "free_mib": free,
-        "total_mib": total,
-        "free_pct": 100.0 * free / total if total else 0.0,
-    }
+    return SpaceReport(
+        path=str(path),
+        free_mib=free,
+        total_mib=total,
+        free_pct=100.0 * free / total if total else 0.0,
+    )
 
 
 def remove_tree(path: Path) -> None:

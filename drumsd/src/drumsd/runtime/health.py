@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +18,7 @@ from drumsd.core.metrics import MetricsWindow
 from drumsd.core.records import (
     SlotStatus,
 )
+from drumsd.core.results import AdmissionReport, HealthReport, MetricsReport, SparesReport
 from drumsd.core.retention import forgotten_warnings
 from drumsd.core.seams import (
     KsmControl,
@@ -81,12 +83,12 @@ class HealthHost(Protocol):
     def verifier(self) -> Verifier: ...
     def slot_cost_mib(self) -> float: ...
     def list_checkpoints(self) -> list[CheckpointRecord]: ...
-    def pools_state(self) -> dict[str, Any]: ...
-    def admission_state(self, decision: Decision | None = None) -> dict[str, Any]: ...
-    def metrics_json(self) -> dict[str, Any]: ...
+    def pools_state(self) -> SparesReport: ...
+    def admission_state(self, decision: Decision | None = None) -> AdmissionReport: ...
+    def metrics_report(self) -> MetricsReport: ...
 
 
-async def health(sup: HealthHost) -> dict[str, Any]:
+async def health(sup: HealthHost) -> HealthReport:
     by_state: dict[str, int] = {s.value: 0 for s in SlotStatus}
     for rec in sup.slots.values():
         by_state[rec.status.value] += 1
@@ -114,31 +116,31 @@ async def health(sup: HealthHost) -> dict[str, Any]:
     warnings += stuck_operations(sup)
     journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
     state_space = await trio.to_thread.run_sync(state_files.space, sup.config.state_dir)
-    return {
-        "status": "ok" if not warnings else "degraded",
-        "version": sup.version,
-        "profile": sup.config.profile,
-        "slots_by_state": by_state,
-        "checkpoints": sup.list_checkpoints(),
-        "admission": sup.admission_state(decision),
-        "crash_watch": {
+    return HealthReport(
+        status="ok" if not warnings else "degraded",
+        version=sup.version,
+        profile=sup.config.profile,
+        slots_by_state=by_state,
+        checkpoints=sup.list_checkpoints(),
+        admission=sup.admission_state(decision),
+        crash_watch={
             "enabled": sup.config.crash_watch,
             **(sup.crash_watch.health() if sup.crash_watch is not None else {}),
         },
-        "state_dir": state_space,
-        "journal_dir": journal_space,
-        "forgotten_gib": sup.forgotten_bytes / 1024**3,
-        "ksm": await runtime_ksm(sup),
-        "pools": {
+        state_dir=state_space,
+        journal_dir=journal_space,
+        forgotten_gib=sup.forgotten_bytes / 1024**3,
+        ksm=await runtime_ksm(sup),
+        pools={
             "templates": dict(sup.template_status),
             "reconciled": {k: len(v) for k, v in sup.reconciled.items()},
-            "spares": sup.pools_state(),
+            "spares": dataclasses.asdict(sup.pools_state()),
             "checkers": checker_health(sup),
         },
-        "services": services,
-        "tasks": tasks,
-        "warnings": warnings,
-    }
+        services=services,
+        tasks=tasks,
+        warnings=warnings,
+    )
 
 
 def stuck_operations(sup: HealthHost) -> list[str]:
@@ -185,40 +187,37 @@ async def runtime_ksm(sup: HealthHost) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def admission_state(sup: HealthHost, decision: Decision | None = None) -> dict[str, Any]:
+def admission_state(sup: HealthHost, decision: Decision | None = None) -> AdmissionReport:
     s = sup.sample
     cost = sup.slot_cost_mib()
     decision = decision or decide(s, sup.config.admission, cost)
-    return {
-        "enabled": sup.config.admission.enabled,
-        "admitting": decision.admit,
-        "reason": decision.reason,
-        "slot_cost_mib": cost,
-        "mem_available_mib": s.mem_available_mib if s else None,
-        "mem_total_mib": s.mem_total_mib if s else None,
-        "psi_memory_some_avg10": s.psi_memory_some_avg10 if s else None,
-        "state_free_mib": s.state_free_mib if s else None,
-        "group_memory_limit_mib": sup.group_memory_limit_mib,
-        "sampled_at": s.taken_at if s else None,
-    }
+    return AdmissionReport(
+        enabled=sup.config.admission.enabled,
+        admitting=decision.admit,
+        reason=decision.reason,
+        slot_cost_mib=cost,
+        mem_available_mib=s.mem_available_mib if s else None,
+        mem_total_mib=s.mem_total_mib if s else None,
+        psi_memory_some_avg10=s.psi_memory_some_avg10 if s else None,
+        state_free_mib=s.state_free_mib if s else None,
+        group_memory_limit_mib=sup.group_memory_limit_mib,
+        sampled_at=s.taken_at if s else None,
+    )
 
 
-def metrics_json(sup: HealthHost) -> dict[str, Any]:
-    now = sup.clock()
-    data = sup.metrics.as_json(now, sup.config.host_usd_per_hour)
-    data["window_started_at"] = sup.metrics.started_at
+def metrics_report(sup: HealthHost) -> MetricsReport:
+    report = sup.metrics.report(sup.clock(), sup.config.host_usd_per_hour)
     # Gauges of this instant beside the window's counters (JSON has no gauge section).
-    pools = sup.pools_state()
-    data["counters"]["spares_parked"] = float(pools["parked"])
+    report.counters["spares_parked"] = float(sup.pools_state().parked)
     if isinstance(sup.runtime, KsmControl):
         with contextlib.suppress(Exception):
-            data["counters"]["ksm_saved_bytes"] = float(
+            report.counters["ksm_saved_bytes"] = float(
                 dict(sup.runtime.ksm_stats()).get("saved_bytes", 0)
             )
-    return data
+    return report
 
 
-def reset_metrics(sup: HealthHost) -> dict[str, Any]:
-    old = sup.metrics_json()
+def reset_metrics(sup: HealthHost) -> MetricsReport:
+    old = sup.metrics_report()
     sup.metrics = MetricsWindow(started_at=sup.clock())
     return old

@@ -49,7 +49,14 @@ from drumsd.core.records import (
     SlotStatus,
     check_can_observe,
 )
-from drumsd.core.results import Forked, StepDone
+from drumsd.core.results import (
+    AdmissionReport,
+    Forked,
+    HealthReport,
+    MetricsReport,
+    SparesReport,
+    StepDone,
+)
 from drumsd.core.seams import (
     CrashWatchControl,
     Screenshot,
@@ -378,22 +385,22 @@ class Supervisor:
     def size_pools(self) -> dict[str, int]:
         return spares.size_pools(self)
 
-    def pools_state(self) -> dict[str, Any]:
+    def pools_state(self) -> SparesReport:
         return spares.pools_state(self)
 
     def pool_gauges(self) -> list[tuple[str, str, dict[str, str], float]]:
         return spares.pool_gauges(self)
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self) -> HealthReport:
         return await health.health(self)
 
-    def admission_state(self, decision: Decision | None = None) -> dict[str, Any]:
+    def admission_state(self, decision: Decision | None = None) -> AdmissionReport:
         return health.admission_state(self, decision)
 
-    def metrics_json(self) -> dict[str, Any]:
-        return health.metrics_json(self)
+    def metrics_report(self) -> MetricsReport:
+        return health.metrics_report(self)
 
-    def reset_metrics(self) -> dict[str, Any]:
+    def reset_metrics(self) -> MetricsReport:
         return health.reset_metrics(self)
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from drumsd.core.host_history import EVERY_S
+from drumsd.core.results import SparesReport
 from drumsd.runtime.services import ServiceHost, guarded_loop
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class HistoryHost(ServiceHost, Protocol):
     def runtime(self) -> SlotRuntime: ...
     @property
     def console(self) -> ConsoleState: ...
-    def pools_state(self) -> dict[str, Any]: ...
+    def pools_state(self) -> SparesReport: ...
 
 
 async def run(sup: HistoryHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED):
@@ -63,5 +64,5 @@ async def sample_once(sup: HistoryHost) -> None:
         mem_available_mib=host.mem_available_mib if host else None,
         mem_total_mib=host.mem_total_mib if host else None,
         ksm_saved_mib=ksm,
-        spares_parked=int(sup.pools_state()["parked"]),
+        spares_parked=sup.pools_state().parked,
     )

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from drumsd.core.records import (
     CheckpointRecord,
 )
+from drumsd.core.results import SparePoolReport, SparesReport
 from drumsd.core.seams import (
     KsmControl,
     RuntimeError_,
@@ -74,7 +75,7 @@ class SparesHost(ServiceHost, Protocol):
     def draining(self) -> bool: ...
     def slot_cost_mib(self) -> float: ...
     def size_pools(self) -> dict[str, int]: ...
-    def pools_state(self) -> dict[str, Any]: ...
+    def pools_state(self) -> SparesReport: ...
 
 
 def spares_on(sup: SparesHost) -> bool:
@@ -150,48 +151,56 @@ async def run(sup: SparesHost, *, task_status: trio.TaskStatus[None] = trio.TASK
     )
 
 
-def pools_state(sup: SparesHost) -> dict[str, Any]:
+def pools_state(sup: SparesHost) -> SparesReport:
     """Per pooled checkpoint: spares parked now, target, hits, misses, claim latency."""
     counts: dict[str, int] = (
         dict(sup.runtime.spare_counts()) if isinstance(sup.runtime, SpareControl) else {}
     )
-    return {
-        "enabled": spares_on(sup),
-        "per_checkpoint": sup.config.spares.per_checkpoint,
-        "per_host": sup.config.spares.per_host,
-        "max_age_s": sup.config.spares.max_age_s,
-        "refill_allowed": refill_allowed(sup) if spares_on(sup) else False,
-        "parked": sum(counts.values()),
-        "checkpoints": {
-            cid: {
-                "size": counts.get(cid, 0),
-                "target": sup.pools.targets.get(cid),
-                **stats.summary(),
-            }
+    return SparesReport(
+        enabled=spares_on(sup),
+        per_checkpoint=sup.config.spares.per_checkpoint,
+        per_host=sup.config.spares.per_host,
+        max_age_s=sup.config.spares.max_age_s,
+        refill_allowed=refill_allowed(sup) if spares_on(sup) else False,
+        parked=sum(counts.values()),
+        checkpoints={
+            cid: pool_report(counts.get(cid, 0), sup.pools.targets.get(cid), stats)
             for cid, stats in sup.pools.stats.items()
         },
-    }
+    )
+
+
+def pool_report(size: int, target: int | None, stats: PoolStats) -> SparePoolReport:
+    total = stats.hits + stats.misses
+    return SparePoolReport(
+        size=size,
+        target=target,
+        hits=stats.hits,
+        misses=stats.misses,
+        hit_ratio=stats.hits / total if total else None,
+        claim_p50_s=stats.claim_s.quantile(0.5),
+        claim_p99_s=stats.claim_s.quantile(0.99),
+        restore_p50_s=stats.restore_s.quantile(0.5),
+    )
 
 
 def pool_gauges(sup: SparesHost) -> list[tuple[str, str, dict[str, str], float]]:
     """Prometheus gauges of the pools and KSM (for the /metrics route's `gauges`)."""
     out: list[tuple[str, str, dict[str, str], float]] = []
-    for cid, p in sup.pools_state()["checkpoints"].items():
+    for cid, p in sup.pools_state().checkpoints.items():
         labels = {"checkpoint": cid}
-        out.append(("drums_spares", "Warm spares parked per checkpoint.", labels, p["size"]))
-        if p["target"] is not None:
+        out.append(("drums_spares", "Warm spares parked per checkpoint.", labels, p.size))
+        if p.target is not None:
             out.append(
                 (
                     "drums_spares_target",
                     "Warm spare target per checkpoint.",
                     labels,
-                    p["target"],
+                    p.target,
                 )
             )
-        out.append(("drums_spare_hits", "Claims served by a warm spare.", labels, p["hits"]))
-        out.append(
-            ("drums_spare_misses", "Claims that fell back to a restore.", labels, p["misses"])
-        )
+        out.append(("drums_spare_hits", "Claims served by a warm spare.", labels, p.hits))
+        out.append(("drums_spare_misses", "Claims that fell back to a restore.", labels, p.misses))
     if isinstance(sup.runtime, KsmControl):
         try:
             saved = float(dict(sup.runtime.ksm_stats()).get("saved_bytes", 0))

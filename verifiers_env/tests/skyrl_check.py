@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from skyrl_train.generators.skyrl_gym_generator import SkyRLGymGenerator
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from vf_support import fake_daemon_unless_live, live_envs
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|> {{ m.role }} "
@@ -93,21 +94,9 @@ def generator(
     return (klass or SkyRLGymGenerator)(cfg, gym_cfg, engine, tok, "tiny"), engine
 
 
-def live_envs() -> set[str]:
-    import drums
-
-    with drums.connect() as client:
-        return {e.id for e in client.list_envs()}
-
-
 @pytest.fixture
 def daemon(tmp_path, monkeypatch):
-    if LIVE_TASK:
-        yield None
-        return
-    from vf_support import fake_daemon_env
-
-    yield from fake_daemon_env(tmp_path, monkeypatch)
+    yield from fake_daemon_unless_live(LIVE_TASK, tmp_path, monkeypatch)
 
 
 def run(task: str, replies: list[str], max_turns: int = 6) -> tuple[Any, ScriptedEngine]:

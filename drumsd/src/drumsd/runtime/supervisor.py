@@ -160,7 +160,9 @@ class Supervisor:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED):
+    async def run(
+        self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Reconcile, then start the background services and template builds; run until cancelled.
         Slots outlive the daemon (the next start adopts them), so stopping destroys nothing."""
         async with trio.open_nursery() as nursery:

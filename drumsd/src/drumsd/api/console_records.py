@@ -1,5 +1,6 @@
-"""Failure records for the console: what destroyed slots left in `forgotten_dir` (written by
-linux/forgotten.py): a listing, one archive's record, gates and last screenshot, the file itself.
+"""Records for the console: what destroyed slots, deleted saved states and rejected dumps left in
+`forgotten_dir` (written by linux/forgotten.py): a listing, one archive's record, gates and last
+screenshot, the file itself.
 Blocking file I/O: the console calls these in a worker thread. Names are checked against the
 listing, never joined from the request."""
 
@@ -13,15 +14,20 @@ from typing import Any
 
 import zstandard
 
+from drumsd.core.retention import CHECKPOINT_DIRS
+
 _NAME = re.compile(r"^(\d{8}T\d{6})-(.+)\.(tar\.zst|json)$")
 SMALL_MEMBER = 8 * 1024 * 1024  # record, gates and screenshot; logs are only listed
 MAX_LISTED = 500
+# kind -> its subdirectory of forgotten_dir
+KINDS: dict[str, str] = {"full": "full", "summary": "summary", **CHECKPOINT_DIRS}
 
 
 def list_records(forgotten_dir: Path) -> list[dict[str, Any]]:
-    """Newest first: name, kind (full | summary), slot, stamp, size."""
+    """Newest first: name, kind (full | summary | state | dump), slot (the checkpoint for a
+    state or a dump), stamp, size."""
     out = []
-    for kind, sub in (("full", "full"), ("summary", "summary")):
+    for kind, sub in KINDS.items():
         for path in (forgotten_dir / sub).glob("*"):
             m = _NAME.match(path.name)
             if m is None:
@@ -39,15 +45,21 @@ def find_record(forgotten_dir: Path, name: str) -> Path | None:
     m = _NAME.match(name)
     if m is None or "/" in name:
         return None
-    path = forgotten_dir / ("full" if m[3] == "tar.zst" else "summary") / name
-    return path if path.is_file() else None
+    subs = ["full"] if m[3] == "tar.zst" else [s for s in KINDS.values() if s != "full"]
+    for sub in subs:
+        path = forgotten_dir / sub / name
+        if path.is_file():
+            return path
+    return None
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """The record, gate report and member names of an archive (or a summary's JSON)."""
+    """The record, gate report and member names of an archive (or a summary's, a deleted
+    state's or a rejected dump's JSON)."""
     if path.suffix == ".json":
+        kind = next((k for k, sub in KINDS.items() if sub == path.parent.name), "summary")
         return {
-            "kind": "summary",
+            "kind": kind,
             "record": json.loads(path.read_text()),
             "gates": None,
             "members": [],

@@ -1,6 +1,8 @@
-"""What a destroyed slot leaves behind in `forgotten_dir`: a `.tar.zst` archive or a summary.
+"""What a destroyed slot leaves behind in `forgotten_dir` (a `.tar.zst` archive or a summary),
+and what a deleted saved state or a rejected dump leaves (a small JSON record).
 
-Layout: forgotten_dir/full/<time>-<slot>.tar.zst and forgotten_dir/summary/<time>-<slot>.json.
+Layout: forgotten_dir/full/<time>-<slot>.tar.zst, forgotten_dir/summary/<time>-<slot>.json,
+forgotten_dir/states/<time>-<checkpoint>.json and forgotten_dir/dumps/<time>-<checkpoint>.json.
 Blocking I/O; the supervisor runs these in a worker thread.
 """
 
@@ -15,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from drumsd.core.retention import Archived, Keep
+from drumsd.core.records import SlotRecord
+from drumsd.core.retention import CHECKPOINT_DIRS, Archived, CheckpointGone, Keep, slot_outcome
 
 MAX_LOG_BYTES = 16 * 1024 * 1024
 
@@ -66,6 +69,10 @@ def write_forgotten(
             "task_id": record.get("task_id"),
             "episodes": record.get("episode"),
             "verdicts": record.get("verdicts"),
+            "outcome": slot_outcome(SlotRecord.model_validate(record)),
+            "pending_gates": [
+                g["name"] for g in record.get("gates") or [] if g.get("status") == "pending"
+            ],
             "created_at": record.get("created_at"),
             "destroyed_at": record.get("destroyed_at"),
             "labels": record.get("labels"),
@@ -96,9 +103,26 @@ def write_forgotten(
     return path
 
 
+def write_checkpoint_record(
+    forgotten_dir: Path, gone: CheckpointGone, summary: dict[str, Any]
+) -> Path:
+    """A deleted state's or a rejected dump's record, written whole or not at all."""
+    out_dir = forgotten_dir / CHECKPOINT_DIRS[gone]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(summary["at"]))
+    path = out_dir / f"{stamp}-{summary['id']}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(path)
+    return path
+
+
 def scan_forgotten(forgotten_dir: Path) -> list[Archived]:
+    """Every archive and record; the small ones (summaries, states, dumps) share summary_max_gib."""
+    patterns = [("full", "full/*.tar.zst"), ("summary", "summary/*.json")]
+    patterns += [("summary", f"{sub}/*.json") for sub in CHECKPOINT_DIRS.values()]
     out = []
-    for kind, pattern in (("full", "full/*.tar.zst"), ("summary", "summary/*.json")):
+    for kind, pattern in patterns:
         for path in forgotten_dir.glob(pattern):
             try:
                 st = path.stat()

@@ -24,7 +24,9 @@ from drumsd.core.records import (
     adoption_problems,
     is_live,
 )
+from drumsd.core.retention import checkpoint_gone, checkpoint_summary
 from drumsd.linux import state_files
+from drumsd.runtime.forgotten import write_checkpoint_record
 from drumsd.runtime.handles import new_id
 from drumsd.runtime.services.spares import SparesHost, forget_spares
 
@@ -240,3 +242,19 @@ async def delete_checkpoint_record(sup: CheckpointsHost, cp: CheckpointRecord, r
         await sup.store.durable()  # the record goes before its files
         await trio.to_thread.run_sync(state_files.remove_tree, Path(cp.dir))
     log.info("checkpoint=%s deleted: %s", cp.id, reason)
+    await record_gone(sup, cp, reason)
+
+
+async def record_gone(sup: CheckpointsHost, cp: CheckpointRecord, reason: str) -> None:
+    """Leave the deleted state's or rejected dump's record in forgotten_dir (the reaper caps
+    them with the summaries); a record that cannot be written is logged, never an error."""
+    gone = checkpoint_gone(cp)
+    if gone is None:
+        return
+    summary = checkpoint_summary(cp, gone, reason, sup.clock())
+    try:
+        await trio.to_thread.run_sync(
+            write_checkpoint_record, sup.config.forgotten_dir, gone, summary
+        )
+    except OSError as exc:
+        log.error("checkpoint=%s could not write its record to forgotten_dir: %s", cp.id, exc)

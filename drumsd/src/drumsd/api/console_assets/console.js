@@ -502,6 +502,8 @@ async function showRecord(name) {
   const facts = [["image", rec.image], ["task", rec.task_id], ["episode", rec.episode ?? rec.episodes],
     ["verdicts", (rec.verdicts || []).join(", ")], ["quarantine", rec.quarantine_reason],
     ["failure", rec.failure], ["labels", JSON.stringify(rec.labels || {})]];
+  if (rec.what) facts.unshift(["what", rec.what], ["why", rec.why], ["from slot", rec.source_slot],
+    ["size", `${rec.size_mib} MiB`]); // a deleted state's or a rejected dump's record
   $("record-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v ?? "-" })]));
   $("record-members").textContent = body.members.join("\n") || "(a summary: no archive members)";
   const shot = $("record-shot");

@@ -333,3 +333,56 @@ def test_rule_relative_time() -> None:
         datetime(2024, 10, 3),
     )  # fmt: skip
     assert month["expected"]["time"] == "2025/2/3"
+
+
+def test_frozen_paths_are_the_file_getters_paths() -> None:
+    """What verify reads while the slot is frozen: every vm_file / content_from_vm_file path of
+    the result, the expected and the redundant evaluator, `~` expanded; live getters are not."""
+    from drumsd.tasks.evaluate import frozen_paths
+
+    task = resolve_task(
+        {
+            "id": "frozen-1",
+            "evaluator": {
+                "func": ["compare_text_file", "exact_match"],
+                "result": [
+                    {"type": "vm_file", "path": "~/a.txt", "dest": "a"},
+                    {"type": "vm_command_line", "command": "cat ~/b.txt"},
+                ],
+                "expected": [
+                    {
+                        "type": "vm_file",
+                        "multi": True,
+                        "path": ["/x/1", "/x/2"],
+                        "dest": ["1", "2"],
+                    },
+                    {"type": "rule", "rules": {"expected": "b"}},
+                ],
+                "redundant": {
+                    "func": "compare_table",
+                    "result": {"type": "content_from_vm_file", "path": "/x/t.xlsx"},
+                },
+            },
+        },
+        [],
+    )
+    ctx = TaskContext(user_home="/home/user")
+    assert frozen_paths(task, ctx) == ["/home/user/a.txt", "/x/1", "/x/2", "/x/t.xlsx"]
+
+
+async def test_frozen_reads_answer_from_the_frozen_read(tmp_path: Path) -> None:
+    """A getter gets the bytes (or the error) read while the slot was frozen, not the file as
+    an agent process changed it since; other paths go to the slot."""
+    from drumsd.tasks.evaluate import FrozenReads
+
+    slot = DirSlot(tmp_path)
+    later = slot.home / "later.txt"
+    later.write_text("now")
+    reads = FrozenReads(slot, {"/a": b"then", "/gone": None, "/bad": OSError("not regular")})
+    assert await reads.read_file("/a") == b"then"
+    with pytest.raises(FileNotFoundError):
+        await reads.read_file("/gone")
+    with pytest.raises(OSError, match="not regular"):
+        await reads.read_file("/bad")
+    assert await reads.read_file(str(later)) == b"now"
+    assert reads.home == slot.home  # everything else is the slot's

@@ -188,3 +188,33 @@ def test_get_task_by_prefix_and_an_ambiguous_one(tmp_path: Path) -> None:
     assert bridge.get_task("zz") is None
     with pytest.raises(DrumsdError, match="matches 2 tasks: aa11, aa22"):
         bridge.get_task("aa")
+
+
+class _Freezer:
+    def __init__(self, fails: bool) -> None:
+        self.fails = fails
+        self.calls: list[str] = []
+
+    async def freeze(self, handle) -> None:
+        self.calls.append("freeze")
+        if self.fails:
+            raise RuntimeError_("runtime_error", "did not freeze in 2 s")
+
+    async def thaw(self, handle) -> None:
+        self.calls.append("thaw")
+
+
+async def test_slot_access_freezes_for_the_block_and_always_thaws(tmp_path: Path) -> None:
+    from drumsd.tasks.bridge import RuntimeSlotAccess
+
+    ok = _Freezer(fails=False)
+    access = RuntimeSlotAccess(ok, handle(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        async with access.frozen() as frozen:
+            assert frozen is True and ok.calls == ["freeze"]
+            raise ValueError("a read failed")
+    assert ok.calls == ["freeze", "thaw"]  # thawed even when the block raised
+    failing = _Freezer(fails=True)
+    async with RuntimeSlotAccess(failing, handle(tmp_path)).frozen() as frozen:  # type: ignore[arg-type]
+        assert frozen is False  # verify reads anyway, and the audit flags not_frozen
+    assert failing.calls == ["freeze"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from drumsd.core.host_limits import LimitHit, limit_hit
 from drumsd.linux import cgroups, criu, mounts, procfs, slot_fs
 
 REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
@@ -121,6 +122,7 @@ class RestoreOutcome:
     starttime: int = 0
     log_errors: Sequence[str] = ()
     out_tail: Sequence[str] = ()
+    limit: LimitHit | None = None  # a kernel limit the log says was reached (no retry helps)
 
 
 def restore_outcome(
@@ -137,8 +139,15 @@ def restore_outcome(
             slot_fs.write_owner(paths, None, init=(pid, start))
         return RestoreOutcome(pid, pidfd, start)
     log = work / "restore.log"
-    errors = criu.log_errors(log.read_text(errors="replace") if log.exists() else "")
-    return RestoreOutcome(None, log_errors=errors, out_tail=criu.tail(work / "criu.out", 3))
+    text = log.read_text(errors="replace") if log.exists() else ""
+    # The limit is looked for in every error line: the first one names it, and the fd errors
+    # that follow it can push it out of the last few.
+    return RestoreOutcome(
+        None,
+        log_errors=criu.log_errors(text),
+        out_tail=criu.tail(work / "criu.out", 3),
+        limit=limit_hit(criu.log_errors(text, limit=10_000)),
+    )
 
 
 def cpu_seconds(ticks: int) -> float:

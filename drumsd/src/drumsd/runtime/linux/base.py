@@ -79,6 +79,7 @@ class LinuxRuntimeConfig:
     teardown_timeout_s: float = _MODEL.linux.teardown_timeout_s
     profile: str = _MODEL.profile
     criu_log_level: int | None = _MODEL.criu_log_level
+    slot_range: tuple[int, int] = _MODEL.slot_range  # with memory, how many slots the limits fit
 
     @classmethod
     def from_config(cls, cfg: Config) -> LinuxRuntimeConfig:
@@ -114,6 +115,7 @@ class LinuxRuntimeConfig:
             teardown_timeout_s=linux.teardown_timeout_s,
             profile=cfg.profile,
             criu_log_level=cfg.criu_log_level,
+            slot_range=cfg.slot_range,
         )
 
 

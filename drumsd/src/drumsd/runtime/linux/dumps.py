@@ -10,8 +10,9 @@ from typing import Any
 
 import trio
 
+from drumsd.core.host_limits import limit_hit, limit_message
 from drumsd.core.seams import CheckpointRef, RuntimeError_
-from drumsd.linux import checkpoint_files, criu, procfs
+from drumsd.linux import checkpoint_files, criu, host_limits, procfs
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
 from drumsd.runtime.linux.supervision import Supervision
@@ -115,6 +116,15 @@ class Dumper:
             checkpoint_files.dump_written, dest
         ):
             errors = await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+            hit = limit_hit(errors)
+            if hit is not None:
+                log_event("dump_limit", iid=inst.iid, limit=hit.name, error=hit.line)
+                what = f"dumping instance {inst.iid}"
+                raise RuntimeError_(
+                    "runtime_error",
+                    limit_message(hit, host_limits.current(hit.name), what),
+                    limit=hit.name,
+                )
             raise RuntimeError_(
                 "runtime_error",
                 f"criu dump of instance {inst.iid} failed "

@@ -1,6 +1,6 @@
 """The restore queue: a CRIU restore of a checkpoint into a fresh instance (its images on tmpfs,
-mapped to the instance's uid range; retried when nothing restored ran yet), at most
-max_concurrent_restores at once."""
+mapped to the instance's uid range; retried when nothing restored ran yet, unless a kernel limit
+stopped it), at most max_concurrent_restores at once."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import trio
 
+from drumsd.core import host_limits as core_limits
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
-from drumsd.linux import cgroups, criu, procfs, slot_fs
+from drumsd.linux import cgroups, criu, host_limits, procfs, slot_fs
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import cpu_seconds, restore_outcome
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared, log_event
@@ -149,6 +150,8 @@ class Restorer:
                 if done.timed_out
                 else f"criu exit {done.returncode}: {outcome.log_errors or outcome.out_tail}"
             )
+            if outcome.limit is not None:
+                raise self._limit_error(inst, outcome.limit)
             return False
         inst.pid, inst.pidfd, inst.starttime = outcome.pid, outcome.pidfd, outcome.starttime
         await self._start(inst, limits, freeze)
@@ -159,6 +162,19 @@ class Restorer:
         inst.phases["restore_cpu"] = round(done.cpu_s + cpu_seconds(ticks), 4)
         self.sup.watch(inst)
         return True
+
+    @staticmethod
+    def _limit_error(inst: Instance, hit: core_limits.LimitHit) -> RuntimeError_:
+        """A kernel limit reached: every retry would hit it too, so the restore fails at once
+        with the limit named (restore() discards the instance on the way out)."""
+        log_event("restore_limit", iid=inst.iid, limit=hit.name, error=hit.line)
+        what = f"restoring checkpoint {inst.checkpoint_id} (instance {inst.iid})"
+        return RuntimeError_(
+            "restore_failed",
+            core_limits.limit_message(hit, host_limits.current(hit.name), what),
+            checkpoint=inst.checkpoint_id,
+            limit=hit.name,
+        )
 
     async def _start(self, inst: Instance, limits: SlotLimits, freeze: bool) -> None:
         """The restored tree frozen (a spare) or its agent answering, on its own CPU quota and

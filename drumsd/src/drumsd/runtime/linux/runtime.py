@@ -13,6 +13,7 @@ from typing import Any
 import trio
 
 from drumsd.core.admission import floor_group_limit_mib, group_memory_limit_mib
+from drumsd.core.host_limits import LimitNeed, max_admitted_slots
 from drumsd.core.seams import (
     CheckpointRef,
     CommandResult,
@@ -25,7 +26,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, host_sampler, host_share, slot_fs
+from drumsd.linux import cgroups, host_limits, host_sampler, host_share, slot_fs
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd
@@ -82,6 +83,7 @@ class LinuxRuntime:
             config, self.sup, self.instances, self.restorer, self.spares, self.adoption
         )
         self._group_limit_mib: int | None = None  # the slots' group memory limit last set
+        self.host_limits: list[LimitNeed] = []  # the shared kernel limits, as sized at start
 
     @property
     def hardened(self) -> bool:
@@ -283,6 +285,7 @@ class LinuxRuntime:
             except (cgroups.CgroupError, OSError) as exc:
                 log_event("daemon_cpu_weight_unset", error=exc)
         await self._limit_group_memory()
+        await self.size_host_limits()  # before the launcher: it and criu inherit RLIMIT_NOFILE
         self.sup.launcher = Launcher(self.config.max_concurrent_restores + 2)
         self.ksm.join()
         try:
@@ -308,6 +311,33 @@ class LinuxRuntime:
         self.driver.remove_group_if_empty()
         if not len(self.instances):  # nothing left to adopt: the image cache goes too
             await trio.to_thread.run_sync(self.images.drop)
+
+    async def size_host_limits(self) -> list[LimitNeed]:
+        """Raise the kernel limits all slots share (inotify instances and watches, open files)
+        to what the most slots this host admits need; what stays short is logged, and
+        `drumsd doctor` and /v1/health report it. Returns the needs as they are now."""
+        _, total_mib = await trio.to_thread.run_sync(host_sampler.read_meminfo)
+        slots = max_admitted_slots(self.config.slot_range, int(total_mib))
+        needs = await trio.to_thread.run_sync(host_limits.host_needs, slots)
+        for raised in await trio.to_thread.run_sync(host_limits.raise_short, needs):
+            if raised.after is None:
+                log_event(
+                    "host_limit_short",
+                    limit=raised.name,
+                    value=raised.before,
+                    slots=slots,
+                    error=raised.error,
+                )
+            else:
+                log_event(
+                    "host_limit_raised",
+                    limit=raised.name,
+                    before=raised.before,
+                    after=raised.after,
+                    slots=slots,
+                )
+        self.host_limits = await trio.to_thread.run_sync(host_limits.host_needs, slots)
+        return self.host_limits
 
     async def _limit_group_memory(self) -> None:
         _, total_mib = await trio.to_thread.run_sync(host_sampler.read_meminfo)

@@ -4,7 +4,7 @@ destroy, and fork (N restores of one checkpoint side by side)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import trio
 
@@ -132,11 +132,14 @@ class Slots:
             async with trio.open_nursery() as nursery:
                 for cid in child_ids:
                     nursery.start_soon(one, cid)
-        except BaseException:
+        except BaseException as exc:
             with self.sup.cleanup_scope():
                 for done_id in results:
                     await self.destroy(done_id)
-            raise
+            failure = one_failure(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         return [results[c] for c in child_ids]
 
     def handle(self, slot_id: str, inst: Instance, spare: bool = False) -> SlotHandle:
@@ -165,3 +168,24 @@ class Slots:
                 "uid_base": None if inst.uid_index is None else idmap.uid_base(inst.uid_index),
             },
         )
+
+
+def one_failure(exc: BaseException) -> BaseException:
+    """The children's restores fail in a nursery, as a group: when only RuntimeError_s are in it,
+    the one to answer with (a kernel limit first, it names what to raise), so the API maps its
+    code instead of seeing an unexpected group. Anything else (a cancel) goes up unchanged."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    matched, rest = exc.split(RuntimeError_)
+    if matched is None or rest is not None:
+        return exc
+    leaves = list(_leaves(matched))
+    return next((e for e in leaves if "limit" in e.detail), leaves[0])
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[RuntimeError_]:
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            yield from _leaves(e)
+        elif isinstance(e, RuntimeError_):
+            yield e

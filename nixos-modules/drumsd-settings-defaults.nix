@@ -32,6 +32,7 @@
   restore_cpu_weight = null;
   daemon_cpu_weight = null;
   prefork_max_age_s = 120.0;
+  prefork_quiesce_window_s = null;
   crash_watch = true;
   criu_log_level = null;
   host_usd_per_hour = null;

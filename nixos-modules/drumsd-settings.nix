@@ -161,6 +161,11 @@ in
     default = defaults.prefork_max_age_s;
     description = "drumsd setting `prefork_max_age_s`";
   };
+  prefork_quiesce_window_s = mkOption {
+    type = types.nullOr (types.addCheck types.number (x: x > 0 && x <= 600));
+    default = defaults.prefork_quiesce_window_s;
+    description = "a prefork (and a fork's own) waits for this long a window in which no process of the slot started, exited or sat in D or Z state (within quiesce.timeout_s, else 409 not_quiescent); null = no window, only up to 5 s for zombies and D state";
+  };
   crash_watch = mkOption {
     type = types.bool;
     default = defaults.crash_watch;

@@ -38,9 +38,14 @@ def hardened():
 @pytest.fixture(scope="module")
 def trusted_small():
     # Trusted profile, and a memory limit small enough for one step to exceed it; a short
-    # quiesce.timeout_s so a capture of a desktop that keeps moving is refused within seconds.
+    # quiesce.timeout_s so a capture (or a prefork: prefork_quiesce_window_s) of a desktop that
+    # keeps moving is refused within seconds.
     return shared_daemon(
-        "trusted", profile="trusted", memory_mib=320, quiesce={"timeout_s": 4.0, "window_s": 1.0}
+        "trusted",
+        profile="trusted",
+        memory_mib=320,
+        quiesce={"timeout_s": 4.0, "window_s": 1.0},
+        prefork_quiesce_window_s=1.0,
     )
 
 
@@ -208,6 +213,34 @@ def test_quiescent_and_a_capture_refused_while_a_process_keeps_forking(trusted_s
             execute(http, sid, "kill $(cat /tmp/spin.pid)")
             r = http.post(f"/v1/slots/{sid}/capture", json={})  # quiet again: the dump goes
             assert r.status_code == 201, r.text
+            http.delete(f"/v1/checkpoints/{r.json()['id']}")
+        finally:
+            destroy(http, sid)
+
+
+@pytest.mark.parametrize("window", ["set", "null"])
+def test_prefork_waits_its_quiet_window_when_set(window, request):
+    """prefork_quiesce_window_s set (trusted_small): a prefork of a slot whose loop keeps
+    starting processes is refused with 409 not_quiescent naming them; null (hardened, today's):
+    the same prefork dumps the tree as it is."""
+    daemon = request.getfixturevalue("trusted_small" if window == "set" else "hardened")
+    with http_client(daemon) as http:
+        sid = create(http)["id"]
+        try:
+            execute(http, sid, SPIN)
+            r = http.post(f"/v1/slots/{sid}/prefork", json={})
+            if window == "null":
+                assert r.status_code == 200, r.text
+                http.delete(f"/v1/checkpoints/{r.json()['id']}")
+                return
+            assert r.status_code == 409, r.text
+            err = r.json()["error"]
+            assert err["code"] == "not_quiescent", err
+            assert "prefork_quiesce_window_s=1s" in err["message"], err
+            assert any(m.startswith(("true(", "sh(")) for m in err["detail"]["moving"]), err
+            execute(http, sid, "kill $(cat /tmp/spin.pid)")
+            r = http.post(f"/v1/slots/{sid}/prefork", json={})  # quiet again: the dump goes
+            assert r.status_code == 200, r.text
             http.delete(f"/v1/checkpoints/{r.json()['id']}")
         finally:
             destroy(http, sid)

@@ -69,7 +69,6 @@ DOCUMENTED_FIELDS = (
 NOT_BUILT = {
     "netns_fast": "not built yet (issue 38): restoring the slot's network without CRIU's own",
     "nested_pidns": "not built yet (issue 38): apps nesting pid namespaces inside a slot",
-    "prefork_quiesce_window_s": "not built yet (issue 38): a quiet window before a prefork",
     "procview_dir": "not built yet (issue 38): a slot's own /proc view of memory and CPUs",
 }
 

@@ -359,6 +359,14 @@ class Config(Block):
         "daemon moves into a `daemon` leaf beside the slots' group); null = left as it is",
     )
     prefork_max_age_s: float = Field(default=120.0, gt=0)
+    prefork_quiesce_window_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="a prefork (and a fork's own) waits for this long a window in which no "
+        "process of the slot started, exited or sat in D or Z state (within quiesce.timeout_s, "
+        "else 409 not_quiescent); null = no window, only up to 5 s for zombies and D state",
+    )
     crash_watch: bool = Field(default=True, description="refuse to start without proc events")
     criu_log_level: int | None = Field(
         default=None,

@@ -44,7 +44,11 @@ from drumsd.linux.sparse import Usage
 from drumsd.runtime.episodes import begin_episode
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import checkpoint_ref, handle_of, new_id, slot_limits
-from drumsd.runtime.ops_checkpoints import check_not_deleting, delete_checkpoint_record
+from drumsd.runtime.ops_checkpoints import (
+    check_not_deleting,
+    delete_checkpoint_record,
+    record_gone,
+)
 from drumsd.runtime.services.spares import enable_spares
 from drumsd.runtime.slot_locks import run_stoppable
 from drumsd.runtime.teardown import TeardownHost, discard
@@ -188,7 +192,6 @@ async def dump(
     usage = await run_stoppable(
         state_files.upper_usage, handle.upper, what=f"measuring slot {rec.id}'s upper layer"
     )
-    check_capture_size(sup, rec, usage)
     now = sup.clock()
     prefix = {"saved": "st", "prefork": "pf", "template": "tpl", "task": "tk"}[kind.value]
     cp_id = new_id(prefix)
@@ -212,7 +215,14 @@ async def dump(
         task=rec.task,
         task_key=task_key,
         profile=rec.profile,
+        size_mib=usage.real_mib,  # what the dump would copy, until it is measured
+        apparent_mib=usage.apparent_mib,
     )
+    try:
+        check_capture_size(sup, rec, usage)
+    except DrumsdError as exc:
+        await record_gone(sup, cp, f"refused before dumping: {exc.message}")
+        raise
     sup.table.save_checkpoint(cp, "dumping")  # before work: a crash leaves a record to clean
     await sup.store.durable()
     rec.status = SlotStatus.busy
@@ -230,14 +240,15 @@ async def dump(
                     handle,
                     cp_id,
                     dest,
-                    wait_quiet=kind in (CheckpointKind.saved, CheckpointKind.task),
+                    window=quiet_window(sup.config, kind),
                 )
                 if before_ready is not None:
                     await before_ready(cp)
-            except BaseException:
+            except BaseException as exc:
                 with trio.CancelScope(shield=True):
                     rec.status = SlotStatus.ready
-                    await delete_checkpoint_record(sup, cp, "dump failed")
+                    why = failure_text(exc, "cancelled (capture_timeout_s or shutdown)")
+                    await delete_checkpoint_record(sup, cp, f"dump failed: {why}")
                 raise
     finally:
         if rec.status is SlotStatus.busy:
@@ -262,6 +273,17 @@ async def dump(
 FORK_SETTLE_S = 5.0
 
 
+def quiet_window(config: Config, kind: CheckpointKind) -> tuple[str, float] | None:
+    """The quiet window a dump of `kind` waits (the setting's name, seconds), or None: a saved
+    state and a task checkpoint wait quiesce.window_s, a prefork prefork_quiesce_window_s when
+    set."""
+    if kind in (CheckpointKind.saved, CheckpointKind.task):
+        return "quiesce.window_s", config.quiesce.window_s
+    if kind is CheckpointKind.prefork and config.prefork_quiesce_window_s is not None:
+        return "prefork_quiesce_window_s", config.prefork_quiesce_window_s
+    return None
+
+
 async def quiet_capture(
     sup: ForkHost,
     rec: SlotRecord,
@@ -269,32 +291,34 @@ async def quiet_capture(
     cp_id: str,
     dest: Path,
     *,
-    wait_quiet: bool,
+    window: tuple[str, float] | None,
 ) -> CheckpointRef:
-    """Capture as documented: with `wait_quiet` (a saved state), wait until the tree is
-    quiescent (no process started or exited and none in D or Z state for quiesce.window_s; CPU
-    use does not count, since CRIU freezes the tree), then dump; a tree that
-    does not go quiet within quiesce.timeout_s is refused with not_quiescent (409) and nothing is
-    dumped. A fork's prefork dumps the running tree as it is (CRIU freezes it first): a fork is
-    taken mid-episode, with apps still working, and must not wait a quiet window or be refused;
-    it only waits (up to FORK_SETTLE_S) for zombies and D-state processes to clear.
+    """Capture as documented: with a `window` (a saved state; a prefork when
+    prefork_quiesce_window_s is set), wait until the tree is quiescent (no process started or
+    exited and none in D or Z state for the window; CPU use does not count, since CRIU freezes
+    the tree), then dump; a tree that does not go quiet within quiesce.timeout_s is refused with
+    not_quiescent (409) and nothing is dumped. By default a fork's prefork dumps the running
+    tree as it is (CRIU freezes it first): a fork is taken mid-episode, with apps still working,
+    and does not wait a quiet window or get refused; it only waits (up to FORK_SETTLE_S) for
+    zombies and D-state processes to clear.
     A dump that fails is tried again (after another quiet wait for a saved state), up to
     quiesce.max_attempts tries."""
     q = sup.config.quiesce
     deadline = trio.current_time() + q.timeout_s
     for attempt in range(1, q.max_attempts + 1):
         left = deadline - trio.current_time()
-        if wait_quiet:
+        if window is not None:
+            setting, window_s = window
             waited = Quiescence(False)
             if left > 0:
-                waited = await sup.runtime.quiescent(handle, q.window_s, left, q.poll_ms)
+                waited = await sup.runtime.quiescent(handle, window_s, left, q.poll_ms)
             if not waited.quiet:
                 what = "; ".join(waited.moving) or "nothing seen (no time left to watch)"
                 raise RuntimeError_(
                     "not_quiescent",
                     f"slot {rec.id} did not go quiet: processes kept starting, exiting or "
                     f"waiting on I/O for all of quiesce.timeout_s={q.timeout_s:g}s (quiet means "
-                    f"none did for quiesce.window_s={q.window_s:g}s; try {attempt} of "
+                    f"none did for {setting}={window_s:g}s; try {attempt} of "
                     f"{q.max_attempts}); last seen moving: {what}. Let the app finish what it is "
                     f"doing (POST /v1/slots/{rec.id}/quiescent says when) and capture again, or "
                     "raise quiesce.timeout_s",

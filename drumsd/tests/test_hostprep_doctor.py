@@ -148,3 +148,20 @@ def test_ensure_criu_is_a_fast_noop_when_built(tmp_path: Path) -> None:
 def test_sid_source_entry_is_source_only() -> None:
     lines = hostprep.SID_SRC_ENTRY.splitlines()
     assert "Types: deb-src" in lines and not any(line == "Types: deb" for line in lines)
+
+
+def test_kernel_limits_short_of_the_admitted_slots_warn_with_the_command() -> None:
+    from drumsd.core import host_limits
+
+    needs = host_limits.needs(200, inotify_instances=128, inotify_watches=10**7, nofile=10**6)
+    checks = by_name(
+        doctor.assess(dataclasses.replace(GOOD, limit_needs=needs, admitted_slots=200))
+    )
+    check = checks["kernel limits"]
+    assert check.status == "warn"
+    need = 128 + 200 * host_limits.SLOT_INOTIFY_INSTANCES
+    assert f"fs.inotify.max_user_instances=128 < {need}" in check.detail
+    assert f"sysctl -w fs.inotify.max_user_instances={need}" in check.fix
+    enough = host_limits.needs(200, inotify_instances=need, inotify_watches=10**7, nofile=10**6)
+    ok = by_name(doctor.assess(dataclasses.replace(GOOD, limit_needs=enough, admitted_slots=200)))
+    assert ok["kernel limits"].status == "ok"

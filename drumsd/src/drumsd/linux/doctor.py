@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from drumsd.linux import hostprep
+from drumsd.core.config import Config
+from drumsd.core.host_limits import LimitNeed, max_admitted_slots
+from drumsd.linux import host_limits, hostprep
 
 MIN_KERNEL = (5, 15)  # idmapped mounts on tmpfs/overlay, pidfd, clone3: what the runtime uses
 CONTROLLERS = ("memory", "cpu", "pids")
@@ -45,6 +47,9 @@ class HostFacts:
     images: dict[str, str | None]  # profile -> sha256 of the built image (None: not built)
     max_user_namespaces: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    # The kernel limits all slots share, against what the most slots this host admits need.
+    limit_needs: list[LimitNeed] = field(default_factory=list)
+    admitted_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,28 @@ def assess(f: HostFacts) -> list[Check]:
                 )
             )
 
+    short = [n for n in f.limit_needs if n.short]
+    if short:
+        add(
+            Check(
+                "kernel limits",
+                "warn",
+                "; ".join(f"{n.name}={n.current} < {n.needed}" for n in short)
+                + f" (what {f.admitted_slots} slots need; drumsd raises them at start when it "
+                "runs as root, else a fork or create fails on them)",
+                "; ".join(n.how.replace("=N", f"={n.needed}") for n in short),
+            )
+        )
+    elif f.limit_needs:
+        add(
+            Check(
+                "kernel limits",
+                "ok",
+                ", ".join(f"{n.name}={n.current}" for n in f.limit_needs)
+                + f": enough for {f.admitted_slots} slots",
+            )
+        )
+
     if f.max_user_namespaces == 0:
         add(
             Check(
@@ -317,6 +344,7 @@ def gather_facts(
     cache_root: Path = hostprep.DEFAULT_CACHE_ROOT,
     criu: Path = hostprep.CRIU_LINK,
     profiles: tuple[str, ...] = ("base", "office"),
+    slot_range: tuple[int, int] = Config.model_fields["slot_range"].default,
 ) -> HostFacts:
     criu_path = str(criu) if criu.exists() else shutil.which("criu")
     version = None
@@ -350,6 +378,7 @@ def gather_facts(
         images[profile] = json.loads(meta)["sha256"] if meta else None
 
     userns = _read("/proc/sys/user/max_user_namespaces")
+    admitted = max_admitted_slots(slot_range, mem.get("MemTotal", 0) >> 20)
     tools = {
         t: shutil.which(t) is not None for t in ("unshare", "nsenter", "mount", "debootstrap", "ip")
     }
@@ -374,6 +403,8 @@ def gather_facts(
         tools=tools,
         images=images,
         max_user_namespaces=int(userns) if userns else None,
+        limit_needs=host_limits.host_needs(admitted),
+        admitted_slots=admitted,
     )
 
 

@@ -174,7 +174,7 @@ async def test_create_type_and_reset_restores_the_original_screen(rt, template) 
     await rt.destroy("live-a")
 
 
-async def test_branch_of_4_children_are_independent(rt, template, state_dir) -> None:
+async def test_fork_of_4_children_are_independent(rt, template, state_dir) -> None:
     h = await rt.restore("live-b", template, LIMITS)
     await rt.exec_user(h, "echo parent > /tmp/parent-mark", 10)
     ck = await rt.capture(h, "live-b-pre", state_dir / "ck" / f"pre-{uuid.uuid4().hex[:6]}")
@@ -481,3 +481,42 @@ async def test_daemon_cpu_weight_is_set_on_the_daemons_cgroup_at_start(state_dir
         (before / "cgroup.procs").write_text(str(os.getpid()))
         with contextlib.suppress(OSError):  # another daemon's still in it
             (before / cgroups.DAEMON_LEAF).rmdir()
+
+
+NESTED = "nohup unshare -Urpf --mount-proc sleep 600 >/dev/null 2>&1 &"
+# Each sleep of the slot: its pid namespace, and its pids from the slot's namespace inward.
+NESTED_PROBE = (
+    "for p in $(pgrep -x sleep); do echo $(readlink /proc/$p/ns/pid)"
+    " $(readlink /proc/$p/ns/user) $(grep NSpid /proc/$p/status | cut -f2-); done"
+)
+
+
+async def _nested_sleeps(rt, h: SlotHandle) -> list[list[str]]:
+    res = await rt.exec_trusted(h, NESTED_PROBE, 10)
+    assert res.returncode == 0, res.stderr
+    own = (await rt.exec_trusted(h, "readlink /proc/1/ns/pid", 10)).stdout.strip()
+    rows = [line.split() for line in res.stdout.splitlines()]
+    # Nested: in a pid namespace other than the slot's, and pid 1 there (NSpid: slot's, inner).
+    return [r for r in rows if r[0] != own and len(r) == 4 and r[3] == "1"]
+
+
+async def test_nested_pid_and_user_namespaces_survive_capture_and_restore(
+    rt, template, state_dir
+) -> None:
+    """nested_pidns: an app of the desktop user in its own user, pid and mount namespaces (as a
+    sandboxed app makes them) is in the saved state and runs, nested, in the restored slot."""
+    h = await rt.restore("live-n", template, LIMITS)
+    h2 = None
+    try:
+        started = await rt.exec_user(h, NESTED, 10)
+        assert started.returncode == 0, started.stderr
+        with trio.fail_after(10):
+            while not await _nested_sleeps(rt, h):
+                await trio.sleep(0.2)
+        ck = await rt.capture(h, "live-n-save", state_dir / "ck" / f"ns-{uuid.uuid4().hex[:6]}")
+        h2 = await rt.restore("live-n2", ck, LIMITS)
+        assert await _nested_sleeps(rt, h2), "the nested sleep is not in the restored slot"
+    finally:
+        if h2 is not None:
+            await rt.destroy("live-n2")
+        await rt.destroy("live-n")

@@ -990,7 +990,7 @@ def answer_from_source(paths: Paths, options: Options) -> float:
 
 
 def _raw_page(html: str) -> tuple[list[list[str]], str | None, dict[str, str]]:
-    """The same three things as _PageReader, by regular expressions over the markup."""
+    """The same three things as _Page, by regular expressions over the markup."""
     import html as html_mod
 
     def text(fragment: str) -> str:

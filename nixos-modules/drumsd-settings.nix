@@ -491,7 +491,7 @@ in
     };
   };
   spares = mkOption {
-    description = "Warm spares: restored ahead of time, parked frozen, claimed by create/reset/branch.";
+    description = "Warm spares: restored ahead of time, parked frozen, claimed by create/reset/fork.";
     default = { };
     type = types.submodule {
       freeformType = jsonFormat.type;

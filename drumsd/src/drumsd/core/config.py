@@ -202,7 +202,7 @@ class TasksConfig(Block):
 
 
 class SparesConfig(Block):
-    """Warm spares: restored ahead of time, parked frozen, claimed by create/reset/branch."""
+    """Warm spares: restored ahead of time, parked frozen, claimed by create/reset/fork."""
 
     enabled: bool = True
     per_checkpoint: int = Field(default=2, ge=0, le=64)

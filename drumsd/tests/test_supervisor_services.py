@@ -234,3 +234,19 @@ async def test_the_admission_service_moves_the_group_limit_with_each_sample(
         await wait_for(lambda: runtime.floor_calls[-1][0] == 9_000.0, 60, every_s=0.5)
         health = (await api.client.get("/v1/health")).json()
         assert health["admission"]["group_memory_limit_mib"] == 1_000 + 9_000 - 6_000
+
+
+async def test_health_reports_a_kernel_limit_the_runtime_could_not_raise(tmp_path: Path) -> None:
+    from drumsd.core import host_limits
+
+    runtime = MemoryRuntime(tmp_path / "state")
+    async with open_api(tmp_path, runtime=runtime) as api:
+        assert (await api.client.get("/v1/health")).json()["warnings"] == []
+        runtime.host_limits = host_limits.needs(  # type: ignore[attr-defined]
+            200, inotify_instances=128, inotify_watches=10**7, nofile=10**6
+        )
+        health = (await api.client.get("/v1/health")).json()
+        assert health["status"] == "degraded"
+        (warning,) = health["warnings"]
+        assert warning.startswith("kernel limit fs.inotify.max_user_instances=128 is below the")
+        assert "sysctl -w fs.inotify.max_user_instances" in warning

@@ -114,6 +114,13 @@ async def health(sup: HealthHost) -> HealthReport:
     services, service_warnings = services_health(sup)
     warnings += service_warnings
     warnings += stuck_operations(sup)
+    # The kernel limits the runtime could not raise at start (LinuxRuntime.size_host_limits).
+    warnings += [
+        f"kernel limit {n.name}={n.current} is below the {n.needed} the admitted slots need: "
+        f"forks and creates fail on it past that; {n.how}"
+        for n in getattr(sup.runtime, "host_limits", ())
+        if n.short
+    ]
     journal_space = await trio.to_thread.run_sync(state_files.space, sup.config.journal_dir)
     state_space = await trio.to_thread.run_sync(state_files.space, sup.config.state_dir)
     return HealthReport(

@@ -50,3 +50,16 @@ def test_profiles_table_puts_hardened_beside_trusted_with_the_ratio() -> None:
         line.startswith("branch of 8") and line.endswith("1.00") for line in table.splitlines()
     )
     assert "create" not in table  # an operation neither run measured is left out
+
+
+def test_a_forks_time_is_broken_down_per_child_and_phase() -> None:
+    from drumsd.bench.runtime import fork_breakdown, render_fork_phases
+
+    phases = [{"fs": 0.03, "criu": 0.3, "restore_cpu": 0.08}, {"fs": 0.05, "criu": 0.4}]
+    f = fork_breakdown(2, [0.2, 0.4], [0.6, 0.8], phases)
+    assert f["per_child_s"]["p50"] in (0.4, 0.6)  # (0.2 + 0.6) / 2 and (0.4 + 0.8) / 2
+    assert f["child_phases_s"]["criu"]["n"] == 2
+    assert f["child_phases_s"]["restore_cpu"]["n"] == 1
+    assert "queue" not in f["child_phases_s"]  # a phase no child recorded is left out
+    line = render_fork_phases({"fork_phases": {"2": f}})
+    assert line.startswith("fork of 2: dump ") and "criu 0." in line

@@ -89,6 +89,41 @@ def slots_that_fit(
     return max(0, int((available_mib - reserve) // per_slot_mib))
 
 
+# A restored child's phases (Restorer, inst.phases): its fs, the wait for a restore seat, criu's
+# wall, the wait for its agent; CPU of criu and of criu plus the restored tree until then.
+FORK_PHASES = ("fs", "queue", "criu", "agent", "criu_cpu", "restore_cpu")
+
+
+def fork_breakdown(
+    n: int, dumps: Sequence[float], walls: Sequence[float], phases: Sequence[dict[str, float]]
+) -> dict[str, Any]:
+    """Where a fork of `n` spends its time: the prefork's dump, the restore's wall, and each
+    child's phases (p50 over children); `per_child_s` is (dump + restore wall) / n."""
+    return {
+        "dump_s": summarize(list(dumps)),
+        "restore_wall_s": summarize(list(walls)),
+        "per_child_s": summarize([(d + w) / n for d, w in zip(dumps, walls, strict=True)]),
+        "child_phases_s": {
+            name: summarize([float(p[name]) for p in phases if name in p])
+            for name in FORK_PHASES
+            if any(name in p for p in phases)
+        },
+    }
+
+
+def render_fork_phases(r: dict[str, Any]) -> str:
+    """One line per fork width: dump, restore wall, per child, then the children's phases."""
+    lines = []
+    for n, f in r.get("fork_phases", {}).items():
+        kids = " ".join(f"{k} {v['p50']:.3f}" for k, v in f["child_phases_s"].items())
+        dump, wall, per = (f[k]["p50"] for k in ("dump_s", "restore_wall_s", "per_child_s"))
+        lines.append(
+            f"fork of {n}: dump {dump:.3f} s + restores {wall:.3f} s = {per:.3f} s per child; "
+            f"a child's phases p50 (s): {kids}"
+        )
+    return "\n".join(lines)
+
+
 def render_table(r: dict[str, Any]) -> str:
     cold = r["cold_boot_s"]["p50"]
     rows: list[tuple[str, str, str]] = [("cold boot (baseline)", f"{cold:.3f} s", "1x")]
@@ -252,15 +287,19 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         results["branch"] = {}
         for n in opts.branches:
             progress(f"branch of {n} x3 ...")
-            walls = []
+            walls, dumps, phases = [], [], []
             for k in range(3):
+                t0 = time.monotonic()
                 pre = await rt.capture(h, f"bench-pre-{n}-{k}", ck_dir / f"pre-{n}-{k}")
+                dumps.append(time.monotonic() - t0)
                 t0 = time.monotonic()
                 kids = await rt.fork(h, pre, [f"bench-b{n}-{k}-{i}" for i in range(n)], lim)
                 walls.append(time.monotonic() - t0)
+                phases += [kid.extra.get("phases", {}) for kid in kids]
                 for kid in kids:
                     await rt.destroy(kid.slot_id)
             results["branch"][str(n)] = summarize(walls)
+            results.setdefault("fork_phases", {})[str(n)] = fork_breakdown(n, dumps, walls, phases)
         await rt.destroy(h.slot_id)
 
         progress(f"memory of {opts.idle_slots} idle slots, no KSM ...")
@@ -446,6 +485,7 @@ def main_bench(args: argparse.Namespace) -> int:
         runs[profile] = trio.run(run_bench, opts, progress)
         print(f"\nprofile: {profile}")
         print(render_table(runs[profile]))
+        print(render_fork_phases(runs[profile]))
     if len(runs) > 1:
         print("\n" + render_profiles(runs))
     results = runs[profiles[0]] if len(runs) == 1 else {"profiles": runs}

@@ -663,8 +663,13 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, recor
             trained = mask.nonzero()
             advantages.append(round(float(adv[trained[0]]), 4) if len(trained) else 0.0)
         calls = ray.get(server.calls.remote())
+        # the prompt's group status when the buffer sampled it ("failure" if a session raised)
+        groups = {"finished": trainer.replay_buffer.finished_keys["train"],
+                  "failure": trainer.replay_buffer.failure_keys["train"]}  # fmt: skip
+        status = [name for name, uids in groups.items() if "p0" in uids]
         result = {
             "keys": keys,
+            "prompt_status": status,
             "statuses": sorted({tag.get("status") for tag in sampled.tags}),
             "images_per_call": sorted(calls),
             "rewards": rewards,
@@ -680,7 +685,7 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, recor
             ray.shutdown()
             shutil.rmtree(ray_dir, ignore_errors=True)
     assert len(keys) == 3 and all(key.startswith("p0_") for key in keys)
-    assert result["statuses"] == ["success"]
+    assert result["prompt_status"] == ["finished"] and result["statuses"] == ["success"]
     # 4 first turns with the opening screenshot, 4 second turns with two (one of them raised)
     assert result["images_per_call"] == [1, 1, 1, 1, 2, 2, 2, 2]
     # the three kept score alike (1.0 on the fake's task; the live click-and-done scores 0.0):

@@ -22,6 +22,7 @@ from drumsd.runtime.gate_evidence import lock_evidence, state_hash_evidence
 from drumsd.runtime.handles import handle_from_json
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import open_supervisor
+from harness import make_config, wait_for
 
 from drumsd import serve
 
@@ -240,28 +241,7 @@ class FakeWatch:
 
 
 def _config(tmp: Path, **over: Any) -> Config:
-    (tmp / "lower").mkdir(exist_ok=True)
-    raw = {
-        "token_file": str(tmp / "token"),
-        "state_dir": str(tmp / "state"),
-        "journal_dir": str(tmp / "journal"),
-        "forgotten_dir": str(tmp / "forgotten"),
-        "lower": str(tmp / "lower"),
-        "image_sha256": "ab" * 32,
-        "runtime": "memory",
-        "alive_after_s": 0.05,
-        "admission": {"enabled": False},
-        "lease": {"reap_interval_s": 3600},
-    }
-    raw.update(over)
-    return Config.model_validate(raw)
-
-
-async def _wait(predicate, limit_s: float = 5.0) -> None:
-    """Poll with a deadline (the state lives in the supervisor's tasks; no event to wait on)."""
-    with trio.fail_after(limit_s):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.02)
+    return make_config(tmp, admission={"enabled": False}, **over)
 
 
 async def test_supervisor_follows_each_slot_with_the_crash_watch(
@@ -278,7 +258,7 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         crash_watch=watch,
         host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
     ) as sup:
-        await _wait(lambda: sup.template_status.get("base") == "ready")
+        await wait_for(lambda: sup.template_status.get("base") == "ready")
         rec = await sup.create(SlotCreate())
         assert watch.tracked[rec.id] == dict(handle_from_json(rec.handle).cgroups)
         assert watch.since[-1] == rec.episode_started_at
@@ -291,12 +271,12 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
         # Not sleep-and-hope: two full gate refresh passes have judged the slot since.
         refresh = sup.services["gate_refresh"]
         seen = refresh.iterations
-        await _wait(lambda: refresh.iterations >= seen + 2)
+        await wait_for(lambda: refresh.iterations >= seen + 2)
         assert rec.status.value == "ready"
         watch.crashes[rec.id].append(
             {"pid": 10, "name": "soffice", "signal": 11, "time": time.time()}
         )
-        await _wait(lambda: rec.status.value == "quarantined")
+        await wait_for(lambda: rec.status.value == "quarantined")
         assert "no_app_crash" in (rec.quarantine_reason or "")
 
         await sup.release(rec.id)
@@ -311,7 +291,7 @@ async def test_supervisor_follows_each_slot_with_the_crash_watch(
 
         watch.track = refuse  # type: ignore[method-assign]
         other = await sup.create(SlotCreate())
-        await _wait(lambda: sup.gate_statuses(other).get("alive_after_resume") != "pending")
+        await wait_for(lambda: sup.gate_statuses(other).get("alive_after_resume") != "pending")
         assert sup.gate_statuses(other)["no_app_crash"] == "pending"
         assert G.episode_valid(sup.gate_statuses(other)) is None
 
@@ -433,7 +413,7 @@ async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path
         host_namespaces={"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5},
         evidence=evidence,  # type: ignore[arg-type]
     ) as sup:
-        await _wait(lambda: sup.template_status.get("base") == "ready")
+        await wait_for(lambda: sup.template_status.get("base") == "ready")
         parent = await sup.create(SlotCreate())
         out = await sup.fork(parent.id, ForkRequest(n=4))
         for child in out.children:

@@ -483,40 +483,38 @@ async def test_daemon_cpu_weight_is_set_on_the_daemons_cgroup_at_start(state_dir
             (before / cgroups.DAEMON_LEAF).rmdir()
 
 
-NESTED = "nohup unshare -Urpf --mount-proc sleep 600 >/dev/null 2>&1 &"
-# Each sleep of the slot: its pid namespace, and its pids from the slot's namespace inward.
-NESTED_PROBE = (
-    "for p in $(pgrep -x sleep); do echo $(readlink /proc/$p/ns/pid)"
-    " $(readlink /proc/$p/ns/user) $(grep NSpid /proc/$p/status | cut -f2-); done"
-)
-
-
-async def _nested_sleeps(rt, h: SlotHandle) -> list[list[str]]:
-    res = await rt.exec_trusted(h, NESTED_PROBE, 10)
-    assert res.returncode == 0, res.stderr
-    own = (await rt.exec_trusted(h, "readlink /proc/1/ns/pid", 10)).stdout.strip()
-    rows = [line.split() for line in res.stdout.splitlines()]
-    # Nested: in a pid namespace other than the slot's, and pid 1 there (NSpid: slot's, inner).
-    return [r for r in rows if r[0] != own and len(r) == 4 and r[3] == "1"]
-
-
-async def test_nested_pid_and_user_namespaces_survive_capture_and_restore(
+async def test_a_process_in_a_nested_namespace_is_named_when_a_capture_is_refused(
     rt, template, state_dir
 ) -> None:
-    """nested_pidns: an app of the desktop user in its own user, pid and mount namespaces (as a
-    sandboxed app makes them) is in the saved state and runs, nested, in the restored slot."""
+    """nested_pidns is not possible with CRIU 4.2.1 (docs/runtime.md): the desktop user's seccomp
+    lock refuses unshare (EPERM), and a process slot root put in user and pid namespaces of its
+    own fails the dump ("Can't dump nested user namespace"). The refusal is a conflict naming
+    that process and what to do, not a retried runtime error; once it is gone the slot dumps."""
     h = await rt.restore("live-n", template, LIMITS)
-    h2 = None
     try:
-        started = await rt.exec_user(h, NESTED, 10)
+        denied = await rt.exec_user(h, "unshare -Urpf true", 10)
+        assert denied.returncode != 0 and "not permitted" in denied.stderr, denied
+        started = await rt.exec_trusted(
+            h, "setsid unshare -Urpf --mount-proc sleep 600 >/dev/null 2>&1 & sleep 0.5", 10
+        )
         assert started.returncode == 0, started.stderr
-        with trio.fail_after(10):
-            while not await _nested_sleeps(rt, h):
-                await trio.sleep(0.2)
-        ck = await rt.capture(h, "live-n-save", state_dir / "ck" / f"ns-{uuid.uuid4().hex[:6]}")
-        h2 = await rt.restore("live-n2", ck, LIMITS)
-        assert await _nested_sleeps(rt, h2), "the nested sleep is not in the restored slot"
+        dest = state_dir / "ck" / f"ns-{uuid.uuid4().hex[:6]}"
+        with pytest.raises(RuntimeError_) as caught:
+            await rt.capture(h, "live-n-save", dest)
+        assert caught.value.code == "conflict", caught.value.message
+        # unshare itself entered the new user namespace (its child sleep the new pid one).
+        assert caught.value.detail["process"].startswith("unshare("), caught.value.detail
+        assert caught.value.detail["namespace"] == "user", caught.value.detail
+        assert "End that process" in caught.value.message
+        assert not dest.exists()
+        gone = await rt.exec_trusted(
+            h,
+            "pkill -9 -x unshare; pkill -9 -x sleep; while pgrep -x 'unshare|sleep'; do "
+            "sleep 0.1; done; echo gone",
+            10,
+        )
+        assert gone.stdout.strip().endswith("gone"), gone
+        ck = await rt.capture(h, "live-n-save2", state_dir / "ck" / f"ns2-{uuid.uuid4().hex[:6]}")
+        assert ck.dir.exists()
     finally:
-        if h2 is not None:
-            await rt.destroy("live-n2")
         await rt.destroy("live-n")

@@ -8,6 +8,7 @@ post-dump action script while the tree is still frozen, and restores leave cgrou
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,20 @@ def log_errors(log_text: str, limit: int = 6) -> list[str]:
     lines = [ln.strip() for ln in log_text.splitlines() if "Error" in ln or "error" in ln]
     harmless = ("iptables-restore", "Address already assigned", "RLIMIT_NOFILE")
     return [ln for ln in lines if not any(h in ln for h in harmless)][-limit:]
+
+
+# CRIU 4.2.1 checkpoints one user and one pid namespace per tree (the slot's): a process that made
+# its own (unshare -Up, a sandbox) fails the dump with this line, naming the process (host pid).
+_NESTED_NS = re.compile(r"Can't dump nested (user|pid) namespace for (\d+)")
+
+
+def nested_namespace(errors: Sequence[str]) -> tuple[str, int] | None:
+    """(namespace kind, host pid) of a dump refused for a nested user or pid namespace (pure)."""
+    for line in errors:
+        m = _NESTED_NS.search(line)
+        if m:
+            return m.group(1), int(m.group(2))
+    return None
 
 
 def tail(path: Path, lines: int = 20) -> Sequence[str]:

@@ -125,6 +125,19 @@ class Dumper:
                     limit_message(hit, host_limits.current(hit.name), what),
                     limit=hit.name,
                 )
+            nested = criu.nested_namespace(errors)
+            if nested is not None:
+                kind, pid = nested
+                comm = st.comm if (st := procfs.read_stat(pid)) else "?"
+                raise RuntimeError_(
+                    "conflict",
+                    f"slot instance {inst.iid} cannot be captured: {comm}({pid}) runs in a "
+                    f"{kind} namespace of its own, which CRIU cannot checkpoint (nested_pidns "
+                    f"in docs/runtime.md); CRIU said: {errors}. End that process (or run the "
+                    "app without namespaces of its own) and capture again",
+                    process=f"{comm}({pid})",
+                    namespace=kind,
+                )
             raise RuntimeError_(
                 "runtime_error",
                 f"criu dump of instance {inst.iid} failed "

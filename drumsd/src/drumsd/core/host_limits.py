@@ -4,9 +4,9 @@ and the CRIU errors that mean one of them was reached (pure: figures in, verdict
 Why they add up: a hardened slot runs in a user namespace the daemon (root) owns, and the kernel
 charges an inotify instance or watch to the user at every level up to the initial namespace, where
 the namespace's owner is charged (kernel/ucount.c). So every slot's inotify instances count against
-root's `fs.inotify.max_user_instances` (128 by default), beside root's own on the host; in the
-trusted profile the desktop user's host uid is charged, one uid for all slots again. A fork of 16
-osworld desktops (GNOME shell, ~10 instances each) ran out of them.
+root's `fs.inotify.max_user_instances` (128 by default), beside root's own on the host (the
+trusted profile's identity-mapped namespace is root's too). A fork of 16 osworld desktops (GNOME
+shell) ran out of them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from drumsd.core.config import Config
 from drumsd.core.leases import checkpoint_lease, slot_lease
 from drumsd.core.records import CheckpointKind
 from drumsd.core.retention import GIB, Archived, files_to_delete
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle
+from drumsd.runtime.memory_runtime import MemoryRuntime
 from harness import TOKEN, create, error_of, open_api
 
 
@@ -66,6 +68,24 @@ async def test_max_attempts_one_means_no_retry(tmp_path: Path) -> None:
         api.runtime.fail_captures = 1
         r = await api.client.post(f"/v1/slots/{sid}/capture")
         assert r.json()["error"]["code"] == "runtime_error", r.text
+        assert api.runtime.captures == 1
+
+
+class LimitedDumps(MemoryRuntime):
+    """Every dump fails on a kernel limit, as the Linux runtime's Dumper reports one."""
+
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+        self.captures += 1
+        raise RuntimeError_(
+            "runtime_error", "fs.inotify.max_user_instances=1 reached dumping", limit="x"
+        )
+
+
+async def test_a_dump_on_a_kernel_limit_is_not_tried_again(tmp_path: Path) -> None:
+    async with open_api(tmp_path, quiesce={"max_attempts": 3}, runtime_cls=LimitedDumps) as api:
+        sid = (await create(api))["id"]
+        r = await api.client.post(f"/v1/slots/{sid}/capture")
+        assert "fs.inotify.max_user_instances=1 reached" in r.json()["error"]["message"], r.text
         assert api.runtime.captures == 1
 
 

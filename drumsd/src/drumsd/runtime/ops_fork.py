@@ -333,7 +333,8 @@ async def quiet_capture(
         try:
             return await sup.runtime.capture(handle, cp_id, dest)
         except RuntimeError_ as exc:
-            if exc.code != "runtime_error" or attempt == q.max_attempts:
+            # A kernel limit (named in detail) stops every try alike: no retry helps.
+            if exc.code != "runtime_error" or "limit" in exc.detail or attempt == q.max_attempts:
                 raise
             log.warning(
                 "slot=%s episode=%s capture try %d of %d failed, trying again once quiet: %s",

@@ -34,6 +34,7 @@ from verl.tools.tool_registry import initialize_tools_from_config
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.workers.rollout.replica import TokenOutput
 from verl_tiny_model import tiny_tokenizer
+from vf_support import fake_daemon_unless_live, live_envs
 
 
 def reply(**arguments: Any) -> str:
@@ -112,25 +113,12 @@ def shipped_tools() -> list[Any]:
     return tools
 
 
-def live_envs() -> set[str]:
-    """The daemon's envs, by the SDK (works for the fake and the real daemon)."""
-    import drums
-
-    with drums.connect() as client:
-        return {e.id for e in client.list_envs()}
-
-
 LIVE_TASK = os.environ.get("DRUMS_VERL_LIVE_TASK")
 
 
 @pytest.fixture
 def daemon(tmp_path, monkeypatch):
-    if LIVE_TASK:
-        yield None
-        return
-    from vf_support import fake_daemon_env
-
-    yield from fake_daemon_env(tmp_path, monkeypatch)
+    yield from fake_daemon_unless_live(LIVE_TASK, tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")

@@ -57,7 +57,6 @@ DOCUMENTED_FIELDS = (
     *config_compat.UNUSED,
     "extra_ports",
     "netns_fast",
-    "nested_pidns",
     "restore_cpu_weight",
     "daemon_cpu_weight",
     "prefork_quiesce_window_s",
@@ -68,11 +67,6 @@ DOCUMENTED_FIELDS = (
 # Documented and not in this daemon: why (a row without a reason is a test failure).
 NOT_BUILT = {
     "netns_fast": "not built yet (issue 38): restoring the slot's network without CRIU's own",
-    "nested_pidns": "not possible here (issue 38): the desktop user's seccomp lock refuses "
-    'unshare (EPERM), and CRIU 4.2.1 fails a dump with "Can\'t dump nested user namespace" / '
-    '"Can\'t dump nested pid namespace" and a restore of a nested net namespace with "Can\'t '
-    'restore sub-task in NS (cflags 40000080)"; such a capture is a 409 conflict naming the '
-    'process (docs/runtime.md, "Nested namespaces")',
     "procview_dir": "not built yet (issue 38): a slot's own /proc view of memory and CPUs",
 }
 

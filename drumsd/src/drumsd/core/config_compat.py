@@ -37,6 +37,11 @@ UNUSED: dict[str, str] = {
     "quiesce.confirm_s": "quiesce.window_s is the one quiet period (kernel process events prove "
     "it), so there is no second confirmation wait",
     "py_src": "the guest's code ships inside the desktop image here, not from a host source dir",
+    "nested_pidns": "a slot cannot keep an app in namespaces of its own: the desktop user's "
+    "seccomp lock refuses unshare (EPERM), and CRIU 4.2.1 fails a dump with \"Can't dump nested "
+    'user namespace" / "Can\'t dump nested pid namespace" and a restore of a nested net '
+    'namespace with "Can\'t restore sub-task in NS (cflags 40000080)"; such a capture is a 409 '
+    'conflict naming the process (docs/runtime.md, "Nested namespaces")',
 }
 
 

@@ -143,6 +143,7 @@ async def test_checker_timeout(venv_ctx: TaskContext, tmp_path: Path) -> None:
     assert result.score is None and "checker_timeout" in result.audit.flags
     assert result.audit.error_class == "timeout" and result.trusted is False
     assert result.checker_error and "3.0 s" in result.checker_error
+    assert result.valid is True and result.invalid_reasons == []
 
 
 async def test_checker_crash(venv_ctx: TaskContext, tmp_path: Path) -> None:
@@ -150,6 +151,8 @@ async def test_checker_crash(venv_ctx: TaskContext, tmp_path: Path) -> None:
     result = await verify(task, slot, ctx, EpisodeFacts(valid=True))
     assert result.score is None and "checker_crash" in result.audit.flags
     assert "checker bug" in (result.checker_error or "") and result.trusted is False
+    # The verifier contract's error row, not an invalid episode: validity stays the gates'.
+    assert result.valid is True and result.invalid_reasons == []
 
 
 async def test_redundant_disagree(venv_ctx: TaskContext, tmp_path: Path) -> None:

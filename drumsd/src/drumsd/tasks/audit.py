@@ -434,7 +434,11 @@ async def verify(
     checker_error = (
         f"{evaluation.error_class}: {evaluation.error}" if evaluation.error_class else None
     )
-    reasons = [failed_evaluation_reason(evaluation)] if evaluation.error_class else []
+    reasons = (
+        [failed_evaluation_reason(evaluation)]
+        if evaluation.error_class in EPISODE_UNREADABLE
+        else []
+    )
     valid = False if reasons else episode.valid
     return AuditedScore(
         score=evaluation.score,
@@ -464,13 +468,17 @@ def full_disk_reason(free_mib: float | None, total_mib: float | None) -> str | N
     )
 
 
+# Evaluation failures that mean the episode's state could not be read (a getter, the
+# postconfig): the episode is invalid. A checker that fails on what it was given (crash,
+# timeout, a limit) is the design's third row instead: `checker_error`, no score, the
+# episode's validity the gates' (the trainer skips it either way).
+EPISODE_UNREADABLE = frozenset({"getter", "postconfig"})
+
+
 def failed_evaluation_reason(evaluation: Evaluation) -> str:
-    """Why an evaluation that could not score makes the episode invalid (pure): a getter, the
-    postconfig or a checker failed, so there is no reward to learn from, not even a 0 (issue 36:
-    an agent that breaks what the evaluator reads must not earn a trusted 0 or 1 by it)."""
-    kind = evaluation.error_class
-    if kind == "getter":
+    """Why an evaluation that could not read the episode makes it invalid (pure): there is no
+    reward to learn from, not even a 0 (issue 36: an agent that breaks what the evaluator reads
+    must not earn a trusted 0 or 1 by it)."""
+    if evaluation.error_class == "getter":
         return f"verify failed: {evaluation.error}"
-    if kind in ("postconfig", "unsupported", "bad_request"):
-        return f"verify failed ({kind}): {evaluation.error}"
-    return f"verify failed: checker {kind}: {evaluation.error}"
+    return f"verify failed ({evaluation.error_class}): {evaluation.error}"

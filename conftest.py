@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     tier's time. Frozen, a collection scans only what the tests made since."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """A failing test's report carries the log tail of every test daemon that exited on its own
+    (tests/integration/drumsd_process.py): the cause, where a client only sees a refused port."""
+    outcome = yield
+    report = outcome.get_result()
+    process = sys.modules.get("drumsd_process")
+    if not report.failed or process is None:
+        return
+    for daemon in process.Daemon.started:
+        if daemon.died():
+            kept = process.keep_log(daemon)
+            tail = daemon.log()[-6000:]
+            report.sections.append(
+                (f"drumsd {daemon.url} exited {daemon.proc.returncode} (log kept: {kept})", tail)
+            )

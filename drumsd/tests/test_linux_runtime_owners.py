@@ -4,18 +4,22 @@ pool's bookkeeping, the uid ranges, the image cache, KSM membership and instance
 
 from __future__ import annotations
 
+import itertools
+import shutil
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
 from drumsd.linux import host_share, idmap, mounts, slot_fs
-from drumsd.runtime.linux.base import Instance, Prepared
+from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared
 from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
 from drumsd.runtime.linux.ksm import KsmMembership
 from drumsd.runtime.linux.spare_pool import SparePool
+from drumsd.runtime.linux.spares import Spares
 from drumsd.runtime.linux.uids import UidRanges
 
 LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=1024)
@@ -206,6 +210,31 @@ def test_a_checkpoint_without_images_is_a_restore_failure_naming_the_dir(tmp_pat
         trio.run(cache.images_for, ref("missing", tmp_path), None)
 
 
+def test_a_checkpoint_deleted_during_its_copy_is_a_restore_failure_and_leaves_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its images vanish under the copy (a prefork deleted while a spare refilled from it): a
+    restore_failed naming the checkpoint, not a shutil.Error that ended the daemon."""
+    cache_dir = tmp_path / "cache"
+    # The checkpoint's images on disk, the cache already a tmpfs (nothing to mount here).
+    monkeypatch.setattr(
+        slot_fs.mounts, "fs_type_of", lambda path: "tmpfs" if path == cache_dir else "ext4"
+    )
+    ck = _images(tmp_path, "pf-gone")
+    real_copy = slot_fs.sparse.copy_path
+
+    def vanishing_copy(src: str, dst: str) -> object:
+        shutil.rmtree(ck.dir)  # deleted between listing and copying
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(slot_fs.sparse, "copy_path", vanishing_copy)
+    cache = ImageCache(cache_dir, 64)
+    with pytest.raises(RuntimeError_, match=r"checkpoint pf-gone: its CRIU images could not be"):
+        trio.run(cache.images_for, ck, None)
+    assert list(cache_dir.iterdir()) == []  # no half copy left on the tmpfs
+    assert cache.copies() == {}
+
+
 # ---------------------------------------------------------------- KsmMembership
 
 
@@ -246,3 +275,30 @@ def test_a_failed_fs_build_leaves_no_dir_no_busy_iid_and_no_uid_range(
     assert not (tmp_path / "state" / "slots" / iid).exists()
     assert fs.busy() == set() and uids.held() == set()
     assert not list((tmp_path / "claims").iterdir())  # the host-wide claim is gone too
+
+
+# ---------------------------------------------------------------- Spares (the refill loop)
+
+
+def test_a_refill_that_raises_anything_costs_a_spare_never_the_runtime(tmp_path: Path) -> None:
+    """The refill loop runs in the runtime's nursery: an error it did not expect (a shutil.Error
+    ended the daemon once) is logged and retried after a pause, and the loop goes on."""
+    calls: list[float] = []
+
+    class Raising:
+        async def restore(self, *args: object, **kwargs: object) -> Instance:
+            calls.append(trio.current_time())
+            raise ValueError("something no refill expects")
+
+    config = LinuxRuntimeConfig(state_dir=tmp_path, spares_per_checkpoint=1)
+    spares = Spares(config, None, None, None, Raising(), {})  # type: ignore[arg-type]
+    spares.pool.enable(ref("ck", tmp_path), LIMITS)
+
+    async def main() -> None:
+        with trio.move_on_after(10):
+            await spares.serve()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(calls) >= 5  # retried, about once a second
+    assert all(b - a >= 1.0 for a, b in itertools.pairwise(calls))
+    assert not spares.pool.refilling

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 from harness import memory_config
@@ -65,9 +66,15 @@ class Daemon:
     env: dict = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    stopped: bool = False
+    # Every daemon this process started: a failing test's report names those that exited on
+    # their own (the root conftest), so "Connection refused" in CI comes with the cause.
+    started: ClassVar[list[Daemon]] = []
 
     def start(self, limit_s: float = 30) -> Daemon:
         self.log_path = self.dir / f"drumsd-{time.monotonic_ns()}.log"
+        self.stopped = False
+        Daemon.started.append(self)
         log = open(self.log_path, "wb")
         self.proc = drumsd(
             "serve",
@@ -103,12 +110,20 @@ class Daemon:
             base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30, **kw
         )
 
+    def died(self) -> bool:
+        """Exited without a stop or kill from the test."""
+        return not self.stopped and self.proc is not None and self.proc.poll() is not None
+
     def kill9(self) -> None:
         assert self.proc is not None
+        self.stopped = True
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def stop(self, limit_s: float = 20) -> int:
+        if self.died():
+            keep_log(self)
+        self.stopped = True
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
@@ -118,6 +133,18 @@ class Daemon:
             self.proc.kill()
             self.proc.wait()
             raise
+
+
+def keep_log(daemon: Daemon) -> Path | None:
+    """Copy the log of a daemon that exited on its own where a test's cleanup does not remove
+    it ($DRUMS_TEST_LOGS, default /var/tmp/drums-test-logs)."""
+    if daemon.log_path is None or not daemon.log_path.exists():
+        return None
+    into = Path(os.environ.get("DRUMS_TEST_LOGS", "/var/tmp/drums-test-logs"))
+    into.mkdir(parents=True, exist_ok=True)
+    kept = into / f"{daemon.dir.name}-{daemon.log_path.name}"
+    kept.write_bytes(daemon.log_path.read_bytes())
+    return kept
 
 
 def make_daemon(tmp: Path, env: dict | None = None, **overrides) -> Daemon:

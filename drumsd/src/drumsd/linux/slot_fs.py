@@ -177,7 +177,11 @@ def cache_images(images: Path, cache: Path, key: str, tmpfs_mib: int) -> Path:
     if not dest.exists():
         tmp = cache / f"{key}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(images, tmp, copy_function=sparse.copy_path)  # holes stay holes
+        try:
+            shutil.copytree(images, tmp, copy_function=sparse.copy_path)  # holes stay holes
+        except OSError:  # the checkpoint deleted while copied: no half copy left in RAM
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         os.replace(tmp, dest)
     return dest
 

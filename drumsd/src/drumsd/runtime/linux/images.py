@@ -57,9 +57,18 @@ class ImageCache:
             return images, probe
         async with self._lock:
             if probe.cache_key not in self._copies:
-                self._copies[probe.cache_key] = await trio.to_thread.run_sync(
-                    self._copy, images, self.cache_dir, probe.cache_key, self._tmpfs_mib
-                )
+                try:
+                    self._copies[probe.cache_key] = await trio.to_thread.run_sync(
+                        self._copy, images, self.cache_dir, probe.cache_key, self._tmpfs_mib
+                    )
+                except OSError as exc:  # shutil.Error too: a file vanished mid-copy
+                    raise RuntimeError_(
+                        "restore_failed",
+                        f"checkpoint {checkpoint.id}: its CRIU images could not be copied to "
+                        f"the image cache (was the checkpoint deleted meanwhile?): "
+                        f"{_first_line(exc)}",
+                        checkpoint=checkpoint.id,
+                    ) from exc
             return self._copies[probe.cache_key], probe
 
     async def forget(self, checkpoint_id: str) -> None:
@@ -72,3 +81,11 @@ class ImageCache:
         """Blocking: the whole cache and its tmpfs (when no slot is left to restore)."""
         slot_fs.drop_image_cache(self.cache_dir)
         self._copies.clear()
+
+
+def _first_line(exc: OSError) -> str:
+    """One line of a copy's error (shutil.Error carries one tuple per file that failed)."""
+    if exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        first = exc.args[0][0]
+        return f"{first[2]} (and {len(exc.args[0]) - 1} more)"
+    return str(exc)

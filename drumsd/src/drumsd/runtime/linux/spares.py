@@ -133,7 +133,17 @@ class Spares:
         idle_s = min(SPARE_PASS_S, max(1.0, self.config.spare_max_age_s / 4))
         while True:
             while (need := self.pool.next_need(self.refill_allowed)) is not None:
-                await self._refill(*need)
+                try:
+                    await self._refill(*need)
+                except Exception as exc:
+                    # A refill is background work: whatever it hits (a checkpoint deleted
+                    # mid-copy ended the whole daemon once) costs a spare, never the runtime.
+                    log_event(
+                        "spare_refill_crashed",
+                        checkpoint=need[0].id,
+                        error=f"{type(exc).__name__}: {exc}"[:500],
+                    )
+                    await trio.sleep(1.0)
             await self.pool.wait_wakeup(idle_s)
             for inst in self.pool.take_expired(time.monotonic(), self.config.spare_max_age_s):
                 await self.sup.dispose(inst, background=True)

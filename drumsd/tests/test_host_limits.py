@@ -50,6 +50,7 @@ def test_needs_grow_with_the_admitted_slots() -> None:
     slots = hl.max_admitted_slots((100, 2000), 24 * 1024)
     assert slots == 24 * 1024 // hl.SLOT_MIB_FLOOR  # memory, not slot numbers, bounds it here
     assert hl.max_admitted_slots((100, 103), 24 * 1024) == 4
+    assert hl.max_admitted_slots((100, 2000), None) == 1901  # MemTotal unreadable
     needs = {
         n.name: n
         for n in hl.needs(slots, inotify_instances=128, inotify_watches=10**6, nofile=10**6)

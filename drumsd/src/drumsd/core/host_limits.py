@@ -47,11 +47,15 @@ class LimitNeed:
         return self.current < self.needed
 
 
-def max_admitted_slots(slot_range: tuple[int, int], mem_total_mib: int) -> int:
+def max_admitted_slots(slot_range: tuple[int, int], mem_total_mib: float | None) -> int:
     """The most slots the host admits at once: slot numbers and memory bound them (admission
-    refuses past memory; SLOT_MIB_FLOOR is the cheapest desktop)."""
+    refuses past memory; SLOT_MIB_FLOOR is the cheapest desktop). An unreadable MemTotal
+    (None) leaves the slot numbers alone to bound it."""
     lo, hi = slot_range
-    return max(1, min(hi - lo + 1, mem_total_mib // SLOT_MIB_FLOOR))
+    numbered = hi - lo + 1
+    if mem_total_mib is None:
+        return max(1, numbered)
+    return max(1, min(numbered, int(mem_total_mib) // SLOT_MIB_FLOOR))
 
 
 def needs(

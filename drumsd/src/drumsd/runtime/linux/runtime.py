@@ -317,7 +317,7 @@ class LinuxRuntime:
         to what the most slots this host admits need; what stays short is logged, and
         `drumsd doctor` and /v1/health report it. Returns the needs as they are now."""
         _, total_mib = await trio.to_thread.run_sync(host_sampler.read_meminfo)
-        slots = max_admitted_slots(self.config.slot_range, int(total_mib))
+        slots = max_admitted_slots(self.config.slot_range, total_mib)
         needs = await trio.to_thread.run_sync(host_limits.host_needs, slots)
         for raised in await trio.to_thread.run_sync(host_limits.raise_short, needs):
             if raised.after is None:

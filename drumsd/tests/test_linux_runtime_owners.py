@@ -20,6 +20,7 @@ from drumsd.runtime.linux.instances import InstanceTable
 from drumsd.runtime.linux.ksm import KsmMembership
 from drumsd.runtime.linux.spare_pool import SparePool
 from drumsd.runtime.linux.spares import Spares
+from drumsd.runtime.linux.supervision import Supervision
 from drumsd.runtime.linux.uids import UidRanges
 
 LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=1024)
@@ -302,3 +303,12 @@ def test_a_refill_that_raises_anything_costs_a_spare_never_the_runtime(tmp_path:
     assert len(calls) >= 5  # retried, about once a second
     assert all(b - a >= 1.0 for a, b in itertools.pairwise(calls))
     assert not spares.pool.refilling
+
+
+def test_a_runtime_stopped_by_an_error_names_it_to_requests_still_arriving() -> None:
+    sup = Supervision(None, None, 1.0)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError_, match="not running; use open_linux_runtime"):
+        sup.running()
+    sup.stopped_by = "ValueError: boom"
+    with pytest.raises(RuntimeError_, match=r"stopped on an error \(ValueError: boom\); drumsd is"):
+        sup.running()

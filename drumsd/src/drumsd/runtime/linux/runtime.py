@@ -294,6 +294,11 @@ class LinuxRuntime:
                 nursery.start_soon(self.spares.serve)
                 task_status.started()
                 await trio.sleep_forever()
+        except Exception as exc:
+            while isinstance(exc, ExceptionGroup) and exc.exceptions:  # the nursery's: its first
+                exc = exc.exceptions[0]
+            self.sup.stopped_by = f"{type(exc).__name__}: {exc}"[:300]
+            raise
         finally:
             self.sup.nursery = None
             with trio.CancelScope(shield=True):

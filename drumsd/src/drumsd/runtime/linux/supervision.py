@@ -31,8 +31,15 @@ class Supervision:
         self.teardown_timeout_s = teardown_timeout_s
         self.nursery: trio.Nursery | None = None  # both set while the runtime runs
         self.launcher: Launcher | None = None
+        self.stopped_by = ""  # why the runtime's background work ended, when an error ended it
 
     def running(self) -> tuple[trio.Nursery, Launcher]:
+        if self.stopped_by:  # requests still arriving while the daemon shuts down
+            raise RuntimeError_(
+                "runtime_error",
+                f"the Linux runtime stopped on an error ({self.stopped_by}); drumsd is exiting: "
+                "restart it (its slots are adopted) and report the error with the daemon's log",
+            )
         if self.nursery is None or self.launcher is None:
             raise RuntimeError_(
                 "runtime_error", "the Linux runtime is not running; use open_linux_runtime()"

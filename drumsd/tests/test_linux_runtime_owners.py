@@ -296,13 +296,28 @@ def test_a_refill_that_raises_anything_costs_a_spare_never_the_runtime(tmp_path:
     spares.pool.enable(ref("ck", tmp_path), LIMITS)
 
     async def main() -> None:
-        with trio.move_on_after(10):
+        with trio.move_on_after(200):
             await spares.serve()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert len(calls) >= 5  # retried, about once a second
-    assert all(b - a >= 1.0 for a, b in itertools.pairwise(calls))
+    # Retried, backing off: at least 1, 2, 4, ... 60 seconds apart (a refill that keeps failing
+    # is not retried every second for as long as the daemon runs).
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert len(calls) >= 6 and all(g >= min(60, 2.0**i) for i, g in enumerate(gaps)), gaps
+    assert len(calls) <= 10, gaps
     assert not spares.pool.refilling
+
+
+def test_refills_of_a_failing_checkpoint_back_off_and_a_success_resets_them() -> None:
+    pool = SparePool(per_checkpoint=1, per_host=4)
+    a, b = ref("a"), ref("b")
+    pool.enable(a, LIMITS)
+    pool.enable(b, LIMITS)
+    assert [pool.refill_failed("a", 100.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert pool.next_need(lambda: True, 150.0) == (b, LIMITS)  # a waits; b is not held up
+    assert pool.next_need(lambda: True, 160.0) == (a, LIMITS)
+    pool.refill_done("a")
+    assert pool.refill_failed("a", 200.0) == 1
 
 
 def test_a_runtime_stopped_by_an_error_names_it_to_requests_still_arriving() -> None:

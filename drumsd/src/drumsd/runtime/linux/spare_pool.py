@@ -11,6 +11,8 @@ import trio
 from drumsd.core.seams import CheckpointRef, SlotLimits
 from drumsd.runtime.linux.base import Instance
 
+REFILL_BACKOFF_MAX_S = 60.0  # a checkpoint whose refills keep failing is tried once a minute
+
 
 class SparePool:
     def __init__(self, per_checkpoint: int, per_host: int) -> None:
@@ -23,6 +25,8 @@ class SparePool:
         self._targets: dict[str, int] = {}
         self._wakeup = trio.Event()
         self.refilling = False  # a refill restore is under way (a claim's phases say so)
+        # checkpoint -> (refills failed in a row, not retried before this monotonic time)
+        self._failed: dict[str, tuple[int, float]] = {}
 
     def enable(self, checkpoint: CheckpointRef, limits: SlotLimits) -> None:
         if self.per_checkpoint > 0:
@@ -42,6 +46,7 @@ class SparePool:
         """The checkpoint keeps no spares any more: its parked ones, for the caller to dispose."""
         self._refs.pop(checkpoint_id, None)
         self._targets.pop(checkpoint_id, None)
+        self._failed.pop(checkpoint_id, None)
         return self._parked.pop(checkpoint_id, [])
 
     def counts(self) -> dict[str, int]:
@@ -65,16 +70,29 @@ class SparePool:
         return pool.pop(0)
 
     def next_need(
-        self, refill_allowed: Callable[[], bool]
+        self, refill_allowed: Callable[[], bool], now: float = 0.0
     ) -> tuple[CheckpointRef, SlotLimits] | None:
-        """The next checkpoint below its target, within the host's cap; None when none is or
-        admission control holds refills back."""
+        """The next checkpoint below its target, within the host's cap and not backing off
+        after failed refills (at `now`); None when none is or admission holds refills back."""
         if sum(len(v) for v in self._parked.values()) >= self.per_host or not refill_allowed():
             return None
         for cid, (ref, limits) in self._refs.items():
+            if self._failed.get(cid, (0, 0.0))[1] > now:
+                continue
             if len(self._parked.get(cid, [])) < self.target(cid):
                 return ref, limits
         return None
+
+    def refill_failed(self, checkpoint_id: str, now: float) -> float:
+        """A refill of the checkpoint failed: the seconds until it is tried again (1, 2, 4, ...
+        up to REFILL_BACKOFF_MAX_S; a host short of a kernel limit is not retried every second)."""
+        failures = self._failed.get(checkpoint_id, (0, 0.0))[0] + 1
+        delay = min(REFILL_BACKOFF_MAX_S, 2.0 ** (failures - 1))
+        self._failed[checkpoint_id] = (failures, now + delay)
+        return delay
+
+    def refill_done(self, checkpoint_id: str) -> None:
+        self._failed.pop(checkpoint_id, None)
 
     def park(self, checkpoint_id: str, inst: Instance) -> bool:
         """Park a fresh spare; False (the caller disposes of it) when the checkpoint was

@@ -132,7 +132,9 @@ class Spares:
         # refill refused by admission retried without anyone claiming.
         idle_s = min(SPARE_PASS_S, max(1.0, self.config.spare_max_age_s / 4))
         while True:
-            while (need := self.pool.next_need(self.refill_allowed)) is not None:
+            while (
+                need := self.pool.next_need(self.refill_allowed, trio.current_time())
+            ) is not None:
                 try:
                     await self._refill(*need)
                 except Exception as exc:
@@ -142,8 +144,8 @@ class Spares:
                         "spare_refill_crashed",
                         checkpoint=need[0].id,
                         error=f"{type(exc).__name__}: {exc}"[:500],
+                        retry_in_s=self.pool.refill_failed(need[0].id, trio.current_time()),
                     )
-                    await trio.sleep(1.0)
             await self.pool.wait_wakeup(idle_s)
             for inst in self.pool.take_expired(time.monotonic(), self.config.spare_max_age_s):
                 await self.sup.dispose(inst, background=True)
@@ -153,11 +155,18 @@ class Spares:
         try:
             inst = await self.restorer.restore(f"spare:{ref.id}", ref, limits, freeze=True)
         except RuntimeError_ as exc:
-            log_event("spare_refill_failed", checkpoint=ref.id, error=exc.message)
-            await trio.sleep(1.0)
+            # Backing off: a refill that fails on a kernel limit or a broken checkpoint would
+            # otherwise take a restore slot every second for as long as the daemon runs.
+            log_event(
+                "spare_refill_failed",
+                checkpoint=ref.id,
+                error=exc.message,
+                retry_in_s=self.pool.refill_failed(ref.id, trio.current_time()),
+            )
             return
         finally:
             self.pool.refilling = False
+        self.pool.refill_done(ref.id)
         if not self.pool.park(ref.id, inst):
             await self.sup.dispose(inst, background=True)
 

@@ -30,18 +30,10 @@ osworld_opt_in("the OSWorld sweep is", needs=" DRUMS_OSWORLD_DIR=<checkout>")
 
 # Tasks whose OSWorld checker scores a desktop nobody touched as solved, each with why. They are
 # still run and must still be valid; a listed task that scores 0 again fails the sweep, so the list
-# cannot outlive the bug.
-NOOP_SCORES_ONE: dict[str, str] = {
-    # default_video_player: VLC is the image's only video player, so xdg-mime already answers
-    # vlc.desktop; OSWorld's Ubuntu has Totem as the default. The image's difference, not a bug.
-    "937087b6-f668-4ba6-9110-60682ee33441": "VLC is already the default: no other video player",
-    # is_cookie_deleted over .amazon.com: the task's setup visits Amazon to plant the cookies;
-    # offline no page loads, so there is nothing to delete and the check passes untouched.
-    "7b6c7e24-c58a-49fc-a5bb-d57b80e5b4c3": "offline, no Amazon cookie is ever set",
-    # data_delete_automacally: OSWorld's getter answers "true" when Preferences has
-    # profile.default_content_setting_values at all, which Chromium writes on its own.
-    "99146c54-4f37-4ab8-9327-5f3291665e1e": "OSWorld's getter: any content setting counts",
-}
+# cannot outlive the bug. Empty: the support check refuses such tasks, naming why
+# (tasks/solvable.py: 937087b6's default_video_player where VLC is the only player, 99146c54's
+# data_delete_automacally getter); 7b6c7e24 is a proxy task whose setup visits Amazon (refused).
+NOOP_SCORES_ONE: dict[str, str] = {}
 
 
 def _osworld_dir() -> Path:

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drumsd.guest.session import DEFAULT as DEFAULT_SESSION
+from drumsd.guest.session import SESSION_FILE as SESSION_PATH
+from drumsd.guest.session import SESSIONS
+
 MANIFEST_NAME = "apps.json"
 MANIFEST_VERSION = 1
 
@@ -93,6 +97,20 @@ APPS: dict[str, App] = {
             files=("usr/lib/x86_64-linux-gnu/gio/modules/libdconfsettings.so",),
         ),
         App("dconf", "dconf", commands=("dconf",)),
+        # Sound: OSWorld's volume task reads the sink with PulseAudio's pactl. No drums image has
+        # a sound server (a slot has no sound device), so such a task is refused with this named.
+        App("sound", "a sound server with PulseAudio's pactl", commands=("pactl",)),
+        # Programs a task's instruction names for its solution (tasks/solvable.py).
+        App(
+            "conda",
+            "conda (Anaconda or Miniconda)",
+            commands=("conda",),
+            files=(
+                "opt/conda/bin/conda",
+                "home/user/anaconda3/bin/conda",
+                "home/user/miniconda3/bin/conda",
+            ),
+        ),
         # AT-SPI's bus launcher and the bindings the guest's tree dump reads it with (an image
         # whose session starts the bus: the osworld profile).
         App(
@@ -110,10 +128,14 @@ APPS: dict[str, App] = {
 ALL_FILES_NEEDED = frozenset({"gsettings", "accessibility"})
 # Slot features (host_support.GETTERS_NEEDING) an image gives by having an app.
 FEATURES = {"accessibility": "accessibility_tree"}
-# A manifest probed with another table than this one is stale (re-probed, never trusted).
+# The file naming the session an image's desktop runs (guest/session.py reads the same file).
+SESSION_FILE = SESSION_PATH.lstrip("/")
+# A manifest probed with another table than this one is stale (re-probed, never trusted); the
+# last item names what else the probe records (the session), so older manifests are re-probed.
 TABLE_KEY = hashlib.sha256(
     json.dumps(
-        [[a.name, a.files, a.commands] for a in APPS.values()] + [sorted(ALL_FILES_NEEDED)]
+        [[a.name, a.files, a.commands] for a in APPS.values()]
+        + [sorted(ALL_FILES_NEEDED), "session"]
     ).encode()
 ).hexdigest()[:16]
 
@@ -126,6 +148,12 @@ class AppManifest:
     apps: frozenset[str]
     schemas: frozenset[str] = frozenset()
     found: dict[str, str] = field(default_factory=dict)  # app -> the file that showed it
+    session: str = DEFAULT_SESSION  # the desktop session its slots run (guest/session.py)
+
+    @property
+    def desktop_xterm(self) -> bool:
+        """Whether the image's session starts the xterm the terminal-output getter reads."""
+        return SESSIONS.get(self.session, SESSIONS[DEFAULT_SESSION]).xterm
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -136,6 +164,7 @@ class AppManifest:
             "missing": sorted(set(APPS) - self.apps),
             "found": dict(sorted(self.found.items())),
             "gsettings_schemas": sorted(self.schemas),
+            "session": self.session,
         }
 
     @classmethod
@@ -149,6 +178,7 @@ class AppManifest:
             apps=frozenset(map(str, data.get("apps", []))),
             schemas=frozenset(map(str, data.get("gsettings_schemas", []))),
             found={str(k): str(v) for k, v in dict(data.get("found", {})).items()},
+            session=str(data.get("session") or DEFAULT_SESSION),
         )
 
 
@@ -183,8 +213,16 @@ def probe_apps(root: Path, profile: str = "") -> AppManifest:
     if schema_dir.is_dir():
         for path in schema_dir.glob("*.gschema.xml"):
             schemas.update(_schema_ids(path))
+    try:
+        session = (root / SESSION_FILE).read_text().strip() or DEFAULT_SESSION
+    except OSError:
+        session = DEFAULT_SESSION
     return AppManifest(
-        profile=profile, apps=frozenset(found), schemas=frozenset(schemas), found=found
+        profile=profile,
+        apps=frozenset(found),
+        schemas=frozenset(schemas),
+        found=found,
+        session=session,
     )
 
 

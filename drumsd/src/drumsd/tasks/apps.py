@@ -56,7 +56,15 @@ COMMAND_APPS: dict[str, str] = {
     "gnome-terminal": "gnome_terminal",
     "gsettings": "gsettings",
     "dconf": "dconf",
+    "pactl": "sound",
+    "pacmd": "sound",
+    "pulseaudio": "sound",
 }
+# Programs a task's instruction names as the way to its solution ("I ran conda install ..."):
+# without one on the desktop the task cannot be solved as asked (48d05431: appending conda's
+# init comment to ~/.bashrc satisfies its checker, conda stays absent).
+INSTRUCTION_PROGRAMS: dict[str, str] = {"conda": "conda"}
+_WORD = re.compile(r"[A-Za-z][\w.+-]*")
 # `libreoffice --calc` and the like name the module by flag.
 LIBREOFFICE_FLAGS = {
     "--calc": "libreoffice_calc",
@@ -156,6 +164,10 @@ def task_needs(task: Task) -> list[Need]:
         name = app_name(related)
         if name not in ALWAYS_PRESENT:
             needs.setdefault(name, Need(name, f"related_apps lists {related!r}"))
+    for word in _WORD.findall(task.instruction):
+        app = INSTRUCTION_PROGRAMS.get(word.lower())
+        if app:
+            needs.setdefault(app, Need(app, f"the instruction names `{word}`"))
     for step in [*task.config, *task.evaluator.postconfig]:
         path = step.parameters.get("path") if step.type == "open" else None
         if isinstance(path, str) and "." in Path(path).name:

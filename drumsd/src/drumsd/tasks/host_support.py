@@ -30,6 +30,7 @@ from .model import (
     strings_in,
     task_asset,
 )
+from .solvable import unsolvable_reason
 
 # Getter types drums implements (evaluate.py); the ones needing a slot feature name it.
 SUPPORTED_GETTERS = frozenset(
@@ -216,6 +217,9 @@ def _support_reason(task: Task, ctx: TaskContext) -> str | None:
         reason = _getter_reason(getter, task, ctx)
         if reason:
             return reason
+    unsolvable = unsolvable_reason(task, ctx.apps)
+    if unsolvable:
+        return unsolvable
     if ev.is_drums_verifier:
         if not ev.module or not ev.check:
             return "drums_verifier evaluator needs 'module' and 'check'"

@@ -145,3 +145,22 @@ def test_the_session_is_in_the_manifest(tmp_path: Path) -> None:
     manifest = probe_apps(tmp_path, "osworld")
     assert manifest.session == "osworld" and not manifest.desktop_xterm
     assert AppManifest.from_json(manifest.to_json()).session == "osworld"
+
+
+def test_a_setup_writing_chromes_profile_needs_one_made_at_build(tmp_path: Path) -> None:
+    # 93eabf48 writes dark mode into Preferences; on an image whose Chromium never ran, Chromium
+    # starting on the bare profile rewrote it, and opening the settings page alone scored 1.
+    dark = {
+        "type": "execute",
+        "parameters": {"command": "mkdir -p /home/user/.config/google-chrome/Default && true"},
+    }
+    history = {"type": "update_browse_history", "parameters": {"history": []}}
+    for step, kind in ((dark, "execute"), (history, "update_browse_history")):
+        needs = {n.app: n.why for n in task_needs(task(config=[step]))}
+        assert needs.get("chrome_profile") == f"its {kind} step writes into Chrome's profile"
+    assert "chrome_profile" not in {n.app for n in task_needs(task(config=[CLICK]))}
+    prefs = tmp_path / "home/user/.config/chromium/Default/Preferences"
+    assert "chrome_profile" not in probe_apps(tmp_path).apps
+    prefs.parent.mkdir(parents=True)
+    prefs.write_text("{}")
+    assert "chrome_profile" in probe_apps(tmp_path).apps

@@ -97,6 +97,14 @@ APPS: dict[str, App] = {
             files=("usr/lib/x86_64-linux-gnu/gio/modules/libdconfsettings.so",),
         ),
         App("dconf", "dconf", commands=("dconf",)),
+        # Chromium's profile made at image build (the osworld image): a task whose setup writes
+        # into it (Preferences, the History database) needs it there before Chromium first runs,
+        # or Chromium starting on a bare profile rewrites what the setup wrote (93eabf48).
+        App(
+            "chrome_profile",
+            "a Chromium profile made at image build",
+            files=("home/user/.config/chromium/Default/Preferences",),
+        ),
         # Sound: OSWorld's volume task reads the sink with PulseAudio's pactl. No drums image has
         # a sound server (a slot has no sound device), so such a task is refused with this named.
         App("sound", "a sound server with PulseAudio's pactl", commands=("pactl",)),

@@ -157,6 +157,20 @@ def _programs(command: list[str] | str) -> Iterator[list[str]]:
             yield words
 
 
+# Chrome's profile directory as OSWorld's setups name it (mapped to Chromium's by setup_plan).
+_CHROME_PROFILE = re.compile(r"\.config/(?:google-chrome|chromium)\b")
+
+
+def _names_chrome_profile(value: Any) -> bool:
+    if isinstance(value, str):
+        return _CHROME_PROFILE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_names_chrome_profile(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_names_chrome_profile(v) for v in value)
+    return False
+
+
 def task_needs(task: Task) -> list[Need]:
     """The apps a task needs, each with why (its related_apps, or a program it runs)."""
     needs: dict[str, Need] = {}
@@ -169,6 +183,9 @@ def task_needs(task: Task) -> list[Need]:
         if app:
             needs.setdefault(app, Need(app, f"the instruction names `{word}`"))
     for step in [*task.config, *task.evaluator.postconfig]:
+        if step.type == "update_browse_history" or _names_chrome_profile(step.parameters):
+            why = f"its {step.type} step writes into Chrome's profile"
+            needs.setdefault("chrome_profile", Need("chrome_profile", why))
         path = step.parameters.get("path") if step.type == "open" else None
         if isinstance(path, str) and "." in Path(path).name:
             app = OPEN_APPS.get(Path(path).suffix.lower().lstrip("."))

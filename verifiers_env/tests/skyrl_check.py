@@ -143,15 +143,6 @@ def test_generator_with_an_unknown_task_raises_and_leaks_nothing(daemon):
     assert live_envs() == before
 
 
-@pytest.mark.skipif(not LIVE_TASK, reason="set by the live test with a real daemon")
-def test_generator_on_a_real_desktop():
-    before = live_envs()
-    out, engine = run(LIVE_TASK, [reply(action="click", x=200, y=200), reply(action="done")])
-    print("DRUMS_SKYRL_RESULT", json.dumps({"reward": out.reward, **out.env_metrics}, default=str))
-    assert engine.calls == 2 and out.env_metrics["drums_valid"] == 1.0
-    assert live_envs() == before
-
-
 # --- the drums generator: masked invalid trajectories, one bad sample, no leaks (issue 30) -------
 
 DrumsGenerator = drums_skyrl.drums_generator(SkyRLGymGenerator)
@@ -181,6 +172,14 @@ def drums_run(task: str, replies: list[str], fail_on: int = 0, generator_class: 
 
 
 SOLVE = [reply(action="click", x=10, y=10), reply(action="type", text="42"), reply(action="done")]
+# The real task (e0df059f: rename ~/Desktop/todo_list_Jan_1 to todo_list_Jan_2), solved in the
+# desktop's xterm (at +40+40 on the 1920x1080 screen, text only: no screenshot scale).
+LIVE_SOLVE = [
+    reply(action="click", x=300, y=200),
+    reply(action="type", text="mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"),
+    reply(action="key", key="enter"),
+    reply(action="done"),
+]
 
 
 @pytest.mark.skipif(bool(LIVE_TASK), reason="the fake drumsd's scripted tasks")
@@ -320,6 +319,44 @@ class TurnFailingEngine(ScriptedEngine):
                 raise RuntimeError("inference engine died (scripted)")
         self.replies = self.script[turn : turn + 1]
         return await super().generate(engine_input)
+
+
+@pytest.mark.skipif(not LIVE_TASK, reason="set by the live test with a real daemon")
+def test_generator_on_a_real_desktop(record_property):
+    """skyrl-train's generate (its gather over agent_loop) through the drums generator, text only
+    (its SkyRLGymGenerator sends token ids), on a real task: a batch of 2, one sample solving it
+    in the desktop's xterm, the other losing its inference engine on its second turn. The batch
+    completes, the failed one with no trained token, and no desktop is left."""
+    from skyrl_train.generators.base import GeneratorInput
+
+    before = live_envs()
+    gen, _ = generator(LIVE_SOLVE, klass=DrumsGenerator, multimodal=False)
+    engine = TurnFailingEngine(gen.tokenizer, LIVE_SOLVE, fail=2)
+    gen.inference_engine_client = engine
+    batch = GeneratorInput(
+        prompts=[[{"role": "system", "content": "acting"}]] * 2,
+        env_classes=["drums"] * 2,
+        env_extras=[{"drums_task": LIVE_TASK}] * 2,
+        sampling_params=None,
+    )
+    started = time.monotonic()
+    out = asyncio.run(gen.generate(batch))
+    rewards = [sum(r) if isinstance(r, list) else r for r in out["rewards"]]
+    result = {
+        "trained_tokens": [sum(mask) for mask in out["loss_masks"]],
+        "rewards": rewards,
+        "stop_reasons": out["stop_reasons"],
+        "engine_calls": engine.calls,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print("DRUMS_SKYRL_RESULT", json.dumps(result))
+    record_property("result", result)
+    assert sorted(rewards) == [0.0, 1.0], result
+    # which sample reaches its second turn second (and fails there) is the gather's order
+    solved = rewards.index(1.0)
+    assert result["trained_tokens"][solved] > 0 and result["trained_tokens"][1 - solved] == 0
+    assert out["stop_reasons"][1 - solved] == "drums_left_out" and rewards[1 - solved] == 0.0
+    assert live_envs() == before
 
 
 def skyrl_train_config(tmp_path: Any, data: str) -> Any:

@@ -279,22 +279,45 @@ def test_vlm_screenshots_are_sized_to_max_input_length(daemon):
         vlm_generator(server, {}, max_turns=3, max_input=1024)
 
 
+def rewards_of(outs: list[Any]) -> list[float]:
+    return [sum(o.reward) if isinstance(o.reward, list) else float(o.reward) for o in outs]
+
+
 @pytest.mark.skipif(not LIVE_TASK, reason="set by the live test with a real daemon")
-def test_vlm_generator_group_of_four_on_a_real_desktop():
-    """A GRPO group of 4 on a real task: each sample clicks and calls done; sample 2's model
-    server dies on its second call (mid-trajectory). Every turn's render had the screenshots."""
+def test_vlm_generator_group_of_four_on_a_real_desktop(record_property):
+    """A GRPO group of 4 on a real task (e0df059f: rename ~/Desktop/todo_list_Jan_1 to
+    todo_list_Jan_2), each sample solving it in the desktop's xterm (at +40+40), clicking where
+    the xterm is on the screenshot it was sent; sample 2's model server dies on its second call
+    (mid-trajectory). Every turn's render had the screenshots so far; the three solved get a
+    group of 3's advantages (0), where skyrl's GRPO with the failed 0.0 in the group gives +0.5."""
+    from drums_verifiers import screen_fit
+
+    probe = RenderingServer(tiny_tokenizer(SOLVE), SOLVE)
+    fit = screen_fit.fit_scale(vlm_generator(probe, {}).drums_image_budget)
+    replies = [
+        reply(action="click", x=round(300 * fit.scale), y=round(200 * fit.scale)),
+        reply(action="type", text="mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"),
+        reply(action="key", key="enter"),
+        reply(action="done"),
+    ]
     before = live_envs()
-    replies = [reply(action="click", x=200, y=200), reply(action="done")]
     outs, server = group(LIVE_TASK, replies, fail={"p0_2": 2})
     advantages = check_group(outs, server, failed="p0_2")
     sizes = sorted({size for turns in server.images.values() for t in turns for size in t})
     result = {
         "valid": [o.env_metrics.get("drums_valid") for o in outs],
+        "rewards": rewards_of(outs),
         "images_per_turn": {s: [len(t) for t in v] for s, v in server.images.items()},
         "image_sizes": sizes,
         "advantages": advantages,
+        "advantages_with_the_failed_in_the_group": grpo(outs, ["p0"] * len(outs)),
         "envs_left_after_cancel": cancelled_mid_trajectory(LIVE_TASK, replies),
     }
     print("DRUMS_SKYRL_VLM_RESULT", json.dumps(result))
+    record_property("result", result)
     assert result["valid"] == [1.0, 1.0, 0.0, 1.0] and result["envs_left_after_cancel"] == 0
+    assert result["rewards"] == [1.0, 1.0, 0.0, 1.0]  # solved on the real desktop
+    assert sizes == [(fit.width, fit.height)]  # the fitted size, every screenshot
+    assert advantages == [0.0] * 4
+    assert result["advantages_with_the_failed_in_the_group"] == [0.5, 0.5, -1.5, 0.5]
     assert live_envs() == before

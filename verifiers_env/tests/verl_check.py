@@ -575,10 +575,11 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, recor
     from the trainer config (as TaskRunnerV1 does), AgentLoopManagerTQ.create making verl's
     AgentLoopWorkerTQ as a Ray actor (its own __init__: tokenizer, processor, tools and agent loop
     from the config), verl's LLMServerClient and load balancer in front of a scripted model server
-    actor, the ReplayBuffer from PPOTrainer._build_replay_buffer. One prompt, rollout.n 4, one
-    trajectory's model server dying mid-way. The three others reach the ReplayBuffer's sample,
-    the failed one does not ("Empty output for prompt"), the model got the screenshots as images
-    in every turn, PPOTrainer._compute_advantage gives a group of 3's, and no desktop is left."""
+    actor, the ReplayBuffer from PPOTrainer._build_replay_buffer. One prompt, rollout.n 4, each
+    solving its task (live: e0df059f in the desktop's xterm), one trajectory's model server dying
+    mid-way. The three others reach the ReplayBuffer's sample, the failed one does not ("Empty
+    output for prompt"), the model got the screenshots as images in every turn,
+    PPOTrainer._compute_advantage gives a group of 3's, and no desktop is left."""
     import numpy as np
     import ray
     import transfer_queue as tq
@@ -589,17 +590,26 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, recor
     from verl_tiny_model import ScriptedModelServer, write_model_dir
 
     task = LIVE_TASK or "solve"
-    replies = (
-        [reply(action="click", x=20, y=20), reply(action="done")]
-        if LIVE_TASK
-        else [reply(action="type", text="42"), reply(action="done")]
-    )
-    model_dir = str(write_model_dir(tmp_path / "model", [*replies, "acting nothing more"]))
     tools = OmegaConf.load(os.path.join(os.path.dirname(drums_verl.__file__), "verl_tools.yaml"))
     if LIVE_TASK:  # a real daemon's first desktop on a task also runs its setup
         tools.tools[0].config.wait_valid_timeout_s = 600
     OmegaConf.save(tools, tmp_path / "tools.yaml")
+    model_dir = str(tmp_path / "model")
     config = v1_config(model_dir, str(tmp_path / "tools.yaml"))
+    if LIVE_TASK:  # e0df059f solved in the desktop's xterm, clicked where the screenshot shows it
+        _, processor = tiny_tokenizer([])
+        rollout = config.actor_rollout_ref.rollout
+        limits, budget = drums_verl.fit_prompt(processor, rollout, tools.tools[0].config)
+        scale = screen_fit.fit_scale(budget, limits).scale
+        replies = [
+            reply(action="click", x=round(300 * scale), y=round(200 * scale)),
+            reply(action="type", text="mv ~/Desktop/todo_list_Jan_1 ~/Desktop/todo_list_Jan_2"),
+            reply(action="key", key="enter"),
+            reply(action="done"),
+        ]
+    else:
+        replies = [reply(action="type", text="42"), reply(action="done")]
+    write_model_dir(tmp_path / "model", [*replies, "acting nothing more"])
     before = live_envs()
     started = time.monotonic()
     ray_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay short
@@ -674,11 +684,13 @@ def test_v1_worker_group_of_four_with_one_forced_invalid(daemon, tmp_path, recor
             shutil.rmtree(ray_dir, ignore_errors=True)
     assert len(keys) == 3 and all(key.startswith("p0_") for key in keys)
     assert result["prompt_status"] == ["finished"] and result["statuses"] == ["success"]
-    # 4 first turns with the opening screenshot, 4 second turns with two (one of them raised)
-    assert result["images_per_call"] == [1, 1, 1, 1, 2, 2, 2, 2]
-    # the three kept score alike (1.0 on the fake's task; the live click-and-done scores 0.0):
-    # as a group of 3 their advantages are 0; the failed one's 0.0 would have moved them
-    assert len(set(rewards)) == 1 and advantages == [0.0] * 3
+    # turn k's call carries k screenshots: 4 first turns, 4 second turns (one of them raised),
+    # then the 3 others' later turns
+    later = [k for k in range(3, len(replies) + 1) for _ in range(3)]
+    assert result["images_per_call"] == [1, 1, 1, 1, 2, 2, 2, 2, *later]
+    # the three kept solved the task (the fake's and the real one): as a group of 3 their
+    # advantages are 0; the failed one's 0.0 in their group would have given them +0.5
+    assert rewards == [1.0] * 3 and advantages == [0.0] * 3
     assert live_envs() == before
 
 

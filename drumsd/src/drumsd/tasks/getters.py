@@ -204,7 +204,9 @@ async def accessibility_tree(config: dict[str, Any], env: GetterEnv) -> Any:
     reader = getattr(env.access, "accessibility_tree", None)
     if "accessibility_tree" not in env.ctx.capabilities or reader is None:
         raise GetterUnsupported("accessibility_tree needs the slot feature 'accessibility_tree'")
-    return await reader()
+    # Only the image's binaries among the task's apps: the desktop user can put any app on
+    # the bus (issue 36).
+    return await reader(env.task.related_apps)
 
 
 _LIST_DIR_SCRIPT = r"""

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from drumsd.core.seams import SlotLimits
+from drumsd.core.seams import SlotHandle, SlotLimits
 
 Progress = Callable[[str], None]
 QUIET_WINDOW_S = 0.5
 BENCH_LIMITS = SlotLimits(vcpus=1.0, memory_mib=2048, pids_max=1024, tmpfs_mib=512)
 CACHE_ROOT = Path("/var/cache/drums")
 CRIU = Path("/usr/local/sbin/criu")
+KSM_DIR = Path("/sys/kernel/mm/ksm")
+MIB = 1024 * 1024
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -30,3 +35,61 @@ def add_host_args(parser: argparse.ArgumentParser, image: str, image_help: str) 
     parser.add_argument("--image", default=image, help=image_help)
     parser.add_argument("--cache-root", type=Path, default=CACHE_ROOT)
     parser.add_argument("--criu", type=Path, default=CRIU)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 4),
+        "p99": round(percentile(values, 99), 4),
+        "max": round(max(values), 4),
+        "mean": round(statistics.fmean(values), 4),
+    }
+
+
+# A restored child's phases (Restorer, inst.phases): its fs, the wait for a restore seat, criu's
+# wall, the wait for its agent; CPU of criu and of criu plus the restored tree until then.
+FORK_PHASES = ("fs", "queue", "criu", "agent", "criu_cpu", "restore_cpu")
+
+
+def fork_breakdown(
+    n: int, dumps: Sequence[float], walls: Sequence[float], phases: Sequence[dict[str, float]]
+) -> dict[str, Any]:
+    """Where a fork of `n` spends its time: the prefork's dump, the restore's wall, and each
+    child's phases (p50 over children); `per_child_s` is (dump + restore wall) / n."""
+    return {
+        "dump_s": summarize(list(dumps)),
+        "restore_wall_s": summarize(list(walls)),
+        "per_child_s": summarize([(d + w) / n for d, w in zip(dumps, walls, strict=True)]),
+        "child_phases_s": {
+            name: summarize([float(p[name]) for p in phases if name in p])
+            for name in FORK_PHASES
+            if any(name in p for p in phases)
+        },
+    }
+
+
+def meminfo_mib() -> dict[str, int]:
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = int(v.split()[0]) // 1024  # MiB
+    return out
+
+
+def slot_anon_mib(handle: SlotHandle) -> float:
+    """Anonymous memory charged to the slot (page cache of the shared image excluded)."""
+    d = Path(handle.cgroups["memory"])
+    stat = dict(
+        (k, int(v)) for k, v in (ln.split() for ln in (d / "memory.stat").read_text().splitlines())
+    )
+    anon = stat.get("total_rss", stat.get("rss", stat.get("anon", 0)))
+    shmem = stat.get("total_shmem", stat.get("shmem", 0))
+    return (anon + shmem) / MIB
+
+
+def ksm_saved_mib() -> float:
+    try:
+        return int((KSM_DIR / "pages_sharing").read_text()) * os.sysconf("SC_PAGE_SIZE") / MIB
+    except OSError:
+        return 0.0

@@ -7,7 +7,7 @@ and how many idle slots fit within the admission limits. Prints a table and writ
 """
 
 # Small /proc and cgroup reads stay inline (microseconds).
-# ruff: noqa: ASYNC240, ASYNC110
+# ruff: noqa: ASYNC110
 
 from __future__ import annotations
 
@@ -31,16 +31,19 @@ from drumsd.bench.common import (
     BENCH_LIMITS,
     CACHE_ROOT,
     CRIU,
+    KSM_DIR,
     QUIET_WINDOW_S,
     Progress,
     add_host_args,
-    percentile,
+    fork_breakdown,
+    ksm_saved_mib,
+    meminfo_mib,
+    slot_anon_mib,
+    summarize,
 )
+from drumsd.bench.forks import ForkBenchOptions, main_fork_bench
 from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
-from drumsd.core.seams import SlotHandle, SlotLimits
-
-MIB = 1024 * 1024
-KSM = Path("/sys/kernel/mm/ksm")
+from drumsd.core.seams import SlotLimits
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,6 @@ class BenchOptions:
     min_available_pct: float = 8.0
 
 
-def summarize(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "n": len(values),
-        "p50": round(percentile(values, 50), 4),
-        "p99": round(percentile(values, 99), 4),
-        "max": round(max(values), 4),
-        "mean": round(statistics.fmean(values), 4),
-    }
-
-
 def slots_that_fit(
     available_mib: float,
     total_mib: float,
@@ -87,28 +80,6 @@ def slots_that_fit(
     if per_slot_mib <= 0:
         return 0
     return max(0, int((available_mib - reserve) // per_slot_mib))
-
-
-# A restored child's phases (Restorer, inst.phases): its fs, the wait for a restore seat, criu's
-# wall, the wait for its agent; CPU of criu and of criu plus the restored tree until then.
-FORK_PHASES = ("fs", "queue", "criu", "agent", "criu_cpu", "restore_cpu")
-
-
-def fork_breakdown(
-    n: int, dumps: Sequence[float], walls: Sequence[float], phases: Sequence[dict[str, float]]
-) -> dict[str, Any]:
-    """Where a fork of `n` spends its time: the prefork's dump, the restore's wall, and each
-    child's phases (p50 over children); `per_child_s` is (dump + restore wall) / n."""
-    return {
-        "dump_s": summarize(list(dumps)),
-        "restore_wall_s": summarize(list(walls)),
-        "per_child_s": summarize([(d + w) / n for d, w in zip(dumps, walls, strict=True)]),
-        "child_phases_s": {
-            name: summarize([float(p[name]) for p in phases if name in p])
-            for name in FORK_PHASES
-            if any(name in p for p in phases)
-        },
-    }
 
 
 def render_fork_phases(r: dict[str, Any]) -> str:
@@ -175,32 +146,6 @@ def render_table(r: dict[str, Any]) -> str:
     return "\n".join(f"{a:<{w}}  {b:>12}  {c}" for a, b, c in rows)
 
 
-def _meminfo() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        k, _, v = line.partition(":")
-        out[k] = int(v.split()[0]) // 1024  # MiB
-    return out
-
-
-def _slot_anon_mib(handle: SlotHandle) -> float:
-    """Anonymous memory charged to the slot (page cache of the shared image excluded)."""
-    d = Path(handle.cgroups["memory"])
-    stat = dict(
-        (k, int(v)) for k, v in (ln.split() for ln in (d / "memory.stat").read_text().splitlines())
-    )
-    anon = stat.get("total_rss", stat.get("rss", stat.get("anon", 0)))
-    shmem = stat.get("total_shmem", stat.get("shmem", 0))
-    return (anon + shmem) / MIB
-
-
-def _ksm_saved_mib() -> float:
-    try:
-        return int((KSM / "pages_sharing").read_text()) * os.sysconf("SC_PAGE_SIZE") / MIB
-    except OSError:
-        return 0.0
-
-
 async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
     from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
@@ -215,7 +160,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         "host": {
             "cpus": os.cpu_count(),
             "kernel": os.uname().release,
-            "mem_total_mib": _meminfo()["MemTotal"],
+            "mem_total_mib": meminfo_mib()["MemTotal"],
             "loadavg_start": os.getloadavg(),
         },
         "image": {"profile": image.profile, "sha256": image.sha256},
@@ -305,13 +250,13 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         progress(f"memory of {opts.idle_slots} idle slots, no KSM ...")
         idle = [await rt.restore(f"bench-m{i}", ref, lim) for i in range(opts.idle_slots)]
         await trio.sleep(3)
-        per_slot = [_slot_anon_mib(s) for s in idle]
+        per_slot = [slot_anon_mib(s) for s in idle]
         for s in idle:
             await rt.destroy(s.slot_id)
         mem: dict[str, Any] = {"per_slot_mib_no_ksm": round(statistics.fmean(per_slot), 1)}
         results["memory"] = mem
 
-    if KSM.is_dir():
+    if KSM_DIR.is_dir():
         cfg = LinuxRuntimeConfig(
             state_dir=opts.state_dir,
             criu=opts.criu,
@@ -326,19 +271,19 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
                 f"memory of {opts.idle_slots} idle slots with KSM (up to "
                 f"{opts.ksm_wait_s:.0f} s to merge) ..."
             )
-            saved0 = _ksm_saved_mib()
+            saved0 = ksm_saved_mib()
             idle = [await rt.restore(f"bench-k{i}", ref, lim) for i in range(opts.idle_slots)]
             last, stable_since = -1.0, time.monotonic()
             deadline = time.monotonic() + opts.ksm_wait_s
             while time.monotonic() < deadline and time.monotonic() - stable_since < 10:
                 await trio.sleep(2)
-                now = _ksm_saved_mib()
+                now = ksm_saved_mib()
                 if abs(now - last) > 2:
                     last, stable_since = now, time.monotonic()
             # A merged page stays charged to one slot's memcg and leaves the others', so the
             # sum of the slots' charges is the real cost of the group.
-            total = sum(_slot_anon_mib(s) for s in idle)
-            mem["ksm_saved_mib"] = round(max(0.0, _ksm_saved_mib() - saved0), 1)
+            total = sum(slot_anon_mib(s) for s in idle)
+            mem["ksm_saved_mib"] = round(max(0.0, ksm_saved_mib() - saved0), 1)
             mem["ksm_merge_wait_s"] = round(time.monotonic() - deadline + opts.ksm_wait_s, 1)
             mem["per_slot_mib_ksm"] = round(total / len(idle), 1)
             for s in idle:
@@ -371,7 +316,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
             await rt.destroy(h.slot_id)
             await rt.drop_spares(ref.id)
 
-    info = _meminfo()
+    info = meminfo_mib()
     for key, cost in (("no_ksm", mem["per_slot_mib_no_ksm"]), ("ksm", mem.get("per_slot_mib_ksm"))):
         if cost:
             mem[f"slots_fit_{key}"] = slots_that_fit(
@@ -444,6 +389,17 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         help="only screenshots: plain PNG against cached/scaled/jpeg/webp, move and type steps, "
         "in one run (--steps rounds; JSON to --out)",
     )
+    forks = ForkBenchOptions()
+    parser.add_argument(
+        "--forks",
+        action="store_true",
+        help="only forks: a fork of --fork-width children of one live desktop (--app to open "
+        "one), KSM's scan boost off and on interleaved, --fork-rounds each; wall until all "
+        "answer and memory --fork-settle-s later (JSON to --out)",
+    )
+    parser.add_argument("--fork-width", type=int, default=forks.width)
+    parser.add_argument("--fork-rounds", type=int, default=forks.rounds)
+    parser.add_argument("--fork-settle-s", type=float, default=forks.settle_s)
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -456,6 +412,21 @@ def main_bench(args: argparse.Namespace) -> int:
                 criu=args.criu,
                 profile="hardened" if args.profile == "both" else args.profile,
                 steps=max(2, args.steps),
+                out=args.out,
+            )
+        )
+    if args.forks:
+        return main_fork_bench(
+            ForkBenchOptions(
+                image=args.image,
+                cache_root=args.cache_root,
+                state_dir=args.state_dir,
+                criu=args.criu,
+                profile="hardened" if args.profile == "both" else args.profile,
+                apps=tuple(args.app),
+                width=max(2, args.fork_width),
+                rounds=max(1, args.fork_rounds),
+                settle_s=max(1.0, args.fork_settle_s),
                 out=args.out,
             )
         )

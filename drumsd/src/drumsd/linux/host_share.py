@@ -153,6 +153,24 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+KSMD_NICE = 5  # what the kernel gives its KSM thread (mm/ksm.c: set_user_nice(current, 5))
+
+
+def ksmd_pid(proc: Path = Path("/proc")) -> int | None:
+    """The pid of the kernel's KSM thread (a child of kthreadd named ksmd), or None."""
+    for comm in proc.glob("[0-9]*/comm"):
+        if _is_ksmd(int(comm.parent.name), proc):
+            return int(comm.parent.name)
+    return None
+
+
+def _is_ksmd(pid: int, proc: Path = Path("/proc")) -> bool:
+    try:
+        return (proc / str(pid) / "comm").read_text().strip() == "ksmd"
+    except OSError:
+        return False
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -167,10 +185,14 @@ class KsmShare:
     """The KSM knobs under a host-wide refcount of daemons (`holders/<pid>`): the first joiner
     saves the host's values, the last leaver (or the next joiner after a crash) restores them."""
 
-    def __init__(self, ksm_dir: Path, root: Path = HOST_DIR / "ksm") -> None:
+    def __init__(
+        self, ksm_dir: Path, root: Path = HOST_DIR / "ksm", proc: Path = Path("/proc")
+    ) -> None:
         self.ksm_dir = ksm_dir
         self.root = root
+        self.proc = proc  # where ksmd is looked for (renice_scanner)
         self.pid = os.getpid()
+        self._ksmd: int | None = None  # found once (a /proc walk), checked before each use
 
     def _holders(self) -> list[int]:
         holders = self.root / "holders"
@@ -201,6 +223,30 @@ class KsmShare:
                     failed.append(name)
             (self.root / "holders" / str(self.pid)).write_text("")
         return failed
+
+    def set(self, knobs: Mapping[str, str]) -> list[str]:
+        """Write knobs of a daemon that joined (a scan boost and its end); returns the names
+        that could not be written. The host's saved values are untouched."""
+        failed = []
+        for name, value in knobs.items():
+            try:
+                (self.ksm_dir / name).write_text(value)
+            except OSError:
+                failed.append(name)
+        return failed
+
+    def renice_scanner(self, nice: int) -> bool:
+        """Set ksmd's nice value (the kernel starts it at KSMD_NICE); whether it was set.
+        Other daemons' boosts end on the same value, so none has to remember the host's."""
+        if self._ksmd is None or not _is_ksmd(self._ksmd, self.proc):
+            self._ksmd = ksmd_pid(self.proc)
+        if self._ksmd is None:
+            return False
+        try:
+            os.setpriority(os.PRIO_PROCESS, self._ksmd, nice)
+        except OSError:
+            return False
+        return True
 
     def leave(self) -> bool:
         """Drop our hold; restore the saved values if no other daemon holds KSM. Returns

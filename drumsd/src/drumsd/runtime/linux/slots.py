@@ -4,7 +4,7 @@ destroy, and fork (N restores of one checkpoint side by side)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import trio
 
@@ -27,6 +27,7 @@ class Slots:
         restorer: Restorer,
         spares: Spares,
         adoption: Adoption,
+        after_fork: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.sup = sup
@@ -34,6 +35,9 @@ class Slots:
         self.restorer = restorer
         self.spares = spares
         self.adoption = adoption
+        # Called as a fork's restores start and once its children all answer (the runtime's
+        # KSM scan boost: on from the first restored page, for its time after the last).
+        self.after_fork = after_fork
 
     async def restore(
         self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
@@ -124,6 +128,8 @@ class Slots:
     ) -> list[SlotHandle]:
         self.table.of(handle)
         results: dict[str, SlotHandle] = {}
+        if len(child_ids) > 1:
+            self.after_fork()
 
         async def one(cid: str) -> None:
             results[cid] = await self.restore(cid, source, limits)
@@ -140,6 +146,8 @@ class Slots:
             if failure is exc:
                 raise
             raise failure from exc
+        if len(child_ids) > 1:
+            self.after_fork()
         return [results[c] for c in child_ids]
 
     def handle(self, slot_id: str, inst: Instance, spare: bool = False) -> SlotHandle:

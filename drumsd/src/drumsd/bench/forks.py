@@ -1,0 +1,274 @@
+"""`drumsd bench --forks`: a fork of N children of one live desktop, with the KSM scan boost
+(`ksm.boost_s`) off and on in the same run, rounds interleaved so host load falls on both alike.
+
+Per round: the parent's prefork dump, the children's restores until every agent answers, one
+screenshot of each child (all answering), then MemAvailable, KSM's pages_sharing, the children's
+memory charge and ksmd's CPU sampled each second for `settle_s`. "Memory" is MemAvailable before
+the fork less MemAvailable `settle_s` after it: it holds the children, the prefork's images on
+tmpfs and whatever else the host did meanwhile (other work on a shared host moves it by hundreds
+of MiB). "The fork's own memory" counts only what the fork made: the children's memory charge
+(anon + shmem; a KSM-merged page is charged to one of its sharers), the parent's growth and the
+prefork's images on tmpfs. Between rounds the children and the prefork go
+and MemAvailable is let settle. Medians over rounds; table + JSON.
+"""
+
+# Small /proc and sysfs reads stay inline (microseconds).
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from drumsd.bench.common import (
+    BENCH_LIMITS,
+    CACHE_ROOT,
+    CRIU,
+    MIB,
+    Progress,
+    fork_breakdown,
+    ksm_saved_mib,
+    meminfo_mib,
+    slot_anon_mib,
+)
+from drumsd.core.seams import SlotHandle
+from drumsd.linux import host_share
+
+MODES = ("boost off", "boost on")
+TARGET_FORK_S = 2.5  # issue 35: a fork of 16 of a live office desktop, all answering
+TARGET_MEMORY_MIB = 1024.0  # ... and memory 10 s later in all
+
+
+@dataclass(frozen=True)
+class ForkBenchOptions:
+    image: str = "office"
+    cache_root: Path = CACHE_ROOT
+    state_dir: Path = Path("/run/drums-bench")
+    criu: Path = CRIU
+    profile: str = "hardened"
+    apps: Sequence[str] = ()
+    width: int = 16
+    rounds: int = 3
+    settle_s: float = 10.0
+    out: Path = Path("bench-forks.json")
+
+
+def ksmd_cpu_s() -> float:
+    """CPU seconds ksmd (the kernel's merging thread) has used; 0 without one."""
+    pid = host_share.ksmd_pid()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def tree_mib(root: Path) -> float:
+    """Memory the files under `root` take (allocated blocks: on tmpfs, RAM)."""
+    return sum(p.lstat().st_blocks * 512 for p in root.rglob("*")) / MIB
+
+
+def available_mib() -> float:
+    return float(meminfo_mib()["MemAvailable"])
+
+
+async def settle_memory(limit_s: float = 30.0, step_mib: float = 16.0) -> float:
+    """MemAvailable once two readings a second apart differ by less than `step_mib`."""
+    last = available_mib()
+    deadline = trio.current_time() + limit_s
+    while trio.current_time() < deadline:
+        await trio.sleep(1.0)
+        now = available_mib()
+        if abs(now - last) < step_mib:
+            return now
+        last = now
+    return last
+
+
+def median(values: Sequence[float]) -> float:
+    return round(statistics.median(values), 3) if values else float("nan")
+
+
+async def one_round(
+    rt: Any, parent: SlotHandle, ck_dir: Path, opts: ForkBenchOptions, tag: str
+) -> dict[str, Any]:
+    """One fork of `opts.width` from `parent`, measured, then undone."""
+    mem0 = await settle_memory()
+    sharing0, ksmd0, parent0 = ksm_saved_mib(), ksmd_cpu_s(), slot_anon_mib(parent)
+    t0 = time.monotonic()
+    pre = await rt.capture(parent, f"bench-pre-{tag}", ck_dir / f"pre-{tag}")
+    t_dump = time.monotonic()
+    images_mib = await trio.to_thread.run_sync(tree_mib, pre.dir)
+    kids = await rt.fork(
+        parent, pre, [f"bench-f{tag}-{i}" for i in range(opts.width)], BENCH_LIMITS
+    )
+    t_restored = time.monotonic()
+    async with trio.open_nursery() as nursery:
+        for kid in kids:
+            nursery.start_soon(rt.screenshot, kid)
+    t_end = time.monotonic()
+    timeline = []
+    for second in range(1, int(opts.settle_s) + 1):
+        await trio.sleep(max(0.0, t_end + second - time.monotonic()))
+        timeline.append(
+            {
+                "t_s": second,
+                "memory_mib": round(mem0 - available_mib(), 1),
+                "ksm_saved_mib": round(ksm_saved_mib() - sharing0, 1),
+                "children_charge_mib": round(sum(slot_anon_mib(k) for k in kids), 1),
+                "parent_growth_mib": round(slot_anon_mib(parent) - parent0, 1),
+            }
+        )
+        last = timeline[-1]
+        last["fork_cost_mib"] = round(
+            last["children_charge_mib"] + last["parent_growth_mib"] + images_mib, 1
+        )
+    result = {
+        "fork_s": round(t_end - t0, 3),
+        "dump_s": round(t_dump - t0, 3),
+        "restore_wall_s": round(t_restored - t_dump, 3),
+        "answer_s": round(t_end - t_restored, 3),
+        "memory_mib": timeline[-1]["memory_mib"],
+        "children_charge_mib": timeline[-1]["children_charge_mib"],
+        "fork_cost_mib": timeline[-1]["fork_cost_mib"],
+        "prefork_images_mib": round(images_mib, 1),
+        "ksm_saved_mib": timeline[-1]["ksm_saved_mib"],
+        "ksmd_cpu_s": round(ksmd_cpu_s() - ksmd0, 2),
+        "boosts": rt.ksm.boosts,
+        "timeline": timeline,
+        "phases": [kid.extra.get("phases", {}) for kid in kids],
+    }
+    for kid in kids:
+        await rt.destroy(kid.slot_id)
+    rt.ksm.end_boost()  # the next round starts at the quiet rate, whatever its mode
+    await rt.forget_checkpoint(pre.id)
+    await trio.to_thread.run_sync(shutil.rmtree, pre.dir)
+    return result
+
+
+def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
+    keys = ("fork_s", "dump_s", "restore_wall_s", "answer_s", "memory_mib")
+    out: dict[str, Any] = {k: median([r[k] for r in rounds]) for k in keys}
+    for k in ("children_charge_mib", "fork_cost_mib", "ksm_saved_mib", "ksmd_cpu_s"):
+        out[k] = median([r[k] for r in rounds])
+    out["memory_by_second_mib"] = [
+        median([r["timeline"][i]["memory_mib"] for r in rounds])
+        for i in range(min(len(r["timeline"]) for r in rounds))
+    ]
+    out["breakdown"] = fork_breakdown(
+        width,
+        [r["dump_s"] for r in rounds],
+        [r["restore_wall_s"] for r in rounds],
+        [p for r in rounds for p in r["phases"]],
+    )
+    return out
+
+
+async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> dict[str, Any]:
+    from drumsd.linux.image import find_image
+    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux.ksm import KsmBoost
+
+    image = find_image(opts.image, opts.cache_root)
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    # The daemon's defaults (KSM on at the quiet rate, the boost as configured), no spares: a
+    # fork here is N restores, as a fork of a fresh prefork is.
+    cfg = LinuxRuntimeConfig(
+        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
+    )
+    boost = KsmBoost(cfg.ksm_boost_s, cfg.ksm_boost_pages_to_scan, cfg.ksm_boost_sleep_millisecs)
+    results: dict[str, Any] = {
+        "host": {
+            "cpus": os.cpu_count(),
+            "kernel": os.uname().release,
+            "mem_total_mib": meminfo_mib()["MemTotal"],
+            "loadavg_start": os.getloadavg(),
+        },
+        "image": {"profile": image.profile, "sha256": image.sha256},
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "boost": asdict(boost),
+        "quiet": {
+            "pages_to_scan": cfg.ksm_pages_to_scan,
+            "sleep_millisecs": cfg.ksm_sleep_millisecs,
+        },
+    }
+    ck_dir = opts.state_dir / "checkpoints" / f"bench-forks-{uuid.uuid4().hex[:6]}"
+    rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    async with open_linux_runtime(cfg) as rt:
+        await rt.sweep([])
+        progress(f"template of {image.profile} with {list(opts.apps)} ...")
+        ref = await rt.make_template(
+            image.root, image.sha256, "bench-forks", ck_dir / "template", apps=opts.apps
+        )
+        parent = await rt.restore("bench-parent", ref, BENCH_LIMITS)
+        await rt.quiescent(parent, 0.5, 60.0, cfg.quiesce_poll_ms)
+        for r in range(opts.rounds):
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+                rt.ksm.boost_rate = boost if mode == "boost on" else None
+                progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
+                got = await one_round(rt, parent, ck_dir, opts, f"{r}{mode[-2:].strip()}")
+                progress(
+                    f"  {got['fork_s']:.2f} s, memory {got['memory_mib']:.0f} MiB after "
+                    f"{opts.settle_s:.0f} s (KSM saved {got['ksm_saved_mib']:.0f} MiB, ksmd "
+                    f"{got['ksmd_cpu_s']:.1f} CPU-s)"
+                )
+                rounds[mode].append(got)
+        await rt.destroy(parent.slot_id)
+    shutil.rmtree(ck_dir, ignore_errors=True)
+    results["host"]["loadavg_end"] = os.getloadavg()
+    results["rounds"] = rounds
+    results["modes"] = {m: summarize_mode(rounds[m], opts.width) for m in MODES}
+    on = results["modes"]["boost on"]
+    results["targets"] = {
+        f"fork_s<={TARGET_FORK_S}": on["fork_s"] <= TARGET_FORK_S,
+        f"memory_mib<={TARGET_MEMORY_MIB:.0f}": on["memory_mib"] <= TARGET_MEMORY_MIB,
+    }
+    return results
+
+
+def render_forks(r: dict[str, Any]) -> str:
+    """Boost off beside on: medians over the rounds."""
+    o = r["options"]
+    settle = f"{o['settle_s']:.0f} s"
+    rows = [
+        ("fork, all answering (s)", "fork_s"),
+        ("  prefork dump (s)", "dump_s"),
+        ("  restores until agents answer (s)", "restore_wall_s"),
+        ("  a screenshot of each child (s)", "answer_s"),
+        (f"memory {settle} after (MiB, MemAvailable)", "memory_mib"),
+        (f"children's charge {settle} after (MiB)", "children_charge_mib"),
+        (f"fork's own memory {settle} after (MiB)", "fork_cost_mib"),
+        (f"KSM saving {settle} after (MiB)", "ksm_saved_mib"),
+        (f"ksmd CPU in those {settle} (s)", "ksmd_cpu_s"),
+    ]
+    head = f"fork of {o['width']}, {o['image']} {o['apps']}, median of {o['rounds']}"
+    w = max(len(head), *(len(a) for a, _ in rows))
+    lines = [f"{head:<{w}}" + "".join(f"{m:>12}" for m in MODES)]
+    for label, key in rows:
+        lines.append(f"{label:<{w}}" + "".join(f"{r['modes'][m][key]:>12.2f}" for m in MODES))
+    for m in MODES:
+        by_s = " ".join(f"{v:.0f}" for v in r["modes"][m]["memory_by_second_mib"])
+        lines.append(f"memory by second, {m} (MiB): {by_s}")
+    lines.append("targets (boost on): " + ", ".join(f"{k} {v}" for k, v in r["targets"].items()))
+    return "\n".join(lines)
+
+
+def main_fork_bench(opts: ForkBenchOptions) -> int:
+    def progress(msg: str) -> None:
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    results = trio.run(run_fork_bench, opts, progress)
+    print(render_forks(results))
+    opts.out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {opts.out}")
+    return 0 if all(results["targets"].values()) else 1

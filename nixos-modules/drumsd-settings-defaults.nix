@@ -34,6 +34,7 @@
   prefork_max_age_s = 120.0;
   prefork_quiesce_window_s = null;
   crash_watch = true;
+  procview_dir = null;
   criu_log_level = null;
   host_usd_per_hour = null;
   quiesce = {
@@ -110,9 +111,6 @@
     enabled = true;
     pages_to_scan = 1000;
     sleep_millisecs = 20;
-    boost_s = 20.0;
-    boost_pages_to_scan = 20000;
-    boost_sleep_millisecs = 5;
   };
   task_checkpoints = {
     enabled = true;

@@ -171,6 +171,11 @@ in
     default = defaults.crash_watch;
     description = "refuse to start without proc events";
   };
+  procview_dir = mkOption {
+    type = types.nullOr (types.str);
+    default = defaults.procview_dir;
+    description = "opt-in: LXCFS is mounted here (started if absent) and every slot sees its own memory limit, CPUs, CPU time, uptime and load in /proc/meminfo, cpuinfo, stat, uptime and loadavg (not sysinfo(2)); null = slots see the host's";
+  };
   criu_log_level = mkOption {
     type = types.nullOr (types.addCheck types.int (x: x >= 0 && x <= 4));
     default = defaults.criu_log_level;
@@ -544,21 +549,6 @@ in
           type = types.addCheck types.int (x: x >= 1 && x <= 10000);
           default = defaults.ksm.sleep_millisecs;
           description = "drumsd setting `ksm.sleep_millisecs`";
-        };
-        boost_s = mkOption {
-          type = types.addCheck types.number (x: x >= 0 && x <= 600);
-          default = defaults.ksm.boost_s;
-          description = "after a fork (and a spare refill) KSM scans at the boost rate for this long, so the new restores' unwritten pages merge within seconds instead of a quiet scan's minutes; 0 = never boost";
-        };
-        boost_pages_to_scan = mkOption {
-          type = types.addCheck types.int (x: x >= 1 && x <= 1000000);
-          default = defaults.ksm.boost_pages_to_scan;
-          description = "drumsd setting `ksm.boost_pages_to_scan`";
-        };
-        boost_sleep_millisecs = mkOption {
-          type = types.addCheck types.int (x: x >= 1 && x <= 10000);
-          default = defaults.ksm.boost_sleep_millisecs;
-          description = "drumsd setting `ksm.boost_sleep_millisecs`";
         };
       };
     };

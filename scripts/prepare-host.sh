@@ -20,7 +20,7 @@ fi
 
 # Keep this list in step with HOST_RUNTIME_PACKAGES and CRIU_BUILD_DEPS in drumsd/linux/hostprep.py.
 packages=(
-    debootstrap iproute2 util-linux xz-utils zstd ca-certificates procps
+    debootstrap iproute2 util-linux xz-utils zstd ca-certificates procps lxcfs
     build-essential pkg-config libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler
     protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev
     libgnutls28-dev uuid-dev libnftables-dev libaio-dev

@@ -518,3 +518,64 @@ async def test_a_process_in_a_nested_namespace_is_named_when_a_capture_is_refuse
         assert ck.dir.exists()
     finally:
         await rt.destroy("live-n")
+
+
+@pytest.fixture
+def procview_dir() -> Iterator[Path]:
+    """An empty directory the runtime mounts LXCFS on (searchable by a hardened slot's ids);
+    unmounted after, which ends that LXCFS."""
+    from drumsd.linux import procview
+
+    view = Path(f"/run/drums-procview-{uuid.uuid4().hex[:8]}")
+    yield view
+    procview.stop(view)
+    for p in (view, Path(f"{view}.pid"), Path(f"{view}.log")):
+        with contextlib.suppress(OSError):
+            p.rmdir() if p == view else p.unlink()
+
+
+async def _proc_view(rt, h: SlotHandle) -> dict[str, float]:
+    """What a desktop process reads of its memory, CPUs, CPU time and uptime."""
+    script = (
+        "awk '/^MemTotal/{print \"mem_kib\", $2}' /proc/meminfo; "
+        "echo cpus $(grep -c ^processor /proc/cpuinfo); "
+        "echo stat_cpus $(grep -c '^cpu[0-9]' /proc/stat); "
+        "echo uptime $(cut -d' ' -f1 /proc/uptime); "
+        "echo loadavg_fields $(wc -w < /proc/loadavg)"
+    )
+    res = await rt.exec_user(h, script, 10)
+    assert res.returncode == 0, res.stderr
+    return {k: float(v) for k, v in (ln.split() for ln in res.stdout.splitlines())}
+
+
+async def test_procview_shows_each_slot_its_own_limits_across_forks(
+    state_dir, procview_dir
+) -> None:
+    """procview_dir on: a desktop in a 1 GiB, 1-vCPU slot reads 1 GiB in /proc/meminfo, one CPU
+    in cpuinfo and stat and its own uptime (seconds, not the host's), in the template's restore
+    and in a fork's child (dump and restore with the binds as CRIU external mounts). With it off
+    the same desktop reads the host's 24 GiB and 2 CPUs: this test fails."""
+    lower, sha = _require_live()
+    from drumsd.runtime.linux import open_linux_runtime
+
+    small = SlotLimits(vcpus=1.0, memory_mib=1024, pids_max=1024, tmpfs_mib=512)
+    async with open_linux_runtime(_config(state_dir, procview_dir=procview_dir)) as rt:
+        tpl = await rt.make_template(lower, sha, "base-pv", state_dir / "ck" / "base-pv")
+        h = await rt.restore("live-pv", tpl, small)
+        try:
+            seen = await _proc_view(rt, h)
+            assert seen["mem_kib"] == 1024 * 1024, seen
+            assert seen["cpus"] == 1 and seen["stat_cpus"] == 1, seen
+            assert seen["uptime"] < 120, seen
+            assert seen["loadavg_fields"] == 5, seen
+            ck = await rt.capture(h, "live-pv-pre", state_dir / "ck" / "pv-pre")
+            (kid,) = await rt.fork(h, ck, ["live-pv-1"], small)
+            try:
+                assert (await _proc_view(rt, kid))["mem_kib"] == 1024 * 1024
+                facts = await rt.facts(kid)
+                assert facts.alive and facts.init_identity_ok, facts
+            finally:
+                await rt.destroy(kid.slot_id)
+        finally:
+            await rt.destroy("live-pv")
+            await rt.sweep([])

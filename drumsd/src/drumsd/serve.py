@@ -211,7 +211,8 @@ async def start_gate_seams(config: Config, nursery: trio.Nursery) -> dict[str, o
     from drumsd.runtime.crash_watch import CrashWatch
     from drumsd.runtime.gate_evidence import GateEvidence
 
-    seams: dict[str, object] = {"evidence": GateEvidence()}
+    view = config.procview_dir is not None
+    seams: dict[str, object] = {"evidence": GateEvidence(procview=view)}
     if not config.crash_watch:
         log.warning("crash_watch is off: the no_app_crash gate passes unobserved")
         return seams

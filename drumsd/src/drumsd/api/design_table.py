@@ -67,7 +67,6 @@ DOCUMENTED_FIELDS = (
 # Documented and not in this daemon: why (a row without a reason is a test failure).
 NOT_BUILT = {
     "netns_fast": "not built yet (issue 38): restoring the slot's network without CRIU's own",
-    "procview_dir": "not built yet (issue 38): a slot's own /proc view of memory and CPUs",
 }
 
 DOCUMENTED_ROUTES = (

@@ -235,16 +235,6 @@ class KsmConfig(Block):
     enabled: bool = True
     pages_to_scan: int = Field(default=1000, ge=1, le=100_000)
     sleep_millisecs: int = Field(default=20, ge=1, le=10_000)
-    boost_s: float = Field(
-        default=20.0,
-        ge=0,
-        le=600,
-        description="after a fork (and a spare refill) KSM scans at the boost rate for this "
-        "long, so the new restores' unwritten pages merge within seconds instead of a quiet "
-        "scan's minutes; 0 = never boost",
-    )
-    boost_pages_to_scan: int = Field(default=20_000, ge=1, le=1_000_000)
-    boost_sleep_millisecs: int = Field(default=5, ge=1, le=10_000)
 
 
 class LinuxConfig(Block):
@@ -378,6 +368,12 @@ class Config(Block):
         "else 409 not_quiescent); null = no window, only up to 5 s for zombies and D state",
     )
     crash_watch: bool = Field(default=True, description="refuse to start without proc events")
+    procview_dir: Path | None = Field(
+        default=None,
+        description="opt-in: LXCFS is mounted here (started if absent) and every slot sees its "
+        "own memory limit, CPUs, CPU time, uptime and load in /proc/meminfo, cpuinfo, stat, "
+        "uptime and loadavg (not sysinfo(2)); null = slots see the host's",
+    )
     criu_log_level: int | None = Field(
         default=None,
         ge=0,

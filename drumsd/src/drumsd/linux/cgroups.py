@@ -24,6 +24,9 @@ from drumsd.core.seams import SlotLimits
 MIB = 1024 * 1024
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")
+# With the /proc view on (config procview_dir), slots also join these where mounted: LXCFS counts
+# a reader's CPUs from its cpuset group (and that path's CPU quota) and its CPU time from cpuacct.
+V1_VIEW_CONTROLLERS = ("cpuacct", "cpuset")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 GROUP = "drums"
 
@@ -106,7 +109,7 @@ def parse_cgroup_mounts(mountinfo: str) -> tuple[dict[str, Path], Path | None]:
             v2 = mnt
         elif fstype == "cgroup":
             for opt in rfields[2].split(","):
-                if opt in V1_CONTROLLERS and opt not in v1:
+                if opt in V1_CONTROLLERS + V1_VIEW_CONTROLLERS and opt not in v1:
                     v1[opt] = mnt
     return v1, v2
 
@@ -236,7 +239,11 @@ class CgroupV1:
     version = 1
 
     def __init__(
-        self, mounts: Mapping[str, Path], bases: Mapping[str, str], group: str = GROUP
+        self,
+        mounts: Mapping[str, Path],
+        bases: Mapping[str, str],
+        group: str = GROUP,
+        extra: Sequence[str] = (),
     ) -> None:
         missing = [c for c in V1_CONTROLLERS if c not in mounts]
         if missing:
@@ -247,31 +254,37 @@ class CgroupV1:
         self.mounts = dict(mounts)
         self.bases = dict(bases)
         self.group = group
+        self.controllers = V1_CONTROLLERS + tuple(c for c in extra if c in mounts)
 
     @classmethod
-    def from_host(cls, group: str = GROUP) -> CgroupV1:
+    def from_host(cls, group: str = GROUP, extra: Sequence[str] = ()) -> CgroupV1:
         v1, _ = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
         own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
         # A daemon set_daemon_weight moved into its leaf manages the leaf's parent, as on v2.
-        return cls(v1, {c: managed_base(p) for c, p in own.items()}, group)
+        return cls(v1, {c: managed_base(p) for c, p in own.items()}, group, extra)
 
     def _group(self, controller: str) -> Path:
         base = self.bases.get(controller, "/").lstrip("/")
         return self.mounts[controller] / base / self.group
 
     def dirs_of(self, name: str) -> dict[str, str]:
-        return {c: str(self._group(c) / name) for c in V1_CONTROLLERS}
+        return {c: str(self._group(c) / name) for c in self.controllers}
 
     def create(self, name: str, limits: SlotLimits) -> dict[str, str]:
         dirs = self.dirs_of(name)
         for d in dirs.values():
             os.makedirs(d, exist_ok=True)
+        if "cpuset" in dirs:  # a new cpuset has no CPUs or memory nodes until given its parent's
+            for cpuset in (self._group("cpuset"), Path(dirs["cpuset"])):
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (cpuset / f).read_text().strip():
+                        _write(cpuset / f, (cpuset.parent / f).read_text().strip())
         for w in limit_writes_v1(limits):
             _write(Path(dirs[w.controller]) / w.file, w.value)
         return dirs
 
     def procs_files(self, dirs: Mapping[str, str]) -> list[Path]:
-        return [Path(dirs[c]) / "cgroup.procs" for c in V1_CONTROLLERS]
+        return [Path(dirs[c]) / "cgroup.procs" for c in self.controllers if c in dirs]
 
     def pids(self, dirs: Mapping[str, str]) -> list[int]:
         return _read_pids(Path(dirs["pids"]) / "cgroup.procs")
@@ -307,7 +320,7 @@ class CgroupV1:
         _kill_until_empty(self, dirs, timeout_s)
 
     def remove(self, dirs: Mapping[str, str], timeout_s: float = 5.0) -> None:
-        _rmdir_all([dirs[c] for c in V1_CONTROLLERS if c in dirs], timeout_s)
+        _rmdir_all([dirs[c] for c in self.controllers if c in dirs], timeout_s)
 
     def memory_bytes(self, dirs: Mapping[str, str]) -> int:
         return int((Path(dirs["memory"]) / "memory.usage_in_bytes").read_text())
@@ -335,7 +348,7 @@ class CgroupV1:
         return {f: (Path(dirs[c]) / f).read_text().strip() for c, f in files}
 
     def remove_group_if_empty(self) -> None:
-        for c in V1_CONTROLLERS:
+        for c in self.controllers:
             with contextlib.suppress(OSError):  # still holds slots: keep it
                 os.rmdir(self._group(c))
 
@@ -370,7 +383,7 @@ class CgroupV1:
 
     def slot_names(self) -> list[str]:
         names: set[str] = set()
-        for c in V1_CONTROLLERS:
+        for c in self.controllers:
             g = self._group(c)
             if g.is_dir():
                 names.update(p.name for p in g.iterdir() if p.is_dir())
@@ -534,12 +547,13 @@ class CgroupV2:
         return sorted(p.name for p in self.group.iterdir() if p.is_dir())
 
 
-def detect_driver(group: str = GROUP) -> CgroupDriver:
+def detect_driver(group: str = GROUP, *, procview: bool = False) -> CgroupDriver:
     """v1 when the memory, cpu, pids and freezer hierarchies are mounted (this kind of VM), else
-    v2 when its root offers memory, cpu and pids."""
+    v2 when its root offers memory, cpu and pids. `procview`: v1 slots join cpuacct and cpuset
+    too (the /proc view reads them)."""
     v1, v2 = parse_cgroup_mounts(Path("/proc/self/mountinfo").read_text())
     if all(c in v1 for c in V1_CONTROLLERS):
-        return CgroupV1.from_host(group)
+        return CgroupV1.from_host(group, V1_VIEW_CONTROLLERS if procview else ())
     if v2 is not None and set(V2_CONTROLLERS) <= _controllers_of(v2):
         return CgroupV2.from_host(group)
     raise CgroupError(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from drumsd.linux import beneath, sparse
 from drumsd.linux.mounts import plan_stage1
+from drumsd.linux.procview import expected_mounts as procview_mounts
 
 # Written by the restored tree itself before the first gate read: the guest agent's log (every
 # ping appends) and the devpts ptmx node that criu's restore recreates in the upper layer.
@@ -72,11 +73,12 @@ def mount_entries(lines: Iterable[str]) -> list[str]:
     return sorted(entries)
 
 
-def expected_slot_mounts(root_fstype: str = "overlay") -> list[str]:
+def expected_slot_mounts(root_fstype: str = "overlay", *, procview: bool = False) -> list[str]:
     """The mount table of a restored slot: its root plus what stage 1 mounted before pivot_root
-    (criu restores exactly the template's table, and the template was booted by that plan)."""
+    (criu restores exactly the template's table, and the template was booted by that plan), and
+    the /proc view's binds when it is on."""
     root = "/drums-slot-root"
-    entries = {f"/ {root_fstype}"}
+    entries = {f"/ {root_fstype}", *(procview_mounts() if procview else ())}
     for op in plan_stage1(root, 64):
         if op.kind == "mount" and op.fstype and op.target.startswith(root + "/"):
             entries.add(f"{op.target[len(root) :]} {op.fstype}")

@@ -60,6 +60,7 @@ HOST_RUNTIME_PACKAGES: tuple[str, ...] = (
     "zstd",
     "ca-certificates",
     "procps",
+    "lxcfs",  # the per-slot /proc view (config procview_dir)
 )
 
 # A source-only entry: `deb-src` never offers binary packages, so nothing on the host can be

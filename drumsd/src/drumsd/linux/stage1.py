@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from drumsd.guest import protocol
-from drumsd.linux import mounts, syscalls
+from drumsd.linux import mounts, procview, syscalls
 
 DESKTOP_INIT = "/opt/drums/guest/desktop-init"
 SLOT_ENV = {
@@ -51,6 +52,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--no-userns",
         action="store_true",
         help="no user namespace: /dev becomes a tmpfs with mknod'ed nodes",
+    )
+    p.add_argument(
+        "--procview",
+        default=None,
+        help="bind this LXCFS mount's /proc files over the slot's (config procview_dir)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the mount plan and exit")
     return p.parse_args(argv)
@@ -110,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     userns = not args.no_userns
     # In a user namespace every path is resolved from inside the root: enter it as host root.
-    plan = mounts.plan_stage1("." if userns else args.root, args.tmpfs_mib, userns=userns)
+    root = "." if userns else args.root
+    plan = mounts.plan_stage1(root, args.tmpfs_mib, userns=userns)
+    if args.procview:
+        plan = procview.with_binds(plan, Path(args.procview), root)
     if args.dry_run:
         print(mounts.render(plan))
         return 0

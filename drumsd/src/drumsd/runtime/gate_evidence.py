@@ -118,9 +118,11 @@ class GateEvidence:
     mtime), not at every episode start (0.2-0.3 s of a reset for an office task checkpoint's
     260-entry upper, measured here). The live upper is still walked every time."""
 
-    def __init__(self, volatile: Sequence[str] = ev.VOLATILE_UPPER) -> None:
+    def __init__(
+        self, volatile: Sequence[str] = ev.VOLATILE_UPPER, *, procview: bool = False
+    ) -> None:
         self.volatile = tuple(volatile)
-        self.expected_mounts = ev.expected_slot_mounts()
+        self.expected_mounts = ev.expected_slot_mounts(procview=procview)
         self._snapshots: dict[tuple[str, int, int], SnapshotFacts] = {}
 
     def snapshot(self, snapshot: Path) -> SnapshotFacts | None:

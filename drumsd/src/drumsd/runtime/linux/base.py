@@ -64,9 +64,6 @@ class LinuxRuntimeConfig:
     ksm: bool = _MODEL.ksm.enabled
     ksm_pages_to_scan: int = _MODEL.ksm.pages_to_scan
     ksm_sleep_millisecs: int = _MODEL.ksm.sleep_millisecs
-    ksm_boost_s: float = _MODEL.ksm.boost_s
-    ksm_boost_pages_to_scan: int = _MODEL.ksm.boost_pages_to_scan
-    ksm_boost_sleep_millisecs: int = _MODEL.ksm.boost_sleep_millisecs
     spares_per_checkpoint: int = _MODEL.spares.per_checkpoint if _MODEL.spares.enabled else 0
     spares_per_host: int = _MODEL.spares.per_host
     spare_max_age_s: float = _MODEL.spares.max_age_s
@@ -82,6 +79,7 @@ class LinuxRuntimeConfig:
     teardown_timeout_s: float = _MODEL.linux.teardown_timeout_s
     profile: str = _MODEL.profile
     criu_log_level: int | None = _MODEL.criu_log_level
+    procview_dir: Path | None = _MODEL.procview_dir
     slot_range: tuple[int, int] = _MODEL.slot_range  # with memory, how many slots the limits fit
 
     @classmethod
@@ -103,9 +101,6 @@ class LinuxRuntimeConfig:
             ksm=cfg.ksm.enabled,
             ksm_pages_to_scan=cfg.ksm.pages_to_scan,
             ksm_sleep_millisecs=cfg.ksm.sleep_millisecs,
-            ksm_boost_s=cfg.ksm.boost_s,
-            ksm_boost_pages_to_scan=cfg.ksm.boost_pages_to_scan,
-            ksm_boost_sleep_millisecs=cfg.ksm.boost_sleep_millisecs,
             spares_per_checkpoint=cfg.spares.per_checkpoint if cfg.spares.enabled else 0,
             spares_per_host=cfg.spares.per_host,
             spare_max_age_s=cfg.spares.max_age_s,
@@ -121,6 +116,7 @@ class LinuxRuntimeConfig:
             teardown_timeout_s=linux.teardown_timeout_s,
             profile=cfg.profile,
             criu_log_level=cfg.criu_log_level,
+            procview_dir=cfg.procview_dir,
             slot_range=cfg.slot_range,
         )
 

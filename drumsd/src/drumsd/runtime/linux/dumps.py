@@ -12,7 +12,7 @@ import trio
 
 from drumsd.core.host_limits import limit_hit, limit_message
 from drumsd.core.seams import CheckpointRef, RuntimeError_
-from drumsd.linux import checkpoint_files, criu, host_limits, procfs
+from drumsd.linux import checkpoint_files, criu, host_limits, procfs, procview
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
 from drumsd.runtime.linux.supervision import Supervision
@@ -96,6 +96,7 @@ class Dumper:
             dest / "images",
             script,
             leave_running=leave_running,
+            externals=await trio.to_thread.run_sync(self._procview_binds, inst),
             log_level=self.config.criu_log_level,
         )
         t0 = time.monotonic()
@@ -107,6 +108,15 @@ class Dumper:
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s += time.monotonic() - t1
         return _DumpRun(done.returncode, before, after, time.monotonic() - t0, sampled_s)
+
+    @staticmethod
+    def _procview_binds(inst: Instance) -> dict[str, str]:
+        """The /proc view's binds in the slot, declared external (CRIU cannot dump FUSE)."""
+        try:
+            mountinfo = Path(f"/proc/{inst.pid}/mountinfo").read_text()
+        except OSError:
+            return {}  # gone: the dump itself reports it
+        return procview.dump_externals(procview.held_in(mountinfo))
 
     async def _check(
         self, inst: Instance, dest: Path, run: _DumpRun, leave_running: bool

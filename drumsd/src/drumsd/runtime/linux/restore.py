@@ -12,7 +12,7 @@ import trio
 
 from drumsd.core import host_limits as core_limits
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
-from drumsd.linux import cgroups, criu, host_limits, procfs, slot_fs
+from drumsd.linux import cgroups, criu, host_limits, procfs, procview, slot_fs
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import cpu_seconds, restore_outcome
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared, log_event
@@ -37,6 +37,8 @@ class Restorer:
         self.images = images
         self.stats = stats
         self.limiter = trio.CapacityLimiter(config.max_concurrent_restores)
+        view = config.procview_dir
+        self._procview = procview.restore_externals(view) if view is not None else None
 
     async def restore(
         self,
@@ -128,6 +130,7 @@ class Restorer:
                 work,
                 inst.paths.root,
                 work / "pid",
+                externals=self._procview,
                 log_level=self.config.criu_log_level,
             ),
         )

@@ -26,7 +26,7 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, host_limits, host_sampler, host_share, slot_fs
+from drumsd.linux import cgroups, host_limits, host_sampler, host_share, procview, slot_fs
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd
@@ -37,7 +37,7 @@ from drumsd.runtime.linux.dumps import Dumper
 from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
-from drumsd.runtime.linux.ksm import KSM_DIR, KsmBoost, KsmMembership
+from drumsd.runtime.linux.ksm import KSM_DIR, KsmMembership
 from drumsd.runtime.linux.restore import Restorer
 from drumsd.runtime.linux.slot_io import SlotIO
 from drumsd.runtime.linux.slots import Slots
@@ -57,7 +57,8 @@ class LinuxRuntime:
         # One cgroup group per state dir: sweep must never see another runtime's slots.
         state = config.state_dir.resolve()
         group = "drums-" + hashlib.sha256(str(state).encode()).hexdigest()[:8]
-        self.driver = driver or cgroups.detect_driver(group)
+        view = config.procview_dir is not None
+        self.driver = driver or cgroups.detect_driver(group, procview=view)
         self.stats = {"spare_hits": 0, "spare_misses": 0, "restores": 0, "restore_retries": 0}
         # The owners: host uid ranges (claimed host-wide), image copies, instances per slot.
         self.uids = UidRanges(host_share.UidRanges(state), hardened=config.profile == "hardened")
@@ -68,9 +69,6 @@ class LinuxRuntime:
             enabled=config.ksm,
             pages_to_scan=config.ksm_pages_to_scan,
             sleep_millisecs=config.ksm_sleep_millisecs,
-            boost=KsmBoost(
-                config.ksm_boost_s, config.ksm_boost_pages_to_scan, config.ksm_boost_sleep_millisecs
-            ),
         )
         # The parts, each given the owners it needs.
         self.fs = InstanceFs(config.state_dir, self.uids)
@@ -82,15 +80,8 @@ class LinuxRuntime:
         self.booter = Booter(config, self.sup, self.fs, self.waits, self.dumper)
         self.spares = Spares(config, self.sup, self.fs, self.instances, self.restorer, self.stats)
         self.adoption = Adoption(self.sup, self.fs, self.instances, self.spares.pool)
-        self.spares.after_refills = self.ksm.boost
         self.slots = Slots(
-            config,
-            self.sup,
-            self.instances,
-            self.restorer,
-            self.spares,
-            self.adoption,
-            after_fork=self.ksm.boost,
+            config, self.sup, self.instances, self.restorer, self.spares, self.adoption
         )
         self._group_limit_mib: int | None = None  # the slots' group memory limit last set
         self.host_limits: list[LimitNeed] = []  # the shared kernel limits, as sized at start
@@ -284,6 +275,8 @@ class LinuxRuntime:
         for index in self.uids.recover_claims():
             log_event("uid_range_conflict", index=index, claims=self.uids.claims.root)
         self.fs.helper = await trio.to_thread.run_sync(ensure_exec_helper, self.state_dir / "bin")
+        if self.config.procview_dir is not None:
+            await self._serve_procview(self.config.procview_dir)
         try:
             self.driver.set_group_weight(self.config.group_cpu_shares)
         except (cgroups.CgroupError, OSError) as exc:
@@ -302,7 +295,6 @@ class LinuxRuntime:
             async with trio.open_nursery() as nursery:
                 self.sup.nursery = nursery
                 nursery.start_soon(self.spares.serve)
-                nursery.start_soon(self.ksm.serve_boosts)
                 task_status.started()
                 await trio.sleep_forever()
         except Exception as exc:
@@ -314,6 +306,14 @@ class LinuxRuntime:
             self.sup.nursery = None
             with trio.CancelScope(shield=True):
                 await self._close()
+
+    async def _serve_procview(self, view_dir: Path) -> None:
+        """The slots' /proc view (config procview_dir): LXCFS there, started if absent."""
+        try:
+            started = await trio.to_thread.run_sync(procview.ensure, view_dir)
+        except (procview.ProcViewError, OSError) as exc:
+            raise RuntimeError_("runtime_error", f"procview_dir: {exc}") from None
+        log_event("procview", dir=view_dir, lxcfs="started" if started else "already mounted")
 
     async def _close(self) -> None:
         await self.spares.close()

@@ -111,6 +111,9 @@
     enabled = true;
     pages_to_scan = 1000;
     sleep_millisecs = 20;
+    boost_s = 20.0;
+    boost_pages_to_scan = 20000;
+    boost_sleep_millisecs = 5;
   };
   task_checkpoints = {
     enabled = true;

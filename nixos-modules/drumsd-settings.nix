@@ -550,6 +550,21 @@ in
           default = defaults.ksm.sleep_millisecs;
           description = "drumsd setting `ksm.sleep_millisecs`";
         };
+        boost_s = mkOption {
+          type = types.addCheck types.number (x: x >= 0 && x <= 600);
+          default = defaults.ksm.boost_s;
+          description = "after a fork (and a spare refill) KSM scans at the boost rate for this long, so the new restores' unwritten pages merge within seconds instead of a quiet scan's minutes; 0 = never boost";
+        };
+        boost_pages_to_scan = mkOption {
+          type = types.addCheck types.int (x: x >= 1 && x <= 1000000);
+          default = defaults.ksm.boost_pages_to_scan;
+          description = "drumsd setting `ksm.boost_pages_to_scan`";
+        };
+        boost_sleep_millisecs = mkOption {
+          type = types.addCheck types.int (x: x >= 1 && x <= 10000);
+          default = defaults.ksm.boost_sleep_millisecs;
+          description = "drumsd setting `ksm.boost_sleep_millisecs`";
+        };
       };
     };
   };

@@ -235,6 +235,16 @@ class KsmConfig(Block):
     enabled: bool = True
     pages_to_scan: int = Field(default=1000, ge=1, le=100_000)
     sleep_millisecs: int = Field(default=20, ge=1, le=10_000)
+    boost_s: float = Field(
+        default=20.0,
+        ge=0,
+        le=600,
+        description="after a fork (and a spare refill) KSM scans at the boost rate for this "
+        "long, so the new restores' unwritten pages merge within seconds instead of a quiet "
+        "scan's minutes; 0 = never boost",
+    )
+    boost_pages_to_scan: int = Field(default=20_000, ge=1, le=1_000_000)
+    boost_sleep_millisecs: int = Field(default=5, ge=1, le=10_000)
 
 
 class LinuxConfig(Block):

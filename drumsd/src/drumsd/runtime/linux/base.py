@@ -64,6 +64,9 @@ class LinuxRuntimeConfig:
     ksm: bool = _MODEL.ksm.enabled
     ksm_pages_to_scan: int = _MODEL.ksm.pages_to_scan
     ksm_sleep_millisecs: int = _MODEL.ksm.sleep_millisecs
+    ksm_boost_s: float = _MODEL.ksm.boost_s
+    ksm_boost_pages_to_scan: int = _MODEL.ksm.boost_pages_to_scan
+    ksm_boost_sleep_millisecs: int = _MODEL.ksm.boost_sleep_millisecs
     spares_per_checkpoint: int = _MODEL.spares.per_checkpoint if _MODEL.spares.enabled else 0
     spares_per_host: int = _MODEL.spares.per_host
     spare_max_age_s: float = _MODEL.spares.max_age_s
@@ -101,6 +104,9 @@ class LinuxRuntimeConfig:
             ksm=cfg.ksm.enabled,
             ksm_pages_to_scan=cfg.ksm.pages_to_scan,
             ksm_sleep_millisecs=cfg.ksm.sleep_millisecs,
+            ksm_boost_s=cfg.ksm.boost_s,
+            ksm_boost_pages_to_scan=cfg.ksm.boost_pages_to_scan,
+            ksm_boost_sleep_millisecs=cfg.ksm.boost_sleep_millisecs,
             spares_per_checkpoint=cfg.spares.per_checkpoint if cfg.spares.enabled else 0,
             spares_per_host=cfg.spares.per_host,
             spare_max_age_s=cfg.spares.max_age_s,

@@ -37,7 +37,7 @@ from drumsd.runtime.linux.dumps import Dumper
 from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
-from drumsd.runtime.linux.ksm import KSM_DIR, KsmMembership
+from drumsd.runtime.linux.ksm import KSM_DIR, KsmBoost, KsmMembership
 from drumsd.runtime.linux.restore import Restorer
 from drumsd.runtime.linux.slot_io import SlotIO
 from drumsd.runtime.linux.slots import Slots
@@ -69,6 +69,9 @@ class LinuxRuntime:
             enabled=config.ksm,
             pages_to_scan=config.ksm_pages_to_scan,
             sleep_millisecs=config.ksm_sleep_millisecs,
+            boost=KsmBoost(
+                config.ksm_boost_s, config.ksm_boost_pages_to_scan, config.ksm_boost_sleep_millisecs
+            ),
         )
         # The parts, each given the owners it needs.
         self.fs = InstanceFs(config.state_dir, self.uids)
@@ -80,8 +83,15 @@ class LinuxRuntime:
         self.booter = Booter(config, self.sup, self.fs, self.waits, self.dumper)
         self.spares = Spares(config, self.sup, self.fs, self.instances, self.restorer, self.stats)
         self.adoption = Adoption(self.sup, self.fs, self.instances, self.spares.pool)
+        self.spares.after_refills = self.ksm.boost
         self.slots = Slots(
-            config, self.sup, self.instances, self.restorer, self.spares, self.adoption
+            config,
+            self.sup,
+            self.instances,
+            self.restorer,
+            self.spares,
+            self.adoption,
+            after_fork=self.ksm.boost,
         )
         self._group_limit_mib: int | None = None  # the slots' group memory limit last set
         self.host_limits: list[LimitNeed] = []  # the shared kernel limits, as sized at start
@@ -295,6 +305,7 @@ class LinuxRuntime:
             async with trio.open_nursery() as nursery:
                 self.sup.nursery = nursery
                 nursery.start_soon(self.spares.serve)
+                nursery.start_soon(self.ksm.serve_boosts)
                 task_status.started()
                 await trio.sleep_forever()
         except Exception as exc:

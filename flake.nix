@@ -37,7 +37,16 @@
             ;
           criu = pkgs.drums-criu;
           desktop-image = pkgs.drums-desktop-image;
+          # From nix/images.lock.json (the Debian packages `drumsd image build` installs); built
+          # in a VM (KVM).
+          image-base = pkgs.drums-image-base;
+          image-office = pkgs.drums-image-office;
+          image-osworld = pkgs.drums-image-osworld;
           default = pkgs.drumsd;
+        }
+        // nixpkgs.lib.optionalAttrs (system == "x86_64-linux") {
+          # From nix/checker-venv.lock.json: CPython 3.11 wheels for x86_64.
+          checker-venv = pkgs.drums-checker-venv;
         }
       );
 

@@ -1,4 +1,5 @@
-# drums' nixpkgs overlay: the daemon and its Python siblings, CRIU 4.2.1 and the desktop image.
+# drums' nixpkgs overlay: the daemon and its Python siblings, CRIU 4.2.1, the desktop images, the
+# checker venv and OSWorld's task files.
 # CRIU is added as `drums-criu` rather than replacing `criu`, so that podman, crun and the rest of
 # nixpkgs keep their cached builds.
 final: prev:
@@ -13,6 +14,12 @@ let
       ;
     python3Packages = final.python3Packages;
   };
+  debianImage =
+    profile:
+    final.callPackage ./debian-image.nix {
+      inherit profile;
+      guestSrc = ../drumsd/src/drumsd/guest;
+    };
 in
 {
   inherit (python)
@@ -26,4 +33,11 @@ in
   drums-desktop-image = final.callPackage ./desktop-image.nix {
     guestSrc = ../drumsd/src/drumsd/guest;
   };
+  # The images `drumsd image build` makes, from the Debian packages nix/images.lock.json pins.
+  drums-image-base = debianImage "base";
+  drums-image-office = debianImage "office";
+  drums-image-osworld = debianImage "osworld";
+  drums-checker-venv = final.callPackage ./checker-venv.nix { };
+  # A function: drums-osworld-tasks { commit = "<40 hex>"; sha256 = "<tarball sha256>"; }
+  drums-osworld-tasks = import ./osworld-tasks.nix { inherit (final) lib fetchurl runCommand; };
 }

@@ -143,11 +143,48 @@ in
       defaultText = lib.literalExpression "pkgs.drums-desktop-image";
       description = ''
         The desktop image: a package with `root.tar` and a `profile` attribute
-        (nix/desktop-image.nix), unpacked once by drumsd-image.service into
+        (nix/desktop-image.nix, or the locked Debian images `pkgs.drums-image-base`, `-office`,
+        `-osworld` of nix/debian-image.nix), unpacked once by drumsd-image.service into
         /var/lib/drums/nix-images/<profile>-<hash>/root (tar keeps the owners the store cannot),
         with the image.json drumsd reads; the lower layer of every slot. Wired in as
         `settings.images_dir` and `settings.default_image`. null leaves images to you
         (`settings.lower` or `drumsd image build`).
+      '';
+    };
+
+    osworldTasks = lib.mkOption {
+      type = lib.types.nullOr lib.types.package;
+      default =
+        let
+          pin = cfg.settings.tasks.osworld;
+        in
+        if pin.commit != null && pin.sha256 != null then
+          (pkgs.drums-osworld-tasks
+            or (throw "services.drumsd.osworldTasks: pkgs.drums-osworld-tasks does not exist; add drums' overlay or set services.drumsd.osworldTasks")
+          )
+            {
+              inherit (pin) repository commit sha256;
+            }
+        else
+          null;
+      defaultText = lib.literalMD "OSWorld's task files at `settings.tasks.osworld.commit`, fetched by Nix and checked against `settings.tasks.osworld.sha256`, when both are set; else null";
+      description = ''
+        OSWorld's task files as a package with `examples/` (nix/osworld-tasks.nix: the pinned
+        commit's tarball, checked against the pin's sha256 by a fixed-output fetch, only
+        evaluation_examples/examples kept). Wired in as `settings.tasks.osworld.dir`, so the
+        daemon serves them without fetching anything at run time. null: the daemon's own
+        `drumsd tasks fetch-osworld` (or a `dir` you set).
+      '';
+    };
+
+    checkerVenv = lib.mkOption {
+      type = lib.types.nullOr lib.types.package;
+      default = null;
+      example = lib.literalExpression "pkgs.drums-checker-venv";
+      description = ''
+        The checker venv OSWorld's metrics run in, built by Nix from nix/checker-venv.lock.json
+        (`pkgs.drums-checker-venv`, x86_64). Wired in as `settings.tasks.checker_venv`. null:
+        drumsd builds it with pip at first use, from the network.
       '';
     };
 
@@ -282,6 +319,10 @@ in
       criu = lib.mkDefault "${cfg.criuPackage}/bin/criu";
       images_dir = lib.mkIf (cfg.image != null) (lib.mkDefault nixImagesDir);
       default_image = lib.mkIf (cfg.image != null) (lib.mkDefault imageProfile);
+      tasks.osworld.dir = lib.mkIf (cfg.osworldTasks != null) (
+        lib.mkDefault "${cfg.osworldTasks}/examples"
+      );
+      tasks.checker_venv = lib.mkIf (cfg.checkerVenv != null) (lib.mkDefault "${cfg.checkerVenv}");
     };
 
     environment.systemPackages = [

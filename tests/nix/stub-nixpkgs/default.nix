@@ -102,13 +102,42 @@ let
       stdenv = stub "stdenv" // {
         cc.cc.lib = stub "gcc-lib";
         hostPlatform.parsed.cpu.name = builtins.head (lib.splitString "-" system);
+        hostPlatform.system = system;
+        mkDerivation =
+          args:
+          assert builtins.isString (args.buildPhase or args.buildCommand or "");
+          assert builtins.isString (args.installCheckPhase or "");
+          mkPkg (args // { name = args.name or "${args.pname}-${args.version}"; });
+      };
+      # The image build runs in a VM: the stand-in forces the build script (every interpolated
+      # fetch, file and list) and needs a disk image made before the VM starts.
+      vmTools = {
+        runInLinuxVM =
+          drv:
+          assert builtins.isString drv.buildCommand;
+          assert drv ? preVM;
+          drv;
+        createEmptyImage =
+          { size, fullName }:
+          assert builtins.isInt size;
+          "create-empty-image-${fullName}";
+      };
+      writeText =
+        name: text:
+        assert builtins.isString text;
+        mkPkg { inherit name; };
+      python311 = stub "python3" // {
+        version = "3.11.14";
       };
       fetchurl =
-        { url, sha256, ... }:
+        {
+          url,
+          sha256,
+          name ? baseNameOf url,
+        }:
         assert builtins.match "[0-9a-f]{64}" sha256 != null;
         mkPkg {
-          name = baseNameOf url;
-          inherit url sha256;
+          inherit name url sha256;
         };
       fetchzip =
         { url, hash, ... }:
@@ -198,6 +227,9 @@ let
       "util-linux"
       "autoPatchelfHook"
       "zlib"
+      "debootstrap"
+      "e2fsprogs"
+      "diffutils"
     ] stub;
 
   apply = overlay: prevSet: final: prevSet final // overlay final (prevSet final);

@@ -22,6 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import trio
 
 from .model import Task, TaskContext, cache_slot_for, cached_download
+from .settings_copy import DCONF_DB, SettingsCopyError, reads_settings, settings_copy, with_settings
 from .setup import SlotAccess
 
 
@@ -175,9 +176,13 @@ async def _command(config: dict[str, Any], env: GetterEnv) -> tuple[int, str, st
     try:
         with trio.fail_after(env.timeout_s + 5):
             # The task's own command reads what the agent made: isolated from it (issue 39, D2).
-            return await env.access.exec_checker(command, env.timeout_s)
+            db = (lambda: _read(env, DCONF_DB)) if reads_settings(command) else None
+            async with settings_copy(env.access, db, env.timeout_s) as where:
+                return await env.access.exec_checker(with_settings(command, where), env.timeout_s)
     except (TimeoutError, trio.TooSlowError) as exc:
         raise GetterError(f"getter command took over {env.timeout_s} s: {command}") from exc
+    except SettingsCopyError as exc:
+        raise GetterError(str(exc)) from exc
 
 
 @getter("vm_command_line")

@@ -37,6 +37,7 @@
   procview_dir = null;
   criu_log_level = null;
   host_usd_per_hour = null;
+  save_delta_depth = 8;
   quiesce = {
     window_s = 1.0;
     timeout_s = 30.0;

@@ -186,6 +186,11 @@ in
     default = defaults.host_usd_per_hour;
     description = "null or 0: cost is not reported";
   };
+  save_delta_depth = mkOption {
+    type = types.addCheck types.int (x: x >= 0 && x <= 64);
+    default = defaults.save_delta_depth;
+    description = "a saved state or task checkpoint stores only the pages and files that differ from the checkpoint its slot was restored from, up to this many such saves in a chain (the next is stored full); 0 = every save full";
+  };
   quiesce = mkOption {
     description = "When a process tree counts as quiescent (before a dump, or on request).";
     default = { };

@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 from drumsd.core.seams import SlotHandle
@@ -54,12 +55,12 @@ class SlowCapture(MemoryRuntime):
 
     release = threading.Event()
 
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path):
+    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path, **kw: Any):
         def stuck(cancel: CancelFlag) -> None:
             self.release.wait(30)
 
         await run_stoppable(stuck, what=f"copying {handle.slot_id}'s upper")
-        return await super().capture(handle, checkpoint_id, dest)
+        return await super().capture(handle, checkpoint_id, dest, **kw)
 
 
 async def test_a_capture_past_its_deadline_frees_the_slot_and_health_names_the_worker(

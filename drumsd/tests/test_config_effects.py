@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from drumsd.core.admission import HostSample
 from drumsd.core.config import Config
@@ -74,7 +75,9 @@ async def test_max_attempts_one_means_no_retry(tmp_path: Path) -> None:
 class LimitedDumps(MemoryRuntime):
     """Every dump fails on a kernel limit, as the Linux runtime's Dumper reports one."""
 
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+    async def capture(
+        self, handle: SlotHandle, checkpoint_id: str, dest: Path, **kw: Any
+    ) -> CheckpointRef:
         self.captures += 1
         raise RuntimeError_(
             "runtime_error", "fs.inotify.max_user_instances=1 reached dumping", limit="x"

@@ -394,6 +394,14 @@ class Config(Block):
     host_usd_per_hour: float | None = Field(
         default=None, ge=0, description="null or 0: cost is not reported"
     )
+    save_delta_depth: int = Field(
+        default=8,
+        ge=0,
+        le=64,
+        description="a saved state or task checkpoint stores only the pages and files that "
+        "differ from the checkpoint its slot was restored from, up to this many such saves in "
+        "a chain (the next is stored full); 0 = every save full",
+    )
     quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     lease: LeaseConfig = Field(default_factory=LeaseConfig)

@@ -30,6 +30,16 @@ class SlotLimits:
 
 
 @dataclass(frozen=True)
+class SaveParent:
+    """The checkpoint a capture is stored against: only the pages and files that differ from
+    it are stored (issue 35; `drumsd.core.save_delta`). A chain `max_depth` deltas deep is
+    stored full again (0: every capture full)."""
+
+    dir: Path
+    max_depth: int
+
+
+@dataclass(frozen=True)
 class CheckpointRef:
     """A checkpoint on disk: `dir/images` (CRIU images), `dir/upper` (the upper-layer snapshot
     taken while the tree was frozen), `dir/meta.json`."""
@@ -201,8 +211,16 @@ class SlotRuntime(Protocol):
         """A screenshot encoded (and scaled) as `spec` asks, once, in the guest."""
         ...
 
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
-        """Dump the running tree (left running) and snapshot the upper layer while frozen."""
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
+        """Dump the running tree (left running) and snapshot the upper layer while frozen;
+        with a `parent`, store only the pages and files that differ from it."""
         ...
 
     async def fork(

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from drumsd.linux import criu
+from drumsd.linux import criu, save_delta
 
 
 def holds_checkpoint(dest: Path) -> bool:
@@ -112,4 +112,4 @@ def dump_problems(dest: Path, meta: dict[str, Any]) -> list[str]:
                 problems.append(f"meta.json says {key} {stated}, pstree.img holds {found}")
     if not (dest / "upper").is_dir():
         problems.append(f"{dest / 'upper'} is missing: a checkpoint holds its upper layer there")
-    return problems
+    return problems + save_delta.delta_problems(dest)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsd.linux import idmap, mounts, sparse, trees
+from drumsd.linux import idmap, mounts, save_delta, sparse, trees
 from drumsd.linux.exec_helper import overlay_as_argv
 
 # ------------------------------------------------------------------ owner.json
@@ -143,6 +143,7 @@ class ImageProbe:
     on_tmpfs: bool = False
     cache_key: str = ""  # names this version of the images (a rewritten checkpoint: a new key)
     uid_map: tuple[tuple[int, int, int], ...] | None = None  # None: no user namespace image
+    delta: bool = False  # page images held as a delta (`save_delta`): assembled by the copy
 
 
 def probe_images(checkpoint_id: str, images: Path) -> ImageProbe:
@@ -155,6 +156,7 @@ def probe_images(checkpoint_id: str, images: Path) -> ImageProbe:
         mounts.fs_type_of(images) == "tmpfs",
         f"{checkpoint_id}-{st.st_ino}-{st.st_mtime_ns}",
         userns_uid_map(images),
+        save_delta.is_delta(images.parent),
     )
 
 
@@ -179,6 +181,7 @@ def cache_images(images: Path, cache: Path, key: str, tmpfs_mib: int) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             shutil.copytree(images, tmp, copy_function=sparse.copy_path)  # holes stay holes
+            save_delta.assemble(images.parent, tmp)  # a delta's page images, whole again
         except OSError:  # the checkpoint deleted while copied: no half copy left in RAM
             shutil.rmtree(tmp, ignore_errors=True)
             raise

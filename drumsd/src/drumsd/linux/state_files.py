@@ -16,9 +16,10 @@ from drumsd.linux.sparse import NEVER, CancelFlag, Usage
 
 
 def dir_usage(path: Path, cancel: CancelFlag = NEVER) -> Usage:
-    """Allocated and apparent bytes of the regular files under `path` (a checkpoint dir): a
-    sparse file counts what it holds (see `drumsd.linux.sparse`)."""
-    return trees.tree_usage(path, cancel)
+    """Allocated and apparent bytes of the regular files under `path` (a checkpoint dir) that
+    it alone holds: a sparse file counts what it holds (see `drumsd.linux.sparse`), and a file
+    hard-linked from another checkpoint (a delta save's share of its parent) nothing."""
+    return trees.own_usage(path, cancel)
 
 
 def upper_usage(upper: Path, cancel: CancelFlag = NEVER) -> Usage:

@@ -40,6 +40,27 @@ def tree_sha256(root: Path, cancel: CancelFlag = NEVER) -> str:
     return h.hexdigest()
 
 
+def own_usage(root: Path, cancel: CancelFlag = NEVER) -> Usage:
+    """Like `tree_usage`, but each file once and only when all its hard links are under
+    `root`: the bytes removing `root` would free."""
+    files: dict[tuple[int, int], tuple[int, int, Usage]] = {}  # inode -> links seen, nlink, usage
+    for dirpath, _, filenames in os.walk(root):
+        cancel.check(f"measuring {root}")
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            seen, nlink, usage = files.get(key, (0, st.st_nlink, sparse.usage_of(st)))
+            files[key] = (seen + 1, nlink, usage)
+    total = Usage()
+    for seen, nlink, usage in files.values():
+        if seen >= nlink:
+            total += usage
+    return total
+
+
 def tree_usage(root: Path, cancel: CancelFlag = NEVER) -> Usage:
     """Allocated and apparent bytes of the regular files under `root` (unreadable entries are
     skipped): a stat per entry, no file is read."""

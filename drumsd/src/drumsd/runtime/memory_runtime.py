@@ -22,6 +22,7 @@ from drumsd.core.seams import (
     CommandResult,
     Quiescence,
     RuntimeError_,
+    SaveParent,
     Screenshot,
     SlotFacts,
     SlotHandle,
@@ -85,6 +86,7 @@ class MemoryRuntime:
         self.fail_captures = 0  # this many captures raise runtime_error before one succeeds
         self.fail_adopt_check: list[str] = []  # problems checkpoint_problems reports
         self.captures = 0
+        self.save_parents: list[SaveParent | None] = []  # what each capture was stored against
         self.template_builds = 0
         self._next_pid = 10_000
         self._ns = FAKE_NAMESPACE_BASE
@@ -218,9 +220,17 @@ class MemoryRuntime:
         data, w, h = encode(image, spec)
         return Screenshot(data, spec.content_type, w, h, cached)
 
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
         slot = self._slot(handle)
         self.calls.append(("capture", handle.slot_id))
+        self.save_parents.append(parent)
         self.captures += 1
         if self.fail_captures:
             self.fail_captures -= 1

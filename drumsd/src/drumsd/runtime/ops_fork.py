@@ -37,6 +37,7 @@ from drumsd.core.seams import (
     CheckpointRef,
     Quiescence,
     RuntimeError_,
+    SaveParent,
     SlotHandle,
 )
 from drumsd.linux import state_files
@@ -241,6 +242,7 @@ async def dump(
                     cp_id,
                     dest,
                     window=quiet_window(sup.config, kind),
+                    parent=save_parent(sup.config, kind, source),
                 )
                 if before_ready is not None:
                     await before_ready(cp)
@@ -273,6 +275,19 @@ async def dump(
 FORK_SETTLE_S = 5.0
 
 
+def save_parent(
+    config: Config, kind: CheckpointKind, source: CheckpointRecord | None
+) -> SaveParent | None:
+    """What a capture of `kind` is stored against: a saved state's or task checkpoint's, the
+    checkpoint its slot was restored from (only what changed since it is stored,
+    save_delta_depth deep); a prefork is dumped whole, since its fork waits on it."""
+    if kind not in (CheckpointKind.saved, CheckpointKind.task) or config.save_delta_depth == 0:
+        return None
+    if source is None or not source.ready:
+        return None
+    return SaveParent(Path(source.dir), config.save_delta_depth)
+
+
 def quiet_window(config: Config, kind: CheckpointKind) -> tuple[str, float] | None:
     """The quiet window a dump of `kind` waits (the setting's name, seconds), or None: a saved
     state and a task checkpoint wait quiesce.window_s, a prefork prefork_quiesce_window_s when
@@ -292,6 +307,7 @@ async def quiet_capture(
     dest: Path,
     *,
     window: tuple[str, float] | None,
+    parent: SaveParent | None = None,
 ) -> CheckpointRef:
     """Capture as documented: with a `window` (a saved state; a prefork when
     prefork_quiesce_window_s is set), wait until the tree is quiescent (no process started or
@@ -331,7 +347,7 @@ async def quiet_capture(
             # briefly, and dump anyway after (a failed dump is tried again below).
             await sup.runtime.quiescent(handle, 0.0, min(left, FORK_SETTLE_S), q.poll_ms)
         try:
-            return await sup.runtime.capture(handle, cp_id, dest)
+            return await sup.runtime.capture(handle, cp_id, dest, parent=parent)
         except RuntimeError_ as exc:
             # A kernel limit (named in detail) stops every try alike: no retry helps.
             if exc.code != "runtime_error" or "limit" in exc.detail or attempt == q.max_attempts:

@@ -11,8 +11,8 @@ from typing import Any
 import trio
 
 from drumsd.core.host_limits import limit_hit, limit_message
-from drumsd.core.seams import CheckpointRef, RuntimeError_
-from drumsd.linux import checkpoint_files, criu, host_limits, procfs, procview
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent
+from drumsd.linux import checkpoint_files, criu, host_limits, procfs, procview, save_delta
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
 from drumsd.runtime.linux.supervision import Supervision
@@ -42,10 +42,13 @@ class Dumper:
         image_sha256: str,
         leave_running: bool,
         parent: str | None,
+        store_against: SaveParent | None = None,
     ) -> CheckpointRef:
         """criu dump of `inst` into `dest`, checked against the tree sampled before and after
-        it (refused, and the dump discarded, when it misses a process or thread), then the
-        upper hashed and meta.json written."""
+        it (refused, and the dump discarded, when it misses a process or thread), stored as
+        what changed since `store_against` when given (`save_delta`; full when that checkpoint
+        cannot serve or its chain is at its bound), then the upper hashed and meta.json
+        written."""
         if await trio.to_thread.run_sync(checkpoint_files.holds_checkpoint, dest):
             raise RuntimeError_(
                 "invalid_request",
@@ -57,6 +60,15 @@ class Dumper:
         run = await self._run_criu(inst, dest, script, leave_running)
         dumped = await self._check(inst, dest, run, leave_running)
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
+        delta = None
+        if store_against is not None:
+            delta = await trio.to_thread.run_sync(
+                save_delta.store_delta,
+                dest,
+                store_against.dir,
+                checkpoint_id,
+                store_against.max_depth,
+            )
         upper = dest / "upper"
         upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
         meta = {
@@ -67,6 +79,7 @@ class Dumper:
             "parent": parent,
             "profile": self.config.profile,
             "dump_s": round(run.dump_s, 3),
+            "delta": delta.as_meta() if delta else None,  # None: stored full
             "tree_sample_s": round(run.sampled_s, 4),  # the two samples it is checked against
             "processes": len(dumped),
             "threads": sum(len(t.threads) for t in dumped),
@@ -80,6 +93,7 @@ class Dumper:
             checkpoint=checkpoint_id,
             dump_s=f"{run.dump_s:.3f}",
             leave_running=leave_running,
+            stored=f"delta of {delta.parent} at depth {delta.depth}" if delta else "full",
         )
         return CheckpointRef(
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile

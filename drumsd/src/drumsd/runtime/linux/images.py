@@ -53,7 +53,7 @@ class ImageCache:
                 f"checkpoint {checkpoint.id}: no CRIU images at {images}; re-create the "
                 "checkpoint (make_template or capture)",
             )
-        if probe.on_tmpfs:
+        if probe.on_tmpfs and not probe.delta:  # a delta's pages are assembled in a copy
             return images, probe
         async with self._lock:
             if probe.cache_key not in self._copies:

@@ -19,6 +19,7 @@ from drumsd.core.seams import (
     CommandResult,
     Quiescence,
     RuntimeError_,
+    SaveParent,
     Screenshot,
     SlotFacts,
     SlotHandle,
@@ -133,10 +134,17 @@ class LinuxRuntime:
     ) -> list[SlotHandle]:
         return await self.slots.fork(handle, source, child_ids, limits)
 
-    async def capture(self, handle: SlotHandle, checkpoint_id: str, dest: Path) -> CheckpointRef:
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
         inst = self.instances.of(handle)
         return await self.dumper.dump(
-            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id
+            inst, checkpoint_id, dest, inst.image_sha256, True, inst.checkpoint_id, parent
         )
 
     async def checkpoint_problems(self, path: Path, meta: dict[str, Any]) -> list[str]:

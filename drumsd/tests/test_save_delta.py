@@ -1,0 +1,331 @@
+"""Saves that store what changed (issue 35): the pure half (CRIU pagemap images, shared address
+ranges, extents, the manifest, the depth bound) and the file work on synthetic checkpoint dirs
+(a chain of deltas assembled byte for byte after its parents are deleted, the upper's unchanged
+files hard-linked, what a checkpoint alone holds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from drumsd.core.save_delta import (
+    MANIFEST,
+    PAGE,
+    PE_PARENT,
+    PE_PRESENT,
+    SOURCES,
+    Extent,
+    Manifest,
+    PageImage,
+    Run,
+    compose,
+    delta_depth,
+    merge,
+    parse_pagemap,
+    shared_ranges,
+    slice_extents,
+)
+from drumsd.core.seams import SaveParent
+from drumsd.linux import checkpoint_files, save_delta, trees
+from harness import create, open_api
+
+MAGICS = bytes.fromhex("1943565425400856")  # CRIU's two magics, as a real pagemap image starts
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def message(**fields: int) -> bytes:
+    numbers = {"pages_id": 1, "vaddr": 1, "compat": 2, "in_parent": 3, "flags": 4, "nr": 5}
+    body = b"".join(varint(numbers[k] << 3) + varint(v) for k, v in fields.items())
+    return len(body).to_bytes(4, "little") + body
+
+
+def pagemap(pages_id: int, entries: list[tuple[int, int, int]]) -> bytes:
+    """A pagemap image: (vaddr, pages, flags) entries, nr_pages in compat field 2 as CRIU does."""
+    return (
+        MAGICS
+        + message(pages_id=pages_id)
+        + b"".join(message(vaddr=v, compat=n, flags=f) for v, n, f in entries)
+    )
+
+
+# ---------------------------------------------------------------- pure
+
+
+def test_pagemap_runs_are_the_present_entries_in_file_order() -> None:
+    data = pagemap(7, [(0x1000, 2, PE_PRESENT), (0x8000, 3, 0), (0x20000, 1, PE_PRESENT)])
+    pm = parse_pagemap(data)
+    assert pm.pages_name == "pages-7.img"
+    assert pm.runs == (Run(0x1000, 2, 0), Run(0x20000, 1, 2 * PAGE))
+    assert pm.size == 3 * PAGE
+    # nr_pages (field 5) wins over the compat count; no flags means present (old images)
+    old = MAGICS + message(pages_id=1) + message(vaddr=0x4000, compat=1, nr=4)
+    assert parse_pagemap(old).runs == (Run(0x4000, 4, 0),)
+
+
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        (b"\x00" * 4, "not a CRIU image"),
+        (MAGICS, "no head"),
+        (pagemap(1, [(0x1000, 1, PE_PARENT | PE_PRESENT)]), "in a parent image"),
+        (MAGICS + message(pages_id=1) + b"\x09\x00\x00\x00\x08", "truncated"),
+    ],
+)
+def test_a_pagemap_this_store_cannot_read_is_refused(data: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_pagemap(data)
+
+
+def test_shared_ranges_are_the_addresses_both_images_hold() -> None:
+    new = [Run(0x1000, 4, 0), Run(0x10000, 2, 4 * PAGE)]
+    old = [Run(0x3000, 4, 0), Run(0x11000, 1, 4 * PAGE)]
+    assert shared_ranges(new, old) == [
+        (2 * PAGE, 0, 2 * PAGE),  # 0x3000-0x5000
+        (5 * PAGE, 4 * PAGE, PAGE),  # 0x11000
+    ]
+    assert shared_ranges(new, []) == []
+
+
+def test_extents_slice_and_merge() -> None:
+    file = [Extent("a", 0, 8), Extent("b", 100, 4), Extent("a", 8, 8)]
+    assert slice_extents(file, 6, 8) == [Extent("a", 6, 2), Extent("b", 100, 4), Extent("a", 8, 2)]
+    assert merge([Extent("a", 0, 4), Extent("a", 4, 4), Extent("b", 0, 1)]) == [
+        Extent("a", 0, 8),
+        Extent("b", 0, 1),
+    ]
+    with pytest.raises(ValueError, match="outside"):
+        slice_extents(file, 10, 30)
+
+
+def _materialize(extents: list[Extent], sources: dict[str, bytes]) -> bytes:
+    return b"".join(sources[e.source][e.offset : e.offset + e.length] for e in extents)
+
+
+def test_compose_rebuilds_the_new_image_from_the_parent_and_the_pack() -> None:
+    rnd = random.Random(5)
+    pages = [rnd.randbytes(PAGE) for _ in range(40)]
+    sources = {"p.pack": b"".join(pages[:20]), "root.img": b"".join(pages[20:])}
+    parent = [Extent("root.img", 10 * PAGE, 10 * PAGE), Extent("p.pack", 0, 20 * PAGE)]
+    parent_bytes = _materialize(parent, sources)
+    new = bytearray(parent_bytes[: 24 * PAGE])
+    new[3 * PAGE : 4 * PAGE] = rnd.randbytes(PAGE)  # one page changed
+    new += rnd.randbytes(2 * PAGE)  # two pages the parent never had
+    reused = [(0, 0, 3 * PAGE), (4 * PAGE, 4 * PAGE, 20 * PAGE)]
+    extents, fresh = compose(len(new), reused, parent, "c.pack", 0)
+    sources["c.pack"] = b"".join(bytes(new[o : o + n]) for o, n in fresh)
+    assert fresh == [(3 * PAGE, PAGE), (24 * PAGE, 2 * PAGE)]
+    assert _materialize(extents, sources) == bytes(new)
+    assert sum(e.length for e in extents if e.source == "c.pack") == 3 * PAGE
+
+
+def test_manifest_round_trips_and_refuses_what_would_read_outside_its_dir() -> None:
+    m = Manifest("st-1", 2, {"pages-1.img": PageImage(8192, 42, (Extent("a.pack.zst", 0, 8192),))})
+    assert Manifest.from_json(json.loads(json.dumps(m.to_json()))) == m
+    assert m.sources() == {"a.pack.zst"} and m.stored_bytes("a.pack.zst") == 8192
+    bad = m.to_json()
+    bad["images"]["pages-1.img"]["extents"] = [["../../etc/passwd", 0, 8192]]
+    with pytest.raises(ValueError, match="bad extent"):
+        Manifest.from_json(bad)
+    short = m.to_json()
+    short["images"]["pages-1.img"]["size"] = 4096
+    with pytest.raises(ValueError, match="do not add up"):
+        Manifest.from_json(short)
+    with pytest.raises(ValueError, match="version"):
+        Manifest.from_json({"version": 99})
+
+
+def test_the_chain_is_bounded() -> None:
+    assert delta_depth(0, 8) == 1
+    assert delta_depth(7, 8) == 8
+    assert delta_depth(8, 8) is None  # the next save is full
+    assert delta_depth(0, 0) is None  # deltas off
+
+
+# ---------------------------------------------------------------- files
+
+
+def _dump(dest: Path, cp_id: str, procs: dict[str, dict[int, bytes]], upper: dict[str, bytes]):
+    """A checkpoint dir as a dump leaves it: per process a pagemap and its pages image
+    (address -> page), meta.json, the upper layer."""
+    images = dest / "images"
+    images.mkdir(parents=True)
+    for n, (proc, pages) in enumerate(sorted(procs.items()), start=1):
+        entries, data = [], b""
+        for vaddr in sorted(pages):
+            entries.append((vaddr, 1, PE_PRESENT))
+            data += pages[vaddr]
+        (images / f"pagemap-{proc}.img").write_bytes(pagemap(n, entries))
+        (images / f"pages-{n}.img").write_bytes(data)
+    (images / "inventory.img").write_bytes(MAGICS)
+    (dest / "meta.json").write_text(json.dumps({"id": cp_id}))
+    for rel, body in upper.items():
+        (dest / "upper" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / "upper" / rel).write_bytes(body)
+        os.utime(dest / "upper" / rel, ns=(1, 1))
+    (dest / "upper").mkdir(exist_ok=True)
+
+
+def _page_images(dest: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (dest / "images").glob("pages-*.img")}
+
+
+def test_a_chain_of_deltas_assembles_byte_identical_after_its_parents_are_deleted(
+    tmp_path: Path,
+) -> None:
+    rnd = random.Random(1)
+    procs = {
+        "1": {0x1000 * i: rnd.randbytes(PAGE) for i in range(1, 200)},
+        "52": {0x400000 + 0x1000 * i: rnd.randbytes(PAGE) for i in range(300)},
+    }
+    upper = {"home/user/doc.txt": b"draft 1", "home/user/.cache/big": rnd.randbytes(100_000)}
+    _dump(tmp_path / "c0", "c0", procs, upper)
+    expected: dict[str, dict[str, bytes]] = {}
+    for gen in range(1, 4):
+        for _ in range(5):  # a few pages written, one new page, one page unmapped
+            procs["52"][rnd.choice(sorted(procs["52"]))] = rnd.randbytes(PAGE)
+        procs["1"][0x900000 + gen * 0x1000] = rnd.randbytes(PAGE)
+        procs["1"].pop(rnd.choice(sorted(procs["1"])))
+        upper["home/user/doc.txt"] = f"draft {gen + 1}".encode()
+        dest = tmp_path / f"c{gen}"
+        _dump(dest, f"c{gen}", procs, upper)
+        expected[f"c{gen}"] = _page_images(dest)
+        full = trees.own_usage(dest).apparent_bytes
+        stats = save_delta.store_delta(dest, tmp_path / f"c{gen - 1}", f"c{gen}", max_depth=8)
+        assert stats is not None and stats.depth == gen and stats.parent == f"c{gen - 1}"
+        assert stats.pages_fresh <= 6 * PAGE  # up to 5 pages written (some twice) and 1 new
+        assert stats.upper_linked == 100_000  # the cache file; the document changed
+        assert not list((dest / "images").glob("pages-*.img"))
+        assert save_delta.delta_problems(dest) == []
+        # what it alone holds is a fraction of the dump
+        assert trees.own_usage(dest).apparent_bytes < full / 10
+    for gen in range(3):
+        shutil.rmtree(tmp_path / f"c{gen}")
+    out = tmp_path / "copy"
+    shutil.copytree(tmp_path / "c3" / "images", out)
+    assert save_delta.assemble(tmp_path / "c3", out) == 2
+    assert {p.name: p.read_bytes() for p in out.glob("pages-*.img")} == expected["c3"]
+    assert (tmp_path / "c3" / "upper" / "home/user/doc.txt").read_bytes() == b"draft 4"
+
+
+def test_past_the_depth_bound_a_save_is_full(tmp_path: Path) -> None:
+    procs = {"1": {0x1000: b"a" * PAGE}}
+    _dump(tmp_path / "c0", "c0", procs, {})
+    _dump(tmp_path / "c1", "c1", procs, {})
+    assert save_delta.store_delta(tmp_path / "c1", tmp_path / "c0", "c1", max_depth=1)
+    _dump(tmp_path / "c2", "c2", procs, {})
+    assert save_delta.store_delta(tmp_path / "c2", tmp_path / "c1", "c2", max_depth=1) is None
+    assert not (tmp_path / "c2" / MANIFEST).exists()
+    assert _page_images(tmp_path / "c2") == {"pages-1.img": b"a" * PAGE}
+
+
+def test_a_parent_that_cannot_serve_leaves_the_dump_full(tmp_path: Path) -> None:
+    _dump(tmp_path / "c1", "c1", {"1": {0x1000: b"a" * PAGE}}, {})
+    assert save_delta.store_delta(tmp_path / "c1", tmp_path / "gone", "c1", 8) is None
+    assert _page_images(tmp_path / "c1") == {"pages-1.img": b"a" * PAGE}
+    assert not (tmp_path / "c1" / SOURCES).exists()
+
+
+def test_a_changed_source_fails_assembly_with_the_file_named(tmp_path: Path) -> None:
+    procs = {"1": {0x1000 * i: bytes([i]) * PAGE for i in range(1, 9)}}
+    _dump(tmp_path / "c0", "c0", procs, {})
+    procs["1"][0x1000] = b"z" * PAGE
+    _dump(tmp_path / "c1", "c1", procs, {})
+    assert save_delta.store_delta(tmp_path / "c1", tmp_path / "c0", "c1", 8)
+    held = tmp_path / "c1" / SOURCES / "c0.pages-1.img"
+    with open(held, "r+b") as f:  # the parent's file, shared by the link, written in place
+        f.seek(3 * PAGE)
+        f.write(b"?")
+    out = tmp_path / "copy"
+    shutil.copytree(tmp_path / "c1" / "images", out)
+    with pytest.raises(OSError, match=r"pages-1\.img .*CRC differs"):
+        save_delta.assemble(tmp_path / "c1", out)
+    held.unlink()
+    missing = "pages/c0.pages-1.img is missing: pages.json names it"
+    assert save_delta.delta_problems(tmp_path / "c1") == [missing]
+    assert missing in checkpoint_files.dump_problems(tmp_path / "c1", {})  # adoption checks it
+
+
+def test_upper_files_are_linked_only_when_equal_in_everything(tmp_path: Path) -> None:
+    parent, child = tmp_path / "p", tmp_path / "c"
+    files = {"same": b"x" * 5000, "edited": b"old", "chmod": b"m", "twin1": b"t", "twin2": b"t"}
+    for root in (parent, child):
+        root.mkdir()
+        for name, body in files.items():
+            (root / name).write_bytes(body)
+            os.utime(root / name, ns=(1, 1))
+    os.link(parent / "twin1", parent / "twin_link")  # a hard link within the parent's upper
+    (child / "twin_link").write_bytes(b"t")
+    os.utime(child / "twin_link", ns=(1, 1))
+    (child / "edited").write_bytes(b"new")
+    os.utime(child / "edited", ns=(1, 1))
+    (child / "chmod").chmod(0o600)
+    (child / "sparse").write_bytes(b"")
+    os.truncate(child / "sparse", 1 << 30)  # a hole: never read
+    total, linked = save_delta.link_unchanged(child, parent)
+    names = [*files, "twin_link"]
+    inode = {n: (child / n).stat().st_ino == (parent / n).stat().st_ino for n in names}
+    assert inode["same"] and inode["twin2"]
+    assert not inode["edited"] and not inode["chmod"]
+    # twin1 and twin_link are distinct files in the child, one inode in the parent: only one of
+    # them is linked to it, or the restored tree would have them joined
+    assert inode["twin1"] != inode["twin_link"]
+    assert (child / "twin_link").stat().st_ino != (child / "twin1").stat().st_ino
+    assert linked == 5002 and total == 5000 + 3 + 1 + 1 + 1 + 1 + (1 << 30)
+    assert (child / "edited").read_bytes() == b"new"
+
+
+def test_own_usage_counts_what_removing_the_dir_would_free(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "shared").write_bytes(b"s" * 8192)
+    os.link(a / "shared", b / "shared")
+    (b / "own").write_bytes(b"o" * 4096)
+    (b / "own2").write_bytes(b"p" * 4096)
+    os.link(b / "own2", b / "own2-link")  # linked within b only: b's
+    assert trees.own_usage(b).apparent_bytes == 8192
+    shutil.rmtree(a)
+    assert (
+        trees.own_usage(b).apparent_bytes == 8192 + 8192
+    )  # the parent gone: the file is b's alone
+
+
+# ---------------------------------------------------------------- what the supervisor asks
+
+
+async def test_a_saved_state_is_stored_against_its_slots_checkpoint_and_a_prefork_never(
+    tmp_path: Path,
+) -> None:
+    async with open_api(tmp_path, quiesce={"window_s": 0.05}) as api:
+        slot = await create(api)
+        r = await api.client.post(f"/v1/slots/{slot['id']}/capture", json={})
+        assert r.status_code == 201, r.text
+        template = api.sup.checkpoints[slot["checkpoint"]]
+        assert api.runtime.save_parents == [SaveParent(Path(template.dir), 8)]
+        child = await create(api, from_state=r.json()["id"])
+        r = await api.client.post(f"/v1/slots/{child['id']}/capture", json={})
+        assert r.status_code == 201, r.text
+        saved = api.sup.checkpoints[child["checkpoint"]]
+        assert api.runtime.save_parents[-1] == SaveParent(Path(saved.dir), 8)
+        r = await api.client.post(f"/v1/slots/{child['id']}/prefork", json={})
+        assert r.status_code in (200, 201), r.text
+        assert api.runtime.save_parents[-1] is None  # a fork waits on its prefork's dump
+
+
+async def test_save_delta_depth_zero_stores_every_save_full(tmp_path: Path) -> None:
+    async with open_api(tmp_path, quiesce={"window_s": 0.05}, save_delta_depth=0) as api:
+        slot = await create(api)
+        r = await api.client.post(f"/v1/slots/{slot['id']}/capture", json={})
+        assert r.status_code == 201, r.text
+        assert api.runtime.save_parents == [None]

@@ -156,6 +156,9 @@ def _open_b_and_type(http: Any, sid: str) -> None:
 def test_chromium_active_tab_getters(office, solved):
     result = _episode(office, CHROME_TASK, _open_b_and_type if solved else None)
     assert result["score"] == (1.0 if solved else 0.0), result
+    # Verify froze the slot to read its files and scan it (issue 36); these getters ask the
+    # live browser over DevTools after the thaw, and it answers.
+    assert "not_frozen" not in result["audit"]["flags"], result["audit"]
 
 
 def test_the_terminal_a_task_starts_is_the_one_read(office):

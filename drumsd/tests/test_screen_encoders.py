@@ -5,6 +5,7 @@ each format takes the encoder chosen for it, and the framebuffer's XWD header is
 from __future__ import annotations
 
 import io
+import math
 import random
 import struct
 import zlib
@@ -117,12 +118,18 @@ def test_a_change_redoes_only_its_band_and_the_png_is_the_new_screen(counted: li
 
 
 class Drawn:
-    """DamageWatch's stand-in: answers the rows the test says were drawn."""
+    """DamageWatch's stand-in: answers the rows (whole width) or the box the test says were
+    drawn."""
 
     def __init__(self) -> None:
         self.rows: tuple[int, int] | str | None = damage.EVERYTHING
+        self.box: damage.Box | None = None
 
-    def take(self) -> tuple[int, int] | str | None:
+    def take(self) -> damage.Box | str | None:
+        if self.box is not None:
+            return self.box
+        if isinstance(self.rows, tuple):
+            return (0, self.rows[0], 1920, self.rows[1])
         return self.rows
 
 
@@ -177,8 +184,8 @@ def test_a_change_reencodes_only_its_jpeg_band(monkeypatch: pytest.MonkeyPatch) 
     x = FakeX(desktop())
     spec = ShotSpec("jpeg", 80, 1280, 720)
     first = decoded(x.grab(spec).data)
-    assert len(calls) == 15 and first.size == (1280, 720)
-    x.image.paste((255, 0, 0), (300, 485, 310, 500))
+    assert len(calls) == 720 // jpegbands.BAND_ROWS and first.size == (1280, 720)
+    x.image.paste((255, 0, 0), (300, 485, 310, 500))  # output rows 323..333: one 16-row band
     calls.clear()
     after = x.grab(spec)
     assert len(calls) == 1, f"{len(calls)} JPEG bands re-encoded for a change inside one"
@@ -191,6 +198,66 @@ def test_a_change_reencodes_only_its_jpeg_band(monkeypatch: pytest.MonkeyPatch) 
 def test_a_band_that_is_not_a_plain_baseline_jpeg_is_refused() -> None:
     with pytest.raises(jpegbands.JpegLayoutError, match="no SOI or EOI"):
         jpegbands.split(b"not a jpeg")
+
+
+@pytest.fixture
+def resized(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The width of every piece of the frame a scaled view resamples."""
+    widths: list[int] = []
+    real = screen._rgb
+
+    def rgb(frame, y0, y1, x0=0, x1=None):
+        image = real(frame, y0, y1, x0, x1)
+        widths.append(image.width)
+        return image
+
+    monkeypatch.setattr(screen, "_rgb", rgb)
+    return widths
+
+
+def off_pixels(shot: bytes, image: Image.Image, size: tuple[int, int]) -> int:
+    """Pixels of the decoded shot more than 1 level off a full BOX resize of `image`."""
+    diff = ImageChops.difference(decoded(shot), image.resize(size, Image.Resampling.BOX))
+    return sum(diff.convert("L").point(lambda v: 255 if v > 1 else 0).histogram()[255:])
+
+
+# A part resampled from a box of the frame is a full resize's pixels where the scale is a binary
+# fraction (1920 -> 1280, 1080 -> 720: 1.5); elsewhere (1080 -> 800: 1.35) a tap that falls on a
+# pixel boundary can round the other way, so an edge row or column of a redone part may average
+# one more source row, and stays so until redone: at most the parts' outlines, never a part's
+# inside (a stale part would be).
+@pytest.mark.parametrize(
+    ("size", "exact"), [((1280, 720), True), ((640, 360), True), ((1280, 800), False)]
+)
+def test_a_scaled_view_redoes_only_the_columns_damage_drew_in(
+    size: tuple[int, int], exact: bool, resized: list[int]
+) -> None:
+    x = FakeX(desktop())
+    x.use_damage, x.damage = True, Drawn()
+    jpeg, png = ShotSpec("jpeg", 95, *size), ShotSpec("png", None, *size)
+    x.grab(png)
+    x.full_check_at = math.inf  # no full check (every 2 s) on a slow run: DAMAGE's boxes only
+    rng = random.Random(11)
+    outline = 0
+    for step in range(12):  # boxes at the edges and inside; the PNG after a JPEG grab or two
+        x0 = rng.choice([0, 1, 2, 299, 300, 1000, 1900])
+        y0 = rng.choice([0, 23, 24, 485, 1070])
+        x1, y1 = min(1920, x0 + rng.choice([1, 9, 20, 300])), min(1080, y0 + rng.choice([1, 13]))
+        x.image.paste((rng.randrange(256), rng.randrange(256), 200), (x0, y0, x1, y1))
+        x.damage.box = (x0, y0, x1, y1)
+        outline += 2 * ((x1 - x0) * size[0] // 1920 + (y1 - y0) * size[1] // 1080 + 4)
+        resized.clear()
+        shot = x.grab(png if step % 3 else jpeg)
+        assert resized and max(resized) <= (x1 - x0) + 8, f"resampled {resized} for {x1 - x0}"
+        if step % 3:
+            off = off_pixels(shot.data, x.image, size)
+            assert off == 0 if exact else off <= outline, f"{off} pixels off at step {step}"
+    x.image.paste((9, 9, 9), (0, 0, 1920, 1))  # not reported, then its band drawn on elsewhere
+    x.damage.box = (500, 0, 501, 1)
+    x.grab(png)
+    x.damage.box, x.damage.rows = None, None
+    x.full_check_at = -math.inf  # the full check redoes that band's whole width
+    assert off_pixels(x.grab(png).data, x.image, size) <= (0 if exact else outline + size[0])
 
 
 @pytest.mark.parametrize("size", [(1280, 720), (1024, 768), (1000, 555), (640, 360)])

@@ -89,6 +89,16 @@ async def settled(rt, h, spec: ShotSpec) -> bytes:
     return shot.data
 
 
+async def changed_from(rt, h, before: Image.Image) -> None:
+    """Until the full-size screen differs from `before` (the xterm draws after the step)."""
+    with trio.fail_after(10):
+        while (
+            ImageChops.difference(decoded((await rt.grab(h, PNG_FULL)).data), before).getbbox()
+            is None
+        ):
+            await trio.sleep(0.05)
+
+
 async def test_a_changed_screen_encodes_fast_to_the_same_pixels(rt, template, state_dir) -> None:
     h = await rt.restore(f"shots-{uuid.uuid4().hex[:6]}", template, LIMITS)
     try:
@@ -120,6 +130,18 @@ async def test_a_changed_screen_encodes_fast_to_the_same_pixels(rt, template, st
         assert ours.size == theirs.size == (1280, 720)
         diff = ImageChops.difference(ours, theirs)
         assert max(hi for _, hi in diff.getextrema()) <= 24, diff.getextrema()
+
+        # A scaled view kept between grabs redoes only the columns X DAMAGE reported (the typed
+        # characters'), and is still a full resize of the screen (1.5 both ways: exact).
+        scaled = ShotSpec("png", None, 1280, 720)
+        await settled(rt, h, scaled)
+        await rt.step(h, {"type": "type", "text": " tail"})
+        await changed_from(rt, h, decoded(png))
+        full = decoded(await settled(rt, h, PNG_FULL))
+        diff = ImageChops.difference(
+            decoded(await settled(rt, h, scaled)), full.resize((1280, 720), Image.Resampling.BOX)
+        )
+        assert max(hi for _, hi in diff.getextrema()) <= 1, diff.getbbox()
 
         # The agent's X DAMAGE connection and Xvfb's framebuffer segment through a CRIU dump and
         # a restore: the restored copy still sees what is typed.

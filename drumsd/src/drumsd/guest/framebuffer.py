@@ -47,10 +47,11 @@ class Frame:
     address: int = 0
     buffer: bytes = b""
 
-    def rows(self, y0: int, y1: int) -> Any:
-        """Rows y0..y1 as a buffer zlib and Pillow's decoders read without a copy (a ctypes
-        array over the segment: Pillow refuses memoryviews)."""
-        start, end = y0 * self.stride, y1 * self.stride
+    def rows(self, y0: int, y1: int, x0: int = 0) -> Any:
+        """Rows y0..y1, from column x0 on, as a buffer zlib and Pillow's decoders read without a
+        copy (a ctypes array over the segment: Pillow refuses memoryviews). Read with the frame's
+        stride; the last row ends at the frame's right edge."""
+        start, end = y0 * self.stride + x0 * 4, y1 * self.stride
         if self.address:
             return (ctypes.c_char * (end - start)).from_address(self.address + start)
         if (start, end) == (0, len(self.buffer)):

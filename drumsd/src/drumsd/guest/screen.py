@@ -24,6 +24,7 @@ from .framebuffer import Frame, Framebuffer, FramebufferMissing, xcb_frame
 # a multiple of 3, so a band maps to whole rows at the common 1920 -> 1280 scale.
 BAND_ROWS = 24
 FULL_CHECK_S = 2.0  # every band is checksummed at least this often, whatever DAMAGE says
+COLUMN_HISTORY = 4  # per band, the columns of its last changes (older ones merged)
 
 
 @dataclass
@@ -59,8 +60,11 @@ class Screen:
     band when it cannot say, and every FULL_CHECK_S): bands whose CRC is unchanged keep their work
     from the last grab (their rows of each scaled view, their deflated PNG bands, their JPEG
     bands joined by restart markers: jpegbands.py; WebP has no such seam and is encoded whole).
-    Without DAMAGE the CRCs of the whole frame cost ~2.5-3.5 ms at 1080p. An encoded image is
-    returned again as it is while no band changed.
+    Without DAMAGE the CRCs of the whole frame cost ~2.5-3.5 ms at 1080p. A scaled view redoes
+    only the columns DAMAGE drew in of a changed band (a typed character: ~20 of 1920); a full
+    check redoes the whole width of every band changed since the last one, so a change DAMAGE did
+    not report is in every view within FULL_CHECK_S. An encoded image is returned again as it is
+    while no band changed.
 
     `fresh` grabs take the path before this (Pillow's GetImage, a full-frame resize and Pillow's
     encoder, no cache): `drumsd bench --screenshots` measures both in one run."""
@@ -78,6 +82,10 @@ class Screen:
         self.full_checks = 0
         self.band_crcs: list[int] = []
         self.band_generation: list[int] = []
+        # per band, (generation, x0, x1) of its recent changes, oldest first: a view behind by
+        # several generations redoes the union of the columns changed since it was made
+        self.band_columns: list[list[tuple[int, int, int]]] = []
+        self.since_full_check: set[int] = set()  # bands changed by DAMAGE's columns
         self.frame_size: tuple[int, int] = (0, 0)
         self.generation = 0
         self.views: dict[tuple[int, int], View] = {}
@@ -105,9 +113,10 @@ class Screen:
         size, data = Image.core.grabscreen_x11(self.display)
         return Image.frombytes("RGB", size, data, "raw", "BGRX", size[0] * 4, 1)
 
-    def _bands_to_check(self, frame: Frame) -> range:
-        """The bands X DAMAGE says were drawn on (all of them when it cannot say, the frame's
-        size changed, or FULL_CHECK_S passed since the last full check: a net under DAMAGE)."""
+    def _bands_to_check(self, frame: Frame) -> tuple[range, tuple[int, int] | None]:
+        """The bands X DAMAGE says were drawn on and the columns it drew in (no band and (0, 0)
+        when nothing was drawn; all bands and None when it cannot say, the frame's size changed,
+        or FULL_CHECK_S passed since the last full check: a net under DAMAGE)."""
         bands = math.ceil(frame.height / BAND_ROWS)
         drawn = self.damage.take() if self.use_damage else EVERYTHING
         now = time.monotonic()
@@ -118,18 +127,21 @@ class Screen:
         ):
             self.full_check_at = now
             self.full_checks += 1
-            return range(bands)
+            return range(bands), None
         if drawn is None:
-            return range(0)
+            return range(0), (0, 0)
         assert isinstance(drawn, tuple)
-        return range(drawn[0] // BAND_ROWS, min(bands, math.ceil(drawn[1] / BAND_ROWS)))
+        x0, y0, x1, y1 = drawn
+        rows = range(y0 // BAND_ROWS, min(bands, math.ceil(y1 / BAND_ROWS)))
+        columns = (min(x0, frame.width), min(x1, frame.width))
+        return rows, columns if columns[0] < columns[1] else (0, frame.width)
 
     def _note_changes(self, frame: Frame) -> None:
         """CRC the bands drawn on; bands that differ from the last grab get the new generation."""
         size = (frame.width, frame.height)
-        check = self._bands_to_check(frame)
+        check, columns = self._bands_to_check(frame)
         crcs = list(self.band_crcs) if size == self.frame_size else []
-        if len(check) == math.ceil(frame.height / BAND_ROWS):
+        if columns is None:
             crcs = [
                 zlib.crc32(frame.rows(y, min(frame.height, y + BAND_ROWS)))
                 for y in range(0, frame.height, BAND_ROWS)
@@ -142,14 +154,40 @@ class Screen:
         if size != self.frame_size:
             self.frame_size = size
             self.views.clear()
-            self.band_generation = [self.generation + 1] * len(crcs)
             self.generation += 1
-        elif crcs != self.band_crcs:
+            self.band_generation = [self.generation] * len(crcs)
+            self.band_columns = [[(self.generation, 0, frame.width)] for _ in crcs]
+            self.since_full_check.clear()
+            self.band_crcs = crcs
+            return
+        changed = {
+            i for i, (new, old) in enumerate(zip(crcs, self.band_crcs, strict=True)) if new != old
+        }
+        if columns is None:  # a full check: the width of every band changed since the last one
+            changed |= self.since_full_check
+            self.since_full_check.clear()
+        else:
+            self.since_full_check |= changed
+        if changed:
             self.generation += 1
-            for i, (new, old) in enumerate(zip(crcs, self.band_crcs, strict=True)):
-                if new != old:
-                    self.band_generation[i] = self.generation
+            for i in changed:
+                self.band_generation[i] = self.generation
+                self._note_columns(i, columns or (0, frame.width))
         self.band_crcs = crcs
+
+    def _note_columns(self, band: int, columns: tuple[int, int]) -> None:
+        history = self.band_columns[band]
+        history.append((self.generation, *columns))
+        if len(history) > COLUMN_HISTORY:  # the two oldest as one: their union, the newer's mark
+            (_, a0, a1), (g, b0, b1) = history[0], history[1]
+            history[:2] = [(g, min(a0, b0), max(a1, b1))]
+
+    def _columns_since(self, band: int, generation: int) -> tuple[int, int]:
+        """The columns of the band changed after `generation` (a superset)."""
+        spans = [(x0, x1) for g, x0, x1 in self.band_columns[band] if g > generation]
+        if not spans:
+            return 0, self.frame_size[0]
+        return min(x0 for x0, _ in spans), max(x1 for _, x1 in spans)
 
     # ------------------------------------------------ grabs
 
@@ -183,12 +221,12 @@ class Screen:
             image = _rgb(frame, y0, y1).crop((x0, 0, x1, y1 - y0))
             return encode(image, dataclasses.replace(spec, region=None))
         view = self._view(spec.size_for(frame.width, frame.height))
-        dirty = self._update(view, frame)
-        for i in dirty:
-            view.png[i] = None
-        for _, scans in view.jpeg.values():
-            for i in {d * BAND_ROWS // jpegbands.BAND_ROWS for d in dirty}:
-                scans[i] = None
+        for j0, j1 in self._update(view, frame):
+            for i in range(j0 // BAND_ROWS, (j1 - 1) // BAND_ROWS + 1):
+                view.png[i] = None
+            for _, scans in view.jpeg.values():
+                for i in range(j0 // jpegbands.BAND_ROWS, (j1 - 1) // jpegbands.BAND_ROWS + 1):
+                    scans[i] = None
         if spec.format == "jpeg":
             assert spec.quality is not None
             return self._jpeg(view, frame, spec.quality), view.width, view.height
@@ -236,31 +274,43 @@ class Screen:
         self.views[size] = view  # most recently used last
         return view
 
-    def _update(self, view: View, frame: Frame) -> set[int]:
-        """Bring the view to the frame's generation; returns its PNG bands that changed."""
+    def _update(self, view: View, frame: Frame) -> list[tuple[int, int]]:
+        """Bring the view to the frame's generation; returns the view's rows that changed."""
         changed = [i for i, g in enumerate(self.band_generation) if g > view.generation]
-        view.generation = self.generation
-        dirty: set[int] = set()
+        since, view.generation = view.generation, self.generation
         if not changed:
-            return dirty
+            return []
         if (view.width, view.height) == (frame.width, frame.height):
-            return set(changed)  # same rows, same bands
+            return _runs(changed, frame.height)  # same rows, same bands
         from PIL import Image
 
         if view.image is None:
             view.image = Image.new("RGB", (view.width, view.height))
-        sy = view.height / frame.height
+        sx, sy = view.width / frame.width, view.height / frame.height
+        dirty: list[tuple[int, int]] = []
         for y0, y1 in _runs(changed, frame.height):
-            # BOX resampling: output row j reads source rows [j / sy, (j + 1) / sy), so only the
-            # output rows over the changed source rows are redone, from those rows (+1 margin).
+            spans = [self._columns_since(i, since) for i in range(y0 // BAND_ROWS, _band_end(y1))]
+            x0, x1 = min(a for a, _ in spans), max(b for _, b in spans)
+            # BOX resampling: output pixel (k, j) reads the source box [k / sx, (k + 1) / sx) x
+            # [j / sy, (j + 1) / sy), so only the output pixels over the changed source box are
+            # redone, from that box (+1 pixel of margin).
             j0, j1 = math.floor(y0 * sy), min(view.height, math.ceil(y1 * sy))
+            k0, k1 = math.floor(x0 * sx), min(view.width, math.ceil(x1 * sx))
             r0 = max(0, math.floor(j0 / sy) - 1)
             r1 = min(frame.height, math.ceil(j1 / sy) + 1)
-            box = (0, j0 / sy - r0, frame.width, j1 / sy - r0)
-            part = _rgb(frame, r0, r1).resize((view.width, j1 - j0), Image.Resampling.BOX, box=box)
-            view.image.paste(part, (0, j0))
-            dirty.update(range(j0 // BAND_ROWS, (j1 - 1) // BAND_ROWS + 1))
+            c0 = max(0, math.floor(k0 / sx) - 1)
+            c1 = min(frame.width, math.ceil(k1 / sx) + 1)
+            box = (k0 / sx - c0, j0 / sy - r0, k1 / sx - c0, j1 / sy - r0)
+            part = _rgb(frame, r0, r1, c0, c1).resize(
+                (k1 - k0, j1 - j0), Image.Resampling.BOX, box=box
+            )
+            view.image.paste(part, (k0, j0))
+            dirty.append((j0, j1))
         return dirty
+
+
+def _band_end(y1: int) -> int:
+    return math.ceil(y1 / BAND_ROWS)
 
 
 def _runs(bands: list[int], height: int) -> list[tuple[int, int]]:
@@ -275,12 +325,14 @@ def _runs(bands: list[int], height: int) -> list[tuple[int, int]]:
     return runs
 
 
-def _rgb(frame: Frame, y0: int, y1: int) -> Any:
-    """Rows y0..y1 of the frame as an RGB image (the BGRX -> RGB conversion in Pillow's C)."""
+def _rgb(frame: Frame, y0: int, y1: int, x0: int = 0, x1: int | None = None) -> Any:
+    """Rows y0..y1 (columns x0..x1) of the frame as an RGB image (the BGRX -> RGB conversion in
+    Pillow's C, reading the frame in place)."""
     from PIL import Image
 
+    width = (frame.width if x1 is None else x1) - x0
     return Image.frombytes(
-        "RGB", (frame.width, y1 - y0), frame.rows(y0, y1), "raw", "BGRX", frame.stride, 1
+        "RGB", (width, y1 - y0), frame.rows(y0, y1, x0), "raw", "BGRX", frame.stride, 1
     )
 
 

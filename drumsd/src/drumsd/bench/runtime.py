@@ -42,6 +42,7 @@ from drumsd.bench.common import (
     summarize,
 )
 from drumsd.bench.forks import ForkBenchOptions, main_fork_bench
+from drumsd.bench.saves import SaveBenchOptions, main_save_bench
 from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
 from drumsd.core.seams import SlotLimits
 
@@ -400,6 +401,16 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fork-width", type=int, default=forks.width)
     parser.add_argument("--fork-rounds", type=int, default=forks.rounds)
     parser.add_argument("--fork-settle-s", type=float, default=forks.settle_s)
+    saves = SaveBenchOptions()
+    parser.add_argument(
+        "--saves",
+        action="store_true",
+        help="only saves: a desktop restored from a saved state changes one document, then "
+        "is saved full and as what changed (save_delta_depth), --save-rounds each, interleaved; "
+        "bytes, save wall and restore walls of each (JSON to --out; --app opens the document's "
+        "app, e.g. --image office --app 'libreoffice --calc --norestore')",
+    )
+    parser.add_argument("--save-rounds", type=int, default=saves.rounds)
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -427,6 +438,19 @@ def main_bench(args: argparse.Namespace) -> int:
                 width=max(2, args.fork_width),
                 rounds=max(1, args.fork_rounds),
                 settle_s=max(1.0, args.fork_settle_s),
+                out=args.out,
+            )
+        )
+    if args.saves:
+        return main_save_bench(
+            SaveBenchOptions(
+                image=args.image,
+                cache_root=args.cache_root,
+                state_dir=args.state_dir,
+                criu=args.criu,
+                profile="hardened" if args.profile == "both" else args.profile,
+                apps=tuple(args.app),
+                rounds=max(1, args.save_rounds),
                 out=args.out,
             )
         )

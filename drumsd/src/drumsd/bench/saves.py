@@ -1,0 +1,201 @@
+"""`drumsd bench --saves`: a save of a desktop that changed one document since its restore,
+stored full and as what changed since the checkpoint it was restored from (`save_delta_depth`),
+in the same run, the two in alternating order each round so host load falls on both alike.
+
+The desktop is restored from a saved state of itself (the parent). Per round: one document
+written (a line appended to ~/Documents/notes.txt and the same line typed in the focused
+window), then a full capture and a delta capture of it: each one's wall (the runtime's capture:
+CRIU's dump with the upper copied, the comparison with the parent and its pack for a delta, the
+upper's hash), CRIU's dump alone, the bytes its directory alone holds; then two restores of
+each until the agent answers: the first copies its images onto the runtime's tmpfs (a delta's
+page images are assembled there), the second reads that copy. Medians; table + JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from drumsd.bench.common import BENCH_LIMITS, CACHE_ROOT, CRIU, Progress, meminfo_mib
+from drumsd.core.seams import CheckpointRef, SaveParent, SlotHandle
+from drumsd.linux import state_files
+
+MODES = ("full", "delta")
+TARGET_BYTES = 0.15  # issue 35: a delta save <= 15% of a full dump's bytes
+TARGET_TIME = 0.50  # ... and <= 50% of its time
+DEPTH = 8  # the daemon's default save_delta_depth
+
+
+@dataclass(frozen=True)
+class SaveBenchOptions:
+    image: str = "office"
+    cache_root: Path = CACHE_ROOT
+    state_dir: Path = Path("/run/drums-bench")
+    criu: Path = CRIU
+    profile: str = "hardened"
+    apps: Sequence[str] = ("libreoffice --calc --norestore",)
+    rounds: int = 5
+    out: Path = Path("bench-saves.json")
+
+
+async def _change_document(rt: Any, h: SlotHandle, line: str) -> None:
+    cmd = f"mkdir -p ~/Documents && echo '{line}' >> ~/Documents/notes.txt"
+    await rt.exec_user(h, cmd, 20.0)
+    await rt.step(h, {"type": "type", "text": f"{line}\n"})
+    await trio.sleep(1.0)  # the app's redraw and its own writes settle, as before a save
+
+
+async def _restore_s(rt: Any, ref: CheckpointRef, slot_id: str) -> float:
+    t0 = time.monotonic()
+    h = await rt.restore(slot_id, ref, BENCH_LIMITS)
+    took = time.monotonic() - t0
+    await rt.screenshot(h)  # it answers: restored whole
+    await rt.destroy(h.slot_id)
+    return took
+
+
+async def one_save(
+    rt: Any, h: SlotHandle, mode: str, dest: Path, parent: Path, tag: str
+) -> dict[str, Any]:
+    against = SaveParent(parent, DEPTH) if mode == "delta" else None
+    t0 = time.monotonic()
+    ref = await rt.capture(h, f"bench-save-{tag}", dest, parent=against)
+    capture_s = time.monotonic() - t0
+    meta = json.loads((dest / "meta.json").read_text())
+    if mode == "delta" and not meta.get("delta"):
+        raise RuntimeError(f"{dest}: the delta capture was stored full")
+    got: dict[str, Any] = {
+        "capture_s": capture_s,
+        "dump_s": float(meta["dump_s"]),
+        "bytes": state_files.dir_usage(dest).apparent_bytes,
+    }
+    if meta.get("delta"):
+        d = meta["delta"]
+        got |= {k: d[k] for k in ("diff_s", "pages_bytes", "pages_fresh", "pages_stored")}
+    got["restore_first_s"] = await _restore_s(rt, ref, f"bench-sv-{tag}-1")
+    got["restore_cached_s"] = await _restore_s(rt, ref, f"bench-sv-{tag}-2")
+    await rt.forget_checkpoint(ref.id)  # its tmpfs copy goes
+    shutil.rmtree(dest, ignore_errors=True)
+    return got
+
+
+def summarize_mode(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    keys = sorted({k for r in rounds for k in r})
+    return {k: round(statistics.median(float(r[k]) for r in rounds if k in r), 4) for k in keys}
+
+
+async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> dict[str, Any]:
+    from drumsd.linux.image import find_image
+    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+
+    image = find_image(opts.image, opts.cache_root)
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    cfg = LinuxRuntimeConfig(
+        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
+    )
+    results: dict[str, Any] = {
+        "host": {
+            "cpus": os.cpu_count(),
+            "kernel": os.uname().release,
+            "mem_total_mib": meminfo_mib()["MemTotal"],
+            "loadavg_start": os.getloadavg(),
+        },
+        "image": {"profile": image.profile, "sha256": image.sha256},
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+    }
+    ck_dir = opts.state_dir / "checkpoints" / f"bench-saves-{uuid.uuid4().hex[:6]}"
+    rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    async with open_linux_runtime(cfg) as rt:
+        await rt.sweep([])
+        progress(f"template of {image.profile} with {list(opts.apps)} ...")
+        template = await rt.make_template(
+            image.root, image.sha256, "bench-saves", ck_dir / "template", apps=opts.apps
+        )
+        first = await rt.restore("bench-sv-first", template, BENCH_LIMITS)
+        await rt.quiescent(first, 0.5, 60.0, cfg.quiesce_poll_ms)
+        parent = await rt.capture(first, "bench-save-parent", ck_dir / "parent")
+        await rt.destroy(first.slot_id)
+        h = await rt.restore("bench-sv", parent, BENCH_LIMITS)
+        await rt.quiescent(h, 0.5, 60.0, cfg.quiesce_poll_ms)
+        for r in range(opts.rounds):
+            await _change_document(rt, h, f"round {r + 1}: one line more")
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+                progress(f"round {r + 1}/{opts.rounds}: {mode} save ...")
+                got = await one_save(rt, h, mode, ck_dir / f"{mode}-{r}", parent.dir, f"{mode}{r}")
+                progress(
+                    f"  {got['capture_s']:.3f} s, {got['bytes'] / (1 << 20):.1f} MiB; restores "
+                    f"{got['restore_first_s']:.3f} s then {got['restore_cached_s']:.3f} s"
+                )
+                rounds[mode].append(got)
+        await rt.destroy(h.slot_id)
+        await rt.forget_checkpoint(parent.id)
+        await rt.forget_checkpoint(template.id)
+    shutil.rmtree(ck_dir, ignore_errors=True)
+    results["host"]["loadavg_end"] = os.getloadavg()
+    results["rounds"] = rounds
+    modes = {m: summarize_mode(rounds[m]) for m in MODES}
+    results["modes"] = modes
+    full, delta = modes["full"], modes["delta"]
+    results["ratios"] = {
+        k: round(delta[k] / full[k], 3)
+        for k in ("bytes", "capture_s", "dump_s", "restore_first_s", "restore_cached_s")
+        if full.get(k)
+    }
+    results["targets"] = {
+        f"bytes<={TARGET_BYTES}": results["ratios"]["bytes"] <= TARGET_BYTES,
+        f"time<={TARGET_TIME}": results["ratios"]["capture_s"] <= TARGET_TIME,
+    }
+    return results
+
+
+def render_saves(r: dict[str, Any]) -> str:
+    """Full beside delta: medians over the rounds, and delta / full."""
+    o = r["options"]
+    rows = [
+        ("stored (MiB, what its dir alone holds)", "bytes", 1 / (1 << 20)),
+        ("save wall (s)", "capture_s", 1.0),
+        ("  CRIU dump with upper copy (s)", "dump_s", 1.0),
+        ("  comparison, pack, links (s)", "diff_s", 1.0),
+        ("first restore, images to tmpfs (s)", "restore_first_s", 1.0),
+        ("restore from the tmpfs copy (s)", "restore_cached_s", 1.0),
+    ]
+    head = f"save after one document changed, {o['image']} {o['apps']}, median of {o['rounds']}"
+    w = max(len(head), *(len(a) for a, _, _ in rows))
+    lines = [f"{head:<{w}}" + "".join(f"{m:>10}" for m in (*MODES, "ratio"))]
+    for label, key, scale in rows:
+        cells = [r["modes"][m].get(key) for m in MODES]
+        shown = "".join(f"{c * scale:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
+        ratio = r["ratios"].get(key)
+        lines.append(f"{label:<{w}}{shown}" + (f"{ratio:>10.3f}" if ratio is not None else ""))
+    d = r["modes"]["delta"]
+    if "pages_bytes" in d:
+        fresh, pages, stored = (
+            d[k] / (1 << 20) for k in ("pages_fresh", "pages_bytes", "pages_stored")
+        )
+        lines.append(
+            f"delta pages: {fresh:.1f} of {pages:.1f} MiB differ from the parent's, stored in "
+            f"{stored:.1f} MiB (zstd)"
+        )
+    lines.append("targets: " + ", ".join(f"{k} {v}" for k, v in r["targets"].items()))
+    return "\n".join(lines)
+
+
+def main_save_bench(opts: SaveBenchOptions) -> int:
+    def progress(msg: str) -> None:
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    results = trio.run(run_save_bench, opts, progress)
+    print(render_saves(results))
+    opts.out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {opts.out}")
+    return 0 if all(results["targets"].values()) else 1

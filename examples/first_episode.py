@@ -61,10 +61,10 @@ def first_episode(client: drums.Client, task: str, out: Path) -> dict[str, float
         cost = client.metrics()["cost"]  # a mapping view of GET /v1/metrics as well
         print(f"cost: {cost}")
 
-        state = env.save()  # deleted when the client closes; save(keep=True) outlives it
+        state = env.save()  # lives until its lease runs out; save(keep=False) goes with the client
         with client.create(from_state=state) as copy:
             print(f"saved {state.id} ({state.size_mib:.0f} MiB); restored it as {copy.id}")
-        client.delete_state(state)  # or leave it to the client's close
+        client.delete_state(state)  # or leave it to its lease
     print(f"screenshots in {out}")
     return scores
 

@@ -54,7 +54,7 @@ def test_episode_fork_save_verify(daemon: Daemon, run_async: Run) -> None:
                 assert prefork_id not in [s.id for s in await client.list_states()]
                 assert [s.id for s in await client.list_envs()] == [env.id]
 
-                state = await env.save()
+                state = await env.save(keep=False)
                 assert (await client.get_state(state)).id == state.id
                 copy = await client.create(from_state=state)
                 assert copy.slot.checkpoint == state.id
@@ -80,8 +80,8 @@ def test_delete_state_and_keep(daemon: Daemon, run_async: Run) -> None:
     async def body() -> str:
         async with daemon.aclient() as client:
             env = await client.create()
-            kept = await env.save(keep=True)
-            doomed = await env.save()
+            kept = await env.save()  # lives until its lease runs out
+            doomed = await env.save(keep=False)
             await client.delete_state(doomed.id)
             with pytest.raises(drums.NotFound):
                 await client.get_state(doomed)

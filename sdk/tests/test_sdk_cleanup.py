@@ -43,7 +43,7 @@ def test_async_exception_inside_a_fork_block(daemon: Daemon, run_async: Run) -> 
         async with daemon.aclient() as client:
             env = await client.create()
             async with env.fork(3):
-                await env.save()
+                await env.save(keep=False)
                 raise Boom
 
     with pytest.raises(Boom):
@@ -55,7 +55,7 @@ def test_ctrl_c_mid_episode_leaks_nothing_sync(daemon: Daemon) -> None:
     with pytest.raises(KeyboardInterrupt):
         with daemon.client() as client:
             env = client.create(task="task-ok")
-            env.save()
+            env.save(keep=False)
             with env.fork(2):
                 os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, delivered right here
                 time.sleep(5)  # not reached: the signal interrupts the sleep
@@ -67,7 +67,7 @@ def test_ctrl_c_mid_episode_leaks_nothing_async(daemon: Daemon, run_async: Run) 
         async with daemon.aclient() as client:
             env = await client.create(task="task-ok")
             async with env.fork(2):
-                await env.save()
+                await env.save(keep=False)
                 os.kill(os.getpid(), signal.SIGINT)
                 await anyio.sleep(5)
 

@@ -132,15 +132,15 @@ def test_fork_keep_state_keeps_it_until_the_client_closes(daemon: Daemon) -> Non
 def test_save_get_delete_and_keep(daemon: Daemon) -> None:
     with daemon.client() as client:
         env = client.create()
-        temporary = env.save()
+        temporary = env.save(keep=False)
         assert client.get_state(temporary).id == temporary.id
-        kept = env.save(keep=True, idle_timeout_s=60)
+        kept = env.save(idle_timeout_s=60)  # by default a state lives until its lease runs out
         doomed = env.save()
         client.delete_state(doomed)
         with pytest.raises(drums.NotFound):
             client.get_state(doomed.id)
     envs, states = daemon.leftovers()
-    assert envs == [] and states == [kept.id]  # only the state saved with keep=True outlives it
+    assert envs == [] and states == [kept.id]  # the state saved with keep=False went with it
     with daemon.client() as client:
         client.delete_state(kept.id)
     assert daemon.leftovers() == ([], [])

@@ -219,7 +219,7 @@ if sys.argv[1] == "own-handler":
 client = drums.connect()  # never closed, no with block
 env = client.create(task=sys.argv[2] if len(sys.argv) > 2 else None)
 env.wait_valid()
-state = env.save()
+state = env.save(keep=False)  # tied to this client: its exit cleanup deletes it
 print("made", env.id, state.id, flush=True)
 if sys.argv[1] == "return":
     sys.exit(0)

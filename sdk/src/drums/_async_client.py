@@ -59,7 +59,7 @@ T = TypeVar("T")
 
 class AsyncClient(BaseClient["AsyncEnv"]):
     """`async with drums.aconnect() as client:`; on exit every env it created is destroyed (and
-    every state it saved without keep=True deleted), in a shielded scope, even when cancelled."""
+    every state it saved with keep=False deleted), in a shielded scope, even when cancelled."""
 
     def __init__(
         self,
@@ -353,11 +353,12 @@ class AsyncEnv(EnvBase):
     async def save(
         self,
         *,
-        keep: bool = False,
+        keep: bool = True,
         idle_timeout_s: Optional[float] = None,
         ttl_s: Optional[float] = None,
     ) -> m.Checkpoint:
-        """Save the desktop; deleted when the client closes unless keep=True."""
+        """Save the desktop as a state; it lives until its lease on the daemon runs out (or
+        delete_state()), or, with keep=False, until this client closes (see `Env.save`)."""
         body = wire(m.CaptureRequest, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = await self._send_making(routes.capture(self.id, body, self._t))
         if not keep:

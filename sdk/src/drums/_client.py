@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 class Client(BaseClient["Env"]):
     """A connection to drumsd. Use it as a context manager: on exit it destroys every env it
-    created and every state it saved (unless saved with keep=True), even on Ctrl-C."""
+    created and every state it saved with keep=False, even on Ctrl-C."""
 
     def __init__(
         self,
@@ -315,14 +315,16 @@ class Env(EnvBase):
     def save(
         self,
         *,
-        keep: bool = False,
+        keep: bool = True,
         idle_timeout_s: Optional[float] = None,
         ttl_s: Optional[float] = None,
     ) -> m.Checkpoint:
         """Save the running desktop as a state that `create(from_state=...)` restores.
 
-        Without keep=True the state is deleted when the client closes; with it, it outlives the
-        client until its lease on the daemon (idle timeout / TTL) runs out or delete_state().
+        The state lives until its lease on the daemon runs out (`idle_timeout_s` unused, the
+        daemon's lease.state_idle_timeout_s by default, 30 min; a restore or fork from it renews
+        it; `ttl_s` after it was made) or delete_state(), whether or not this client is still
+        open. keep=False ties it to this client instead: deleted when the client closes.
         """
         body = wire(m.CaptureRequest, idle_timeout_s=idle_timeout_s, ttl_s=ttl_s)
         state = self._send(routes.capture(self.id, body, self._t))

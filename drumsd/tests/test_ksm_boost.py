@@ -12,7 +12,7 @@ import trio.testing
 from drumsd.core.seams import SlotHandle
 from drumsd.linux import host_share
 from drumsd.runtime.linux.base import LinuxRuntimeConfig
-from drumsd.runtime.linux.ksm import BOOST_PASSES, KsmBoost, KsmMembership
+from drumsd.runtime.linux.ksm import BOOST_NICE, BOOST_PASSES, KsmBoost, KsmMembership
 from drumsd.runtime.linux.slots import Slots
 
 QUIET = {"pages_to_scan": "1000", "sleep_millisecs": "20"}
@@ -150,11 +150,12 @@ class OneTable:
         return object()
 
 
-@pytest.mark.parametrize(("width", "boosts"), [(1, 0), (3, 2)])
+@pytest.mark.parametrize(("width", "asks"), [(1, []), (3, ["before", "after"])])
 def test_a_fork_of_several_children_asks_for_a_boost_as_it_starts_and_ends(
-    tmp_path: Path, width: int, boosts: int
+    tmp_path: Path, width: int, asks: list[str]
 ) -> None:
-    asked: list[int] = []
+    asked: list[str] = []
+    restored: list[str] = []
     config = LinuxRuntimeConfig(state_dir=tmp_path)
     slots = Slots(
         config,
@@ -163,11 +164,12 @@ def test_a_fork_of_several_children_asks_for_a_boost_as_it_starts_and_ends(
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
-        after_fork=lambda: asked.append(1),
+        before_fork=lambda: asked.append("before"),
+        after_fork=lambda: asked.append("after"),
     )
-    restored: list[str] = []
 
     async def restore(slot_id: str, *args: object) -> str:
+        assert asked[:1] == asks[:1]  # the scan rate is up before the first restore
         restored.append(slot_id)
         return slot_id
 
@@ -176,4 +178,39 @@ def test_a_fork_of_several_children_asks_for_a_boost_as_it_starts_and_ends(
     ids = [f"c{i}" for i in range(width)]
     out = trio.run(slots.fork, parent, None, ids, None)
     assert out == ids and sorted(restored) == ids
-    assert len(asked) == boosts
+    assert asked == asks
+
+
+def test_a_boost_begun_by_a_fork_leaves_ksmd_alone_until_the_children_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ksm, d = membership(tmp_path)
+    niced: list[int] = []
+    monkeypatch.setattr(
+        host_share.KsmShare, "renice_scanner", lambda self, n: niced.append(n) or True
+    )
+
+    async def body() -> None:
+        ksm.start_boost()
+        assert knobs(d) == BOOSTED and niced == []
+        ksm.boost()
+        ksm.boost()
+        assert niced == [BOOST_NICE]
+        await trio.sleep(21.0)
+
+    run_with_boosts(ksm, body)
+    assert knobs(d) == QUIET and niced == [BOOST_NICE, host_share.KSMD_NICE]
+
+
+def test_one_daemons_boost_ending_keeps_another_daemons_boost(tmp_path: Path) -> None:
+    d = knobs_dir(tmp_path)
+    ours = host_share.KsmShare(d, tmp_path / "claims", proc=tmp_path / "proc")
+    theirs = host_share.KsmShare(d, tmp_path / "claims", proc=tmp_path / "proc")
+    theirs.pid = 1  # another live daemon
+    ours.boost(BOOSTED, 20.0)
+    theirs.boost(BOOSTED, 20.0)
+    assert not ours.unboost(QUIET) and knobs(d) == BOOSTED  # theirs still runs
+    assert theirs.unboost(QUIET) and knobs(d) == QUIET
+    theirs.boost(BOOSTED, -1.0)  # a boost already over (its daemon never ended it)
+    assert ours.unboost(QUIET) and knobs(d) == QUIET
+    assert list((tmp_path / "claims" / "boosts").iterdir()) == []

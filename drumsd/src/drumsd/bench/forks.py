@@ -34,6 +34,7 @@ from drumsd.bench.common import (
     BENCH_LIMITS,
     CACHE_ROOT,
     CRIU,
+    KSM_DIR,
     MIB,
     Progress,
     fork_breakdown,
@@ -45,8 +46,10 @@ from drumsd.core.seams import SlotHandle
 from drumsd.linux import host_share
 
 MODES = ("boost off", "boost on")
-TARGET_FORK_S = 2.5  # issue 35: a fork of 16 of a live office desktop, all answering
-TARGET_MEMORY_MIB = 1024.0  # ... and memory 10 s later in all
+# Issue 35: a fork of 16 of a live office desktop, all answering, within 2.5 s and 1 GiB of
+# memory 10 s later; of the osworld desktop with an app open, 4 s and 2 GiB.
+TARGETS = {"osworld": (4.0, 2048.0)}
+TARGET = (2.5, 1024.0)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,18 @@ def tree_mib(root: Path) -> float:
     return sum(p.lstat().st_blocks * 512 for p in root.rglob("*")) / MIB
 
 
+def other_boosts() -> int:
+    """Boosts of other daemons running now (host_share's `boosts/<pid>` claims)."""
+    boosts = host_share.HOST_DIR / "ksm" / "boosts"
+    now, n = time.time(), 0
+    for path in boosts.glob("[0-9]*"):
+        try:
+            n += int(path.name) != os.getpid() and float(path.read_text()) > now
+        except (OSError, ValueError):
+            continue
+    return n
+
+
 def available_mib() -> float:
     return float(meminfo_mib()["MemAvailable"])
 
@@ -100,9 +115,10 @@ def median(values: Sequence[float]) -> float:
 
 
 async def one_round(
-    rt: Any, parent: SlotHandle, ck_dir: Path, opts: ForkBenchOptions, tag: str
+    rt: Any, parent: SlotHandle, ck_dir: Path, opts: ForkBenchOptions, tag: str, mode_on: bool
 ) -> dict[str, Any]:
     """One fork of `opts.width` from `parent`, measured, then undone."""
+    quiet = rt.config.ksm_pages_to_scan
     mem0 = await settle_memory()
     sharing0, ksmd0, parent0 = ksm_saved_mib(), ksmd_cpu_s(), slot_anon_mib(parent)
     t0 = time.monotonic()
@@ -127,6 +143,9 @@ async def one_round(
                 "ksm_saved_mib": round(ksm_saved_mib() - sharing0, 1),
                 "children_charge_mib": round(sum(slot_anon_mib(k) for k in kids), 1),
                 "parent_growth_mib": round(slot_anon_mib(parent) - parent0, 1),
+                # Other daemons on the host boost (or end boosts) too: what the knob was.
+                "pages_to_scan": int((KSM_DIR / "pages_to_scan").read_text()),
+                "other_boosts": other_boosts(),
             }
         )
         last = timeline[-1]
@@ -144,6 +163,12 @@ async def one_round(
         "prefork_images_mib": round(images_mib, 1),
         "ksm_saved_mib": timeline[-1]["ksm_saved_mib"],
         "ksmd_cpu_s": round(ksmd_cpu_s() - ksmd0, 2),
+        # Seconds in which the scan ran at another rate than this round's mode (another
+        # daemon's boost, or its end cutting ours short): such a round is not clean.
+        "foreign_s": sum(
+            (t["pages_to_scan"] != quiet) if mode_on is False else (t["pages_to_scan"] == quiet)
+            for t in timeline
+        ),
         "boosts": rt.ksm.boosts,
         "timeline": timeline,
         "phases": [kid.extra.get("phases", {}) for kid in kids],
@@ -159,6 +184,7 @@ async def one_round(
 def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
     keys = ("fork_s", "dump_s", "restore_wall_s", "answer_s", "memory_mib")
     out: dict[str, Any] = {k: median([r[k] for r in rounds]) for k in keys}
+    out["foreign_s"] = [r["foreign_s"] for r in rounds]
     for k in ("children_charge_mib", "fork_cost_mib", "ksm_saved_mib", "ksmd_cpu_s"):
         out[k] = median([r[k] for r in rounds])
     out["memory_by_second_mib"] = [
@@ -216,11 +242,13 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 rt.ksm.boost_rate = boost if mode == "boost on" else None
                 progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
-                got = await one_round(rt, parent, ck_dir, opts, f"{r}{mode[-2:].strip()}")
+                on = mode == "boost on"
+                got = await one_round(rt, parent, ck_dir, opts, f"{r}{mode[-2:].strip()}", on)
                 progress(
                     f"  {got['fork_s']:.2f} s, memory {got['memory_mib']:.0f} MiB after "
                     f"{opts.settle_s:.0f} s (KSM saved {got['ksm_saved_mib']:.0f} MiB, ksmd "
-                    f"{got['ksmd_cpu_s']:.1f} CPU-s)"
+                    f"{got['ksmd_cpu_s']:.1f} CPU-s; {got['foreign_s']} s at the other mode's "
+                    "rate)"
                 )
                 rounds[mode].append(got)
         await rt.destroy(parent.slot_id)
@@ -229,9 +257,10 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
     results["rounds"] = rounds
     results["modes"] = {m: summarize_mode(rounds[m], opts.width) for m in MODES}
     on = results["modes"]["boost on"]
+    fork_s, memory_mib = TARGETS.get(image.profile, TARGET)
     results["targets"] = {
-        f"fork_s<={TARGET_FORK_S}": on["fork_s"] <= TARGET_FORK_S,
-        f"memory_mib<={TARGET_MEMORY_MIB:.0f}": on["memory_mib"] <= TARGET_MEMORY_MIB,
+        f"fork_s<={fork_s}": on["fork_s"] <= fork_s,
+        f"memory_mib<={memory_mib:.0f}": on["memory_mib"] <= memory_mib,
     }
     return results
 

@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -224,9 +225,43 @@ class KsmShare:
             (self.root / "holders" / str(self.pid)).write_text("")
         return failed
 
-    def set(self, knobs: Mapping[str, str]) -> list[str]:
-        """Write knobs of a daemon that joined (a scan boost and its end); returns the names
-        that could not be written. The host's saved values are untouched."""
+    def boost(self, knobs: Mapping[str, str], seconds: float) -> list[str]:
+        """Hold a scan boost for `seconds` from now (`boosts/<pid>` holds its end) and write its
+        knobs; returns the names that could not be written. The host's saved values are kept."""
+        with _locked(self.root / "lock"):
+            boosts = self.root / "boosts"
+            boosts.mkdir(parents=True, exist_ok=True)
+            (boosts / str(self.pid)).write_text(f"{time.time() + seconds}\n")
+            return self._write(knobs)
+
+    def unboost(self, quiet: Mapping[str, str]) -> bool:
+        """Drop our boost. The `quiet` knobs and ksmd's own nice come back only when no other
+        live daemon's boost is running (its end would otherwise be cut short); returns whether
+        they did."""
+        with _locked(self.root / "lock"):
+            boosts = self.root / "boosts"
+            (boosts / str(self.pid)).unlink(missing_ok=True)
+            if self._other_boosts(boosts):
+                return False
+            self._write(quiet)
+            self.renice_scanner(KSMD_NICE)
+            return True
+
+    def _other_boosts(self, boosts: Path) -> bool:
+        """Whether another live daemon's boost runs (stale claims are removed)."""
+        running = False
+        for path in boosts.iterdir() if boosts.is_dir() else ():
+            try:
+                until = float(path.read_text())
+            except (OSError, ValueError):
+                until = 0.0
+            if path.name.isdigit() and _alive(int(path.name)) and until > time.time():
+                running = True
+            else:
+                path.unlink(missing_ok=True)
+        return running
+
+    def _write(self, knobs: Mapping[str, str]) -> list[str]:
         failed = []
         for name, value in knobs.items():
             try:

@@ -29,7 +29,9 @@ KSM_DIR = Path("/sys/kernel/mm/ksm")
 BOOST_PASSES = 3
 BOOST_POLL_S = 0.5
 # ksmd runs at nice 5 and the slots' cgroup has a high CPU weight: while 16 children redraw,
-# a boosted scan got a sixth of a core and reached them after the 10 s that count.
+# a boosted scan got a sixth of a core and reached them after the 10 s that count. Raised only
+# once the restores are done: raised from the fork's start, it took 9 CPU-s from a fork of 16
+# osworld desktops and made it 1.4x slower.
 BOOST_NICE = -10
 
 
@@ -66,6 +68,7 @@ class KsmMembership:
         self._boost_until = 0.0  # trio clock
         self._boost_passes_until = 0  # KSM's full_scans count that ends the boost
         self._boosted = trio.Event()
+        self._urgent = False  # ksmd reniced to BOOST_NICE by this boost
 
     def join(self) -> None:
         """Blocking: KSM on with our settings, when enabled (a host without it is logged)."""
@@ -88,32 +91,37 @@ class KsmMembership:
                 self._share.leave()
             self.joined = False
 
-    def boost(self) -> None:
-        """A burst of restores just ended: scan at the boost rate for its seconds from now (a
-        boost under way is extended). Two sysfs writes, inline."""
+    def boost(self, *, urgent: bool = True) -> None:
+        """Scan at the boost rate for its seconds from now (a boost under way is extended);
+        `urgent` (the burst's restores are done) also raises ksmd's priority, which a boost
+        begun while restores still run leaves low, so they keep the CPU. Sysfs writes, inline."""
         rate = self.boost_rate
         if rate is None or not self.joined:
             return
+        knobs = {
+            "pages_to_scan": str(rate.pages_to_scan),
+            "sleep_millisecs": str(rate.sleep_millisecs),
+        }
+        self._share.boost(knobs, rate.seconds)  # host-wide: another daemon's end keeps it
         if not self._boosted.is_set():
-            self._share.set(
-                {
-                    "pages_to_scan": str(rate.pages_to_scan),
-                    "sleep_millisecs": str(rate.sleep_millisecs),
-                }
-            )
-            self._share.renice_scanner(BOOST_NICE)
             self.boosts += 1
             self._boosted.set()
+        if urgent and not self._urgent:
+            self._urgent = self._share.renice_scanner(BOOST_NICE)
         self._boost_until = trio.current_time() + rate.seconds
         self._boost_passes_until = self._full_scans() + BOOST_PASSES
+
+    def start_boost(self) -> None:
+        """A burst of restores begins: the boost rate at ksmd's own priority."""
+        self.boost(urgent=False)
 
     def end_boost(self) -> None:
         """Back to the quiet rate now (also what `serve_boosts` does when a boost runs out)."""
         if self._boosted.is_set():
             self._boosted = trio.Event()
+            self._urgent = False
             if self.joined:
-                self._share.set({k: v for k, v in self._wanted.items() if k != "run"})
-                self._share.renice_scanner(host_share.KSMD_NICE)
+                self._share.unboost({k: v for k, v in self._wanted.items() if k != "run"})
 
     async def serve_boosts(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -92,6 +92,7 @@ class LinuxRuntime:
             self.restorer,
             self.spares,
             self.adoption,
+            before_fork=self.ksm.start_boost,
             after_fork=self.ksm.boost,
         )
         self._group_limit_mib: int | None = None  # the slots' group memory limit last set

@@ -27,6 +27,7 @@ class Slots:
         restorer: Restorer,
         spares: Spares,
         adoption: Adoption,
+        before_fork: Callable[[], None] = lambda: None,
         after_fork: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
@@ -36,7 +37,9 @@ class Slots:
         self.spares = spares
         self.adoption = adoption
         # Called as a fork's restores start and once its children all answer (the runtime's
-        # KSM scan boost: on from the first restored page, for its time after the last).
+        # KSM scan boost: the scan rate up from the first restored page, ksmd's priority up
+        # only after the last, so the merging does not slow the restores).
+        self.before_fork = before_fork
         self.after_fork = after_fork
 
     async def restore(
@@ -129,7 +132,7 @@ class Slots:
         self.table.of(handle)
         results: dict[str, SlotHandle] = {}
         if len(child_ids) > 1:
-            self.after_fork()
+            self.before_fork()
 
         async def one(cid: str) -> None:
             results[cid] = await self.restore(cid, source, limits)

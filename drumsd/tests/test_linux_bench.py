@@ -63,3 +63,27 @@ def test_a_forks_time_is_broken_down_per_child_and_phase() -> None:
     assert "queue" not in f["child_phases_s"]  # a phase no child recorded is left out
     line = render_fork_phases({"fork_phases": {"2": f}})
     assert line.startswith("fork of 2: dump ") and "criu 0." in line
+
+
+def test_saves_are_summarized_full_beside_delta() -> None:
+    from drumsd.bench.saves import render_saves, summarize_mode
+
+    full = [{"capture_s": 0.3, "dump_s": 0.25, "bytes": 100 << 20, "restore_first_s": 0.5}] * 3
+    delta = [
+        {"capture_s": c, "dump_s": 0.25, "diff_s": 0.2, "bytes": 5 << 20, "restore_first_s": 0.6}
+        | {"pages_bytes": 90 << 20, "pages_fresh": 20 << 20, "pages_stored": 4 << 20}
+        for c in (0.5, 0.45, 0.9)
+    ]
+    modes = {"full": summarize_mode(full), "delta": summarize_mode(delta)}
+    assert modes["delta"]["capture_s"] == 0.5  # the median
+    ratios = {k: modes["delta"][k] / modes["full"][k] for k in ("bytes", "capture_s")}
+    r = {
+        "options": {"image": "office", "apps": [], "rounds": 3},
+        "modes": modes,
+        "ratios": ratios,
+        "targets": {"bytes<=0.15": True, "time<=0.5": False},
+    }
+    table = render_saves(r)
+    assert "0.050" in table  # 5 of 100 MiB
+    assert "delta pages: 20.0 of 90.0 MiB" in table and "stored in 4.0 MiB" in table
+    assert table.splitlines()[-1] == "targets: bytes<=0.15 True, time<=0.5 False"

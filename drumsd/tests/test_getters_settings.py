@@ -15,7 +15,13 @@ from drumsd.tasks.settings_copy import reads_settings, with_settings
 from drumsd.tasks.testing import DirSlot
 
 # A stand-in gsettings: prints the database it was given and who owns its directory.
-FAKE_GSETTINGS = 'cat "$XDG_CONFIG_HOME/dconf/user"; echo; stat -c %u "$XDG_CONFIG_HOME"\n'
+# XDG_RUNTIME_DIR apart from it: dconf writes a flag byte into $XDG_RUNTIME_DIR/dconf/user, which
+# with one directory for both was the copy itself (and the live test read defaults again).
+FAKE_GSETTINGS = (
+    'cat "$XDG_CONFIG_HOME/dconf/user"; echo; stat -c %u "$XDG_CONFIG_HOME"; '
+    'test "$XDG_RUNTIME_DIR/dconf/user" -ef "$XDG_CONFIG_HOME/dconf/user" && echo same; '
+    'test -d "$XDG_RUNTIME_DIR" -a -d "$XDG_CACHE_HOME" && echo dirs\n'
+)
 
 
 def _env(slot: DirSlot) -> GetterEnv:
@@ -29,8 +35,14 @@ def test_which_commands_read_settings() -> None:
     assert reads_settings(["dconf", "read", "/org/gnome/x"])
     assert not reads_settings(["cat", "/home/user/.bashrc"])
     assert with_settings(["gsettings", "get", "a", "b"], None) == ["gsettings", "get", "a", "b"]
-    assert with_settings(["gsettings"], "/tmp/d")[:2] == ["/usr/bin/env", "XDG_CONFIG_HOME=/tmp/d"]
-    assert with_settings("gsettings get a b", "/tmp/d").startswith("export XDG_CONFIG_HOME=/tmp/d ")
+    assert with_settings(["gsettings"], "/tmp/d") == [
+        "/usr/bin/env",
+        "XDG_CONFIG_HOME=/tmp/d/config",
+        "XDG_RUNTIME_DIR=/tmp/d/run",
+        "XDG_CACHE_HOME=/tmp/d/cache",
+        "gsettings",
+    ]
+    assert with_settings("gsettings get a b", "/tmp/d").startswith("export XDG_CONFIG_HOME=/tmp/d/")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the copy is chowned to nobody: needs root")
@@ -42,7 +54,7 @@ async def test_a_settings_getter_reads_the_users_database(tmp_path: Path) -> Non
     slot.add_fake_command("gsettings", FAKE_GSETTINGS)
     for command in ("gsettings get org.gnome.desktop.screensaver lock-enabled", ["gsettings"]):
         got = await get_value({"type": "vm_command_line", "command": command}, _env(slot))
-        assert got == "lock-enabled=false\n65534\n", command
+        assert got == "lock-enabled=false\n65534\ndirs\n", command
     made = [c for c in slot.trusted_commands if "mktemp" in c]
     assert len(made) == 2
     left = [name for name in os.listdir("/tmp") if name.startswith("drums-settings-")]
@@ -50,4 +62,4 @@ async def test_a_settings_getter_reads_the_users_database(tmp_path: Path) -> Non
     # Any other command runs as it was given, with no copy made.
     slot.add_fake_command("cat", 'echo "$XDG_CONFIG_HOME"\n')
     got = await get_value({"type": "vm_command_line", "command": ["cat", "x"]}, _env(slot))
-    assert got == "\n" and len(slot.trusted_commands) == 6
+    assert got == "\n" and len(slot.trusted_commands) == 8

@@ -5,8 +5,11 @@ no session bus answers them, as for a getter's command, which runs as `nobody` (
 nobody cannot enter ~/.config/dconf (0700), so every such getter read the schemas' defaults:
 a4d98375 (lock the screen; on by default) scored 1 untouched, and a correct f9be0997 (banners
 off) 0. Here root copies the database into a fresh directory that nobody owns, the command runs
-with it as its XDG config, runtime and cache directory, and the directory goes after. The agent
-can neither swap the copy (a root-made 0700 directory in sticky /tmp) nor read it.
+with its `config/` as XDG config dir (and `run/`, `cache/` as runtime and cache dir: apart, since
+dconf writes its change flag into `$XDG_RUNTIME_DIR/dconf/user`, which with one dir for both was
+the copy itself, and a database with that byte written reads as empty), and the directory goes
+after. The agent can neither swap the copy (a root-made 0700 directory in sticky /tmp) nor read
+it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,10 @@ async def settings_copy(
         )
     try:
         if data is not None:  # no database yet: every key at its default, as for the user
-            await access.write_file(f"{where}/dconf/user", data, owner_user=False)
+            await access.write_file(f"{where}/config/dconf/user", data, owner_user=False)
+        await access.exec_trusted(
+            f"mkdir {shlex.quote(where)}/run {shlex.quote(where)}/cache", timeout_s
+        )
         owner = f"{CHECKER_UID}:{CHECKER_GID}"
         await access.exec_trusted(f"chown -R {owner} {shlex.quote(where)}", timeout_s)
         yield where
@@ -67,7 +73,11 @@ def with_settings(command: str | list[str], where: str | None) -> str | list[str
     """The command with the settings' copy as its XDG directories."""
     if where is None:
         return command
-    dirs = [f"XDG_{name}={where}" for name in ("CONFIG_HOME", "RUNTIME_DIR", "CACHE_HOME")]
+    dirs = [
+        f"XDG_CONFIG_HOME={where}/config",
+        f"XDG_RUNTIME_DIR={where}/run",
+        f"XDG_CACHE_HOME={where}/cache",
+    ]
     if isinstance(command, str):
         return f"export {' '.join(dirs)}; {command}"
     return ["/usr/bin/env", *dirs, *command]

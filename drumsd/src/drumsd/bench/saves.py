@@ -55,13 +55,14 @@ async def _change_document(rt: Any, h: SlotHandle, line: str) -> None:
     await trio.sleep(1.0)  # the app's redraw and its own writes settle, as before a save
 
 
-async def _restore_s(rt: Any, ref: CheckpointRef, slot_id: str) -> float:
+async def _restore(rt: Any, ref: CheckpointRef, slot_id: str) -> tuple[float, float]:
+    """Wall until the agent answers, and the CPU of criu and the restored tree until then."""
     t0 = time.monotonic()
     h = await rt.restore(slot_id, ref, BENCH_LIMITS)
     took = time.monotonic() - t0
     await rt.screenshot(h)  # it answers: restored whole
     await rt.destroy(h.slot_id)
-    return took
+    return took, float(h.extra.get("phases", {}).get("restore_cpu", 0.0))
 
 
 async def one_save(
@@ -83,8 +84,8 @@ async def one_save(
         d = meta["delta"]
         keys = ("diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored")
         got |= {k: d[k] for k in keys if k in d}
-    got["restore_first_s"] = await _restore_s(rt, ref, f"bench-sv-{tag}-1")
-    got["restore_cached_s"] = await _restore_s(rt, ref, f"bench-sv-{tag}-2")
+    got["restore_first_s"], _ = await _restore(rt, ref, f"bench-sv-{tag}-1")
+    got["restore_cached_s"], got["restore_cpu_s"] = await _restore(rt, ref, f"bench-sv-{tag}-2")
     await rt.forget_checkpoint(ref.id)  # its tmpfs copy goes
     shutil.rmtree(dest, ignore_errors=True)
     return got
@@ -149,7 +150,14 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
     full, delta = modes["full"], modes["delta"]
     results["ratios"] = {
         k: round(delta[k] / full[k], 3)
-        for k in ("bytes", "capture_s", "dump_s", "restore_first_s", "restore_cached_s")
+        for k in (
+            "bytes",
+            "capture_s",
+            "dump_s",
+            "restore_first_s",
+            "restore_cached_s",
+            "restore_cpu_s",
+        )
         if full.get(k)
     }
     results["targets"] = {
@@ -170,6 +178,7 @@ def render_saves(r: dict[str, Any]) -> str:
         ("  the same, CPU of its thread (s)", "diff_cpu_s", 1.0),
         ("first restore, images to tmpfs (s)", "restore_first_s", 1.0),
         ("restore from the tmpfs copy (s)", "restore_cached_s", 1.0),
+        ("  CPU of criu and the tree until it answers (s)", "restore_cpu_s", 1.0),
     ]
     head = f"save after one document changed, {o['image']} {o['apps']}, median of {o['rounds']}"
     w = max(len(head), *(len(a) for a, _, _ in rows))

@@ -164,3 +164,20 @@ def test_the_reader_runs_as_a_script_of_the_image() -> None:
         [sys.executable, "-I", a11y.__file__, "--trusted"], capture_output=True, text=True
     )
     assert done.returncode in (3, 4), done.stderr
+
+
+def test_a_bus_of_the_users_own_is_refused(sleeper: int) -> None:
+    """The reader's connection to the bus is checked before any application is touched: a
+    script serving the bus (here this process, on the other end of a socket pair) could say
+    any application runs any binary."""
+    import socket
+
+    desktop = _App("desktop", sleeper, ":1.0", [_App("app-honest", sleeper, ":1.2")])
+    ours, theirs = socket.socketpair()
+    try:
+        with pytest.raises(ValueError, match=r"the accessibility bus \(fd \d+\): .* interpreter"):
+            a11y.desktop_xml(_Atspi(desktop), a11y.Trust(frozenset()))
+    finally:
+        ours.close()
+        theirs.close()
+    assert ET.fromstring(a11y.desktop_xml(_Atspi(desktop), a11y.Trust(frozenset())))[0] is not None

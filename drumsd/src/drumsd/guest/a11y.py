@@ -19,7 +19,8 @@ executable are root's and not writable by others (nothing the desktop user wrote
 interpreter (a script's app would pass on python3 alone). `--app NAME` (repeatable) keeps only
 applications whose executable has that name (the task's apps). Every process the reader talked
 to (the bus, the registry, applications it connected to directly) must pass the same test or be
-an application left out; otherwise it exits UNTRUSTED naming it.
+an application left out (the bus itself before any application is touched, with no
+exception); otherwise it exits UNTRUSTED naming it.
 """
 
 from __future__ import annotations
@@ -206,18 +207,27 @@ class Trust:
         theirs = getattr(getattr(child, "app", None), "bus_name", None)
         return (mine is not None and mine == theirs) or self.app_doubt(child) is None
 
-    def check_peers(self, desktop: Any) -> str | None:
-        """Every process this reader talked to is an image binary or an application left out:
-        a bus or registry of the desktop user's own would answer anything."""
+    def check_bus(self, desktop: Any) -> str | None:
+        """Before any application is touched, this reader is connected to the bus alone: that
+        process must be an image binary (a bus daemon of the desktop user's own would answer
+        anything, the process ids of applications included), and so must the registry."""
+        for fd, pid in sorted(socket_peers().items()):
+            if doubt := self.doubt(pid):
+                return f"the accessibility bus (fd {fd}): {doubt}"
         try:
             registry = desktop.get_process_id()
         except Exception as exc:
             return f"the registry gives no process id ({exc})"
         if doubt := self.doubt(registry):
             return f"the accessibility registry: {doubt}"
+        return None
+
+    def check_peers(self) -> str | None:
+        """After the walk, every process this reader talked to (applications it connected to
+        directly) is an image binary or an application left out."""
         for fd, pid in sorted(socket_peers().items()):
             if pid not in self.left_out and (doubt := self.doubt(pid)):
-                return f"the accessibility bus (fd {fd}): {doubt}"
+                return f"a connection of the reader (fd {fd}): {doubt}"
         return None
 
 
@@ -315,13 +325,16 @@ def desktop_xml(atspi: Any, trust: Trust | None = None) -> str:
     walker = Walker(atspi, trust)
     root = ET.Element("desktop-frame")
     desktop = atspi.get_desktop(0)
-    for i in range(desktop.get_child_count()):
+    count = desktop.get_child_count()  # connects to the bus, not yet to any application
+    if trust is not None and (doubt := trust.check_bus(desktop)):
+        raise ValueError(doubt)
+    for i in range(count):
         app = desktop.get_child_at_index(i)
         if app is None or (trust is not None and trust.app_doubt(app)):
             continue
         if (element := walker.node(app, 1)) is not None:
             root.append(element)
-    if trust is not None and (doubt := trust.check_peers(desktop)):
+    if trust is not None and (doubt := trust.check_peers()):
         raise ValueError(doubt)
     return ET.tostring(root, encoding="unicode")
 

@@ -29,6 +29,7 @@
   warm_upper = true;
   async_kill = true;
   restore_cpu_boost = true;
+  netns_fast = false;
   restore_cpu_weight = null;
   daemon_cpu_weight = null;
   prefork_max_age_s = 120.0;

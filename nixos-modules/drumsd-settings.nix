@@ -146,6 +146,11 @@ in
     default = defaults.restore_cpu_boost;
     description = "lift the cpu quota while restoring";
   };
+  netns_fast = mkOption {
+    type = types.bool;
+    default = defaults.netns_fast;
+    description = "restores make a fresh net namespace with lo up (CRIU's --empty-ns net and an action script) instead of CRIU restoring the dumped one with ip and iptables-restore";
+  };
   restore_cpu_weight = mkOption {
     type = types.nullOr (types.addCheck types.int (x: x >= 2 && x <= 262144));
     default = defaults.restore_cpu_weight;

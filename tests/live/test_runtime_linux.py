@@ -579,3 +579,37 @@ async def test_procview_shows_each_slot_its_own_limits_across_forks(
         finally:
             await rt.destroy("live-pv")
             await rt.sweep([])
+
+
+# What CRIU logs when it restores a slot's net namespace itself (`ip` and iptables-restore).
+CRIU_NET_RESTORE = ("Address already assigned", "iptables-restore", "ip6tables-restore")
+
+
+async def test_netns_fast_restores_without_criu_rebuilding_the_network(state_dir, template) -> None:
+    """netns_fast: CRIU makes an empty net namespace and the exec helper (its setup-namespaces
+    action) brings lo up, instead of CRIU running `ip` and four failing iptables-restore execs:
+    the restore log has none of those lines, lo is up with 127.0.0.1 and the slot's netns holds
+    only lo, and a fork child restores the same way. With netns_fast off the log has them."""
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async with open_linux_runtime(_config(state_dir, netns_fast=True)) as rt:
+        h = await rt.restore("live-nf", template, LIMITS)
+        try:
+            log = Path(h.root).parent / "rw" / "criu" / "restore.log"
+            text = log.read_text(errors="replace")
+            assert not [m for m in CRIU_NET_RESTORE if m in text], text[-2000:]
+            lo = await rt.exec_user(h, "ip -o -4 addr show dev lo; ip -o link show lo", 10)
+            assert "127.0.0.1/8" in lo.stdout and "UP" in lo.stdout, lo
+            facts = await rt.facts(h)
+            assert facts.alive and facts.net_links == ["lo"], facts
+            ck = await rt.capture(h, "live-nf-pre", state_dir / "ck" / f"nf-{uuid.uuid4().hex[:6]}")
+            (kid,) = await rt.fork(h, ck, ["live-nf-1"], LIMITS)
+            try:
+                kid_log = Path(kid.root).parent / "rw" / "criu" / "restore.log"
+                assert "iptables-restore" not in kid_log.read_text(errors="replace")
+                assert (await rt.facts(kid)).net_links == ["lo"]
+            finally:
+                await rt.destroy(kid.slot_id)
+        finally:
+            await rt.destroy("live-nf")
+            await rt.sweep([])

@@ -354,6 +354,11 @@ class Config(Block):
     warm_upper: bool = Field(default=True, description="prepare the next upper layer ahead")
     async_kill: bool = Field(default=True, description="kill a reset's old tree in background")
     restore_cpu_boost: bool = Field(default=True, description="lift the cpu quota while restoring")
+    netns_fast: bool = Field(
+        default=False,
+        description="restores make a fresh net namespace with lo up (CRIU's --empty-ns net and "
+        "an action script) instead of CRIU restoring the dumped one with ip and iptables-restore",
+    )
     restore_cpu_weight: int | None = Field(
         default=None,
         ge=2,

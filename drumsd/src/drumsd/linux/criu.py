@@ -65,6 +65,7 @@ def restore_argv(
     leave_stopped: bool = False,
     log: str = "restore.log",
     log_level: int | None = None,
+    lo_up_script: str | None = None,
 ) -> list[str]:
     argv = [
         str(criu),
@@ -90,6 +91,11 @@ def restore_argv(
         argv.append("--leave-stopped")
     for key, path in (externals or {}).items():
         argv += ["--external", f"mnt[{key}]:{path}"]
+    if lo_up_script is not None:
+        # netns_fast: a fresh net namespace with only lo (up, by the script) instead of CRIU
+        # restoring the dumped one with `ip` and four iptables-restore runs. A slot's netns
+        # holds nothing else (no links, addresses or rules beyond lo's).
+        argv += ["--empty-ns", "net", "--action-script", lo_up_script]
     return argv
 
 

@@ -1,4 +1,5 @@
-"""The exec helper: joins a slot's cgroups (and opts into KSM), then execs criu or stage 1.
+"""The exec helper: joins a slot's cgroups (and opts into KSM), then execs criu or stage 1. As
+CRIU's action script of a `netns_fast` restore (`-L`) it brings lo up in the new net namespace.
 
 A Python `preexec_fn` is unsafe in a threaded daemon, so the joining happens in a tiny program that
 runs between fork and the real exec. Restored or booted tasks inherit the cgroups and the
@@ -19,11 +20,15 @@ from pathlib import Path
 C_SOURCE = r"""
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -36,8 +41,35 @@ static void join(const char *procs) {
     close(fd);
 }
 
+/* CRIU's setup-namespaces action of a restore with --empty-ns net: lo up in the restored tree's
+   fresh net namespace, before its sockets are restored (no `ip`, no iptables-restore). */
+static int lo_up(void) {
+    const char *action = getenv("CRTOOLS_SCRIPT_ACTION"), *pid = getenv("CRTOOLS_INIT_PID");
+    if (!action || strcmp(action, "setup-namespaces")) return 0;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%s/ns/net", pid ? pid : "0");
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || setns(ns, CLONE_NEWNET)) {
+        fprintf(stderr, "drums-exec: cannot enter %s: %m\n", path);
+        return 1;
+    }
+    struct ifreq req = {0};
+    strcpy(req.ifr_name, "lo");
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &req)) goto fail;
+    req.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &req)) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "drums-exec: lo up in %s: %m\n", path);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     int i = 1, ksm = 0;
+    /* CRIU execs an action script with no arguments (-L: the same by hand). */
+    if ((argc == 1 && getenv("CRTOOLS_SCRIPT_ACTION")) || (argc == 2 && !strcmp(argv[1], "-L")))
+        return lo_up();
     for (; i < argc; i++) {
         if (!strcmp(argv[i], "--")) { i++; break; }
         if (!strcmp(argv[i], "-k")) { ksm = 1; continue; }
@@ -62,7 +94,8 @@ int main(int argc, char **argv) {
             i += 2;
             continue;
         }
-        fprintf(stderr, "usage: drums-exec [-k] [-u id] [-M dir opts] [-c procs]... [-- prog]\n");
+        fprintf(stderr,
+                "usage: drums-exec -L | [-k] [-u id] [-M dir opts] [-c procs]... [-- prog]\n");
         return 2;
     }
     if (i >= argc) return 0;
@@ -120,6 +153,13 @@ def helper_argv(
         opts += ["-c", str(f)]
     prefix = [str(helper)] if helper else [sys.executable, "-S", "-c", PY_SOURCE]
     return [*prefix, *opts, "--", *command]
+
+
+def lo_up_script(helper: Path | None) -> str | None:
+    """CRIU's `--action-script` of a `netns_fast` restore (execed with no arguments): lo up in
+    the new net namespace at setup-namespaces, nothing at the other actions. None without the
+    compiled helper (CRIU runs a path, not a command line): such a host restores plainly."""
+    return str(helper) if helper else None
 
 
 def overlay_as_argv(helper: Path | None, fsuid: int, target: Path, options: str) -> list[str]:

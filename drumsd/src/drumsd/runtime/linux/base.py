@@ -83,6 +83,7 @@ class LinuxRuntimeConfig:
     profile: str = _MODEL.profile
     criu_log_level: int | None = _MODEL.criu_log_level
     procview_dir: Path | None = _MODEL.procview_dir
+    netns_fast: bool = _MODEL.netns_fast
     slot_range: tuple[int, int] = _MODEL.slot_range  # with memory, how many slots the limits fit
 
     @classmethod
@@ -123,6 +124,7 @@ class LinuxRuntimeConfig:
             profile=cfg.profile,
             criu_log_level=cfg.criu_log_level,
             procview_dir=cfg.procview_dir,
+            netns_fast=cfg.netns_fast,
             slot_range=cfg.slot_range,
         )
 

@@ -13,7 +13,7 @@ import trio
 from drumsd.core import host_limits as core_limits
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
 from drumsd.linux import cgroups, criu, host_limits, procfs, procview, slot_fs
-from drumsd.linux.exec_helper import helper_argv
+from drumsd.linux.exec_helper import helper_argv, lo_up_script
 from drumsd.linux.process_trees import cpu_seconds, restore_outcome
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared, log_event
 from drumsd.runtime.linux.fs import InstanceFs
@@ -132,6 +132,7 @@ class Restorer:
                 work / "pid",
                 externals=self._procview,
                 log_level=self.config.criu_log_level,
+                lo_up_script=lo_up_script(self.fs.helper) if self.config.netns_fast else None,
             ),
         )
         t0 = time.monotonic()

@@ -23,19 +23,16 @@ let
     recipe.closure.${arch}
       or (throw "nix/images.lock.json has no ${arch} packages for ${profile}; run nix/lock_images.py --arch ${arch}");
   index = lock.debs.${arch};
-  names = lib.unique (closure.bootstrap ++ closure.apt);
+  names = lib.sort (a: b: a < b) (lib.unique (closure.bootstrap ++ closure.apt));
   entry = name: index.${name} // { inherit name; };
-  # The Packages stanza of one locked .deb: the fields nix/lock_images.py kept, the pool path,
-  # size and hash last (as lock_images.index_stanza writes it).
+  # The Packages stanza of one locked .deb: its name, the fields nix/lock_images.py kept (in
+  # key order, as the lock's JSON has them), the pool path, size and hash last (as
+  # lock_images.index_stanza writes it).
   stanza =
     e:
     lib.concatStrings (
-      lib.mapAttrsToList (k: v: "${k}: ${v}\n") (
-        {
-          Package = e.name;
-        }
-        // e.control
-      )
+      [ "Package: ${e.name}\n" ]
+      ++ lib.mapAttrsToList (k: v: "${k}: ${v}\n") e.control
       ++ [
         "Version: ${e.version}\n"
         "Architecture: ${e.architecture}\n"

@@ -26,6 +26,8 @@ Run from the repository root (needs the network to deb.debian.org and PyPI, debo
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import re
 import subprocess
@@ -48,11 +50,14 @@ HEADER = (
 
 # Control fields a local package index needs for debootstrap and apt to resolve exactly as
 # against the mirror (Recommends kept so the index says what the mirror's does; the builds turn
-# recommends off). Description and the like are left out.
+# recommends off). Installed-Size is part of what apt hashes to tell two builds of one version
+# apart: without it an installed package and the index's look different and apt reinstalls it.
+# Description and the like are left out.
 INDEX_FIELDS = (
     "Package",
     "Source",
     "Version",
+    "Installed-Size",
     "Architecture",
     "Essential",
     "Protected",
@@ -138,7 +143,7 @@ def index_stanza(name: str, entry: dict[str, Any]) -> str:
     """The entry as a Packages stanza (what nix/debian-image.nix writes, in Nix)."""
     fields = {
         "Package": name,
-        **entry["control"],
+        **dict(sorted(entry["control"].items())),
         "Version": entry["version"],
         "Architecture": entry["architecture"],
         "Filename": entry["filename"],
@@ -179,6 +184,25 @@ def common_recipe() -> dict[str, Any]:
     }
 
 
+def write_local_repo(lock: dict[str, Any], profile: str, arch: str, repo: Path) -> Path:
+    """A repository of the lock's index for one profile (what nix/debian-image.nix serves the
+    build; the .debs themselves are not needed to resolve). Returns the mirror directory."""
+    closure = lock["profiles"][profile]["closure"][arch]
+    names = sorted(set(closure["bootstrap"]) | set(closure["apt"]))
+    text = "\n".join(index_stanza(n, lock["debs"][arch][n]) for n in names) + "\n"
+    dist = repo / "dists" / lock["suite"]
+    index = dist / COMPONENT / f"binary-{arch}"
+    index.mkdir(parents=True, exist_ok=True)
+    (index / "Packages").write_text(text)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    (dist / "Release").write_text(
+        f"Suite: {lock['suite']}\nCodename: {lock['suite']}\nArchitectures: {arch}\n"
+        f"Components: {COMPONENT}\nSHA256:\n"
+        f" {digest} {len(text.encode())} {COMPONENT}/binary-{arch}/Packages\n"
+    )
+    return repo
+
+
 # ---------------------------------------------------------------- effects: the tools
 
 
@@ -194,14 +218,17 @@ def _run(argv: list[str], what: str) -> str:
 class AptIndex:
     """apt with its own state directory (nothing of the host's apt state is read or changed)."""
 
-    def __init__(self, work: Path, suite: str, mirror: str, arch: str) -> None:
+    def __init__(
+        self, work: Path, suite: str, mirror: str, arch: str, options: str | None = None
+    ) -> None:
+        """`options`: the sources line's, default the Debian archive's signing keys."""
         self.dir = work / f"apt-{arch}"
         self.arch = arch
         for sub in ("etc/apt/apt.conf.d", "etc/apt/preferences.d", "var/lib/apt/lists/partial"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         (self.dir / "etc/apt/sources.list").write_text(
-            f"deb [arch={arch} signed-by={KEYRING}] {mirror} {suite} {COMPONENT}\n"
+            f"deb [arch={arch} {options or f'signed-by={KEYRING}'}] {mirror} {suite} {COMPONENT}\n"
         )
         self.status = self.dir / "status"
         self.status.write_text("")
@@ -257,7 +284,9 @@ class AptIndex:
         )
 
 
-def bootstrap_names(work: Path, suite: str, mirror: str, arch: str) -> list[str]:
+def bootstrap_names(
+    work: Path, suite: str, mirror: str, arch: str, *, check_gpg: bool = True
+) -> list[str]:
     target = work / f"debootstrap-{arch}"
     out = _run(
         [
@@ -265,7 +294,7 @@ def bootstrap_names(work: Path, suite: str, mirror: str, arch: str) -> list[str]
             "--print-debs",
             "--variant=minbase",
             f"--arch={arch}",
-            f"--keyring={KEYRING}",
+            f"--keyring={KEYRING}" if check_gpg else "--no-check-gpg",
             suite,
             str(target),
             mirror,
@@ -275,7 +304,17 @@ def bootstrap_names(work: Path, suite: str, mirror: str, arch: str) -> list[str]
     return sorted(set(out.split()))
 
 
+@functools.cache
+def _pip_pins_cached(pins: tuple[str, ...], with_deps: bool) -> tuple[dict[str, Any], ...]:
+    return tuple(_pip_pins(list(pins), with_deps=with_deps))
+
+
 def pip_pins(pins: list[str], *, with_deps: bool = False) -> list[dict[str, Any]]:
+    """Profiles share pins: pip is asked once per set."""
+    return [dict(p) for p in _pip_pins_cached(tuple(pins), with_deps)]
+
+
+def _pip_pins(pins: list[str], *, with_deps: bool = False) -> list[dict[str, Any]]:
     """The file pip picks for each pin and its sha256 (pip's own resolution: `install --dry-run
     --report`, on this Python and machine). `with_deps` resolves their dependencies too and fails
     if that adds anything the pins do not name (pins that are a whole closure stay one)."""

@@ -70,8 +70,13 @@ def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
             "drums-tasks",
             "criu",
             "desktop-image",
+            "image-base",
+            "image-office",
+            "image-osworld",
             "default",
         } <= set(outputs["packages"][system])
+        # Its lock holds CPython 3.11 x86_64 wheels only.
+        assert ("checker-venv" in outputs["packages"][system]) == (system == "x86_64-linux")
         assert set(outputs["apps"][system]) == {"drumsd", "default"}
         assert set(outputs["devShells"][system]) == {"default"}
         assert set(outputs["checks"][system]) == {
@@ -96,6 +101,10 @@ def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
         ),
         ("packages.x86_64-linux.drumsd.pname", "drumsd"),
         ("packages.x86_64-linux.drumsd.meta.mainProgram", "drumsd"),
+        # The locked images keep their profile and arch (the module reads `profile`).
+        ("packages.x86_64-linux.image-osworld.profile", "osworld"),
+        ("packages.aarch64-linux.image-office.arch", "arm64"),
+        ("packages.x86_64-linux.checker-venv.version", "1.0.2"),
     ],
 )
 def test_output_attributes(attr: str, expected: str) -> None:

@@ -53,7 +53,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def evaluate(
-    tree: tuple[Path, Path], host: dict[str, Any], module: Path | None = None, nodes: bool = True
+    tree: tuple[Path, Path],
+    host: dict[str, Any],
+    module: Path | None = None,
+    nodes: bool = True,
+    pinned: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     path, names = tree
     return subprocess.run(
@@ -72,6 +76,7 @@ def evaluate(
             json.dumps(host),
             *(["--arg", "modulePath", str(module)] if module else []),
             *([] if nodes else ["--arg", "withNodes", "false"]),
+            *(["--arg", "pinned", "true"] if pinned else []),
         ],
         capture_output=True,
         text=True,
@@ -229,3 +234,46 @@ def test_the_sysctl_lines_before_issue_20_fail_in_nixos(
     result = evaluate(tree, {"enable": True}, module=module, nodes=False)
     assert result.returncode != 0
     assert 'boot.kernel.sysctl."kernel.pid_max"\' is defined multiple times' in result.stderr
+
+
+# OSWorld pinned by commit + tarball sha256 (tasks.osworld), the locked osworld image and the
+# Nix-built checker venv (nix/osworld-tasks.nix, nix/debian-image.nix, nix/checker-venv.nix).
+OSWORLD_PIN = {
+    "commit": "0123456789abcdef0123456789abcdef01234567",
+    "sha256": "89abcdef0123456789abcdef0123456789abcdef0123456789abcdef01234567",
+}
+
+
+def test_a_host_with_the_pinned_image_tasks_and_checker_venv(tree: tuple[Path, Path]) -> None:
+    """In NixOS's module system: the image unit unpacks the locked osworld image under its
+    profile, the daemon serves OSWorld's tasks from the Nix fetch of the pin, and checkers run
+    in the Nix-built venv; all three reach the checked config."""
+    host = {
+        **TYPICAL_HOST,
+        "settings": {**TYPICAL_HOST["settings"], "tasks": {"osworld": OSWORLD_PIN}},
+    }
+    result = evaluate(tree, host, nodes=False, pinned=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    evaluated = json.loads(json.loads(result.stdout))
+    rendered, packages = evaluated["host"], evaluated["packages"]
+    assert rendered["failedAssertions"] == [] and rendered["warnings"] == []
+    settings = rendered["settings"]
+    osworld_dir = settings["tasks"]["osworld"]["dir"]
+    assert f"-osworld-tasks-{OSWORLD_PIN['commit'][:12]}" in osworld_dir, osworld_dir
+    assert osworld_dir.endswith("/examples")
+    assert settings["tasks"]["checker_venv"] == packages["checkerVenv"]
+    assert settings["default_image"] == "osworld"
+    unit = rendered["units"]["drumsd-image.service"]
+    assert f"{packages['imageOsworld']}/root.tar --profile osworld" in unit.replace("'", "")
+    # Without a pin nothing is fetched and the daemon's own settings stay.
+    plain = json.loads(json.loads(evaluate(tree, TYPICAL_HOST, nodes=False).stdout))
+    assert plain["host"]["settings"]["tasks"]["osworld"]["dir"] is None
+    assert plain["host"]["settings"]["tasks"]["checker_venv"] is None
+
+
+def test_a_malformed_osworld_pin_fails_with_its_reason(tree: tuple[Path, Path]) -> None:
+    pin = {**OSWORLD_PIN, "sha256": "sha256-notahexdigest="}
+    host = {**TYPICAL_HOST, "settings": {**TYPICAL_HOST["settings"], "tasks": {"osworld": pin}}}
+    result = evaluate(tree, host, nodes=False, pinned=True)
+    assert result.returncode != 0
+    assert "sha256 must be 64 lowercase hex digits" in result.stderr, result.stderr[-2000:]

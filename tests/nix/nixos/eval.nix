@@ -14,6 +14,8 @@
   vmTests ? ../../../vm-tests,
   hostJson ? "{}", # services.drumsd of the typical host, as JSON
   withNodes ? true,
+  # The host also takes the locked osworld image and the Nix-built checker venv.
+  pinned ? false,
 }:
 let
   lib = import (tree + "/lib");
@@ -25,6 +27,20 @@ let
     drums-pool = application "drums-sdk" "0.1.0" "drums";
     drums-criu = package "criu" "4.2.1" { };
     drums-desktop-image = package "drums-desktop-image-base" "0.1.0" { profile = "base"; };
+    # nix/debian-image.nix's result: runInLinuxVM keeps mkDerivation's passthru.
+    drums-image-osworld = package "drums-image-osworld" "0" {
+      profile = "osworld";
+      arch = "amd64";
+    };
+    drums-checker-venv = package "drums-checker-venv" "1.0.2" { };
+    # The real function, over fetchurl and runCommand shaped as nixpkgs' (attribute sets kept).
+    drums-osworld-tasks = import ../../../nix/osworld-tasks.nix {
+      inherit lib;
+      fetchurl = args: package "osworld-tarball" "0" args;
+      runCommand =
+        name: env: script:
+        package name "0" (env // { inherit script; });
+    };
   };
   package =
     pname: version: passthru:
@@ -84,6 +100,10 @@ let
         };
         services.drumsd = builtins.fromJSON hostJson;
       }
+      (lib.mkIf pinned {
+        services.drumsd.image = pkgs.drums-image-osworld;
+        services.drumsd.checkerVenv = pkgs.drums-checker-venv;
+      })
     ];
   };
 
@@ -145,5 +165,7 @@ builtins.toJSON {
   packages = {
     drumsd = "${pkgs.drumsd}";
     image = "${pkgs.drums-desktop-image}";
+    imageOsworld = "${pkgs.drums-image-osworld}";
+    checkerVenv = "${pkgs.drums-checker-venv}";
   };
 }

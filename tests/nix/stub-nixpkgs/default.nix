@@ -107,7 +107,8 @@ let
           args:
           assert builtins.isString (args.buildPhase or args.buildCommand or "");
           assert builtins.isString (args.installCheckPhase or "");
-          mkPkg (args // { name = args.name or "${args.pname}-${args.version}"; });
+          # passthru attributes are the result's, as nixpkgs' mkDerivation makes them.
+          mkPkg (args // args.passthru or { } // { name = args.name or "${args.pname}-${args.version}"; });
       };
       # The image build runs in a VM: the stand-in forces the build script (every interpolated
       # fetch, file and list) and needs a disk image made before the VM starts.

@@ -147,11 +147,26 @@ def test_only_bands_x_damage_reports_are_checked_until_the_full_check() -> None:
     x.image.paste((0, 255, 0), (300, 900, 310, 910))
     x.damage.rows = (0, 24)  # drawn elsewhere: the change at row 900 waits for a full check
     assert not same_pixels(decoded(x.grab(PNG_FULL).data), x.image)
-    x.full_check_at -= screen.FULL_CHECK_S + 1
+    x.full_check_at -= screen.FULL_CHECK_MAX_S + 1
     assert same_pixels(decoded(x.grab(PNG_FULL).data), x.image) and x.full_checks == 2
     x.damage.rows = damage.EVERYTHING  # a lost connection: every band again
     x.image.paste((0, 0, 255), (0, 0, 5, 5))
     assert same_pixels(decoded(x.grab(PNG_FULL).data), x.image) and x.full_checks == 3
+
+
+def test_grabs_seconds_apart_trust_damage_until_the_net_grab_count() -> None:
+    x = FakeX(desktop())
+    x.use_damage, x.damage = True, Drawn()
+    x.grab(PNG_FULL)
+    x.damage.rows = (490, 492)
+    for _ in range(40):
+        x.full_check_at -= screen.FULL_CHECK_S + 1  # an agent thinking between its steps
+        x.grab(PNG_FULL)
+    assert x.full_checks == 1 + 40 // screen.FULL_CHECK_GRABS
+    for _ in range(3):
+        x.full_check_at -= screen.FULL_CHECK_MAX_S + 1  # a minute idle: checked anyway
+        x.grab(PNG_FULL)
+    assert x.full_checks == 4 + 40 // screen.FULL_CHECK_GRABS
 
 
 @pytest.mark.parametrize(
@@ -236,7 +251,7 @@ def test_a_scaled_view_redoes_only_the_columns_damage_drew_in(
     x.use_damage, x.damage = True, Drawn()
     jpeg, png = ShotSpec("jpeg", 95, *size), ShotSpec("png", None, *size)
     x.grab(png)
-    x.full_check_at = math.inf  # no full check (every 2 s) on a slow run: DAMAGE's boxes only
+    x.full_check_at = math.inf  # no full check on a slow run: DAMAGE's boxes only
     rng = random.Random(11)
     outline = 0
     for step in range(12):  # boxes at the edges and inside; the PNG after a JPEG grab or two

@@ -23,7 +23,12 @@ from .framebuffer import Frame, Framebuffer, FramebufferMissing, xcb_frame
 # independently deflated bands. 24 rows of 1920 px: a typed character dirties one or two of 45;
 # a multiple of 3, so a band maps to whole rows at the common 1920 -> 1280 scale.
 BAND_ROWS = 24
-FULL_CHECK_S = 2.0  # every band is checksummed at least this often, whatever DAMAGE says
+# The net under DAMAGE: every band is checksummed once FULL_CHECK_S and FULL_CHECK_GRABS grabs have
+# both passed since the last full check, or FULL_CHECK_MAX_S has. Time alone would make every grab
+# a full check (2.4 ms of CRC and 8 MiB read) when an agent thinks for seconds between steps.
+FULL_CHECK_S = 2.0
+FULL_CHECK_GRABS = 16
+FULL_CHECK_MAX_S = 60.0
 COLUMN_HISTORY = 4  # per band, the columns of its last changes (older ones merged)
 
 
@@ -57,14 +62,14 @@ class Screen:
 
     A grab reads Xvfb's framebuffer in place (framebuffer.py; Pillow's GetImage when there is no
     segment) and takes a CRC32 of each band of rows X DAMAGE says were drawn on (damage.py; every
-    band when it cannot say, and every FULL_CHECK_S): bands whose CRC is unchanged keep their work
-    from the last grab (their rows of each scaled view, their deflated PNG bands, their JPEG
+    band when it cannot say, and as a net: FULL_CHECK_*): bands whose CRC is unchanged keep their
+    work from the last grab (their rows of each scaled view, their deflated PNG bands, their JPEG
     bands joined by restart markers: jpegbands.py; WebP has no such seam and is encoded whole).
     Without DAMAGE the CRCs of the whole frame cost ~2.5-3.5 ms at 1080p. A scaled view redoes
     only the columns DAMAGE drew in of a changed band (a typed character: ~20 of 1920); a full
     check redoes the whole width of every band changed since the last one, so a change DAMAGE did
-    not report is in every view within FULL_CHECK_S. An encoded image is returned again as it is
-    while no band changed.
+    not report is in every view after the next full check. An encoded image is returned again as
+    it is while no band changed.
 
     `fresh` grabs take the path before this (Pillow's GetImage, a full-frame resize and Pillow's
     encoder, no cache): `drumsd bench --screenshots` measures both in one run."""
@@ -80,6 +85,7 @@ class Screen:
         self.use_damage = True
         self.full_check_at = 0.0
         self.full_checks = 0
+        self.grabs_since_full_check = 0
         self.band_crcs: list[int] = []
         self.band_generation: list[int] = []
         # per band, (generation, x0, x1) of its recent changes, oldest first: a view behind by
@@ -116,17 +122,21 @@ class Screen:
     def _bands_to_check(self, frame: Frame) -> tuple[range, tuple[int, int] | None]:
         """The bands X DAMAGE says were drawn on and the columns it drew in (no band and (0, 0)
         when nothing was drawn; all bands and None when it cannot say, the frame's size changed,
-        or FULL_CHECK_S passed since the last full check: a net under DAMAGE)."""
+        or the net's time and grabs passed since the last full check: FULL_CHECK_*)."""
         bands = math.ceil(frame.height / BAND_ROWS)
         drawn = self.damage.take() if self.use_damage else EVERYTHING
         now = time.monotonic()
+        self.grabs_since_full_check += 1
+        since = now - self.full_check_at
         if (
             drawn == EVERYTHING
             or (frame.width, frame.height) != self.frame_size
-            or now - self.full_check_at > FULL_CHECK_S
+            or (since > FULL_CHECK_S and self.grabs_since_full_check >= FULL_CHECK_GRABS)
+            or since > FULL_CHECK_MAX_S
         ):
             self.full_check_at = now
             self.full_checks += 1
+            self.grabs_since_full_check = 0
             return range(bands), None
         if drawn is None:
             return range(0), (0, 0)

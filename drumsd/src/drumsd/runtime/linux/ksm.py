@@ -31,8 +31,9 @@ BOOST_POLL_S = 0.5
 # ksmd runs at nice 5 and the slots' cgroup has a high CPU weight: while 16 children redraw,
 # a boosted scan got a sixth of a core and reached them after the 10 s that count. Raised only
 # once the restores are done: raised from the fork's start, it took 9 CPU-s from a fork of 16
-# osworld desktops and made it 1.4x slower.
-BOOST_NICE = -10
+# osworld desktops and made it 1.4x slower. At load 20 on 2 vCPUs, -10 merged a median 0.9 GiB
+# of a fork of 16 office desktops within 10 s, -20 1.4 GiB (ksmd 5.3 and 6.9 CPU-s).
+BOOST_NICE = -20
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,9 @@ def test_text_is_typed_exactly(image_daemon: tuple[str, Daemon]) -> None:
         with client.create(image=image) as env:
             if image == "osworld":
                 # The osworld session has no desktop xterm: open one where typed_back clicks.
-                env.step({"type": "execute", "command": "setsid xterm -geometry 100x30+40+40 &"})
+                # Its output away from the step's pipes: an xterm holding them kept the execute
+                # step waiting for its end (30 s, the step's timeout).
+                xterm = "setsid -f xterm -geometry 100x30+40+40 </dev/null >/dev/null 2>&1"
+                env.step({"type": "execute", "command": xterm})
                 env.step({"type": "wait", "seconds": 3})
             check_every_path(env)

@@ -6,7 +6,8 @@ memory merged by KSM (`ksm_merging_pages` of its processes against their RssAnon
 /proc/<pid>/ksm_stat and status). The merge is the fork's KSM scan boost (`ksm.boost_s`): at the
 quiet rate (1,000 pages per 20 ms, the daemon's default) KSM reaches a new process only after a
 pass over every mergeable page on the host and merges its pages on the pass after, which takes
-longer than BOUND_S: run with the boost off (`ksm.boost_s: 0`) this test fails.
+longer than BOUND_S: run with the boost off (`ksm.boost_s: 0`) this test fails (0 pages merged
+at 9 s). With the boost, 0.6 s at load 4 and 3.7 s at load 20 on 2 vCPUs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from harness import poll
 from live_daemon import http_client
 
 KSM = Path("/sys/kernel/mm/ksm")
-BOUND_S = 5.0
+BOUND_S = 8.0
 MERGED_SHARE = 0.5  # of a child's anonymous memory
 
 

@@ -200,6 +200,31 @@ def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
     return out
 
 
+async def run_rounds(
+    rt: Any,
+    parent: SlotHandle,
+    ck_dir: Path,
+    opts: ForkBenchOptions,
+    boost: Any,
+    rounds: dict[str, list[dict[str, Any]]],
+    progress: Progress,
+) -> None:
+    """The rounds, modes interleaved (off first in even rounds, on first in odd ones)."""
+    for r in range(opts.rounds):
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            rt.ksm.boost_rate = boost if mode == "boost on" else None
+            progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
+            on = mode == "boost on"
+            got = await one_round(rt, parent, ck_dir, opts, f"{r}{mode[-2:].strip()}", on)
+            progress(
+                f"  {got['fork_s']:.2f} s, memory {got['memory_mib']:.0f} MiB after "
+                f"{opts.settle_s:.0f} s (KSM saved {got['ksm_saved_mib']:.0f} MiB, ksmd "
+                f"{got['ksmd_cpu_s']:.1f} CPU-s; {got['foreign_s']} s at the other mode's "
+                "rate)"
+            )
+            rounds[mode].append(got)
+
+
 async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
     from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
@@ -237,22 +262,14 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
             image.root, image.sha256, "bench-forks", ck_dir / "template", apps=opts.apps
         )
         parent = await rt.restore("bench-parent", ref, BENCH_LIMITS)
-        await rt.quiescent(parent, 0.5, 60.0, cfg.quiesce_poll_ms)
-        for r in range(opts.rounds):
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                rt.ksm.boost_rate = boost if mode == "boost on" else None
-                progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
-                on = mode == "boost on"
-                got = await one_round(rt, parent, ck_dir, opts, f"{r}{mode[-2:].strip()}", on)
-                progress(
-                    f"  {got['fork_s']:.2f} s, memory {got['memory_mib']:.0f} MiB after "
-                    f"{opts.settle_s:.0f} s (KSM saved {got['ksm_saved_mib']:.0f} MiB, ksmd "
-                    f"{got['ksmd_cpu_s']:.1f} CPU-s; {got['foreign_s']} s at the other mode's "
-                    "rate)"
-                )
-                rounds[mode].append(got)
-        await rt.destroy(parent.slot_id)
-    shutil.rmtree(ck_dir, ignore_errors=True)
+        try:
+            await rt.quiescent(parent, 0.5, 60.0, cfg.quiesce_poll_ms)
+            await run_rounds(rt, parent, ck_dir, opts, boost, rounds, progress)
+        finally:
+            with trio.CancelScope(shield=True):
+                await rt.destroy(parent.slot_id)
+                await rt.sweep([])  # whatever a round that failed left
+            shutil.rmtree(ck_dir, ignore_errors=True)
     results["host"]["loadavg_end"] = os.getloadavg()
     results["rounds"] = rounds
     results["modes"] = {m: summarize_mode(rounds[m], opts.width) for m in MODES}

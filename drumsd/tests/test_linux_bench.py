@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drumsd.bench.common import percentile
 from drumsd.bench.runtime import render_table, slots_that_fit, summarize
 
@@ -87,3 +89,37 @@ def test_saves_are_summarized_full_beside_delta() -> None:
     assert "0.050" in table  # 5 of 100 MiB
     assert "delta pages: 20.0 of 90.0 MiB" in table and "stored in 4.0 MiB" in table
     assert table.splitlines()[-1] == "targets: bytes<=0.15 True, time<=0.5 False"
+
+
+def test_fork_bench_summary_and_table() -> None:
+    from drumsd.bench.forks import MODES, render_forks, summarize_mode
+
+    def one(fork_s: float, memory: float) -> dict[str, Any]:
+        t = {"memory_mib": memory, "fork_cost_mib": memory - 100}
+        return {
+            "fork_s": fork_s,
+            "dump_s": 0.5,
+            "restore_wall_s": fork_s - 1.0,
+            "answer_s": 0.5,
+            "memory_mib": memory,
+            "children_charge_mib": memory - 150,
+            "fork_cost_mib": memory - 100,
+            "ksm_saved_mib": 10.0,
+            "ksmd_cpu_s": 1.0,
+            "foreign_s": 0,
+            "timeline": [t, t],
+            "phases": [{"criu": 0.4, "restore_cpu": 0.1}],
+        }
+
+    off = summarize_mode([one(4.0, 2400), one(5.0, 2500), one(9.0, 2300)], 16)
+    on = summarize_mode([one(4.2, 900), one(5.1, 800), one(3.0, 1500)], 16)
+    assert (off["fork_s"], off["memory_mib"], on["memory_mib"]) == (5.0, 2400, 900)  # medians
+    assert on["breakdown"]["child_phases_s"]["criu"]["p50"] == 0.4
+    r = {
+        "options": {"settle_s": 10.0, "width": 16, "image": "office", "apps": [], "rounds": 3},
+        "modes": dict(zip(MODES, (off, on), strict=True)),
+        "targets": {"fork_s<=2.5": False, "memory_mib<=1024": True},
+    }
+    table = render_forks(r)
+    assert "fork, all answering (s)" in table and "memory_mib<=1024 True" in table
+    assert "2400.00" in table and "900.00" in table

@@ -12,9 +12,11 @@ number of files a page image is spread over, and the dead pages they pin, bounde
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from drumsd.core.criu_wire import image_messages, read_varint
 
 PAGE = 4096
 MANIFEST = "pages.json"  # in the checkpoint dir, beside images/ (absent: a full checkpoint)
@@ -50,43 +52,14 @@ class Pagemap:
         return sum(r.pages for r in self.runs) * PAGE
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-
-
-def _messages(data: bytes, what: str) -> Iterator[bytes]:
-    """The protobuf messages of a CRIU image: two 4-byte magics, then u32-size-prefixed ones."""
-    if len(data) < 8:
-        raise ValueError(f"{what} is {len(data)} bytes: not a CRIU image")
-    at = 8
-    while at < len(data):
-        if at + 4 > len(data):
-            raise ValueError(f"{what}: truncated entry size")
-        size = int.from_bytes(data[at : at + 4], "little")
-        at += 4
-        if at + size > len(data):
-            raise ValueError(f"{what}: truncated entry")
-        yield data[at : at + size]
-        at += size
-
-
 def _varint_fields(message: bytes, what: str) -> dict[int, int]:
     fields: dict[int, int] = {}
     i = 0
     while i < len(message):
-        key, i = _varint(message, i)
+        key, i = read_varint(message, i)
         if key & 7 != 0:
             raise ValueError(f"{what}: unexpected wire type {key & 7}")
-        fields[key >> 3], i = _varint(message, i)
+        fields[key >> 3], i = read_varint(message, i)
     return fields
 
 
@@ -95,7 +68,7 @@ def parse_pagemap(data: bytes, what: str = "pagemap") -> Pagemap:
     2 compat_nr_pages, 3 in_parent, 4 flags, 5 nr_pages}. Only present entries hold pages in
     the pages image, in order. An entry already in a parent image is refused (ValueError): such
     a dump was made against CRIU's own parent images, which this store does not keep."""
-    messages = _messages(data, what)
+    messages = image_messages(data, what)
     head = next(messages, None)
     if head is None:
         raise ValueError(f"{what} has no head entry")

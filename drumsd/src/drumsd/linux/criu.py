@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsd.core.criu_wire import read_varint
+
 GHOST_LIMIT = "64M"
 DUMP_LOG_LEVEL = 4  # a dump's log at debug unless the config says otherwise (it is read on failure)
 
@@ -148,19 +150,6 @@ class DumpedTask:
     threads: tuple[int, ...]
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-
-
 def parse_pstree(data: bytes) -> list[DumpedTask]:
     """CRIU's pstree.img: two 4-byte magics, then entries of a little-endian u32 size and a
     protobuf PstreeEntry (1 pid, 2 ppid, 3 pgid, 4 sid, 5 threads; threads packed or not)."""
@@ -180,20 +169,20 @@ def parse_pstree(data: bytes) -> list[DumpedTask]:
         threads: list[int] = []
         i = 0
         while i < len(entry):
-            key, i = _varint(entry, i)
+            key, i = read_varint(entry, i)
             number, wire = key >> 3, key & 7
             if wire == 0:
-                value, i = _varint(entry, i)
+                value, i = read_varint(entry, i)
                 if number == 5:
                     threads.append(value)
                 else:
                     fields[number] = value
             elif wire == 2:
-                length, i = _varint(entry, i)
+                length, i = read_varint(entry, i)
                 chunk, i = entry[i : i + length], i + length
                 j = 0
                 while number == 5 and j < len(chunk):
-                    value, j = _varint(chunk, j)
+                    value, j = read_varint(chunk, j)
                     threads.append(value)
             else:
                 raise ValueError(f"pstree.img: unexpected wire type {wire}")

@@ -144,3 +144,23 @@ def test_a_broken_module_output_fails_the_check(tmp_path: Path, module: str, mes
     result = nix("flake", "check", "--no-build", flake=flake)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "attr",
+    [
+        "packages.x86_64-linux.image-osworld.buildCommand",
+        "packages.aarch64-linux.image-base.buildCommand",
+        "packages.x86_64-linux.checker-venv.buildPhase",
+        "packages.x86_64-linux.checker-venv.installCheckPhase",
+    ],
+)
+def test_the_locked_builds_scripts_are_valid_shell(attr: str) -> None:
+    """The build scripts of the locked images and the checker venv, as Nix renders them (every
+    fetch, file and list interpolated), parse as bash: a quoting slip in Nix's '' strings or a
+    stray `${` fails here rather than on the first machine that builds them."""
+    result = nix("eval", "--raw", f"{REPO}#{attr}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(result.stdout) > 500
+    check = subprocess.run(["bash", "-n"], input=result.stdout, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr

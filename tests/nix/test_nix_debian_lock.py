@@ -383,3 +383,19 @@ def test_a_built_checker_venv_has_the_locked_versions() -> None:
         )
         found[re.sub(r"[-_.]+", "-", fields["Name"].lower())] = fields["Version"]
     assert {n: found.get(n) for n in wanted} == wanted
+
+
+@pytest.mark.skipif(
+    os.environ.get("DRUMS_LOCK_FRESH") != "1",
+    reason="re-resolving the lock against the mirror takes minutes: set DRUMS_LOCK_FRESH=1",
+)
+def test_the_lock_is_todays_resolution() -> None:
+    """The lock is what debootstrap, apt and pip resolve today (it changes at a point release)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "nix" / "lock_images.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "drumsd" / "src")},
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]

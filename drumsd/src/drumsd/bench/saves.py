@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from drumsd.bench.common import BENCH_LIMITS, CACHE_ROOT, CRIU, Progress, meminfo_mib
-from drumsd.core.seams import CheckpointRef, SaveParent, SlotHandle
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent, SlotHandle
 from drumsd.linux import state_files
 
 MODES = ("full", "delta")
@@ -117,34 +117,50 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
     }
     ck_dir = opts.state_dir / "checkpoints" / f"bench-saves-{uuid.uuid4().hex[:6]}"
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    failed: dict[str, list[str]] = {m: [] for m in MODES}
     async with open_linux_runtime(cfg) as rt:
-        await rt.sweep([])
-        progress(f"template of {image.profile} with {list(opts.apps)} ...")
-        template = await rt.make_template(
-            image.root, image.sha256, "bench-saves", ck_dir / "template", apps=opts.apps
-        )
-        first = await rt.restore("bench-sv-first", template, BENCH_LIMITS)
-        await rt.quiescent(first, 0.5, 60.0, cfg.quiesce_poll_ms)
-        parent = await rt.capture(first, "bench-save-parent", ck_dir / "parent")
-        await rt.destroy(first.slot_id)
-        h = await rt.restore("bench-sv", parent, BENCH_LIMITS)
-        await rt.quiescent(h, 0.5, 60.0, cfg.quiesce_poll_ms)
-        for r in range(opts.rounds):
-            await _change_document(rt, h, f"round {r + 1}: one line more")
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                progress(f"round {r + 1}/{opts.rounds}: {mode} save ...")
-                got = await one_save(rt, h, mode, ck_dir / f"{mode}-{r}", parent.dir, f"{mode}{r}")
-                progress(
-                    f"  {got['capture_s']:.3f} s, {got['bytes'] / (1 << 20):.1f} MiB; restores "
-                    f"{got['restore_first_s']:.3f} s then {got['restore_cached_s']:.3f} s"
-                )
-                rounds[mode].append(got)
-        await rt.destroy(h.slot_id)
-        await rt.forget_checkpoint(parent.id)
-        await rt.forget_checkpoint(template.id)
-    shutil.rmtree(ck_dir, ignore_errors=True)
+        try:
+            await rt.sweep([])
+            progress(f"template of {image.profile} with {list(opts.apps)} ...")
+            template = await rt.make_template(
+                image.root, image.sha256, "bench-saves", ck_dir / "template", apps=opts.apps
+            )
+            first = await rt.restore("bench-sv-first", template, BENCH_LIMITS)
+            await rt.quiescent(first, 0.5, 60.0, cfg.quiesce_poll_ms)
+            parent = await rt.capture(first, "bench-save-parent", ck_dir / "parent")
+            await rt.destroy(first.slot_id)
+            h = await rt.restore("bench-sv", parent, BENCH_LIMITS)
+            await rt.quiescent(h, 0.5, 60.0, cfg.quiesce_poll_ms)
+            for r in range(opts.rounds):
+                await _change_document(rt, h, f"round {r + 1}: one line more")
+                for mode in MODES if r % 2 == 0 else MODES[::-1]:
+                    progress(f"round {r + 1}/{opts.rounds}: {mode} save ...")
+                    dest = ck_dir / f"{mode}-{r}"
+                    try:
+                        got = await one_save(rt, h, mode, dest, parent.dir, f"{mode}{r}")
+                    except RuntimeError_ as exc:  # a dump CRIU refused: counted, not measured
+                        progress(f"  failed: {exc.message[:300]}")
+                        failed[mode].append(exc.message)
+                        shutil.rmtree(dest, ignore_errors=True)
+                        continue
+                    progress(
+                        f"  {got['capture_s']:.3f} s, {got['bytes'] / (1 << 20):.1f} MiB; "
+                        f"restores {got['restore_first_s']:.3f} s then "
+                        f"{got['restore_cached_s']:.3f} s"
+                    )
+                    rounds[mode].append(got)
+        finally:
+            with trio.CancelScope(shield=True):
+                for slot_id in ("bench-sv", "bench-sv-first"):
+                    await rt.destroy(slot_id)
+                for cp in ("bench-save-parent", "bench-saves"):
+                    await rt.forget_checkpoint(cp)
+                shutil.rmtree(ck_dir, ignore_errors=True)
     results["host"]["loadavg_end"] = os.getloadavg()
     results["rounds"] = rounds
+    results["failed"] = failed
+    if not all(rounds.values()):
+        raise RuntimeError(f"no save of some kind was measured: {failed}")
     modes = {m: summarize_mode(rounds[m]) for m in MODES}
     results["modes"] = modes
     full, delta = modes["full"], modes["delta"]

@@ -98,7 +98,13 @@ def start_live_daemon(
     daemon = Daemon(tmp, config_path, token, f"http://127.0.0.1:{port}").start(
         limit_s=start_limit_s
     )
-    wait_template(daemon, image)
+    try:
+        wait_template(daemon, image)
+    except BaseException:
+        # No caller gets the daemon to stop: one left running kept its slots' mounts (under a
+        # pytest dir later renamed to garbage-*) and its desktops (issue 32's runner retry).
+        daemon.stop()
+        raise
     return daemon
 
 

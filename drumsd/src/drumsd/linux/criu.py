@@ -133,6 +133,16 @@ def nested_namespace(errors: Sequence[str]) -> tuple[str, int] | None:
     return None
 
 
+# CRIU 4.2.1 refuses a dump whose inotify watch's fdinfo has no file handle, which the kernel
+# leaves out for an overlay inode whose dentry was evicted (memory pressure, drop_caches).
+_INOTIFY_NO_HANDLE = re.compile(r"error parsing \[inotify wd:\S+ ino:([0-9a-f]+) sdev:")
+
+
+def unhandled_inotify_inodes(errors: Sequence[str]) -> set[int]:
+    """Inode numbers of the inotify watches a dump was refused for (pure)."""
+    return {int(m.group(1), 16) for line in errors if (m := _INOTIFY_NO_HANDLE.search(line))}
+
+
 def tail(path: Path, lines: int = 20) -> Sequence[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]

@@ -12,11 +12,23 @@ import trio
 
 from drumsd.core.host_limits import limit_hit, limit_message
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent
-from drumsd.linux import checkpoint_files, criu, host_limits, procfs, procview, save_delta
+from drumsd.linux import (
+    checkpoint_files,
+    criu,
+    dentries,
+    host_limits,
+    procfs,
+    procview,
+    save_delta,
+)
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
 from drumsd.runtime.linux.supervision import Supervision
 from drumsd.runtime.slot_locks import run_stoppable
+
+# The walk that looks a slot's names up again before a dump is tried a second time (a desktop's
+# directories are looked up in well under a second here; the bound is for a huge upper).
+INOTIFY_LOOKUP_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -54,11 +66,7 @@ class Dumper:
                 "invalid_request",
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
-        script = await trio.to_thread.run_sync(
-            checkpoint_files.prepare_dump, dest, inst.paths.upper
-        )
-        run = await self._run_criu(inst, dest, script, leave_running)
-        dumped = await self._check(inst, dest, run, leave_running)
+        run, dumped, script = await self._dump_once(inst, dest, leave_running)
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         delta = None
         if store_against is not None:
@@ -98,6 +106,35 @@ class Dumper:
         return CheckpointRef(
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
+
+    async def _dump_once(
+        self, inst: Instance, dest: Path, leave_running: bool
+    ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
+        """The dump, tried a second time when CRIU refused an inotify watch whose dentry the
+        kernel had evicted, after the slot's names were looked up again (dentries.py)."""
+        for attempt in (1, 2):
+            script = await trio.to_thread.run_sync(
+                checkpoint_files.prepare_dump, dest, inst.paths.upper
+            )
+            run = await self._run_criu(inst, dest, script, leave_running)
+            try:
+                return run, await self._check(inst, dest, run, leave_running), script
+            except RuntimeError_ as exc:
+                inodes = set(exc.detail.get("inotify_inodes", ()))
+                if attempt == 2 or not inodes:
+                    raise
+                root = Path(f"/proc/{inst.pid}/root")
+                found = await trio.to_thread.run_sync(
+                    dentries.look_up_again, root, inodes, INOTIFY_LOOKUP_BUDGET_S
+                )
+                log_event(
+                    "dump_retry",
+                    iid=inst.iid,
+                    reason="inotify watch without a file handle",
+                    inodes=sorted(inodes),
+                    looked_up=len(found),
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _run_criu(
         self, inst: Instance, dest: Path, script: Path, leave_running: bool
@@ -161,6 +198,16 @@ class Dumper:
                     "app without namespaces of its own) and capture again",
                     process=f"{comm}({pid})",
                     namespace=kind,
+                )
+            inodes = criu.unhandled_inotify_inodes(errors)
+            if inodes:
+                raise RuntimeError_(
+                    "runtime_error",
+                    f"criu dump of instance {inst.iid} failed: an app's inotify watch on inode(s) "
+                    f"{sorted(inodes)} had no file handle (its name had left the kernel's "
+                    f"cache), which CRIU cannot dump, and looking the names up again did not "
+                    f"help; CRIU said: {errors[-3:]}. Capture again, or end the app watching",
+                    inotify_inodes=sorted(inodes),
                 )
             raise RuntimeError_(
                 "runtime_error",

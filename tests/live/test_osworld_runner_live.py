@@ -1,15 +1,16 @@
 """OSWorld's own runner (its run.py and lib_run_single.py, unchanged but for the line importing
-DesktopEnv) drives drums.osworld.DesktopEnv over five shared OSWorld tasks on the office image
-with a scripted agent: one solved (1), one infeasible answered FAIL (1), three left undone after
-a line of code that raises (0 each; OSWorld logs that line and goes on). Each task's result.txt
-holds its score, its recording.mp4 is an H.264 video of the episode, and the run ends with its
-average.
+DesktopEnv) drives drums.osworld.DesktopEnv over ten shared OSWorld tasks on the osworld image
+with a scripted agent: four solved (1 each: a file renamed, two GNOME settings, an infeasible task
+answered FAIL), six left undone after a line of code that raises (0 each; OSWorld logs that line
+and goes on). Each task's result.txt holds its score, its recording.mp4 is an H.264 video of the
+episode, and the run ends with its average.
 
 Opt-in: DRUMS_OSWORLD_RUNNER=<a directory holding OSWorld's run.py and lib_run_single.py, and
 its mm_agents package when its lib_run_single imports from it> (its public source, never
-committed here); the runner's own dependencies (RUNNER_PACKAGES) go into a venv made for the test
-from PyPI, with this tree's SDK. mm_agents/agent.py is replaced by the scripted agent. Tasks from
-/work/shared/osworld.
+committed here), after `bash scripts/setup.sh osworld`; the runner's own dependencies
+(RUNNER_PACKAGES) go into a venv made for the test from PyPI, with this tree's SDK.
+mm_agents/agent.py is replaced by the scripted agent. Tasks from /work/shared/osworld.
+DRUMS_OSWORLD_RUNNER_KEEP=<dir>: the run's results (scores, recordings, trajectories) copied there.
 """
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ IMPORT_LINE = "from desktop_env.desktop_env import DesktopEnv"
 TASKS = [
     ("os", "e0df059f-28a6-4169-924f-b9623e7184cc", "solve", 1.0),
     ("os", "c288e301-e626-4b98-a1ab-159dcb162af5", "refuse", 1.0),
-    ("os", "13584542-872b-42d8-b299-866967b5c3ef", "idle", 0.0),
+    ("os", "a4d98375-215b-4a4d-aee9-3d4370fccc41", "lock", 1.0),
+    ("os", "f9be0997-4b7c-45c5-b05c-4612b44a6118", "quiet", 1.0),
+    ("os", "bedcedc4-4d72-425e-ad62-21960b11fe0d", "idle", 0.0),
+    ("os", "3ce045a0-877b-42aa-8d2c-b4a863336ab8", "idle", 0.0),
     ("chrome", "030eeff7-b492-4218-b312-701ec99ee0cc", "idle", 0.0),
+    ("chrome", "2ae9ba84-3a0d-4d4c-8338-3a1478dc5fe3", "idle", 0.0),
     ("gimp", "7767eef2-56a3-4cea-8c9f-48c070c7d65b", "idle", 0.0),
+    ("gimp", "7b7617bd-57cc-468e-9c91-40c4ec2bcb3d", "idle", 0.0),
 ]
+IMAGE = "osworld"  # the GNOME settings tasks need its schemas
 RUNNER_PACKAGES = ["tqdm", "wrapt-timeout-decorator", "python-dotenv", "requests", "imageio-ffmpeg",
                    "pillow", "pyyaml"]  # fmt: skip
 
@@ -75,6 +82,16 @@ SCRIPTS = {
         "DONE",
     ],
     "refuse": ["FAIL"],
+    "lock": [
+        "import subprocess; subprocess.run(['gsettings', 'set', 'org.gnome.desktop.screensaver', "
+        "'lock-enabled', 'true'], check=True)",
+        "DONE",
+    ],
+    "quiet": [
+        "import subprocess; subprocess.run(['gsettings', 'set', "
+        "'org.gnome.desktop.notifications', 'show-banners', 'false'], check=True)",
+        "DONE",
+    ],
     "idle": ["pyautogui.no_such_function()", "pyautogui.typewrite('a<b')", "DONE"],
 }
 
@@ -126,7 +143,8 @@ def test_osworlds_runner_completes_a_run_on_the_drop_in(tmp_path: Path) -> None:
     python = runner_venv(tmp_path / "venv")
 
     root = tmp_path / "drumsd"
-    daemon = start_live_daemon(root, image="office")
+    daemon = start_live_daemon(root, image=IMAGE, start_limit_s=120)
+    out = ""
     try:
         env = {**os.environ, "DRUMS_URL": daemon.url, "DRUMS_TOKEN": daemon.token}
         env.pop("DRUMS_TOKEN_FILE", None)
@@ -142,6 +160,10 @@ def test_osworlds_runner_completes_a_run_on_the_drop_in(tmp_path: Path) -> None:
         assert run.returncode == 0, out[-6000:]
     finally:
         stop_and_clean(daemon, root / "state", root)
+    keep = os.environ.get("DRUMS_OSWORLD_RUNNER_KEEP")
+    if keep and (work / "results").is_dir():  # before the checks: a failing run's are kept too
+        shutil.copytree(work / "results", Path(keep), dirs_exist_ok=True)
+        (Path(keep) / "run.log").write_text(out)
 
     import imageio_ffmpeg
 
@@ -156,4 +178,5 @@ def test_osworlds_runner_completes_a_run_on_the_drop_in(tmp_path: Path) -> None:
         assert frames >= 2 and seconds > 0.5, (task_id, frames, seconds)
         # run.py writes {"Error": ...} into traj.jsonl when run_single_example raised.
         assert '{"Error"' not in (result_dir / "traj.jsonl").read_text(), task_id
-    assert out.count("Failed to execute command") >= 3, out[-4000:]  # the idle tasks' bad line
+    idle = sum(1 for task in TASKS if task[2] == "idle")
+    assert out.count("Failed to execute command") >= idle, out[-4000:]  # the idle tasks' bad line

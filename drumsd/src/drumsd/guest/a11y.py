@@ -19,8 +19,8 @@ executable are root's and not writable by others (nothing the desktop user wrote
 interpreter (a script's app would pass on python3 alone). `--app NAME` (repeatable) keeps only
 applications whose executable has that name (the task's apps). Every process the reader talked
 to (the bus, the registry, applications it connected to directly) must pass the same test or be
-an application left out (the bus itself before any application is touched, with no
-exception); otherwise it exits UNTRUSTED naming it.
+an application left out (the bus itself, right after connecting, with no exception);
+otherwise it exits UNTRUSTED naming it.
 """
 
 from __future__ import annotations
@@ -207,13 +207,18 @@ class Trust:
         theirs = getattr(getattr(child, "app", None), "bus_name", None)
         return (mine is not None and mine == theirs) or self.app_doubt(child) is None
 
-    def check_bus(self, desktop: Any) -> str | None:
-        """Before any application is touched, this reader is connected to the bus alone: that
-        process must be an image binary (a bus daemon of the desktop user's own would answer
-        anything, the process ids of applications included), and so must the registry."""
+    def check_bus(self) -> str | None:
+        """Right after Atspi.init(), before any call, this reader is connected to the bus alone
+        (a call may make libatspi connect to applications directly): that process must be an
+        image binary (a bus daemon of the desktop user's own would answer anything, the process
+        ids of applications included)."""
         for fd, pid in sorted(socket_peers().items()):
             if doubt := self.doubt(pid):
                 return f"the accessibility bus (fd {fd}): {doubt}"
+        return None
+
+    def check_registry(self, desktop: Any) -> str | None:
+        """The registry's process, as the (checked) bus daemon gives it, is an image binary."""
         try:
             registry = desktop.get_process_id()
         except Exception as exc:
@@ -321,14 +326,15 @@ def desktop_xml(atspi: Any, trust: Trust | None = None) -> str:
     those it keeps; ValueError when a process the reader talked to is not trusted)."""
     for prefix, uri in NS.items():
         ET.register_namespace(prefix, uri)
+    if trust is not None and (doubt := trust.check_bus()):
+        raise ValueError(doubt)
     atspi.set_timeout(CALL_TIMEOUT_MS, CALL_TIMEOUT_MS * 4)
     walker = Walker(atspi, trust)
     root = ET.Element("desktop-frame")
     desktop = atspi.get_desktop(0)
-    count = desktop.get_child_count()  # connects to the bus, not yet to any application
-    if trust is not None and (doubt := trust.check_bus(desktop)):
+    if trust is not None and (doubt := trust.check_registry(desktop)):
         raise ValueError(doubt)
-    for i in range(count):
+    for i in range(desktop.get_child_count()):
         app = desktop.get_child_at_index(i)
         if app is None or (trust is not None and trust.app_doubt(app)):
             continue

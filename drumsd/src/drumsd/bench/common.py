@@ -5,10 +5,13 @@ cache, CRIU). The bench modules import this one and never each other in a circle
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
+import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +96,30 @@ def ksm_saved_mib() -> float:
         return int((KSM_DIR / "pages_sharing").read_text()) * os.sysconf("SC_PAGE_SIZE") / MIB
     except OSError:
         return 0.0
+
+
+def stderr_progress(msg: str) -> None:
+    """A bench's progress line, on stderr (its table goes to stdout)."""
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def host_facts() -> dict[str, Any]:
+    """The host a bench ran on: its JSON's "host"."""
+    return {
+        "cpus": os.cpu_count(),
+        "kernel": os.uname().release,
+        "mem_total_mib": meminfo_mib()["MemTotal"],
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def options_json(opts: Any) -> dict[str, Any]:
+    """A bench's options dataclass as its JSON's "options" (paths as strings)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+
+
+def publish(results: dict[str, Any], table: str, out: Path) -> None:
+    """The table on stdout and the results as JSON at `out`."""
+    print(table)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"results written to {out}")

@@ -16,11 +16,9 @@ and MemAvailable is let settle. Medians over rounds; table + JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,9 +36,13 @@ from drumsd.bench.common import (
     MIB,
     Progress,
     fork_breakdown,
+    host_facts,
     ksm_saved_mib,
     meminfo_mib,
+    options_json,
+    publish,
     slot_anon_mib,
+    stderr_progress,
 )
 from drumsd.core.seams import SlotHandle
 from drumsd.linux import host_share
@@ -239,14 +241,9 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
     )
     boost = KsmBoost(cfg.ksm_boost_s, cfg.ksm_boost_pages_to_scan, cfg.ksm_boost_sleep_millisecs)
     results: dict[str, Any] = {
-        "host": {
-            "cpus": os.cpu_count(),
-            "kernel": os.uname().release,
-            "mem_total_mib": meminfo_mib()["MemTotal"],
-            "loadavg_start": os.getloadavg(),
-        },
+        "host": host_facts(),
         "image": {"profile": image.profile, "sha256": image.sha256},
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "options": options_json(opts),
         "boost": asdict(boost),
         "quiet": {
             "pages_to_scan": cfg.ksm_pages_to_scan,
@@ -310,11 +307,6 @@ def render_forks(r: dict[str, Any]) -> str:
 
 
 def main_fork_bench(opts: ForkBenchOptions) -> int:
-    def progress(msg: str) -> None:
-        print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-    results = trio.run(run_fork_bench, opts, progress)
-    print(render_forks(results))
-    opts.out.write_text(json.dumps(results, indent=1))
-    print(f"results written to {opts.out}")
+    results = trio.run(run_fork_bench, opts, stderr_progress)
+    publish(results, render_forks(results), opts.out)
     return 0 if all(results["targets"].values()) else 1

@@ -17,7 +17,6 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -36,9 +35,11 @@ from drumsd.bench.common import (
     Progress,
     add_host_args,
     fork_breakdown,
+    host_facts,
     ksm_saved_mib,
     meminfo_mib,
     slot_anon_mib,
+    stderr_progress,
     summarize,
 )
 from drumsd.bench.forks import ForkBenchOptions, main_fork_bench
@@ -158,12 +159,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, ksm=False
     )
     results: dict[str, Any] = {
-        "host": {
-            "cpus": os.cpu_count(),
-            "kernel": os.uname().release,
-            "mem_total_mib": meminfo_mib()["MemTotal"],
-            "loadavg_start": os.getloadavg(),
-        },
+        "host": host_facts(),
         "image": {"profile": image.profile, "sha256": image.sha256},
         "slot_profile": opts.profile,
         "apps": list(opts.apps),
@@ -456,9 +452,7 @@ def main_bench(args: argparse.Namespace) -> int:
         )
     profiles = ("hardened", "trusted") if args.profile == "both" else (args.profile,)
 
-    def progress(msg: str) -> None:
-        print(f"bench: {msg}", file=sys.stderr, flush=True)
-
+    progress = stderr_progress
     runs: dict[str, dict[str, Any]] = {}
     for profile in profiles:
         opts = BenchOptions(

@@ -16,17 +16,25 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from drumsd.bench.common import BENCH_LIMITS, CACHE_ROOT, CRIU, Progress, meminfo_mib
+from drumsd.bench.common import (
+    BENCH_LIMITS,
+    CACHE_ROOT,
+    CRIU,
+    Progress,
+    host_facts,
+    options_json,
+    publish,
+    stderr_progress,
+)
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent, SlotHandle
 from drumsd.linux import state_files
 
@@ -106,14 +114,9 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
         state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
     )
     results: dict[str, Any] = {
-        "host": {
-            "cpus": os.cpu_count(),
-            "kernel": os.uname().release,
-            "mem_total_mib": meminfo_mib()["MemTotal"],
-            "loadavg_start": os.getloadavg(),
-        },
+        "host": host_facts(),
         "image": {"profile": image.profile, "sha256": image.sha256},
-        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "options": options_json(opts),
     }
     ck_dir = opts.state_dir / "checkpoints" / f"bench-saves-{uuid.uuid4().hex[:6]}"
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
@@ -218,11 +221,6 @@ def render_saves(r: dict[str, Any]) -> str:
 
 
 def main_save_bench(opts: SaveBenchOptions) -> int:
-    def progress(msg: str) -> None:
-        print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-    results = trio.run(run_save_bench, opts, progress)
-    print(render_saves(results))
-    opts.out.write_text(json.dumps(results, indent=1))
-    print(f"results written to {opts.out}")
+    results = trio.run(run_save_bench, opts, stderr_progress)
+    publish(results, render_saves(results), opts.out)
     return 0 if all(results["targets"].values()) else 1

@@ -26,7 +26,6 @@ the full-size PNG of the same step kind in the same run (both on the new path).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -38,7 +37,15 @@ from typing import Any
 
 import trio
 
-from drumsd.bench.common import BENCH_LIMITS, CACHE_ROOT, CRIU, Progress, percentile
+from drumsd.bench.common import (
+    BENCH_LIMITS,
+    CACHE_ROOT,
+    CRIU,
+    Progress,
+    percentile,
+    publish,
+    stderr_progress,
+)
 from drumsd.core.seams import SlotHandle
 from drumsd.guest.protocol import PNG_FULL, ShotSpec
 
@@ -340,13 +347,6 @@ def render_screenshot_table(r: dict[str, Any]) -> str:
 
 
 def main_screenshot_bench(opts: ShotBenchOptions) -> int:
-    import sys
-
-    def progress(msg: str) -> None:
-        print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-    results = trio.run(run_screenshot_bench, opts, progress)
-    print(render_screenshot_table(results))
-    opts.out.write_text(json.dumps(results, indent=1))
-    print(f"results written to {opts.out}")
+    results = trio.run(run_screenshot_bench, opts, stderr_progress)
+    publish(results, render_screenshot_table(results), opts.out)
     return 0

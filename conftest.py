@@ -76,3 +76,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
             report.sections.append(
                 (f"drumsd {daemon.url} exited {daemon.proc.returncode} (log kept: {kept})", tail)
             )
+            daemon.stopped = True  # reported once, with the first test that failed after it

@@ -13,11 +13,14 @@ at 9 s). With the boost, 0.6 s at load 4 and 3.7 s at load 20 on 2 vCPUs.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from fixtures.gate_daemons import create, destroy, shared_daemon
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from gate_daemons import create, destroy, shared_daemon
 from harness import poll
 from live_daemon import http_client
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from drumsd.core import host_limits
 from drumsd.linux.host_limits import read_sysctl, slot_use
-from fixtures.gate_daemons import create, destroy
+from gate_daemons import create, destroy
 from live_daemon import Daemon, http_client, start_live_daemon, stop_and_clean
 
 if os.environ.get("DRUMS_LIVE_HOST_LIMITS") != "1":

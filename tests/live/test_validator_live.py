@@ -93,7 +93,8 @@ def test_validator_over_a_sample_of_every_family(validator_host: tuple[Daemon, P
     per_family = Counter(v["family"] for v in verdicts)
     assert per_family == dict.fromkeys(SAMPLE or FAMILIES, PER_FAMILY), per_family
     apps = {tasks[v["id"]]["snapshot"] for v in verdicts}
-    assert apps == {f.app for f in FAMILIES.values()}
+    # The apps of the families that ran (every app in the opt-in tier; half of them in CI's).
+    assert apps == {FAMILIES[name].app for name in (SAMPLE or FAMILIES)}
     for v in sorted(verdicts, key=lambda v: v["family"]):
         branches = {b["name"]: b for b in v["branches"]}
         line = f"{v['family']} {v['id']} {v['seconds']:.1f}s"

@@ -66,7 +66,7 @@ class Dumper:
                 "invalid_request",
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
-        run, dumped, script = await self._dump_once(inst, dest, leave_running)
+        run, dumped, script = await self._dump_checked(inst, dest, leave_running)
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         delta = None
         if store_against is not None:
@@ -107,34 +107,40 @@ class Dumper:
             checkpoint_id, dest, inst.lower[0], image_sha256, upper_sha, self.config.profile
         )
 
-    async def _dump_once(
+    async def _dump_checked(
         self, inst: Instance, dest: Path, leave_running: bool
     ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
         """The dump, tried a second time when CRIU refused an inotify watch whose dentry the
         kernel had evicted, after the slot's names were looked up again (dentries.py)."""
-        for attempt in (1, 2):
-            script = await trio.to_thread.run_sync(
-                checkpoint_files.prepare_dump, dest, inst.paths.upper
+        try:
+            return await self._dump_once(inst, dest, leave_running)
+        except RuntimeError_ as exc:
+            inodes = set(exc.detail.get("inotify_inodes", ()))
+            if not inodes:
+                raise
+            root = Path(f"/proc/{inst.pid}/root")
+            found = await trio.to_thread.run_sync(
+                dentries.look_up_again, root, inodes, INOTIFY_LOOKUP_BUDGET_S
             )
-            run = await self._run_criu(inst, dest, script, leave_running)
-            try:
-                return run, await self._check(inst, dest, run, leave_running), script
-            except RuntimeError_ as exc:
-                inodes = set(exc.detail.get("inotify_inodes", ()))
-                if attempt == 2 or not inodes:
-                    raise
-                root = Path(f"/proc/{inst.pid}/root")
-                found = await trio.to_thread.run_sync(
-                    dentries.look_up_again, root, inodes, INOTIFY_LOOKUP_BUDGET_S
-                )
-                log_event(
-                    "dump_retry",
-                    iid=inst.iid,
-                    reason="inotify watch without a file handle",
-                    inodes=sorted(inodes),
-                    looked_up=len(found),
-                )
-        raise AssertionError("unreachable")  # pragma: no cover
+            log_event(
+                "dump_retry",
+                iid=inst.iid,
+                reason="inotify watch without a file handle",
+                inodes=sorted(inodes),
+                looked_up=len(found),
+            )
+        return await self._dump_once(inst, dest, leave_running)
+
+    async def _dump_once(
+        self, inst: Instance, dest: Path, leave_running: bool
+    ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
+        """criu dump into `dest` and its check: (the run, the dumped tasks, the post-dump
+        script); a typed error with `dest` discarded when it fails."""
+        script = await trio.to_thread.run_sync(
+            checkpoint_files.prepare_dump, dest, inst.paths.upper
+        )
+        run = await self._run_criu(inst, dest, script, leave_running)
+        return run, await self._check(inst, dest, run, leave_running), script
 
     async def _run_criu(
         self, inst: Instance, dest: Path, script: Path, leave_running: bool

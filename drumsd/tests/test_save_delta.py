@@ -286,6 +286,23 @@ def test_upper_files_are_linked_only_when_equal_in_everything(tmp_path: Path) ->
     assert (child / "edited").read_bytes() == b"new"
 
 
+def test_no_upper_file_is_linked_through_a_symlink_out_of_the_parents_upper(
+    tmp_path: Path,
+) -> None:
+    """A directory of the parent's upper that is a symlink (the agent made it) leads nowhere:
+    the child's equal file is not linked to the file outside the parent's tree."""
+    parent, child, outside = tmp_path / "p", tmp_path / "c", tmp_path / "host-etc"
+    for d in (parent, child / "etc", outside):
+        d.mkdir(parents=True)
+    for f in (outside / "passwd", child / "etc" / "passwd"):
+        f.write_bytes(b"root:x:0:0")
+        os.utime(f, ns=(1, 1))
+    (parent / "etc").symlink_to(outside)
+    total, linked = save_delta.link_unchanged(child, parent)
+    assert (total, linked) == (10, 0)
+    assert (child / "etc" / "passwd").stat().st_ino != (outside / "passwd").stat().st_ino
+
+
 def test_own_usage_counts_what_removing_the_dir_would_free(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

@@ -370,6 +370,9 @@ def link_unchanged(upper: Path, parent_upper: Path) -> tuple[int, int]:
     used: set[int] = set()
     if not parent_upper.is_dir():
         return _regular_bytes(upper), 0
+    # The parent's upper is an earlier desktop's tree: a directory of it may be a symlink the
+    # agent made (to /etc, say); its path is followed to nothing outside that tree.
+    beneath = os.path.realpath(parent_upper) + os.sep
     for dirpath, _, files in os.walk(upper):
         for name in files:
             p = os.path.join(dirpath, name)
@@ -378,6 +381,8 @@ def link_unchanged(upper: Path, parent_upper: Path) -> tuple[int, int]:
                 continue
             total += st.st_size
             q = os.path.join(parent_upper, os.path.relpath(p, upper))
+            if not os.path.realpath(q).startswith(beneath):
+                continue
             try:
                 pst = os.lstat(q)
             except OSError:

@@ -132,6 +132,7 @@
     teardown_timeout_s = 60.0;
     group_cpu_shares = 16384;
     images_tmpfs_mib = 8192;
+    screen_grab = "damage";
   };
   drain_timeout_s = 10.0;
   body_timeout_s = 30.0;

@@ -653,6 +653,11 @@ in
           default = defaults.linux.images_tmpfs_mib;
           description = "the tmpfs checkpoint images are copied into for restores (a restore from disk is 3x slower)";
         };
+        screen_grab = mkOption {
+          type = types.enum [ "damage" "full" ];
+          default = defaults.linux.screen_grab;
+          description = "damage = screenshots read the framebuffer in place, re-encode only the bands X DAMAGE says changed and answer an unchanged screen from cache; full = every screenshot is X GetImage of the whole screen and Pillow's encoder (for comparison)";
+        };
       };
     };
   };

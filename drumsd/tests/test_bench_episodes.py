@@ -24,6 +24,32 @@ def test_features_off_is_a_valid_config_block_that_turns_every_switch_off() -> N
         assert feature.off, feature
 
 
+def test_features_are_tagged_by_issue_and_chosen_by_it() -> None:
+    assert {f.issue for f in be.FEATURES} == {33, 35}
+    assert be.features_off("33") == {
+        "tasks": {"resident_checkers": False},
+        "task_checkpoints": {"enabled": False},
+    }, "the default path before: issue 33's switches only, as before"
+    off35 = be.features_off("35")
+    assert off35 == {
+        "linux": {"screen_grab": "full"},
+        "save_delta_depth": 0,
+        "ksm": {"boost_s": 0.0},
+    }
+    Config.model_validate({"token_file": "/t", **off35})
+    assert be.features_off("all") == be.merge_config(be.features_off("33"), off35)
+    with pytest.raises(be.BenchError, match="give one of 33, 35, all"):
+        be.features_of("34")
+
+
+def test_the_command_line_chooses_whose_features_are_off() -> None:
+    parser, _ = build_parser()
+    assert parser.parse_args(["bench", "episodes"]).features_off == "33"
+    assert parser.parse_args(["bench", "episodes", "--features-off", "35"]).features_off == "35"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "episodes", "--features-off", "36"])
+
+
 def test_merge_config_merges_blocks_and_leaves_the_base_alone() -> None:
     base = {"tasks": {"dirs": ["/a"]}, "alive_after_s": 1.0}
     out = be.merge_config(base, {"tasks": {"resident_checkers": False}}, {"alive_after_s": 2.0})

@@ -30,3 +30,4 @@ class EpisodeBenchOptions:
     keep_logs: bool = False
     ramp: Sequence[int] = ()  # the density ramp's concurrency levels (empty: no ramp)
     ramp_rounds: int = 2  # episodes per concurrent worker at each level of the ramp
+    features_off: str = "33"  # whose features the `features off` path switches off: 33, 35, all

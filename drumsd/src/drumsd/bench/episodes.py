@@ -5,7 +5,8 @@ app of the office image), N at a time, each: create on a task -> S steps, each w
 in the same round trip -> verify -> destroy. Each path runs the same episodes in one run:
 
   drums            a daemon with today's defaults (every feature on)
-  features off     a daemon with every switch of FEATURES turned off (the path before them)
+  features off     a daemon with the switches of FEATURES turned off (the path before them):
+                   those of issue 33 (the default), of issue 35, or all (--features-off)
   boot per episode a cold boot of the image (measured here, in this run) in place of the restore,
                    plus the same setup, steps and verify: what a VM-per-episode runtime pays
 
@@ -88,17 +89,34 @@ from drumsd.bench.ramp import RampError, find_knee, level_row, parse_ramp, rende
 
 @dataclass(frozen=True)
 class FeatureSwitch:
-    """A feature the episode path gained, and the config that switches it off."""
+    """A feature the episode path gained, the issue it came with, and the config that switches
+    it off."""
 
     name: str
+    issue: int
     off: dict[str, Any]
 
 
-# One line per feature: the `features off` daemon applies every `off` block (merged per block).
+# One line per feature: the `features off` daemon applies the `off` block of each feature of the
+# issues chosen (--features-off), merged per block.
 FEATURES: tuple[FeatureSwitch, ...] = (
-    FeatureSwitch("resident_checkers", {"tasks": {"resident_checkers": False}}),
-    FeatureSwitch("task_checkpoints", {"task_checkpoints": {"enabled": False}}),
+    FeatureSwitch("resident_checkers", 33, {"tasks": {"resident_checkers": False}}),
+    FeatureSwitch("task_checkpoints", 33, {"task_checkpoints": {"enabled": False}}),
+    # every screenshot (a step's included): GetImage, Pillow's encoder, no change cache
+    FeatureSwitch("screen_damage_bands", 35, {"linux": {"screen_grab": "full"}}),
+    # a task checkpoint's capture: a full dump instead of a delta against the template
+    FeatureSwitch("delta_saves", 35, {"save_delta_depth": 0}),
+    # ksmd's boost after spare refills back to back (and forks)
+    FeatureSwitch("ksm_boost", 35, {"ksm": {"boost_s": 0.0}}),
 )
+FEATURE_ISSUES = ("33", "35", "all")
+
+
+def features_of(which: str) -> tuple[FeatureSwitch, ...]:
+    """The features `--features-off which` switches off: those of one issue, or all."""
+    if which not in FEATURE_ISSUES:
+        raise BenchError(f"--features-off {which!r}: give one of {', '.join(FEATURE_ISSUES)}")
+    return tuple(f for f in FEATURES if which == "all" or str(f.issue) == which)
 
 
 # --- host and process CPU --------------------------------------------------------------------
@@ -107,8 +125,8 @@ FEATURES: tuple[FeatureSwitch, ...] = (
 # --- a daemon of our own ------------------------------------------------------------------------
 
 
-def features_off() -> dict[str, Any]:
-    return merge_config({}, *(f.off for f in FEATURES))
+def features_off(which: str = "all") -> dict[str, Any]:
+    return merge_config({}, *(f.off for f in features_of(which)))
 
 
 # --- the episodes --------------------------------------------------------------------------------
@@ -465,6 +483,7 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
         },
         "tasks": tasks,
         "features": [asdict(f) for f in FEATURES],
+        "features_off": [f.name for f in features_of(opts.features_off)],
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
     }
     if opts.ramp:  # the ramp alone: one daemon, today's defaults
@@ -473,7 +492,8 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
         return results
     paths: dict[str, dict[str, Any]] = {}
     paths["drums"] = run_path("drums", {}, tasks, opts, progress)
-    paths["features off"] = run_path("features-off", features_off(), tasks, opts, progress)
+    off = features_off(opts.features_off)
+    paths["features off"] = run_path("features-off", off, tasks, opts, progress)
     if not opts.skip_boot and opts.cold_boots > 0:
         bg = background_rate(opts.background_s)
         boot = cold_boots(opts, progress)
@@ -529,6 +549,14 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ramp-rounds", type=int, default=d.ramp_rounds, help="episodes per worker per level"
     )
+    parser.add_argument(
+        "--features-off",
+        choices=FEATURE_ISSUES,
+        default=d.features_off,
+        help="whose features the `features off` path switches off: issue 33's (resident "
+        "checkers, task checkpoints: the default), issue 35's (the screen's damage bands and "
+        "change cache, delta saves, the KSM boost) or all",
+    )
 
 
 def main_episode_bench(args: argparse.Namespace) -> int:
@@ -571,9 +599,11 @@ def main_episode_bench(args: argparse.Namespace) -> int:
 
 __all__ = [
     "FEATURES",
+    "FEATURE_ISSUES",
     "EpisodeBenchOptions",
     "FeatureSwitch",
     "add_episode_args",
+    "features_of",
     "features_off",
     "main_episode_bench",
     "merge_config",

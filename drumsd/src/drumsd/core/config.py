@@ -297,6 +297,12 @@ class LinuxConfig(Block):
         description="the tmpfs checkpoint images are copied into for restores (a restore from disk "
         "is 3x slower)",
     )
+    screen_grab: Literal["damage", "full"] = Field(
+        default="damage",
+        description="damage = screenshots read the framebuffer in place, re-encode only the bands "
+        "X DAMAGE says changed and answer an unchanged screen from cache; full = every screenshot "
+        "is X GetImage of the whole screen and Pillow's encoder (for comparison)",
+    )
 
 
 class Config(Block):

@@ -503,7 +503,8 @@ class Agent:
             assert step.request is not None
             spec = step.request.get("screenshot_spec")
             if spec is not None:
-                shot = self.screen.grab(spec)
+                # `fresh` (linux.screen_grab: full): the grab path before the framebuffer/DAMAGE one
+                shot = self.screen.grab(spec, fresh=step.request.get("fresh") is True)
                 payload = shot.data
                 header.update(shot_header(spec, shot))
             self.reply(step, header, payload)

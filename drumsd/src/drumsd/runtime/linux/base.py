@@ -71,6 +71,7 @@ class LinuxRuntimeConfig:
     spares_per_host: int = _MODEL.spares.per_host
     spare_max_age_s: float = _MODEL.spares.max_age_s
     images_tmpfs_mib: int = _MODEL.linux.images_tmpfs_mib
+    screen_grab: str = _MODEL.linux.screen_grab  # "full": every grab takes the path before
     agent_ready_timeout_s: float = _MODEL.linux.agent_ready_timeout_s
     restore_timeout_s: float = _MODEL.linux.restore_timeout_s
     dump_timeout_s: float = _MODEL.linux.dump_timeout_s
@@ -112,6 +113,7 @@ class LinuxRuntimeConfig:
             spares_per_host=cfg.spares.per_host,
             spare_max_age_s=cfg.spares.max_age_s,
             images_tmpfs_mib=linux.images_tmpfs_mib,
+            screen_grab=linux.screen_grab,
             agent_ready_timeout_s=linux.agent_ready_timeout_s,
             restore_timeout_s=linux.restore_timeout_s,
             dump_timeout_s=linux.dump_timeout_s,

@@ -85,6 +85,7 @@ class SlotIO:
         request: dict[str, Any] = {"op": "step", "action": dict(action)}
         if shot is not None:
             request["screenshot"] = shot.to_request() or True
+            self._grab_path(request)
         header, data = await self._agent(handle, request, limit_s)
         result = header.get("result") or {}
         output = None
@@ -113,10 +114,18 @@ class SlotIO:
         request: dict[str, Any] = {"op": "step", "actions": [dict(a) for a in actions]}
         if shot is not None:
             request["screenshot"] = shot.to_request() or True
+            self._grab_path(request)
         header, data = await self._agent(handle, request, limit_s)
         results = list((header.get("result") or {}).get("results") or [])
         screenshot = _screenshot(handle, shot, header, data) if shot is not None else None
         return results, screenshot
+
+    def _grab_path(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Under `linux.screen_grab: full`, the request's screenshot takes the guest's path
+        before issue 35 (X GetImage of the whole screen, Pillow's encoder, no cache)."""
+        if self.config.screen_grab == "full":
+            request["fresh"] = True
+        return request
 
     async def windows(self, handle: SlotHandle) -> list[dict[str, Any]]:
         """Top-level windows as the guest agent reads them from the X server (id, name,
@@ -125,18 +134,20 @@ class SlotIO:
         return list(header.get("windows") or [])
 
     async def screenshot(self, handle: SlotHandle) -> bytes:
-        _, png = await self._agent(handle, {"op": "screenshot"}, 15.0)
+        _, png = await self._agent(handle, self._grab_path({"op": "screenshot"}), 15.0)
         return png
 
     async def grab(
         self, handle: SlotHandle, spec: protocol.ShotSpec, *, fresh: bool = False
     ) -> Screenshot:
-        """`fresh`: the guest encodes even an unchanged screen (the benchmark's baseline)."""
+        """`fresh`: the guest encodes even an unchanged screen (the benchmark's baseline; also
+        every grab under `linux.screen_grab: full`)."""
         request: dict[str, Any] = {"op": "screenshot"}
         if spec != protocol.PNG_FULL:
             request["shot"] = spec.to_request()
         if fresh:
             request["fresh"] = True
+        self._grab_path(request)
         header, data = await self._agent(handle, request, 15.0)
         return _screenshot(handle, spec, header, data)
 

@@ -160,6 +160,18 @@ async def test_file_and_rule_metrics(ctx: TaskContext, tmp_path: Path) -> None:
         assert (ok.score, ko.score) == (1.0, 0.0), (func, ok, ko)
 
 
+async def test_drums_supplied_metric_runs_in_the_venv(ctx: TaskContext, tmp_path: Path) -> None:
+    # check_play_and_exit (OSWorld's 5ac2891a) is not in desktop-env 1.0.2: drums' runner has it,
+    # and the venv's probe lists it, so support() no longer refuses the task.
+    assert ctx.metrics.why_unsupported("check_play_and_exit") is None
+    (tmp_path / "on").write_text("[core]\nplay-and-exit=1\n")
+    (tmp_path / "off").write_text("[core]\n#play-and-exit=0\n")
+    rule = {"expected_play_and_exit": 0}
+    ok = await score(ctx, "check_play_and_exit", [file_arg(tmp_path / "off", "r/vlcrc"), rule])
+    ko = await score(ctx, "check_play_and_exit", [file_arg(tmp_path / "on", "r/vlcrc"), rule])
+    assert (ok.score, ko.score) == (1.0, 0.0), (ok, ko)
+
+
 async def test_missing_file_is_none_for_the_metric(ctx: TaskContext) -> None:
     # OSWorld's getters hand None to the metric for a missing file; check_config_status says 0.
     out = await score(ctx, "check_config_status", [FileArg("r/gimprc", None), {"key": "k"}])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from drumsd.core.seams import SlotLimits
-from drumsd.linux import cgroups, criu, evidence, mounts, procview
+from drumsd.linux import cgroups, criu, evidence, mounts, procview, stage1, sysinfo_preload
 from drumsd.linux import syscalls as sc
 
 VIEW = Path("/var/lib/drums-procview")
@@ -148,3 +148,61 @@ def test_the_start_refuses_a_busy_directory_a_hidden_path_or_no_lxcfs(
     monkeypatch.setattr(procview, "LXCFS", "drums-no-such-lxcfs")
     with pytest.raises(procview.ProcViewError, match="apt-get install lxcfs"):
         procview.ensure(open_dir / "view")
+
+
+# ---------------------------------------------------------------- sysinfo(2): the preloaded library
+
+SYSINFO_PY = (
+    "import ctypes,os;b=ctypes.create_string_buffer(128);l=ctypes.CDLL(None);"
+    "assert l.sysinfo(b)==0;t=ctypes.c_ulong.from_buffer(b,32).value;"
+    "u=ctypes.c_uint.from_buffer(b,104).value;print(t*u, os.sysconf('SC_PHYS_PAGES'))"
+)
+
+
+def test_the_preload_file_lists_the_library_once_and_keeps_other_entries() -> None:
+    lib = sysinfo_preload.LIB_PATH
+    assert sysinfo_preload.preload_text("") == f"{lib}\n"
+    once = sysinfo_preload.preload_text("/usr/lib/other.so\n")
+    assert once == f"/usr/lib/other.so\n{lib}\n"
+    assert sysinfo_preload.preload_text(once) == once
+
+
+def test_stage1_installs_the_library_in_the_slots_root(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/ld.so.preload").write_text("/usr/lib/other.so\n")
+    sysinfo_preload.install(str(tmp_path), b"\x7fELF...")
+    assert (tmp_path / sysinfo_preload.LIB_PATH.lstrip("/")).read_bytes() == b"\x7fELF..."
+    preload = (tmp_path / "etc/ld.so.preload").read_text()
+    assert preload == f"/usr/lib/other.so\n{sysinfo_preload.LIB_PATH}\n"
+
+
+def test_stage1_reads_the_library_with_the_view_only() -> None:
+    argv = ["--root", "/r", "--procview", str(VIEW), "--sysinfo-lib", "/c/lib.so", "--dry-run"]
+    assert stage1.parse_args(argv).sysinfo_lib == "/c/lib.so"
+    assert stage1.parse_args(["--root", "/r"]).sysinfo_lib is None
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (apt-get install gcc)")
+def test_the_library_is_built_once_per_source_and_leaves_a_host_without_the_view_alone(
+    tmp_path: Path,
+) -> None:
+    """Built into the cache keyed by its source's hash; where /proc/meminfo is not the view (a
+    FUSE file) it answers what the kernel does. The view's figures are tested live."""
+    import subprocess
+    import sys
+
+    lib = sysinfo_preload.ensure_lib(tmp_path)
+    assert lib.name == f"libdrums-sysinfo-{sysinfo_preload.DIGEST}.so"
+    mtime = lib.stat().st_mtime_ns
+    assert sysinfo_preload.ensure_lib(tmp_path) == lib and lib.stat().st_mtime_ns == mtime
+    run = [sys.executable, "-c", SYSINFO_PY]
+    plain = subprocess.run(run, capture_output=True, text=True, check=True).stdout
+    env = {"LD_PRELOAD": str(lib), "PATH": "/usr/bin:/bin"}
+    preloaded = subprocess.run(run, capture_output=True, text=True, check=True, env=env).stdout
+    assert preloaded == plain
+
+
+def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sysinfo_preload.shutil, "which", lambda _name: None)
+    with pytest.raises(sysinfo_preload.SysinfoLibError, match="apt-get install gcc"):
+        sysinfo_preload.ensure_lib(tmp_path)

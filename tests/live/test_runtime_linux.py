@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -548,13 +549,65 @@ async def _proc_view(rt, h: SlotHandle) -> dict[str, float]:
     return {k: float(v) for k, v in (ln.split() for ln in res.stdout.splitlines())}
 
 
+# What a desktop process reads of sysinfo(2) through libc (as glibc's sysconf and Chromium do),
+# and the cost of a call through libc against the bare system call, interleaved in one process.
+SYSINFO_SCRIPT = r"""
+import ctypes, json, os, time
+class SI(ctypes.Structure):
+    _fields_ = [("uptime", ctypes.c_long), ("loads", ctypes.c_ulong * 3)] + [
+        (n, ctypes.c_ulong) for n in ("totalram", "freeram", "sharedram", "bufferram",
+                                      "totalswap", "freeswap")] + [
+        ("procs", ctypes.c_ushort), ("pad", ctypes.c_ushort), ("totalhigh", ctypes.c_ulong),
+        ("freehigh", ctypes.c_ulong), ("mem_unit", ctypes.c_uint), ("_f", ctypes.c_char * 8)]
+libc = ctypes.CDLL(None, use_errno=True)
+si = SI()
+assert libc.sysinfo(ctypes.byref(si)) == 0, ctypes.get_errno()
+out = {"totalram": si.totalram * si.mem_unit, "freeram": si.freeram * si.mem_unit,
+       "uptime": si.uptime, "procs": si.procs,
+       "phys": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")}
+with open("/proc/uptime") as f:
+    out["proc_uptime"] = float(f.read().split()[0])
+rates = {"libc": [], "syscall": []}
+for _ in range(3):
+    for kind, call in (("libc", lambda: libc.sysinfo(ctypes.byref(si))),
+                       ("syscall", lambda: libc.syscall(99, ctypes.byref(si)))):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:
+            call(); n += 1
+        rates[kind].append(n / (time.perf_counter() - t0))
+out["rate_libc"] = sorted(rates["libc"])[1]
+out["rate_syscall"] = sorted(rates["syscall"])[1]
+print(json.dumps(out))
+"""
+
+
+async def _sysinfo(rt, h: SlotHandle) -> dict[str, float]:
+    res = await rt.exec_user(h, f"python3 -c '{SYSINFO_SCRIPT}'", 20)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _check_sysinfo(seen: dict[str, float]) -> None:
+    """sysinfo() and sysconf(_SC_PHYS_PAGES) answer the slot's 1 GiB and its own uptime (as
+    /proc/uptime through the view: whole seconds, rounded up), not the host's."""
+    assert seen["totalram"] == 1 << 30, seen
+    assert seen["phys"] == 1 << 30, seen
+    assert 0 < seen["freeram"] < 1 << 30, seen
+    assert seen["uptime"] < 120 and seen["uptime"] >= int(seen["proc_uptime"]), seen
+    print(
+        f"sysinfo calls/s in the slot: through libc (the view) {seen['rate_libc']:.0f}, "
+        f"bare syscall {seen['rate_syscall']:.0f}"
+    )
+
+
 async def test_procview_shows_each_slot_its_own_limits_across_forks(
     state_dir, procview_dir
 ) -> None:
     """procview_dir on: a desktop in a 1 GiB, 1-vCPU slot reads 1 GiB in /proc/meminfo, one CPU
-    in cpuinfo and stat and its own uptime (seconds, not the host's), in the template's restore
-    and in a fork's child (dump and restore with the binds as CRIU external mounts). With it off
-    the same desktop reads the host's 24 GiB and 2 CPUs: this test fails."""
+    in cpuinfo and stat and its own uptime (seconds, not the host's), and sysinfo() and
+    sysconf(_SC_PHYS_PAGES) answer the same 1 GiB and uptime (the preloaded library), in the
+    template's restore and in a fork's child (dump and restore with the binds as CRIU external
+    mounts). With it off the same desktop reads the host's 24 GiB and 2 CPUs: this test fails."""
     lower, sha = _require_live()
     from drumsd.runtime.linux import open_linux_runtime
 
@@ -568,10 +621,12 @@ async def test_procview_shows_each_slot_its_own_limits_across_forks(
             assert seen["cpus"] == 1 and seen["stat_cpus"] == 1, seen
             assert seen["uptime"] < 120, seen
             assert seen["loadavg_fields"] == 5, seen
+            _check_sysinfo(await _sysinfo(rt, h))
             ck = await rt.capture(h, "live-pv-pre", state_dir / "ck" / "pv-pre")
             (kid,) = await rt.fork(h, ck, ["live-pv-1"], small)
             try:
                 assert (await _proc_view(rt, kid))["mem_kib"] == 1024 * 1024
+                _check_sysinfo(await _sysinfo(rt, kid))
                 facts = await rt.facts(kid)
                 assert facts.alive and facts.init_identity_ok, facts
             finally:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from drumsd.guest import protocol
-from drumsd.linux import mounts, procview, syscalls
+from drumsd.linux import mounts, procview, syscalls, sysinfo_preload
 
 DESKTOP_INIT = "/opt/drums/guest/desktop-init"
 SLOT_ENV = {
@@ -57,6 +57,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--procview",
         default=None,
         help="bind this LXCFS mount's /proc files over the slot's (config procview_dir)",
+    )
+    p.add_argument(
+        "--sysinfo-lib",
+        default=None,
+        help="host path of the sysinfo() library to preload in the slot (with --procview)",
     )
     p.add_argument("--dry-run", action="store_true", help="print the mount plan and exit")
     return p.parse_args(argv)
@@ -123,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print(mounts.render(plan))
         return 0
+    # Read on the host side, as host root: the slot's root cannot see this path after the pivot.
+    sysinfo_lib = Path(args.sysinfo_lib).read_bytes() if args.sysinfo_lib else None
     if userns:
         os.chdir(args.root)
     if os.getpid() != 1:
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         enter_namespaces(userns=not args.no_userns, id_map=id_map)
     os.setsid()  # the session leader must be inside the pid namespace for CRIU
     mounts.apply(plan)
+    if sysinfo_lib is not None:
+        sysinfo_preload.install("", sysinfo_lib)
     syscalls.sethostname(args.hostname)
     syscalls.link_up("lo")
     os.closerange(3, 65536)

@@ -136,6 +136,8 @@ class Booter:
             stage1 += ["--uid-base", str(idmap.uid_base(inst.uid_index))]
         if self.config.procview_dir is not None:
             stage1 += ["--procview", str(self.config.procview_dir)]
+            if self.fs.sysinfo_lib is not None:
+                stage1 += ["--sysinfo-lib", str(self.fs.sysinfo_lib)]
         for app in apps:
             stage1 += ["--init-arg=--app", f"--init-arg={app}"]
         return helper_argv(self.fs.helper, self.driver.procs_files(inst.cgroups), False, stage1)

@@ -19,6 +19,8 @@ class InstanceFs:
         self.state_dir = state_dir
         self.uids = uids
         self.helper: Path | None = None  # the exec helper, once the runtime runs
+        # The sysinfo() library stage 1 preloads in templates (config procview_dir), once built.
+        self.sysinfo_lib: Path | None = None
         self._busy: set[str] = set()  # iids made and not torn down yet
 
     def busy(self) -> set[str]:

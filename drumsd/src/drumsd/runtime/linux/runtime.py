@@ -27,7 +27,15 @@ from drumsd.core.seams import (
     StepOutcome,
 )
 from drumsd.guest import protocol
-from drumsd.linux import cgroups, host_limits, host_sampler, host_share, procview, slot_fs
+from drumsd.linux import (
+    cgroups,
+    host_limits,
+    host_sampler,
+    host_share,
+    procview,
+    slot_fs,
+    sysinfo_preload,
+)
 from drumsd.linux.exec_helper import ensure_exec_helper
 from drumsd.linux.launcher import Launcher
 from drumsd.linux.process_trees import close_fd
@@ -328,12 +336,21 @@ class LinuxRuntime:
                 await self._close()
 
     async def _serve_procview(self, view_dir: Path) -> None:
-        """The slots' /proc view (config procview_dir): LXCFS there, started if absent."""
+        """The slots' /proc view (config procview_dir): LXCFS there, started if absent, and the
+        sysinfo() library stage 1 preloads in templates, built if absent."""
         try:
             started = await trio.to_thread.run_sync(procview.ensure, view_dir)
-        except (procview.ProcViewError, OSError) as exc:
+            self.fs.sysinfo_lib = await trio.to_thread.run_sync(
+                sysinfo_preload.ensure_lib, self.state_dir / "bin"
+            )
+        except (procview.ProcViewError, sysinfo_preload.SysinfoLibError, OSError) as exc:
             raise RuntimeError_("runtime_error", f"procview_dir: {exc}") from None
-        log_event("procview", dir=view_dir, lxcfs="started" if started else "already mounted")
+        log_event(
+            "procview",
+            dir=view_dir,
+            lxcfs="started" if started else "already mounted",
+            sysinfo_lib=self.fs.sysinfo_lib,
+        )
 
     async def _close(self) -> None:
         await self.spares.close()

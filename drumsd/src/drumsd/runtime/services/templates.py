@@ -170,8 +170,9 @@ async def start_template_builds(sup: TemplatesHost) -> None:
         )
         log.error("image=%s %s", name, sup.template_status[name])
         return
-    # A template booted with the /proc view holds its binds: one without is another template.
-    cp_id = f"tpl-{name}-{sha[:12]}" + ("-pv" if sup.config.procview_dir else "")
+    # A template booted with the /proc view holds its binds and the sysinfo() library (-pvs: the
+    # view's templates from before the library are not reused): one without is another template.
+    cp_id = f"tpl-{name}-{sha[:12]}" + ("-pvs" if sup.config.procview_dir else "")
     existing = sup.checkpoints.get(cp_id)
     if existing is not None and existing.ready:
         sup.template_status[name] = "ready"

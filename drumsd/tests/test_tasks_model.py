@@ -282,6 +282,23 @@ def test_a_second_file_with_the_same_id_is_listed_as_shadowed(tmp_path: Path) ->
         )
 
 
+def test_table_rows_give_domain_and_source(tmp_path: Path) -> None:
+    """GET /v1/tasks rows (issue 32: domain and source were null): the domain is the directory
+    OSWorld files the task under (examples/vlc/ for a task whose snapshot is base_setup), else
+    the snapshot; the source is the file's."""
+    examples = tmp_path / "examples"
+    (examples / "vlc").mkdir(parents=True)
+    body = {"id": "t1", "snapshot": "base_setup", "source": "https://superuser.com/q/1"}
+    body["evaluator"] = {"func": "infeasible"}
+    (examples / "vlc" / "t1.json").write_text(json.dumps(body))
+    top = {"id": "t2", "snapshot": "os", "source": ["not", "a string"]}
+    (examples / "t2.json").write_text(json.dumps({**top, "evaluator": {"func": "infeasible"}}))
+    ctx = TaskContext(task_dirs=[examples], cache_dir=tmp_path / "cache")
+    rows = {r.id: r for r in task_support_table(ctx)}
+    assert (rows["t1"].domain, rows["t1"].source) == ("vlc", "https://superuser.com/q/1")
+    assert (rows["t2"].domain, rows["t2"].source) == ("os", None)
+
+
 def test_a_windows_task_is_refused_naming_what_gives_it_away(tmp_path: Path) -> None:
     """OSWorld's Windows tasks: drive paths in getters, .exe programs in steps, Office apps."""
     ctx = TaskContext(task_dirs=[tmp_path], cache_dir=tmp_path / "cache")

@@ -35,7 +35,13 @@ from .checker_pool import CheckerPool
 from .checker_venv import CheckerVenv, context_for_checker
 from .evaluate import default_runner
 from .exploit_verdicts import read_verdicts, refusal, task_audit
-from .host_support import SLOT_FEATURES, support, task_support_table
+from .host_support import (
+    SLOT_FEATURES,
+    support,
+    task_domain,
+    task_source,
+    task_support_table,
+)
 from .model import (
     Task,
     TaskContext,
@@ -240,12 +246,11 @@ def prefix_matches(prefix: str, task_dirs: list[Path]) -> list[Task]:
 
 def task_info(task: Task, ctx: TaskContext) -> TaskInfo:
     ok, reason = support(task, ctx)
-    extra = task.model_extra or {}
     return TaskInfo(
         id=task.id,
         instruction=task.instruction,
-        source=extra.get("source"),
-        domain=task.snapshot,
+        source=task_source(task),
+        domain=task_domain(task, ctx.task_dirs),
         supported=ok,
         reason=reason,
         audit=task_audit(ctx.exploit_verdicts, task.id),
@@ -328,6 +333,8 @@ class TaskBridge:
             TaskInfo(
                 id=row.id,
                 instruction=row.instruction,
+                source=row.source,
+                domain=row.domain,
                 supported=row.supported,
                 reason=row.reason,
                 audit=task_audit(self.ctx.exploit_verdicts, row.id),

@@ -9,6 +9,7 @@ for every task, for the API and `drumsd tasks coverage`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,12 +266,36 @@ def find_verifier_module(module: str, ctx: TaskContext) -> Path | None:
     return None
 
 
+def task_domain(task: Task, task_dirs: Sequence[Path]) -> str | None:
+    """OSWorld files a task as <examples>/<domain>/<id>.json: the directory holding the file when
+    it lies below a task directory (not in it), else the task's snapshot (an inline task, or a
+    file directly in a task directory)."""
+    if task.source_path is not None:
+        path = task.source_path.resolve()
+        for root in task_dirs:
+            try:
+                rel = path.relative_to(root.resolve())
+            except ValueError:
+                continue
+            if len(rel.parts) > 1:
+                return rel.parts[-2]
+    return task.snapshot
+
+
+def task_source(task: Task) -> str | None:
+    """The task file's `source` (where OSWorld took the task from), when it is a string."""
+    source = (task.model_extra or {}).get("source")
+    return source if isinstance(source, str) else None
+
+
 class TaskSupport(BaseModel):
     """One row of `GET /v1/tasks`."""
 
     id: str
     path: str | None = None
     instruction: str = ""
+    source: str | None = None  # the task file's `source` (where OSWorld took the task from)
+    domain: str | None = None  # task_domain
     supported: bool
     reason: str | None = None
 
@@ -296,6 +321,8 @@ def task_support_table(ctx: TaskContext) -> list[TaskSupport]:
                 id=task.id,
                 path=str(task.source_path) if task.source_path else None,
                 instruction=task.instruction,
+                source=task_source(task),
+                domain=task_domain(task, ctx.task_dirs),
                 supported=ok,
                 reason=reason,
             )

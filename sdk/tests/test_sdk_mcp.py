@@ -114,3 +114,22 @@ def test_close_destroys_and_the_next_env_becomes_current(daemon: Daemon) -> None
                 assert [s.id for s in await watcher.list_envs()] == [a]
 
     anyio.run(body)
+
+
+def test_a_saved_state_outlives_the_session_unless_keep_false(daemon: Daemon) -> None:
+    """save follows the documented saved-state lifetime (issue 38, as the SDK's env.save()): by
+    default it is left to its lease on the daemon when the session ends; keep=false deletes it."""
+
+    async def body() -> None:
+        async with Client(build_server(daemon.aclient)) as mcp:
+            assert not (await mcp.call_tool("desktop_create", {})).is_error
+            leased = text(await mcp.call_tool("save", {}))
+            tied = text(await mcp.call_tool("save", {"keep": False}))
+        assert leased.startswith("saved state ") and leased.count(" ") == 2, leased
+        assert tied.endswith(" (deleted when this session ends)"), tied
+        envs, states = daemon.leftovers()
+        assert envs == [] and states == [leased.split()[2]], states
+        async with daemon.aclient() as c:
+            await c.delete_state(leased.split()[2])
+
+    anyio.run(body)

@@ -352,15 +352,16 @@ def build_server(
         return f"forked {len(forked.children)} in {forked.elapsed_s:.2f} s: {ids}"
 
     @server.tool()
-    async def save(ctx: Context, keep: bool = False, env_id: Optional[str] = None) -> str:
-        """Save the desktop (a checkpoint desktop_create(state=...) restores). Deleted at session
-        end unless keep=true."""
+    async def save(ctx: Context, keep: bool = True, env_id: Optional[str] = None) -> str:
+        """Save the desktop (a checkpoint desktop_create(state=...) restores). It lives until its
+        lease on the daemon runs out (30 min unused by default; a restore renews it), whether or
+        not this session is still open; keep=false deletes it when this session ends."""
         try:
             session = await sessions.of(ctx)
             state = await session.save(session.env(env_id), keep)
         except (actions.BadAction, DrumsError) as exc:
             raise _failed(exc) from exc
-        return f"saved state {state.id}{' (kept)' if keep else ''}"
+        return f"saved state {state.id}" + ("" if keep else " (deleted when this session ends)")
 
     @server.tool()
     async def verify(ctx: Context, env_id: Optional[str] = None) -> str:

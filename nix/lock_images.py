@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import re
 import subprocess
@@ -37,8 +36,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from drumsd.core import image_lock
+
 REPO = Path(__file__).resolve().parent.parent
-LOCK_FILE = REPO / "nix" / "images.lock.json"
+# nix/images.lock.json links to it: drumsd ships the lock its image build installs from.
+LOCK_FILE = REPO / "drumsd" / "src" / "drumsd" / "linux" / "images.lock.json"
 ARCHITECTURES = ("amd64", "arm64")
 COMPONENT = "main"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
@@ -139,49 +141,15 @@ def deb_entry(stanza: dict[str, str]) -> dict[str, Any]:
 _TOP_LEVEL = ("Package", "Version", "Architecture", "Filename", "Size", "SHA256")
 
 
-def index_stanza(name: str, entry: dict[str, Any]) -> str:
-    """The entry as a Packages stanza (what nix/debian-image.nix writes, in Nix)."""
-    fields = {
-        "Package": name,
-        **dict(sorted(entry["control"].items())),
-        "Version": entry["version"],
-        "Architecture": entry["architecture"],
-        "Filename": entry["filename"],
-        "Size": str(entry["size"]),
-        "SHA256": entry["sha256"],
-    }
-    return "".join(f"{k}: {v}\n" for k, v in fields.items())
-
-
-def recipe(profile: Any) -> dict[str, Any]:
-    """What of a drumsd image profile the Nix build reads besides the packages."""
-    return {
-        "packages": sorted(set(profile.packages)),
-        "pip": list(profile.pip),
-        "files": {
-            path: {"mode": f"{mode:o}", "text": text}
-            for path, (mode, text) in profile.files.items()
-        },
-        "setup": profile.setup,
-    }
+# The stanza and recipe drumsd's image build reads the lock with (one definition for both).
+index_stanza = image_lock.index_stanza
+recipe = image_lock.recipe_of
 
 
 def common_recipe() -> dict[str, Any]:
     from drumsd.linux import image
-    from drumsd.linux.mounts import DEVICES
 
-    return {
-        "builder_version": image.BUILDER_VERSION,
-        "suite": image.SUITE,
-        "mirror": image.MIRROR,
-        "component": COMPONENT,
-        "user": {
-            "name": image.DESKTOP_USER,
-            "uid": image.DESKTOP_UID,
-            "password": image.DESKTOP_PASSWORD,
-        },
-        "devices": [[name, major, minor] for name, major, minor in DEVICES],
-    }
+    return image.lock_common()
 
 
 def write_local_repo(lock: dict[str, Any], profile: str, arch: str, repo: Path) -> Path:
@@ -194,12 +162,7 @@ def write_local_repo(lock: dict[str, Any], profile: str, arch: str, repo: Path) 
     index = dist / COMPONENT / f"binary-{arch}"
     index.mkdir(parents=True, exist_ok=True)
     (index / "Packages").write_text(text)
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    (dist / "Release").write_text(
-        f"Suite: {lock['suite']}\nCodename: {lock['suite']}\nArchitectures: {arch}\n"
-        f"Components: {COMPONENT}\nSHA256:\n"
-        f" {digest} {len(text.encode())} {COMPONENT}/binary-{arch}/Packages\n"
-    )
+    (dist / "Release").write_text(image_lock.release_text(lock["suite"], COMPONENT, arch, text))
     return repo
 
 

@@ -5,6 +5,8 @@
 set -euo pipefail
 
 profile="${1:-base}"
+# --mirror-fallback: build from the mirror by name when the image lock cannot (drumsd image build).
+fallback=("${@:2}")
 cache="${DRUMS_CACHE:-/var/cache/drums}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${DRUMS_PYTHON:-$repo/.venv/bin/python}"
@@ -40,5 +42,5 @@ fi
 
 echo "[prepare-host] criu + image '$profile' (cache $cache)"
 PYTHONPATH="$repo/drumsd/src${PYTHONPATH:+:$PYTHONPATH}" \
-    "$python" -u -m drumsd.linux.hostprep --profile "$profile" --cache "$cache"
+    "$python" -u -m drumsd.linux.hostprep --profile "$profile" --cache "$cache" "${fallback[@]}"
 echo "[prepare-host] done"

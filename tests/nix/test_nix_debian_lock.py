@@ -276,10 +276,18 @@ def _built_image(profile: str) -> Path:
 def test_the_built_image_has_exactly_the_locked_packages(
     lock: dict[str, Any], profile: str
 ) -> None:
-    """`drumsd image build` (apt against the mirror) installed the lock's names, versions and
-    architectures, nothing more or less. Fails when the mirror moved on (a point release) and
-    the lock was not refreshed, or the image predates the lock."""
-    installed = _installed(_built_image(profile))
+    """`drumsd image build` installed from the lock (image.json says so: not a
+    --mirror-fallback build, which setup.sh makes when the mirror dropped locked .debs in a
+    point release) and dpkg lists the lock's names, versions and architectures, nothing more or
+    less. Fails on an image built by name from the mirror, or before the lock."""
+    root = _built_image(profile)
+    meta = json.loads((root.parent / "image.json").read_text())
+    how = {"mirror": "from the mirror by name (--mirror-fallback)", None: "before the lock build"}
+    assert meta.get("packages_from") == "lock", (
+        f"the {profile} image at {root.parent} was built {how.get(meta.get('packages_from'))}: "
+        f"refresh the lock ({lock_images.HEADER.split('Refresh: ')[1]}) and rebuild it"
+    )
+    installed = _installed(root)
     wanted = closure(lock, profile, "amd64")
     assert installed == wanted, {
         "only in the image": sorted(set(installed) - set(wanted))[:20],

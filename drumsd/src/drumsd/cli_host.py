@@ -50,7 +50,9 @@ def run_image_build(args: argparse.Namespace) -> int:
         return 2
     started = time.monotonic()
     try:
-        info = build_image(args.profile, args.cache, progress=_progress)
+        info = build_image(
+            args.profile, args.cache, progress=_progress, mirror_fallback=args.mirror_fallback
+        )
     except ImageBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -137,6 +139,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     image_sub = image.add_subparsers(dest="image_command", required=True)
     build = image_sub.add_parser("build", help="build (or find cached) a desktop image")
     build.add_argument("--profile", choices=sorted(PROFILES), default="base")
+    build.add_argument(
+        "--mirror-fallback",
+        action="store_true",
+        help="when the image lock cannot build the profile (the mirror dropped a locked .deb in "
+        "a point release, a recipe changed without a refreshed lock), install from the mirror by "
+        "name instead, with a loud warning; image.json says packages_from: mirror",
+    )
     add_cache(build)
     build.set_defaults(handler=run_image_build)
     unpack = image_sub.add_parser(

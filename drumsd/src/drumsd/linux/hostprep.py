@@ -287,6 +287,7 @@ def prepare_host(
     cache_root: Path = DEFAULT_CACHE_ROOT,
     progress: Progress = print,
     build_images: bool = True,
+    mirror_fallback: bool = False,
 ) -> None:
     """Everything a host needs before `drumsd serve`: packages, CRIU, the desktop image."""
     started = time.monotonic()
@@ -300,7 +301,7 @@ def prepare_host(
     if build_images:
         from drumsd.linux.image import build_image
 
-        info = build_image(profile, cache_root, progress=progress)
+        info = build_image(profile, cache_root, progress=progress, mirror_fallback=mirror_fallback)
         progress(f"image: {info.profile} at {info.root} sha256 {info.sha256}")
     progress(f"host: ready ({time.monotonic() - started:.1f} s)")
 
@@ -318,6 +319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="cache root (default /var/cache/drums)",
     )
     parser.add_argument("--criu-only", action="store_true", help="build CRIU but no image")
+    parser.add_argument(
+        "--mirror-fallback",
+        action="store_true",
+        help="when the image lock cannot build the profile (a point release), build from the "
+        "mirror by name, loudly (the lock tests then fail)",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("host preparation needs root (apt, debootstrap, /usr/local/sbin)", file=sys.stderr)
@@ -327,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.profile,
             args.cache,
             build_images=not args.criu_only,
+            mirror_fallback=args.mirror_fallback,
             progress=lambda m: print(m, flush=True),
         )
     except HostPrepError as exc:

@@ -1,7 +1,15 @@
 """Desktop image builder: a debootstrap'd Debian root with the desktop packages and the guest agent.
 
+The packages come from the image lock (images.lock.json next to this module, the file
+nix/images.lock.json links to; nix/lock_images.py writes it): every .deb is fetched by its pool
+URL and checked against the lock's sha256, and debootstrap and apt install from a local
+repository of exactly those files, so the image holds the lock's packages and the Nix images
+(nix/debian-image.nix, the same steps) hold the same. A .deb the mirror no longer serves stops the
+build, naming it; `mirror_fallback` (`--mirror-fallback`) builds from the mirror by name instead,
+loudly, and the image records it (image.json `packages_from`).
+
 Two cache levels under <cache_root>/images, both keyed by content:
-  layers/<layer key>/root      debootstrap + apt + pip (key: package lists + builder version)
+  layers/<layer key>/root      debootstrap + apt + pip (key: recipe, lock digest, builder version)
   <profile>-<image key>/root   that layer + the guest files (key: layer key + guest sources hash)
 so editing the guest agent rebuilds in seconds instead of re-running debootstrap. Finished images
 are immutable lower layers: the final tree shares inodes with its layer (hard links) and must never
@@ -22,10 +30,24 @@ import stat
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsd.core.image_lock import (
+    DPKG_ARCH,
+    LockedDeb,
+    LockError,
+    ProfileLock,
+    installed_packages,
+    manifest_diff,
+    missing_debs_message,
+    profile_lock,
+    release_text,
+)
 from drumsd.linux.image_apps import APPS, probe_apps
 from drumsd.linux.image_apps import read_manifest as read_app_manifest
 from drumsd.linux.image_apps import write_manifest as write_app_manifest
@@ -46,10 +68,19 @@ DESKTOP_UID = 1000
 DESKTOP_PASSWORD = "password"
 GUEST_DIR_IN_IMAGE = "opt/drums/guest"
 GUEST_SOURCE_DIR = Path(__file__).resolve().parent.parent / "guest"
+# The Debian package lock the images install from (shipped in the package).
+LOCK_FILE = Path(__file__).resolve().with_name("images.lock.json")
+LOCK_COMPONENT = "main"
+FETCH_TIMEOUT_S = 60.0
+FETCH_THREADS = 4
 
 
 class ImageBuildError(RuntimeError):
     """A build step failed; the message names the step and what to do next."""
+
+
+class LockedDebsMissing(ImageBuildError):
+    """The mirror no longer serves some of the lock's .debs (a Debian point release)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +96,47 @@ class ImageInfo:
 # ---------------------------------------------------------------- pure: keys
 
 
-def layer_key(profile: Profile) -> str:
-    """Key of the package layer: what went into it, not when it was built."""
+def lock_common() -> dict:
+    """What of the builder the lock records for every profile (nix/lock_images.py writes it;
+    a lock written for another builder is refused)."""
+    return {
+        "builder_version": BUILDER_VERSION,
+        "suite": SUITE,
+        "mirror": MIRROR,
+        "component": LOCK_COMPONENT,
+        "user": {"name": DESKTOP_USER, "uid": DESKTOP_UID, "password": DESKTOP_PASSWORD},
+        "devices": [[name, major, minor] for name, major, minor in DEVICES],
+    }
+
+
+def host_arch(machine: str | None = None) -> str:
+    machine = machine or os.uname().machine
+    if machine not in DPKG_ARCH:
+        raise ImageBuildError(
+            f"the image lock covers {', '.join(DPKG_ARCH)}, not {machine}; "
+            "build from the mirror by name with --mirror-fallback"
+        )
+    return DPKG_ARCH[machine]
+
+
+def load_profile_lock(
+    profile: Profile, lock_file: Path = LOCK_FILE, arch: str | None = None
+) -> ProfileLock:
+    """The lock of `profile` on this machine's architecture, checked against the recipe."""
+    try:
+        lock = json.loads(lock_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ImageBuildError(f"cannot read the image lock {lock_file}: {exc}") from exc
+    try:
+        return profile_lock(lock, profile, arch or host_arch(), lock_common())
+    except LockError as exc:
+        raise ImageBuildError(f"image lock {lock_file}: {exc}") from exc
+
+
+def layer_key(profile: Profile, locked: ProfileLock | None = None) -> str:
+    """Key of the package layer: what went into it, not when it was built. A layer built from
+    the lock has the lock's digest in its key (any change to the locked .debs, index or pip
+    files is a new layer); one built from the mirror by name (--mirror-fallback) has not."""
     spec = {
         "builder": BUILDER_VERSION,
         "suite": SUITE,
@@ -78,6 +148,8 @@ def layer_key(profile: Profile) -> str:
     }
     if profile.setup:  # only when set, so the keys of profiles without one stay as they were
         spec["setup"] = profile.setup
+    if locked is not None:
+        spec["lock"] = locked.digest
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -152,15 +224,19 @@ def _run(
     progress(f"image: {what}: done in {time.monotonic() - started:.1f} s")
 
 
-def _in_chroot(root: Path, script: str, apt_cache: Path | None = None) -> list[str]:
+def _in_chroot(
+    root: Path, script: str, apt_cache: Path | None = None, repo: Path | None = None
+) -> list[str]:
     """A shell script run inside `root` with /proc, /sys and /dev mounted in a private mount
     namespace, so the mounts vanish with the process even if the build is interrupted.
-    `apt_cache` is bind-mounted over the chroot's apt archive so rebuilds reuse downloads."""
+    `apt_cache` is bind-mounted over the chroot's apt archive so rebuilds reuse downloads;
+    `repo` (the lock's local repository) at /drums-repo."""
     outer = (
-        'set -e; r="$1"; c="$2"; '
+        'set -e; r="$1"; c="$2"; p="$3"; '
         'mount -t proc proc "$r/proc"; mount -t sysfs sysfs "$r/sys"; '
         'mount --rbind /dev "$r/dev"; '
         'if [ -n "$c" ]; then mount --bind "$c" "$r/var/cache/apt/archives"; fi; '
+        'if [ -n "$p" ]; then mount --bind "$p" "$r/drums-repo"; fi; '
         'exec chroot "$r" /bin/sh -ec "$0"'
     )
     cache = str(apt_cache) if apt_cache else ""
@@ -175,6 +251,7 @@ def _in_chroot(root: Path, script: str, apt_cache: Path | None = None) -> list[s
         script,
         str(root),
         cache,
+        str(repo) if repo else "",
     ]
 
 
@@ -207,16 +284,8 @@ def _write(root: Path, rel: str, content: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -> None:
-    """debootstrap + apt + pip + desktop user into `dest` (a fresh directory); downloaded .debs
-    are kept in `debs` for the next build."""
-    root = dest / "root"
-    (debs / "partial").mkdir(parents=True, exist_ok=True)
-    _run(
-        ["debootstrap", "--variant=minbase", f"--cache-dir={debs}", SUITE, str(root), MIRROR],
-        progress,
-        f"debootstrap --variant=minbase {SUITE}",
-    )
+def _prepare_chroot(root: Path) -> None:
+    """What the builds write after debootstrap, before apt runs."""
     # No daemons may start inside the build chroot (no init there; dbus would try).
     _write(root, "usr/sbin/policy-rc.d", "#!/bin/sh\nexit 101\n", 0o755)
     _write(
@@ -230,6 +299,19 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -
         "path-exclude=/usr/share/doc/*\npath-include=/usr/share/doc/*/copyright\n"
         "path-exclude=/usr/share/man/*\npath-exclude=/usr/share/info/*\n",
     )
+
+
+def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -> None:
+    """From the mirror by name (--mirror-fallback only): debootstrap + apt + pip + desktop user
+    into `dest` (a fresh directory); downloaded .debs are kept in `debs` for the next build."""
+    root = dest / "root"
+    (debs / "partial").mkdir(parents=True, exist_ok=True)
+    _run(
+        ["debootstrap", "--variant=minbase", f"--cache-dir={debs}", SUITE, str(root), MIRROR],
+        progress,
+        f"debootstrap --variant=minbase {SUITE}",
+    )
+    _prepare_chroot(root)
     shutil.copy2("/etc/resolv.conf", root / "etc/resolv.conf")
     packages = " ".join(sorted(set(profile.packages)))
     _run(
@@ -259,6 +341,161 @@ def _build_layer(profile: Profile, dest: Path, progress: Progress, debs: Path) -
             )
         finally:
             (root / "tmp/drums-host-ca.crt").unlink(missing_ok=True)
+    _finish_layer(profile, root, progress)
+
+
+def _fetch(url: str, dest: Path, sha256: str, size: int | None) -> str | None:
+    """Download `url` to `dest` unless it is there with `sha256`. Returns None, or "missing"
+    when the server answers 404/410. A wrong hash or size is an error: nothing unverified is
+    kept."""
+    if dest.is_file() and (size is None or dest.stat().st_size == size):
+        if _sha256_file(dest) == sha256:
+            return None
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
+        with (
+            urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response,
+            tmp.open("wb") as out,
+        ):
+            shutil.copyfileobj(response, out, 1 << 20)
+    except urllib.error.HTTPError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.code in (404, 410):
+            return "missing"
+        raise ImageBuildError(f"fetching {url}: HTTP {exc.code}; check the mirror") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise ImageBuildError(f"fetching {url}: {exc}; check the network or the mirror") from exc
+    got = _sha256_file(tmp)
+    if got != sha256 or (size is not None and tmp.stat().st_size != size):
+        tmp.unlink()
+        raise ImageBuildError(
+            f"{url} has sha256 {got}, the lock {sha256}: refusing it (a proxy or mirror serving "
+            "other bytes); nothing was installed"
+        )
+    os.replace(tmp, dest)
+    return None
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_locked_debs(locked: ProfileLock, debs: Path, progress: Progress) -> list[LockedDeb]:
+    """Every .deb of the lock into `debs` (by pool file name), each checked against its sha256
+    and size; returns the ones the mirror no longer serves (404). Files already there with the
+    locked hash are not fetched again."""
+    debs.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    progress(f"image: fetching {len(locked.debs)} locked .debs into {debs}")
+
+    def one(deb: LockedDeb) -> str | None:
+        return _fetch(f"{locked.mirror}/{deb.filename}", debs / deb.basename, deb.sha256, deb.size)
+
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        results = list(pool.map(one, locked.debs))
+    missing = [deb for deb, r in zip(locked.debs, results, strict=True) if r == "missing"]
+    progress(
+        f"image: {len(locked.debs) - len(missing)} locked .debs verified "
+        f"({time.monotonic() - started:.1f} s), {len(missing)} not served"
+    )
+    return missing
+
+
+def _write_local_repo(locked: ProfileLock, repo: Path, debs: Path) -> None:
+    """A repository of exactly the lock's .debs (hard links into the fetch cache) and index."""
+    for deb in locked.debs:
+        target = repo / deb.filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(debs / deb.basename, target)
+    dist = repo / "dists" / locked.suite
+    index = dist / locked.component / f"binary-{locked.arch}"
+    index.mkdir(parents=True, exist_ok=True)
+    (index / "Packages").write_text(locked.packages_index)
+    (dist / "Release").write_text(
+        release_text(locked.suite, locked.component, locked.arch, locked.packages_index)
+    )
+
+
+def _build_layer_locked(
+    profile: Profile, locked: ProfileLock, dest: Path, progress: Progress, debs: Path
+) -> None:
+    """From the lock: debootstrap and apt against a local repository of only the locked .debs
+    (fetched and verified by fetch_locked_debs into `debs`), pip from the locked files, then the
+    desktop user, files and setup; fails unless dpkg lists exactly the lock's packages."""
+    root = dest / "root"
+    repo = dest / "repo"
+    _write_local_repo(locked, repo, debs)
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--no-check-gpg",  # the repository is the lock's verified files
+            f"--arch={locked.arch}",
+            locked.suite,
+            str(root),
+            f"file://{repo}",
+        ],
+        progress,
+        f"debootstrap --variant=minbase {locked.suite} (from the lock)",
+    )
+    _prepare_chroot(root)
+    (root / "drums-repo").mkdir()
+    sources = root / "etc/apt/sources.list"
+    sources.write_text(f"deb [trusted=yes] file:/drums-repo {locked.suite} {locked.component}\n")
+    _run(
+        _in_chroot(
+            root,
+            f"apt-get update -q && apt-get install -y -q {' '.join(locked.packages)}",
+            repo=repo,
+        ),
+        progress,
+        f"apt-get install {len(locked.packages)} packages (from the lock)",
+    )
+    # The sources an image built from the mirror has (debootstrap writes the mirror it used).
+    sources.write_text(f"deb {locked.mirror} {locked.suite} {locked.component}\n")
+    (root / "drums-repo").rmdir()
+    if locked.pip_files:
+        wheels = root / "tmp/drums-pip"
+        wheels.mkdir()
+        for pin in locked.pip_files:
+            if _fetch(pin.url, wheels / pin.basename, pin.sha256, None) == "missing":
+                raise ImageBuildError(
+                    f"PyPI no longer serves {pin.url} ({pin.name} {pin.version}) of the image "
+                    "lock: refresh the lock (PYTHONPATH=drumsd/src .venv/bin/python "
+                    "nix/lock_images.py)"
+                )
+        try:
+            _run(
+                _in_chroot(
+                    root,
+                    "pip install -q --no-cache-dir --no-index --no-build-isolation --no-deps "
+                    "--break-system-packages --root-user-action=ignore /tmp/drums-pip/*",
+                ),
+                progress,
+                f"pip install {len(locked.pip_files)} locked files",
+            )
+        finally:
+            shutil.rmtree(wheels, ignore_errors=True)
+    diff = manifest_diff(
+        installed_packages((root / "var/lib/dpkg/status").read_text()), locked.manifest()
+    )
+    if diff:
+        raise ImageBuildError(
+            f"the {profile.name} image's packages differ from the lock ({len(diff)}):\n"
+            + "\n".join(diff[:20])
+        )
+    progress(f"image: dpkg lists exactly the lock's {len(locked.debs)} packages")
+    shutil.rmtree(repo)
+    _finish_layer(profile, root, progress)
+
+
+def _finish_layer(profile: Profile, root: Path, progress: Progress) -> None:
+    """The desktop user, cleanup, the profile's files and setup script."""
     user_script = (
         f"useradd --create-home --home-dir /home/{DESKTOP_USER} --uid {DESKTOP_UID} "
         f"--user-group --shell /bin/bash {DESKTOP_USER}; "
@@ -335,13 +572,45 @@ def build_image(
     cache_root: Path,
     progress: Progress = print,
     guest_source: Path = GUEST_SOURCE_DIR,
+    *,
+    mirror_fallback: bool = False,
+    lock_file: Path = LOCK_FILE,
 ) -> ImageInfo:
-    """Build (or find in the cache) the image of `profile` and return where it is and its hash."""
+    """Build (or find in the cache) the image of `profile` and return where it is and its hash.
+
+    The packages are the lock's (`lock_file`). When the lock cannot build it (a recipe changed
+    without a refreshed lock, another architecture, .debs the mirror no longer serves) the build
+    fails saying so, unless `mirror_fallback`: then it installs from the mirror by name, warns
+    loudly, and image.json says `packages_from: mirror` (the lock tests fail on such an image)."""
     if profile not in PROFILES:
         raise ImageBuildError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     prof = PROFILES[profile]
     images = cache_root / "images"
-    lkey = layer_key(prof)
+    locked: ProfileLock | None
+    try:
+        locked = load_profile_lock(prof, lock_file)
+    except ImageBuildError as exc:
+        if not mirror_fallback:
+            raise
+        _warn_fallback(progress, str(exc))
+        locked = None
+    lkey = layer_key(prof, locked)
+    layer = images / "layers" / lkey
+    debs = images / "layers" / "apt-archives"
+    if locked is not None and not (layer / "layer.json").exists():
+        # Fetched before the layer's key is final: a lock the mirror no longer serves falls
+        # back (when asked) to the mirror's layer, whose key has no lock digest.
+        debs.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(debs.parent / ".apt-archives.lock"):
+            missing = fetch_locked_debs(locked, debs, progress)
+        if missing:
+            message = missing_debs_message(missing, locked.mirror)
+            if not mirror_fallback:
+                raise LockedDebsMissing(message)
+            _warn_fallback(progress, message)
+            locked = None
+            lkey = layer_key(prof)
+            layer = images / "layers" / lkey
     gkey = guest_sources_hash(guest_source)
     ikey = image_key(lkey, gkey)
     final = images / f"{profile}-{ikey}"
@@ -355,21 +624,29 @@ def build_image(
         return _info(final, meta)
 
     started = time.monotonic()
-    layer = images / "layers" / lkey
     layer.parent.mkdir(parents=True, exist_ok=True)
     with _locked(layer.parent / f".{lkey}.lock"):
         if (layer / "layer.json").exists():
             progress(f"image: package layer {lkey} is cached")
         else:
-            _build_layer_cached(prof, lkey, layer, progress)
+            _build_layer_cached(prof, lkey, layer, progress, locked)
     with _locked(images / f".{profile}-{ikey}.lock"):
         if meta_path.exists():  # another builder finished it while we waited
             meta = json.loads(meta_path.read_text())
         else:
-            meta = _assemble(prof, lkey, gkey, ikey, layer, final, guest_source, progress)
+            meta = _assemble(prof, lkey, gkey, ikey, layer, final, guest_source, progress, locked)
     _point_current(images, profile, final)
     progress(f"image: {profile} ready at {final}/root in {time.monotonic() - started:.1f} s")
     return _info(final, meta)
+
+
+def _warn_fallback(progress: Progress, why: str) -> None:
+    bar = "!" * 78
+    progress(
+        f"image: {bar}\nimage: NOT FROM THE LOCK: building from {MIRROR} by name "
+        f"(--mirror-fallback).\nimage: {why}\nimage: the image will not be the Nix image's "
+        f"packages, and the lock tests fail on it until the lock is refreshed.\nimage: {bar}"
+    )
 
 
 @contextlib.contextmanager
@@ -384,7 +661,9 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _build_layer_cached(prof: Profile, lkey: str, layer: Path, progress: Progress) -> None:
+def _build_layer_cached(
+    prof: Profile, lkey: str, layer: Path, progress: Progress, locked: ProfileLock | None
+) -> None:
     started = time.monotonic()
     progress(
         f"image: building package layer {lkey} for {prof.name} ({len(set(prof.packages))} packages)"
@@ -394,10 +673,16 @@ def _build_layer_cached(prof: Profile, lkey: str, layer: Path, progress: Progres
     try:
         # One layer build at a time per cache: apt locks its (shared) archive directory.
         with _locked(layer.parent / ".apt-archives.lock"):
-            _build_layer(prof, staging, progress, layer.parent / "apt-archives")
+            debs = layer.parent / "apt-archives"
+            if locked is None:
+                _build_layer(prof, staging, progress, debs)
+            else:
+                fetch_locked_debs(locked, debs, progress)  # all verified and cached by now
+                _build_layer_locked(prof, locked, staging, progress, debs)
         layer_meta = {
             "key": lkey,
             "profile": prof.name,
+            **_source_meta(locked),
             "packages": sorted(set(prof.packages)),
             "pip": list(prof.pip),
             "built_at": _now(),
@@ -422,6 +707,7 @@ def _assemble(
     final: Path,
     guest_source: Path,
     progress: Progress,
+    locked: ProfileLock | None = None,
 ) -> dict:
     """Final image = package layer (hard links) + guest files, hashed, moved into place."""
     progress(f"image: assembling {final.name} (layer {lkey} + guest {gkey[:12]})")
@@ -451,6 +737,7 @@ def _assemble(
             "guest_sha256": gkey,
             "builder_version": BUILDER_VERSION,
             "suite": SUITE,
+            **_source_meta(locked),
             "packages": sorted(set(prof.packages)),
             "pip": list(prof.pip),
             "built_at": _now(),
@@ -464,6 +751,13 @@ def _assemble(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return meta
+
+
+def _source_meta(locked: ProfileLock | None) -> dict:
+    """Where the packages came from, for image.json and layer.json."""
+    if locked is None:
+        return {"packages_from": "mirror"}
+    return {"packages_from": "lock", "lock_sha256": locked.digest, "arch": locked.arch}
 
 
 def _record_apps(image_dir: Path, profile: str, progress: Progress) -> None:

@@ -76,6 +76,7 @@ def test_a_good_host_is_ready() -> None:
         ({"tools": {"unshare": False, "debootstrap": True}}, "tools", "fail", "prepare-host"),
         ({"images": {"base": None}}, "image base", "warn", "image build --profile base"),
         ({"max_user_namespaces": 0}, "userns", "warn", "max_user_namespaces"),
+        ({"procview_tools": {"lxcfs": True, "cc": False}}, "procview", "warn", "lxcfs gcc"),
     ],
 )
 def test_each_gap_is_reported_with_what_to_do(

@@ -50,6 +50,9 @@ class HostFacts:
     # The kernel limits all slots share, against what the most slots this host admits need.
     limit_needs: list[LimitNeed] = field(default_factory=list)
     admitted_slots: int = 0
+    # What the opt-in per-slot /proc view (config procview_dir) needs: lxcfs, and a C compiler
+    # for its sysinfo() library. Empty: not looked at.
+    procview_tools: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,21 @@ def assess(f: HostFacts) -> list[Check]:
             )
         )
 
+    if f.procview_tools:
+        lacking = sorted(t for t, present in f.procview_tools.items() if not present)
+        add(
+            Check(
+                "procview",
+                "warn" if lacking else "ok",
+                f"missing: {', '.join(lacking)} (needed only with procview_dir set: the daemon "
+                "refuses to start without them)"
+                if lacking
+                else "lxcfs and a C compiler present (procview_dir: /proc files by LXCFS, "
+                "sysinfo() by a preloaded library)",
+                "apt-get install lxcfs gcc (scripts/prepare-host.sh does)" if lacking else "",
+            )
+        )
+
     if f.max_user_namespaces == 0:
         add(
             Check(
@@ -405,6 +423,10 @@ def gather_facts(
         max_user_namespaces=int(userns) if userns else None,
         limit_needs=host_limits.host_needs(admitted),
         admitted_slots=admitted,
+        procview_tools={
+            "lxcfs": shutil.which("lxcfs") is not None,
+            "cc": (shutil.which("cc") or shutil.which("gcc")) is not None,
+        },
     )
 
 

@@ -30,11 +30,10 @@ in
     drums-pool
     ;
   drums-criu = final.callPackage ./criu.nix { };
-  drums-desktop-image = final.callPackage ./desktop-image.nix {
-    guestSrc = ../drumsd/src/drumsd/guest;
-  };
-  # The images `drumsd image build` makes, from the Debian packages nix/images.lock.json pins.
+  # The images `drumsd image build` makes, from the Debian packages nix/images.lock.json pins
+  # (the lock drumsd's own build installs from). The default image is the base one.
   drums-image-base = debianImage "base";
+  drums-desktop-image = final.drums-image-base;
   drums-image-office = debianImage "office";
   drums-image-osworld = debianImage "osworld";
   drums-checker-venv = final.callPackage ./checker-venv.nix { };

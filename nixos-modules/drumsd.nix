@@ -139,12 +139,13 @@ in
 
     image = lib.mkOption {
       type = lib.types.nullOr lib.types.package;
-      default = pkgs.drums-desktop-image or null;
-      defaultText = lib.literalExpression "pkgs.drums-desktop-image";
+      default = pkgs.drums-image-base or null;
+      defaultText = lib.literalExpression "pkgs.drums-image-base";
       description = ''
-        The desktop image: a package with `root.tar` and a `profile` attribute
-        (nix/desktop-image.nix, or the locked Debian images `pkgs.drums-image-base`, `-office`,
-        `-osworld` of nix/debian-image.nix), unpacked once by drumsd-image.service into
+        The desktop image: a package with `root.tar` and a `profile` attribute: the locked
+        Debian images `pkgs.drums-image-base` (the default), `-office` or `-osworld`
+        (nix/debian-image.nix: exactly the packages of the lock `drumsd image build` installs
+        from), or your own of that shape; unpacked once by drumsd-image.service into
         /var/lib/drums/nix-images/<profile>-<hash>/root (tar keeps the owners the store cannot),
         with the image.json drumsd reads; the lower layer of every slot. Wired in as
         `settings.images_dir` and `settings.default_image`. null leaves images to you
@@ -458,7 +459,10 @@ in
         pkgs.iproute2
         pkgs.coreutils
         pkgs.procps
-      ];
+      ]
+      # The per-slot /proc view (settings.procview_dir) is LXCFS, which drumsd starts from its
+      # PATH (`lxcfs`); only then, so the default closure does not carry it and FUSE.
+      ++ lib.optional ((cfg.settings.procview_dir or null) != null) pkgs.lxcfs;
       restartTriggers = [ configFile ];
       serviceConfig = {
         Type = "exec";

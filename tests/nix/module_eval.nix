@@ -57,7 +57,7 @@ let
     drumsd = fakePackage "drumsd" "0.1.0";
     drums-criu = fakePackage "criu" "4.2.1";
     drums-pool = fakePackage "drums-sdk" "0.1.0";
-    drums-desktop-image = fakePackage "drums-desktop-image-base" "0.1.0" // {
+    drums-image-base = fakePackage "drums-image-base" "0" // {
       profile = "base";
     };
     criu_4_1 = fakePackage "criu" "4.1.1";
@@ -65,6 +65,7 @@ let
     iproute2 = fakePackage "iproute2" "6.16";
     coreutils = fakePackage "coreutils" "9.8";
     procps = fakePackage "procps" "4.0";
+    lxcfs = fakePackage "lxcfs" "6.0.5";
     gnutar = fakePackage "gnutar" "1.35";
   };
 

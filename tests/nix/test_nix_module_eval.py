@@ -83,6 +83,8 @@ def test_defaults_evaluate_and_the_real_check_config_accepts_them(tmp_path: Path
     assert settings["default_image"] == "base"
     unpack = out["imageService"]["serviceConfig"]["ExecStart"]
     assert "image unpack" in unpack and "--images-dir /var/lib/drums/nix-images" in unpack
+    # The default image is the locked one (nix/debian-image.nix), not a nixpkgs-built root.
+    assert "-drums-image-base-0/root.tar" in unpack, unpack
     unit = out["service"]["serviceConfig"]
     assert unit["Delegate"] == "yes" and unit["KillMode"] == "process"
     assert unit["DelegateSubgroup"] == "daemon"
@@ -164,7 +166,7 @@ def test_an_unknown_key_passes_the_freeform_type_and_fails_check_config(tmp_path
 
 
 def build_root_tar(tmp_path: Path) -> Path:
-    """A tiny image tarball made with the same tar options as nix/desktop-image.nix."""
+    """A tiny image tarball with numeric owners, as nix/debian-image.nix makes it."""
     root = tmp_path / "build" / "root"
     for d in ("etc", "home/user/Desktop", "tmp", "var/tmp", "opt/drums/guest"):
         (root / d).mkdir(parents=True)
@@ -276,3 +278,13 @@ def test_the_stub_types_units_as_nixos_does(tmp_path: Path, line: str, broken: s
     result = evaluate({"enable": True}, copy / MODULE.name)
     assert result.returncode != 0
     assert "systemd." in result.stderr, result.stderr[-2000:]
+
+
+def test_lxcfs_is_on_drumsds_path_when_procview_dir_is_set() -> None:
+    """The per-slot /proc view starts `lxcfs` from the daemon's PATH (issue 38): with
+    procview_dir set the unit has it; without, the closure does not carry it."""
+    names = lambda out: [str(p).rsplit("-", 1)[0] for p in out["service"]["path"]]  # noqa: E731
+    off = evaluated({"enable": True})
+    on = evaluated({"enable": True, "settings": {"procview_dir": "/run/drums/procview"}})
+    assert not any("lxcfs" in str(p) for p in off["service"]["path"]), names(off)
+    assert any("lxcfs" in str(p) for p in on["service"]["path"]), names(on)

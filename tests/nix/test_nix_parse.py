@@ -34,7 +34,6 @@ def test_the_packaging_files_exist() -> None:
     expected = {
         "flake.nix",
         "nix/criu.nix",
-        "nix/desktop-image.nix",
         "nix/debian-image.nix",
         "nix/debian-lock.nix",
         "nix/checker-venv.nix",

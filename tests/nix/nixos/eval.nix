@@ -26,7 +26,10 @@ let
     drumsd = application "drumsd" "0.1.0" "drumsd";
     drums-pool = application "drums-sdk" "0.1.0" "drums";
     drums-criu = package "criu" "4.2.1" { };
-    drums-desktop-image = package "drums-desktop-image-base" "0.1.0" { profile = "base"; };
+    drums-image-base = package "drums-image-base" "0" {
+      profile = "base";
+      arch = "amd64";
+    };
     # nix/debian-image.nix's result: runInLinuxVM keeps mkDerivation's passthru.
     drums-image-osworld = package "drums-image-osworld" "0" {
       profile = "osworld";
@@ -164,7 +167,7 @@ builtins.toJSON {
   # Where drums' stand-ins live, for a test that runs a rendered command with real files.
   packages = {
     drumsd = "${pkgs.drumsd}";
-    image = "${pkgs.drums-desktop-image}";
+    image = "${pkgs.drums-image-base}";
     imageOsworld = "${pkgs.drums-image-osworld}";
     checkerVenv = "${pkgs.drums-checker-venv}";
   };

@@ -211,6 +211,7 @@ let
       "procps"
       "psmisc"
       "iproute2"
+      "lxcfs"
       "cacert"
       "openbox"
       "xterm"

@@ -14,6 +14,7 @@ import trio
 
 from drumsd.core.seams import CheckpointRef, RuntimeError_
 from drumsd.guest import protocol
+from drumsd.guest.session import SESSION_FILE, read_session
 from drumsd.linux import checkpoint_files, criu, idmap, mounts, procfs, slot_fs
 from drumsd.linux.exec_helper import helper_argv
 from drumsd.linux.process_trees import (
@@ -185,16 +186,32 @@ class Booter:
     async def _wait_drawn(
         self, inst: Instance, apps: Sequence[str], image_root: Path
     ) -> list[dict[str, Any]]:
-        """The ready file, then a window per app besides the xterm (the agent's view): the tree
-        can sit idle before that (an app waiting on a timeout), so quiescence alone would dump
-        a half-started desktop. Returns the windows seen."""
-        deadline = trio.current_time() + self.config.boot_timeout_s
+        """The ready file, then the windows the desktop's session and apps map (the printing
+        xterm of a session that runs one, a window per app) under a running window manager:
+        the tree can sit idle before that (an app waiting on a timeout), so quiescence alone
+        would dump a half-started desktop. A session that maps no window of its own (osworld's
+        GNOME Shell) is ready once its window manager runs; the quiet tree after this is the
+        rest of its drawing. Raises a timeout naming what was missing past boot_timeout_s.
+        Returns the windows seen."""
+        session = read_session(str(image_root / SESSION_FILE.lstrip("/")))
+        want = expected_windows(session.xterm, apps)
+        limit = self.config.boot_timeout_s
+        deadline = trio.current_time() + limit
         # No event exists for "a file appeared in another mount namespace": poll (a stat).
         while (  # noqa: ASYNC110
             not in_slot_exists(inst.pid, READY_FILE) and trio.current_time() < deadline
         ):
             await trio.sleep(0.01)
+        if not in_slot_exists(inst.pid, READY_FILE):
+            _, init_log = await _boot_logs(inst.paths)
+            raise RuntimeError_(
+                "timeout",
+                f"the desktop init of instance {inst.iid} wrote no {READY_FILE} within "
+                f"boot_timeout_s={limit:g} s; desktop-init: {init_log or '-'}",
+                image=str(image_root),
+            )
         windows: list[dict[str, Any]] = []
+        wm = False
         unanswered: agent_client.AgentError | None = None
         while trio.current_time() < deadline:
             # A loaded host can leave one query unanswered while the apps start: keep asking
@@ -202,23 +219,51 @@ class Booter:
             remaining = max(0.5, min(5.0, deadline - trio.current_time()))
             try:
                 header, _ = await self.sup.agent_call(inst, {"op": "windows"}, remaining)
+                windows = list(header.get("windows") or [])
+                # A window manager lists client windows (_NET_CLIENT_LIST): with one window
+                # listed it runs; with none wanted, ask the root window who manages it.
+                wm = bool(windows) or (want == 0 and await self._wm_running(inst, remaining))
             except agent_client.AgentError as exc:
                 unanswered = exc
                 await trio.sleep(0.2)
                 continue
-            windows = list(header.get("windows") or [])
-            if len(windows) > len(apps):  # the xterm and one window per app
-                break
+            if wm and len(windows) >= want:
+                return windows
             await trio.sleep(0.05)
-        if not windows and unanswered is not None:
-            raise RuntimeError_(
-                "timeout",
-                f"the agent of instance {inst.iid} listed no windows within "
-                f"{self.config.boot_timeout_s} s ({unanswered.message}); the desktop may "
-                "have failed to start or the host is overloaded",
-                image=str(image_root),
-            )
-        return windows
+        seen = ", ".join(w.get("class") or w.get("name") or "?" for w in windows) or "none"
+        why = f"; the agent did not answer: {unanswered.message}" if unanswered else ""
+        raise RuntimeError_(
+            "timeout",
+            f"the desktop of instance {inst.iid} (session {session.name!r}) was not drawn "
+            f"within boot_timeout_s={limit:g} s: it wants {want} window(s) (the session's "
+            f"xterm: {'yes' if session.xterm else 'no'}, apps: {list(apps) or 'none'}) under a "
+            f"window manager; seen: {seen}, window manager: {'yes' if wm else 'no'}{why}. The "
+            "desktop may have failed to start (see its desktop-init log) or the host is "
+            "overloaded (raise linux.boot_timeout_s)",
+            image=str(image_root),
+        )
+
+    async def _wm_running(self, inst: Instance, limit_s: float) -> bool:
+        """An EWMH window manager has set the root window's _NET_SUPPORTING_WM_CHECK."""
+        request = {"op": "exec", "argv": ["xprop", "-root", WM_CHECK], "timeout_s": limit_s}
+        header, _ = await self.sup.agent_call(inst, request, limit_s + 1.0)
+        return wm_check_set(str(header.get("stdout", "")))
+
+
+WM_CHECK = "_NET_SUPPORTING_WM_CHECK"
+
+
+def expected_windows(session_xterm: bool, apps: Sequence[str]) -> int:
+    """Top-level windows a booted desktop maps: the session's printing xterm and one per app."""
+    return int(session_xterm) + len(apps)
+
+
+def wm_check_set(xprop_out: str) -> bool:
+    """xprop's answer for the root's _NET_SUPPORTING_WM_CHECK names a window (when no window
+    manager set it, xprop prints "not found" and exits 0)."""
+    return any(
+        line.startswith(WM_CHECK) and "window id #" in line for line in xprop_out.splitlines()
+    )
 
 
 async def _boot_logs(paths: mounts.SlotPaths) -> tuple[str, str]:

@@ -123,3 +123,79 @@ def test_fork_bench_summary_and_table() -> None:
     table = render_forks(r)
     assert "fork, all answering (s)" in table and "memory_mib<=1024 True" in table
     assert "2400.00" in table and "900.00" in table
+
+
+def test_fork_bench_queue_modes() -> None:
+    """--fork-queue compares restore queue widths (boost on in each) instead of the boost."""
+    import pytest
+    from drumsd.bench.forks import (
+        MODES,
+        ForkBenchOptions,
+        mode_settings,
+        modes_of,
+        parse_queues,
+        targets_met,
+    )
+
+    assert parse_queues("2, 4,8") == (2, 4, 8)
+    for bad in ("4", "4,4", "0,4", "two,4", ""):
+        with pytest.raises(ValueError, match="two or more distinct restore queue widths"):
+            parse_queues(bad)
+    assert modes_of(ForkBenchOptions()) == MODES
+    assert modes_of(ForkBenchOptions(queues=(2, 4))) == ("queue 2", "queue 4")
+    assert [mode_settings(m) for m in (*MODES, "queue 8")] == [
+        (False, None),
+        (True, None),
+        (True, 8),
+    ]
+    m = {"fork_s": 2.0, "memory_mib": 1500.0}
+    assert targets_met({"boost off": m, "boost on": m}, "office") == {
+        "fork_s<=2.5": True,
+        "memory_mib<=1024": False,
+    }
+    got = targets_met({"queue 2": m, "queue 4": {**m, "fork_s": 4.5}}, "osworld")
+    assert got == {
+        "queue 2: fork_s<=4.0": True,
+        "queue 2: memory_mib<=2048": True,
+        "queue 4: fork_s<=4.0": False,
+        "queue 4: memory_mib<=2048": True,
+    }
+
+
+def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
+    """Each round runs at its mode's queue width with the boost on; the configured width comes
+    back for boost modes; modes alternate order round by round."""
+    from types import SimpleNamespace
+
+    import trio
+    from drumsd.bench import forks
+
+    seen: list[tuple[int, bool, object]] = []
+
+    async def fake_round(rt: Any, *_a: Any) -> dict[str, Any]:
+        seen.append((rt.restorer.limiter.total_tokens, _a[-1], rt.ksm.boost_rate))
+        return {
+            "fork_s": 1.0,
+            "memory_mib": 1.0,
+            "ksm_saved_mib": 0,
+            "ksmd_cpu_s": 0,
+            "foreign_s": 0,
+        }
+
+    monkeypatch.setattr(forks, "one_round", fake_round)
+
+    async def run(opts: Any) -> dict[str, list[Any]]:
+        rt = SimpleNamespace(
+            restorer=SimpleNamespace(limiter=trio.CapacityLimiter(4)),
+            ksm=SimpleNamespace(boost_rate=None),
+        )
+        rounds: dict[str, list[Any]] = {m: [] for m in forks.modes_of(opts)}
+        await forks.run_rounds(rt, None, None, opts, "B", rounds, lambda _m: None)
+        return rounds
+
+    rounds = trio.run(run, forks.ForkBenchOptions(queues=(2, 8), rounds=2))
+    assert seen == [(2, True, "B"), (8, True, "B"), (8, True, "B"), (2, True, "B")]
+    assert [len(v) for v in rounds.values()] == [2, 2]
+    seen.clear()
+    trio.run(run, forks.ForkBenchOptions(rounds=2))
+    assert seen == [(4, False, None), (4, True, "B"), (4, True, "B"), (4, False, None)]

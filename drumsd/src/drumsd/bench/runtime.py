@@ -42,7 +42,7 @@ from drumsd.bench.common import (
     stderr_progress,
     summarize,
 )
-from drumsd.bench.forks import ForkBenchOptions, main_fork_bench
+from drumsd.bench.forks import ForkBenchOptions, main_fork_bench, parse_queues
 from drumsd.bench.saves import SaveBenchOptions, main_save_bench
 from drumsd.bench.screenshots import ShotBenchOptions, main_screenshot_bench
 from drumsd.core.seams import SlotLimits
@@ -397,6 +397,13 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fork-width", type=int, default=forks.width)
     parser.add_argument("--fork-rounds", type=int, default=forks.rounds)
     parser.add_argument("--fork-settle-s", type=float, default=forks.settle_s)
+    parser.add_argument(
+        "--fork-queue",
+        type=fork_queues,
+        default=(),
+        help="compare restore queue widths instead of the boost (e.g. 2,4: "
+        "max_concurrent_restores per mode, the boost on in each, rounds interleaved)",
+    )
     saves = SaveBenchOptions()
     parser.add_argument(
         "--saves",
@@ -407,6 +414,14 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "app, e.g. --image office --app 'libreoffice --calc --norestore')",
     )
     parser.add_argument("--save-rounds", type=int, default=saves.rounds)
+
+
+def fork_queues(text: str) -> tuple[int, ...]:
+    """`--fork-queue`, its error as argparse's usage message."""
+    try:
+        return parse_queues(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def main_bench(args: argparse.Namespace) -> int:
@@ -434,6 +449,7 @@ def main_bench(args: argparse.Namespace) -> int:
                 width=max(2, args.fork_width),
                 rounds=max(1, args.fork_rounds),
                 settle_s=max(1.0, args.fork_settle_s),
+                queues=args.fork_queue,
                 out=args.out,
             )
         )

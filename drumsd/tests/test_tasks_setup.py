@@ -95,8 +95,10 @@ async def test_chrome_launch_maps_to_chromium(tmp_path: Path) -> None:
     task = find_task("030eeff7-b492-4218-b312-701ec99ee0cc", [SHARED])
     await run_setup(task, slot, context(slot, tmp_path))
     assert len(slot.launched) == 2
-    assert "chromium --no-sandbox --remote-debugging-port=1337" in slot.launched[0]
-    assert "google-chrome" not in slot.launched[0]
+    # The images' google-chrome wrapper runs Chromium maximized, without its first-run import
+    # (Debian's bookmarks); a bare `chromium` opened half-width with them (issue 32).
+    assert "google-chrome --remote-debugging-port=1337" in slot.launched[0]
+    assert "chromium" not in slot.launched[0]
     post = plan_steps(task.evaluator.postconfig, task, context(slot, tmp_path))
     assert post[0] == RunUser(command=["pkill", "chromium"], timeout_s=10, background=True)
 
@@ -355,6 +357,6 @@ def test_chrome_profile_paths_become_chromium_profile_paths() -> None:
     ],
 )  # fmt: skip
 def test_only_command_words_become_chromium(shell: str, translated: str) -> None:
-    chrome = "chromium --no-sandbox --remote-debugging-port=1337"
+    chrome = "google-chrome --remote-debugging-port=1337"
     got = translate_command(shell, True, TaskContext())
     assert got == translated.replace("CHROME", chrome)

@@ -326,10 +326,14 @@ class TaskContext(BaseModel):
     screen_width: int = 1920
     screen_height: int = 1080
     user_home: str = "/home/user"
-    # OSWorld tasks name Google Chrome; the desktops run Chromium.
+    # OSWorld tasks name Google Chrome; the desktops run Chromium through the images'
+    # google-chrome wrapper (image_profiles.GOOGLE_CHROME_WRAPPER: no sandbox, maximized, no
+    # first-run import of Debian's bookmarks, DevTools on 1337), so a task's own command runs as
+    # it is written. chrome_process is the name its processes have (what pkill/killall match).
     chrome_command: list[str] = Field(
-        default_factory=lambda: ["chromium", "--no-sandbox", "--remote-debugging-port=1337"]
+        default_factory=lambda: ["google-chrome", "--remote-debugging-port=1337"]
     )
+    chrome_process: str = "chromium"
     chrome_profile_dir: str = "~/.config/chromium"
     devtools_port: int = 1337
     vlc_http_port: int = 8080  # VLC's HTTP interface (OSWorld's vlc_playing_info), in the slot

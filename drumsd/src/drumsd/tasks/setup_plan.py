@@ -135,7 +135,7 @@ def _browser_argv(argv: list[str], ctx: TaskContext) -> list[str]:
         extra = [arg for arg in argv[1:] if arg.split("=", 1)[0] not in flags]
         return [*ctx.chrome_command, *extra]
     if argv and argv[0] in ("pkill", "killall") and argv[-1] in _BROWSERS:
-        return [*argv[:-1], PurePosixPath(ctx.chrome_command[0]).name]
+        return [*argv[:-1], ctx.chrome_process]
     if argv and argv[0] == "python":
         return [ctx.python_command, *argv[1:]]
     return argv
@@ -242,8 +242,7 @@ def _browser_shell(shell: str, ctx: TaskContext) -> str:
                 if arg in _COMMAND_OPENERS:
                     break
                 if arg in _BROWSERS:
-                    name = PurePosixPath(ctx.chrome_command[0]).name
-                    edits.append((arg_start, arg_end, name))
+                    edits.append((arg_start, arg_end, ctx.chrome_process))
     for start, end, text in sorted(edits, reverse=True):
         shell = shell[:start] + text + shell[end:]
     profile = PurePosixPath(_profile_dir(ctx))

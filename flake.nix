@@ -42,11 +42,9 @@
           image-base = pkgs.drums-image-base;
           image-office = pkgs.drums-image-office;
           image-osworld = pkgs.drums-image-osworld;
-          default = pkgs.drumsd;
-        }
-        // nixpkgs.lib.optionalAttrs (system == "x86_64-linux") {
-          # From nix/checker-venv.lock.json: CPython 3.11 wheels for x86_64.
+          # From nix/checker-venv.lock.json: CPython 3.11 wheels for x86_64 and aarch64.
           checker-venv = pkgs.drums-checker-venv;
+          default = pkgs.drumsd;
         }
       );
 

@@ -6,8 +6,8 @@
 # (bin/python, drums-checker/checker_runner.py, drums-probe.json, drums-venv.json): the NixOS
 # module's `checkerVenv` points settings.tasks.checker_venv at it.
 #
-# The lock is for CPython 3.11 on x86_64 (the wheels' tags): drumsd builds its own venv with the
-# host's Python, and numpy 1.26.4 has no wheel for 3.13.
+# The lock is for CPython 3.11 on x86_64 and aarch64 (the wheels' tags): drumsd builds its own
+# venv with the host's Python, and numpy 1.26.4 has no wheel for 3.13.
 {
   lib,
   stdenv,
@@ -26,11 +26,12 @@ let
     fileName = baseNameOf f.url;
     src = fetchurl { inherit (f) url sha256; };
   };
-  files = map fetch ([ lock.desktop_env ] ++ lock.files);
+  locked =
+    lock.machines.${machine}
+      or (throw "nix/checker-venv.lock.json holds wheels for ${lib.concatStringsSep " and " (lib.attrNames lock.machines)}, not ${machine}; add it to nix/lock_checker_venv.py");
+  files = map fetch ([ lock.desktop_env ] ++ locked.files);
   copies = lib.concatMapStrings (f: "cp ${f.src} wheels/${f.fileName}\n") files;
 in
-assert lib.assertMsg (machine == lock.machine)
-  "nix/checker-venv.lock.json holds ${lock.machine} wheels; this is ${machine}. Run nix/lock_checker_venv.py on that machine.";
 assert lib.assertMsg (lib.versions.majorMinor python.version == lock.python)
   "nix/checker-venv.lock.json is for Python ${lock.python}, not ${python.version}";
 stdenv.mkDerivation {

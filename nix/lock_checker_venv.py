@@ -1,10 +1,13 @@
 """Lock the checker venv (drumsd.tasks.checker_venv) for Nix: every file pip installs, by URL and
-sha256, for the Python and machine this runs on (the venv drumsd builds uses the host's Python;
-the Nix one, nix/checker-venv.nix, uses nixpkgs' CPython of the same minor version).
+sha256, for CPython 3.11 on x86_64 and aarch64 Linux (the venv drumsd builds uses the host's
+Python; the Nix one, nix/checker-venv.nix, uses nixpkgs' CPython of the same minor version).
 
 `drumsd` builds the venv from `desktop-env` (without its dependencies) and the pins of
 `checker-requirements.txt`, which are a whole closure: pip's resolution adds nothing to them (this
-script fails if it would). Run from the repository root on x86_64 Linux with CPython 3.11:
+script fails if it would; checked on this machine, x86_64). aarch64's files are the same pins
+chosen by pip for that platform (`--platform manylinux_2_X_aarch64` down from glibc 2.36,
+`--no-deps`: the pins are the closure): a wheel wherever x86_64 has one. Run from the
+repository root on x86_64 Linux with CPython 3.11:
 
   PYTHONPATH=drumsd/src .venv/bin/python nix/lock_checker_venv.py          # write the lock
   PYTHONPATH=drumsd/src .venv/bin/python nix/lock_checker_venv.py --check  # 1 if not today's
@@ -17,10 +20,11 @@ import hashlib
 import json
 import platform
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from lock_images import pip_pins
+from lock_images import _run, pip_pins
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK_FILE = REPO / "nix" / "checker-venv.lock.json"
@@ -30,19 +34,87 @@ HEADER = (
 )
 
 
+# Newest glibc first, as pip on a Debian 12 (glibc 2.36) aarch64 host would rank the tags.
+AARCH64_PLATFORMS = [
+    *(f"manylinux_2_{minor}_aarch64" for minor in range(36, 16, -1)),
+    "manylinux2014_aarch64",
+]
+
+
+def platform_pins(pins: list[str], platforms: list[str]) -> list[dict[str, Any]]:
+    """The file pip picks for each pin on another platform (CPython 3.11), and its sha256."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        _run(
+            [
+                sys.executable if _has_pip() else "python3",
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--dry-run",
+                "--ignore-installed",
+                "--no-deps",
+                "--isolated",
+                "--index-url",
+                "https://pypi.org/simple",
+                "--target",
+                str(Path(tmp) / "target"),
+                *(arg for p in platforms for arg in ("--platform", p)),
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                *(arg for abi in ("cp311", "abi3", "none") for arg in ("--abi", abi)),
+                "--report",
+                str(report),
+                *pins,
+            ],
+            "pip install --dry-run --platform",
+        )
+        installs = json.loads(report.read_text())["install"]
+    return sorted(
+        (
+            {
+                "name": i["metadata"]["name"],
+                "version": i["metadata"]["version"],
+                "url": i["download_info"]["url"],
+                "sha256": i["download_info"]["archive_info"]["hashes"]["sha256"],
+            }
+            for i in installs
+        ),
+        key=lambda p: p["name"].lower(),
+    )
+
+
+def _has_pip() -> bool:
+    import subprocess
+
+    return (
+        subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode
+        == 0
+    )
+
+
 def build_lock() -> dict[str, Any]:
     from drumsd.tasks import checker_venv
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    pins = checker_venv.pinned_requirements()
+    x86 = pip_pins(pins, with_deps=True)
+    arm = platform_pins(pins, AARCH64_PLATFORMS)
+    sdists = {f["name"] for f in x86 if not f["url"].endswith(".whl")}
+    worse = [f["name"] for f in arm if not f["url"].endswith(".whl") and f["name"] not in sdists]
+    if worse or [f["name"] for f in arm] != [f["name"] for f in x86]:
+        raise SystemExit(f"lock: aarch64 has no wheel of {worse} or other names than x86_64")
     return {
         "comment": HEADER,
         "python": python,
-        "machine": platform.machine(),
         "desktop_env": pip_pins([checker_venv.DESKTOP_ENV])[0],
         "requirements_sha256": hashlib.sha256(
             checker_venv.requirements_text().encode()
         ).hexdigest(),
-        "files": pip_pins(checker_venv.pinned_requirements(), with_deps=True),
+        "machines": {"x86_64": {"files": x86}, "aarch64": {"files": arm}},
     }
 
 

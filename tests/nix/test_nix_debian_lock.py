@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -231,12 +232,16 @@ def test_the_nix_image_fetches_exactly_the_lock(
     assert all(p["fileName"] == p["url"].rsplit("/", 1)[1] for p in got["pip"])
 
 
-def test_the_nix_checker_venv_fetches_exactly_its_lock(nix_side: dict[str, Any]) -> None:
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_nix_checker_venv_fetches_exactly_its_lock(
+    nix_side: dict[str, Any], machine: str
+) -> None:
     checker = json.loads(CHECKER_LOCK.read_text())
-    wanted = [checker["desktop_env"], *checker["files"]]
-    assert [(f["url"], f["sha256"]) for f in nix_side["checker"]] == [
+    wanted = [checker["desktop_env"], *checker["machines"][machine]["files"]]
+    assert [(f["url"], f["sha256"]) for f in nix_side["checker"][machine]] == [
         (f["url"], f["sha256"]) for f in wanted
     ]
+    assert nix_side["checkerRiscv"] == {"success": False, "value": False}
 
 
 def test_the_nix_osworld_tasks_fetch_the_pinned_tarball(nix_side: dict[str, Any]) -> None:
@@ -352,13 +357,21 @@ def test_a_sample_of_locked_urls_resolves(lock: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- the checker venv's pins
 
 
-def test_the_checker_lock_is_drumsds_pins() -> None:
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_checker_lock_is_drumsds_pins(machine: str) -> None:
     checker = json.loads(CHECKER_LOCK.read_text())
+    assert sorted(checker["machines"]) == ["aarch64", "x86_64"]
+    files = checker["machines"][machine]["files"]
     normalize = lambda pin: re.sub(r"[-_.]+", "-", pin.lower())  # noqa: E731
-    pinned = sorted(normalize(f"{f['name']}=={f['version']}") for f in checker["files"])
+    pinned = sorted(normalize(f"{f['name']}=={f['version']}") for f in files)
     assert pinned == sorted(normalize(p) for p in checker_venv.pinned_requirements()), (
         "checker-requirements.txt changed; refresh: nix/lock_checker_venv.py"
     )
+    # Built wheels for the machine (an sdist only where x86_64 has one: odfpy, pure Python).
+    for f in files:
+        name = f["url"].rsplit("/", 1)[1]
+        assert name.endswith((".tar.gz", "-any.whl")) or f"_{machine}" in name, name
+    assert [f["name"] for f in files if f["url"].endswith(".tar.gz")] == ["odfpy"]
     assert normalize(f"desktop-env=={checker['desktop_env']['version']}") == normalize(
         checker_venv.DESKTOP_ENV
     )
@@ -366,7 +379,7 @@ def test_the_checker_lock_is_drumsds_pins() -> None:
         checker["requirements_sha256"]
         == hashlib.sha256(checker_venv.requirements_text().encode()).hexdigest()
     )
-    for f in [checker["desktop_env"], *checker["files"]]:
+    for f in [checker["desktop_env"], *files]:
         assert f["url"].startswith("https://files.pythonhosted.org/packages/"), f
         assert HEX64.fullmatch(f["sha256"]), f
         assert f["url"].endswith((".whl", ".tar.gz")), f
@@ -379,7 +392,7 @@ def test_a_built_checker_venv_has_the_locked_versions() -> None:
     checker = json.loads(CHECKER_LOCK.read_text())
     wanted = {
         re.sub(r"[-_.]+", "-", f["name"].lower()): f["version"]
-        for f in [checker["desktop_env"], *checker["files"]]
+        for f in [checker["desktop_env"], *checker["machines"][platform.machine()]["files"]]
     }
     venv = venvs[-1].parent
     found = {}

@@ -44,6 +44,8 @@
           image-osworld = pkgs.drums-image-osworld;
           # From nix/checker-venv.lock.json: CPython 3.11 wheels for x86_64 and aarch64.
           checker-venv = pkgs.drums-checker-venv;
+          # OSWorld's task files at nix/osworld-tasks.pin.json's commit.
+          osworld-tasks = pkgs.drums-osworld-tasks-pinned;
           default = pkgs.drumsd;
         }
       );

@@ -39,4 +39,6 @@ in
   drums-checker-venv = final.callPackage ./checker-venv.nix { };
   # A function: drums-osworld-tasks { commit = "<40 hex>"; sha256 = "<tarball sha256>"; }
   drums-osworld-tasks = import ./osworld-tasks.nix { inherit (final) lib fetchurl runCommand; };
+  # OSWorld's task files at the commit nix/osworld-tasks.pin.json pins (tree NAR hash).
+  drums-osworld-tasks-pinned = final.callPackage ./osworld-tasks-pinned.nix { };
 }

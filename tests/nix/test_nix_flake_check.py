@@ -73,10 +73,10 @@ def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
             "image-base",
             "image-office",
             "image-osworld",
+            "checker-venv",
+            "osworld-tasks",
             "default",
         } <= set(outputs["packages"][system])
-        # Its lock holds CPython 3.11 wheels for x86_64 and aarch64.
-        assert "checker-venv" in outputs["packages"][system]
         assert set(outputs["apps"][system]) == {"drumsd", "default"}
         assert set(outputs["devShells"][system]) == {"default"}
         assert set(outputs["checks"][system]) == {
@@ -105,6 +105,9 @@ def test_the_flake_has_every_output_the_issue_names(outputs: dict) -> None:
         ("packages.x86_64-linux.image-osworld.profile", "osworld"),
         ("packages.aarch64-linux.image-office.arch", "arm64"),
         ("packages.x86_64-linux.checker-venv.version", "1.0.2"),
+        ("packages.aarch64-linux.checker-venv.version", "1.0.2"),
+        # OSWorld's task files at the pinned commit (tests/nix/test_nix_osworld_pin.py).
+        ("packages.x86_64-linux.osworld-tasks.src.rev", "b9f18aa5f67aac00be48b3270935931c05f620e0"),
     ],
 )
 def test_output_attributes(attr: str, expected: str) -> None:

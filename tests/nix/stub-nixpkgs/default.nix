@@ -140,6 +140,19 @@ let
         mkPkg {
           inherit name url sha256;
         };
+      fetchFromGitHub =
+        {
+          owner,
+          repo,
+          rev,
+          hash,
+        }:
+        assert sri hash;
+        assert builtins.match "[0-9a-f]{40}" rev != null;
+        mkPkg {
+          name = "source";
+          inherit owner repo rev hash;
+        };
       fetchzip =
         { url, hash, ... }:
         assert sri hash;

@@ -8,7 +8,8 @@ collected and reported together at the end, one line per task.
 
 Opt-in: DRUMS_LIVE_OSWORLD=1 and DRUMS_OSWORLD_DIR=<an OSWorld checkout or its examples dir>,
 after `bash scripts/setup.sh osworld`. Run with `-s` to see one progress line per task.
-DRUMS_SWEEP_REPEATS=N runs each task's episodes N times (repeat episodes from its cached setup).
+DRUMS_SWEEP_REPEATS=N runs each task's episodes N times (repeat episodes from its cached setup);
+DRUMS_SWEEP_TASKS=<id prefix>,... sweeps only the supported tasks whose ids start so.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
-from gate_daemons import VERIFIERS, destroy, final, settled_gates, shared_daemon, verify
+from gate_daemons import (
+    VERIFIERS,
+    destroy,
+    final,
+    gates,
+    settled_gates,
+    shared_daemon,
+    verify,
+)
 from live_daemon import http_client, osworld_opt_in
 
 osworld_opt_in("the OSWorld sweep is", needs=" DRUMS_OSWORLD_DIR=<checkout>")
@@ -38,6 +47,8 @@ NOOP_SCORES_ONE: dict[str, str] = {}
 # DRUMS_SWEEP_REPEATS=N: every task's plan N times on the same daemon; the episodes after a task's
 # first restore its cached setup (repeat episodes must be as valid as first ones, issue 32).
 REPEATS = int(os.environ.get("DRUMS_SWEEP_REPEATS", "1"))
+# DRUMS_SWEEP_TASKS=7767eef2,4783cc41: only these tasks (id prefixes), to look at a few closely.
+ONLY = tuple(p for p in os.environ.get("DRUMS_SWEEP_TASKS", "").split(",") if p)
 
 
 def _osworld_dir() -> Path:
@@ -69,17 +80,37 @@ def _task_files(root: Path) -> dict[str, Path]:
     return {path.stem: path for path in examples.glob("*/*.json")}
 
 
-def _steps(http: Any, sid: str, kind: str | None) -> dict[str, Any]:
-    """Final action `kind` (None: the agent does nothing), gates, verify: the result."""
+def _steps(http: Any, sid: str, kind: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Final action `kind` (None: the agent does nothing), gates, verify: the result and the
+    gate report."""
     if kind is not None:
         final(http, sid, kind)
-    settled_gates(http, sid, limit_s=60)
+    try:
+        report = settled_gates(http, sid, limit_s=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {_failed_gates(gates(http, sid))}") from None
     r = verify(http, sid)
-    assert r.status_code == 200, f"verify answered {r.status_code}: {r.text[:300]}"
-    return r.json()
+    if r.status_code != 200:
+        # One line: the gates' evidence (a quarantined slot's state_hash diff), not the message.
+        raise AssertionError(
+            f"verify answered {r.status_code}: {r.json().get('error', {}).get('code')}; "
+            f"{_failed_gates(report) or r.text[:300]}"
+        )
+    return r.json(), report
 
 
-def _run(http: Any, task: str, kind: str | None, want: float, setups: list[str]) -> str | None:
+def _failed_gates(report: dict[str, Any]) -> str:
+    """The gates that did not pass, each with its evidence (what the sweep reports)."""
+    return "; ".join(
+        f"{name} {g['status']}: {json.dumps(g.get('evidence'))[:1500]}"
+        for name, g in report.items()
+        if g["status"] != "pass"
+    )
+
+
+def _run(
+    daemon: Any, http: Any, task: str, kind: str | None, want: float, setups: list[str]
+) -> str | None:
     """One episode; None when it went as it should, else what happened. Appends the slot's
     task_setup ("replayed": its steps ran; "cached": restored from the task's checkpoint)."""
     r = http.post("/v1/slots", json={"task": task})
@@ -88,19 +119,29 @@ def _run(http: Any, task: str, kind: str | None, want: float, setups: list[str])
     sid = r.json()["id"]
     setups.append(str(r.json().get("task_setup")))
     try:
-        result = _steps(http, sid, kind)
+        result, report = _steps(http, sid, kind)
     except AssertionError as exc:
-        return str(exc).splitlines()[0][:300]
+        _print_log(daemon, sid)
+        return str(exc).splitlines()[0][:2000]
     finally:
         destroy(http, sid)
     if result.get("checker_error") is not None:
         return f"checker error: {str(result['checker_error'])[:300]}"
     if result.get("valid") is not True:
-        return f"episode not valid: verdict {result.get('verdict')!r}"
+        _print_log(daemon, sid)
+        return f"episode not valid: verdict {result.get('verdict')!r}; {_failed_gates(report)}"
     if result.get("score") != want:
         action = kind or "a no-op"
         return f"scored {result.get('score')} on {action}, want {want}"
     return None
+
+
+def _print_log(daemon: Any, sid: str) -> None:
+    """The daemon's last log lines about a slot whose episode went wrong (the log is removed
+    with the daemon)."""
+    lines = [line for line in daemon.log().splitlines() if sid in line]
+    for line in lines[-8:]:
+        print(f"    log: {line[:400]}")
 
 
 def test_every_offline_task_sets_up_and_scores_zero_untouched() -> None:
@@ -131,7 +172,10 @@ def test_every_offline_task_sets_up_and_scores_zero_untouched() -> None:
         offline = sorted(
             (files[t["id"]].parent.name, t["id"])
             for t in rows
-            if t["supported"] and t["id"] in listed and t["id"] in files
+            if t["supported"]
+            and t["id"] in listed
+            and t["id"] in files
+            and (not ONLY or t["id"].startswith(ONLY))
         )
         assert offline, f"no task of {root} is supported offline on the osworld image"
         print(f"\nsweep: {len(offline)} of {len(listed)} listed task ids supported offline")
@@ -146,7 +190,7 @@ def test_every_offline_task_sets_up_and_scores_zero_untouched() -> None:
             problems = [
                 f"episode {i + 1} ({setups[-1] if setups else '?'}): {p}" if REPEATS > 1 else p
                 for i, (kind, want) in enumerate(plan * REPEATS)
-                if (p := _run(http, task, kind, want, setups))
+                if (p := _run(daemon, http, task, kind, want, setups))
             ]
             episodes += len(setups)
             cached += setups.count("cached")

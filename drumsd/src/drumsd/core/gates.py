@@ -25,6 +25,7 @@ Keys of `SlotFacts.extra` the judges read (the runtime fills them):
                               when it grew since the episode started
   host_namespaces: {ns: inode} the host's namespaces as the runtime sees them
   lock, upper_diff            evidence detail shown with lock_applied and state_hash
+  upper_caches: [glob]        the image's caches the upper hash comparison left out
 (`drumsd.runtime.gate_evidence` fills lock_applied, upper_sha256, expected_mounts and proc_names
 from the OS; the crash watch fills crash_exits and crash_watch.)
 `limits_in_force` may use normalized keys (memory_mib, pids_max, vcpus) or raw cgroup files
@@ -154,14 +155,18 @@ def judge_state_hash(facts: SlotFacts, recorded: str | None) -> Judgement:
         return PENDING, {"reason": "the checkpoint has no recorded upper_sha256"}
     if restored is None:
         return PENDING, {"reason": "the runtime does not report the restored upper hash"}
+    # The image's caches (image_profiles.state_caches) were not compared: the report says so.
+    caches = facts.extra.get("upper_caches")
+    skipped = {"caches_not_compared": caches} if caches else {}
     if restored != recorded:
         diff = facts.extra.get("upper_diff")
         return FAIL, {
             "recorded": recorded,
             "restored": restored,
             **({"diff": diff} if diff else {}),
+            **skipped,
         }
-    return PASS, {"upper_sha256": restored}
+    return PASS, {"upper_sha256": restored, **skipped}
 
 
 def judge_isolation(

@@ -121,6 +121,7 @@ FILES: dict[str, tuple[int, str]] = {
 # update_browse_history writes into the profile's History database (OSWorld fetches an empty one
 # from Google Drive; a slot has no network). Its caches go, the databases and Preferences stay.
 CHROMIUM_PROFILE = "/home/user/.config/chromium"
+GIMP_CONFIG = "/home/user/.config/GIMP/2.10"
 SETUP = (
     "glib-compile-schemas /usr/share/glib-2.0/schemas; "
     "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper; "
@@ -132,7 +133,35 @@ SETUP = (
     "{ echo 'chromium left no History in its profile' >&2; exit 1; }; "
     f"cd {CHROMIUM_PROFILE} && rm -rf Default/Cache 'Default/Code Cache' Default/GPUCache "
     "Default/DawnGraphiteCache Default/DawnWebGPUCache GPUPersistentCache GrShaderCache "
-    "GraphiteDawnCache ShaderCache component_crx_cache Crashpad 'Crash Reports'; cd /"
+    "GraphiteDawnCache ShaderCache component_crx_cache Crashpad 'Crash Reports'; cd /; "
+    # GIMP run once, headless, as the desktop user (OSWorld's VM had run it before): its first
+    # start queries each of its ~120 plug-ins, seconds of helpers starting and exiting, and a
+    # task whose setup launches GIMP was captured mid-query; its repeat episodes restored a
+    # plug-in that then exited (alive_after_resume failed on unit-editor, warp). With pluginrc
+    # written here GIMP starts straight to its window.
+    "runuser -u user -- env HOME=/home/user timeout 300 gimp -i -b '(gimp-quit 0)' "
+    ">/dev/null 2>&1 || true; "
+    f"test -s {GIMP_CONFIG}/pluginrc || "
+    "{ echo 'gimp left no pluginrc in its config dir' >&2; exit 1; }"
+)
+
+# Helpers of this desktop that exit on their own some seconds after a restore (image_profiles.
+# Profile.natural_exits; comm names, 15 characters). Each was seen exiting normally in repeat
+# episodes of the OSWorld sweep (docs/tasks-osworld.md):
+NATURAL_EXITS = (
+    # Tracker's metadata extractor (tracker-extract-3): D-Bus activated by the file miner when a
+    # setup writes files (4783cc41's mkdir on the Desktop), it quits once idle.
+    "tracker-extract",
+)
+# Caches the desktop rewrites in place after a restore, through a shared memory map, so on the
+# slot's tmpfs upper neither the file's mtime nor its ctime moves and the state_hash gate cannot
+# tell the write from a copy that differs (image_profiles.Profile.caches):
+CACHES = (
+    # Mesa's shader cache: gnome-shell on llvmpipe compiles the shaders of what it draws and
+    # records each in the mmapped `index`. Compiled shaders keyed by their source's hash, checked
+    # by Mesa on read, and never read by a task or checker: deleting it only costs compile time.
+    "home/user/.cache/mesa_shader_cache",
+    "home/user/.cache/mesa_shader_cache/*",
 )
 
 
@@ -147,6 +176,8 @@ def profile(office: Profile) -> Profile:
         pip=office.pip,
         files={**office.files, **FILES},
         setup=SETUP,
+        natural_exits=NATURAL_EXITS,
+        caches=CACHES,
     )
 
 

@@ -22,6 +22,15 @@ class Profile:
     # A shell script run in the chroot after the files are written (compile schemas, pick
     # alternatives).
     setup: str = ""
+    # What the gates allow of this image's desktops; no file of the image changes with them, so
+    # they are not in its layer key and a change takes effect at the daemon's next start.
+    # Process names (comm, 15 characters) of helpers that exit on their own some seconds after
+    # a restore: alive_after_resume does not count them (with the daemon's natural_exits).
+    natural_exits: tuple[str, ...] = ()
+    # Globs (fnmatch, relative to the slot's root; `*` crosses `/`) of caches the desktop
+    # rewrites in place after a restore, where the file's times do not show it: the state_hash
+    # gate does not compare them. Each must be a cache, never a file a task or checker reads.
+    caches: tuple[str, ...] = ()
 
 
 BASE_PACKAGES: tuple[str, ...] = (
@@ -139,3 +148,15 @@ PROFILES: dict[str, Profile] = {
     ),
 }
 PROFILES["osworld"] = image_osworld.profile(PROFILES["office"])
+
+
+def natural_exits(image: str | None) -> tuple[str, ...]:
+    """The natural exits the profile of `image` declares (none for an image no profile built)."""
+    found = PROFILES.get(image or "")
+    return found.natural_exits if found else ()
+
+
+def state_caches(image: str | None) -> tuple[str, ...]:
+    """The cache globs the state_hash gate skips on `image` (none for an unknown image)."""
+    found = PROFILES.get(image or "")
+    return found.caches if found else ()

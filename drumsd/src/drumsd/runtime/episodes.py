@@ -24,6 +24,7 @@ from drumsd.core.seams import (
     SlotFacts,
     SlotHandle,
 )
+from drumsd.linux import image_profiles
 from drumsd.runtime.handles import handle_of, handle_to_json
 from drumsd.runtime.services.spares import SparesHost, note_claim
 
@@ -138,6 +139,7 @@ async def read_facts(
             profile=rec.profile,
             snapshot=snapshot,
             written_since=written_since,
+            caches=image_profiles.state_caches(rec.image),
         )
         try:
             evidence = await trio.to_thread.run_sync(read)
@@ -148,6 +150,12 @@ async def read_facts(
         if "mounts_normalized" in evidence:
             mounts = list(evidence["mounts_normalized"])
     return dataclasses.replace(facts, mounts=mounts, extra=extra)
+
+
+def natural_exits(sup: EpisodesHost, rec: SlotRecord) -> list[str]:
+    """The process names whose exit alive_after_resume allows on this slot: the daemon's
+    natural_exits and those its image's profile declares (image_profiles)."""
+    return [*sup.config.natural_exits, *image_profiles.natural_exits(rec.image)]
 
 
 def expected_limits(sup: EpisodesHost) -> dict[str, Any]:
@@ -176,9 +184,15 @@ async def begin_episode(
         for name in G.START_GATES:
             set_gate(sup, rec, name, G.FAIL, {"reason": "runtime could not read facts"})
     else:
+        names = facts.extra.get("proc_names")
         rec.baseline = {
-            "pids": list(facts.pids),
-            "proc_names": facts.extra.get("proc_names", {}),
+            # A process gone before its name was read had exited by the start: it is not part
+            # of the tree at ready (its exit, nameless, would leave alive_after_resume pending
+            # for good). Without names (no evidence reader) every listed pid counts.
+            "pids": [p for p in facts.pids if str(p) in names]
+            if isinstance(names, dict)
+            else list(facts.pids),
+            "proc_names": names or {},
             "guest_workers": facts.extra.get("guest_workers", []),
             "display_server": facts.extra.get("display_server"),
             "oom_kills": facts.oom_kills,
@@ -193,7 +207,7 @@ async def begin_episode(
             sup,
             rec,
             "alive_after_resume",
-            *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
+            *G.judge_alive_after_resume(facts, rec.baseline, natural_exits(sup, rec)),
         )
     sup.table.save_slot(rec, event, file=file)
     quarantine_on_failure(sup, rec)
@@ -244,7 +258,7 @@ def judge_running(sup: EpisodesHost, rec: SlotRecord, facts: SlotFacts) -> None:
             sup,
             rec,
             "alive_after_resume",
-            *G.judge_alive_after_resume(facts, rec.baseline, sup.config.natural_exits),
+            *G.judge_alive_after_resume(facts, rec.baseline, natural_exits(sup, rec)),
         )
 
 
@@ -382,7 +396,7 @@ async def judge_alive_after(sup: EpisodesHost, slot_id: str, episode_id: str) ->
         else:
             judge_running(sup, rec, facts)
             status, evidence = G.judge_alive_after_resume(
-                facts, rec.baseline, sup.config.natural_exits
+                facts, rec.baseline, natural_exits(sup, rec)
             )
         apply_gate(sup, rec, "alive_after_resume", status, evidence)
         return

@@ -16,8 +16,10 @@
                      desktop-init too: what it keeps is in its permitted set, not the bounding)
   upper_sha256       (at episode start) the hash of what was restored into the upper layer: the
                      checkpoint snapshot's tree hash when the live upper still equals the snapshot
-                     (outside the volatile paths the restored tree writes itself), else a hash of
-                     the live upper, with the difference in `upper_diff`
+                     (outside the volatile paths the restored tree writes itself, and the image's
+                     caches, image_profiles.state_caches), else a hash of the live upper, with
+                     the difference in `upper_diff`
+  upper_caches       (with upper_sha256, when the image has any) the cache globs not compared
 Reading is synchronous file work; call it through `trio.to_thread`.
 """
 
@@ -123,18 +125,19 @@ class GateEvidence:
     ) -> None:
         self.volatile = tuple(volatile)
         self.expected_mounts = ev.expected_slot_mounts(procview=procview)
-        self._snapshots: dict[tuple[str, int, int], SnapshotFacts] = {}
+        self._snapshots: dict[tuple[str, int, int, tuple[str, ...]], SnapshotFacts] = {}
 
-    def snapshot(self, snapshot: Path) -> SnapshotFacts | None:
+    def snapshot(self, snapshot: Path, volatile: Sequence[str] = ()) -> SnapshotFacts | None:
         """The snapshot's facts, read once; None when it cannot be read (the caller reports)."""
         try:
             st = snapshot.stat()
         except OSError:
             return None
-        key = (str(snapshot), st.st_ino, st.st_mtime_ns)
+        globs = tuple(volatile) or self.volatile
+        key = (str(snapshot), st.st_ino, st.st_mtime_ns, globs)
         known = self._snapshots.get(key)
         if known is None:
-            known = snapshot_facts(snapshot, self.volatile)
+            known = snapshot_facts(snapshot, globs)
             while len(self._snapshots) >= SNAPSHOTS_KEPT:
                 self._snapshots.pop(next(iter(self._snapshots)), None)
             self._snapshots[key] = known
@@ -158,9 +161,11 @@ class GateEvidence:
         profile: str,
         snapshot: Path | None = None,
         written_since: float | None = None,
+        caches: Sequence[str] = (),
     ) -> dict[str, Any]:
         """The `SlotFacts.extra` keys (module doc) for the runtime's `facts` of this handle; with
-        `snapshot` (the checkpoint's upper dir), the state_hash evidence too."""
+        `snapshot` (the checkpoint's upper dir), the state_hash evidence too, not comparing
+        the image's `caches` (globs)."""
         out: dict[str, Any] = {"expected_mounts": self.expected_mounts}
         try:
             out["mounts_normalized"] = ev.mount_entries(facts.mounts)
@@ -174,8 +179,9 @@ class GateEvidence:
         if profile == "hardened" and facts.alive:
             out.update(lock_evidence(pids, handle.init_pid, handle.extra.get("uid_base")))
         if snapshot is not None:
-            known = self.snapshot(snapshot) if snapshot.is_dir() else None
-            out.update(
-                state_hash_evidence(handle.upper, snapshot, self.volatile, written_since, known)
-            )
+            volatile = (*self.volatile, *caches)
+            known = self.snapshot(snapshot, volatile) if snapshot.is_dir() else None
+            out.update(state_hash_evidence(handle.upper, snapshot, volatile, written_since, known))
+            if caches:
+                out["upper_caches"] = list(caches)
         return out

@@ -6,6 +6,7 @@ tests/live/test_osworld_image_live.py)."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,52 @@ class _Node:
 
     def get_child_at_index(self, i: int) -> Any:
         return self.children[i]
+
+
+def test_the_shell_starts_with_its_lock_warning_already_shown(tmp_path: Path) -> None:
+    # Without GDM, GNOME Shell shows a "Screen Lock disabled" banner once, unless
+    # ~/.local/share/gnome-shell/lock-warning-shown exists; the template was captured with the
+    # banner up (issue 32). The session's start command, run with stand-ins for dconf and the
+    # Shell, leaves the file before the Shell starts.
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("dconf", "gnome-shell"):
+        (stubs / name).write_text("#!/bin/sh\nexit 0\n")
+        (stubs / name).chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    (argv,) = [argv for name, argv in session.SESSIONS["osworld"].programs if name == "gnome-shell"]
+    command = argv[-1].replace(session.FILES, str(Path(session.__file__).parent / "session_files"))
+    env = {"HOME": str(home), "PATH": f"{stubs}:/usr/bin:/bin"}
+    subprocess.run([*argv[:-1], command], env=env, check=True, timeout=30)
+    assert (home / ".local/share/gnome-shell/lock-warning-shown").is_file()
+
+
+def test_vlc_starts_without_its_privacy_dialog(tmp_path: Path) -> None:
+    # The image's setup leaves ~/.config/vlc/vlcrc answering VLC's first-run privacy and network
+    # dialog (issue 32: every VLC task opened on it). Run here on a stand-in vlcrc as VLC's
+    # --save-config leaves it, and on none (VLC not run), with runuser and vlc stubbed.
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "runuser").write_text('#!/bin/sh\nshift 3\nexec "$@"\n')  # runuser -u user -- ...
+    (stubs / "vlc").write_text("#!/bin/sh\nexit 0\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    vlcrc = tmp_path / "vlc" / "vlcrc"
+    part = image_osworld.SETUP[
+        image_osworld.SETUP.index("runuser -u user -- env HOME=/home/user timeout 60 vlc") :
+    ]
+    script = part.replace(image_osworld.VLCRC.rsplit("/", 1)[0], str(vlcrc.parent))
+    env = {"PATH": f"{stubs}:/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", script], env=env, check=True, timeout=30)
+    assert vlcrc.read_text() == "[qt]\nqt-privacy-ask=0\n"
+    vlcrc.write_text(
+        "[qt]\n# Show privacy dialog (boolean)\n#qt-privacy-ask=1\n#qt-updates-notif=1\n"
+    )
+    subprocess.run(["sh", "-c", script], env=env, check=True, timeout=30)
+    lines = vlcrc.read_text().splitlines()
+    assert "qt-privacy-ask=0" in lines and "#qt-privacy-ask=1" not in lines
+    assert "#qt-updates-notif=1" in lines
 
 
 def test_the_dump_writes_osworlds_xml() -> None:

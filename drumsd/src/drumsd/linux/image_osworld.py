@@ -122,6 +122,7 @@ FILES: dict[str, tuple[int, str]] = {
 # from Google Drive; a slot has no network). Its caches go, the databases and Preferences stay.
 CHROMIUM_PROFILE = "/home/user/.config/chromium"
 GIMP_CONFIG = "/home/user/.config/GIMP/2.10"
+VLCRC = "/home/user/.config/vlc/vlcrc"
 SETUP = (
     "glib-compile-schemas /usr/share/glib-2.0/schemas; "
     "update-alternatives --set x-terminal-emulator /usr/bin/gnome-terminal.wrapper; "
@@ -142,7 +143,20 @@ SETUP = (
     "runuser -u user -- env HOME=/home/user timeout 300 gimp -i -b '(gimp-quit 0)' "
     ">/dev/null 2>&1 || true; "
     f"test -s {GIMP_CONFIG}/pluginrc || "
-    "{ echo 'gimp left no pluginrc in its config dir' >&2; exit 1; }"
+    "{ echo 'gimp left no pluginrc in its config dir' >&2; exit 1; }; "
+    # VLC's settings file as a first run leaves it, with its privacy and network dialog answered
+    # (OSWorld's VM had run VLC): without it, VLC opens on that dialog in every task. The file
+    # is the one VLC's --save-config writes (every setting, those at their default commented
+    # out, as vlc_config reads it on OSWorld) with the dialog's key set; a [qt] section with the
+    # key alone if VLC wrote none.
+    "runuser -u user -- env HOME=/home/user timeout 60 vlc -I dummy --no-qt-privacy-ask "
+    "--save-config vlc://quit >/dev/null 2>&1 || true; "
+    f"if grep -q '^#*qt-privacy-ask=' {VLCRC} 2>/dev/null; then "
+    f"runuser -u user -- sed -i 's/^#*qt-privacy-ask=.*/qt-privacy-ask=0/' {VLCRC}; "
+    f"else runuser -u user -- sh -c 'mkdir -p {VLCRC.rsplit('/', 1)[0]} && "
+    f'printf "[qt]\\nqt-privacy-ask=0\\n" >> {VLCRC}\'; fi; '
+    f"grep -qx 'qt-privacy-ask=0' {VLCRC} || "
+    "{ echo 'vlcrc does not turn off the privacy dialog' >&2; exit 1; }"
 )
 
 # Helpers of this desktop that exit on their own some seconds after a restore (image_profiles.

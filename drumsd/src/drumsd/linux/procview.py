@@ -5,7 +5,8 @@ and each slot has those files bind-mounted over its own /proc.
 Stage 1 binds them when it boots a template, so every checkpoint made from it holds the binds;
 CRIU cannot dump a FUSE mount, so each dump declares them external and each restore maps them back
 to the same LXCFS files. A fork or a saved state therefore keeps the view with no step of its own.
-`sysinfo(2)` is a system call, out of a file system's reach: it still answers the host's figures.
+`sysinfo(2)` is a system call, out of a file system's reach: `sysinfo_preload` answers it from
+these files.
 """
 
 from __future__ import annotations

@@ -199,3 +199,29 @@ def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
     seen.clear()
     trio.run(run, forks.ForkBenchOptions(rounds=2))
     assert seen == [(4, False, None), (4, True, "B"), (4, True, "B"), (4, False, None)]
+
+
+def test_fork_bench_host_cpu() -> None:
+    """The host's busy CPU leaves idle and iowait out; a mode's medians are per part."""
+    import os
+
+    from drumsd.bench.forks import host_busy_s, summarize_mode
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = f"cpu  {hz} {hz} {2 * hz} {50 * hz} {9 * hz} 0 {hz} {hz} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert host_busy_s(stat) == 6.0  # user 1 + nice 1 + system 2 + softirq 1 + steal 1
+    parts = ("dump", "restores", "screenshots", "fork")
+
+    def one(k: float) -> dict[str, Any]:
+        t = {"memory_mib": 1.0}
+        return {
+            **dict.fromkeys(("fork_s", "dump_s", "restore_wall_s", "answer_s"), 1.0),
+            **dict.fromkeys(("memory_mib", "children_charge_mib", "fork_cost_mib"), 1.0),
+            **dict.fromkeys(("ksm_saved_mib", "ksmd_cpu_s", "foreign_s"), 0),
+            "timeline": [t],
+            "phases": [],
+            "host_cpu_s": dict.fromkeys(parts, k),
+        }
+
+    out = summarize_mode([one(1.0), one(3.0), one(2.0)], 16)
+    assert out["host_cpu_s"] == dict.fromkeys(parts, 2.0)

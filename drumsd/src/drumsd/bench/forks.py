@@ -109,6 +109,15 @@ def ksmd_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def host_busy_s(stat: str | None = None) -> float:
+    """CPU seconds the whole host has been busy (all CPUs: user, nice, system, irq, softirq,
+    steal; idle and iowait left out), from /proc/stat's first line."""
+    line = (stat if stat is not None else Path("/proc/stat").read_text()).splitlines()[0]
+    ticks = [int(v) for v in line.split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_mib(root: Path) -> float:
     """Memory the files under `root` take (allocated blocks: on tmpfs, RAM)."""
     return sum(p.lstat().st_blocks * 512 for p in root.rglob("*")) / MIB
@@ -154,18 +163,18 @@ async def one_round(
     quiet = rt.config.ksm_pages_to_scan
     mem0 = await settle_memory()
     sharing0, ksmd0, parent0 = ksm_saved_mib(), ksmd_cpu_s(), slot_anon_mib(parent)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), host_busy_s()
     pre = await rt.capture(parent, f"bench-pre-{tag}", ck_dir / f"pre-{tag}")
-    t_dump = time.monotonic()
+    t_dump, cpu_dump = time.monotonic(), host_busy_s()
     images_mib = await trio.to_thread.run_sync(tree_mib, pre.dir)
     kids = await rt.fork(
         parent, pre, [f"bench-f{tag}-{i}" for i in range(opts.width)], BENCH_LIMITS
     )
-    t_restored = time.monotonic()
+    t_restored, cpu_restored = time.monotonic(), host_busy_s()
     async with trio.open_nursery() as nursery:
         for kid in kids:
             nursery.start_soon(rt.screenshot, kid)
-    t_end = time.monotonic()
+    t_end, cpu_end = time.monotonic(), host_busy_s()
     timeline = []
     for second in range(1, int(opts.settle_s) + 1):
         await trio.sleep(max(0.0, t_end + second - time.monotonic()))
@@ -190,6 +199,13 @@ async def one_round(
         "dump_s": round(t_dump - t0, 3),
         "restore_wall_s": round(t_restored - t_dump, 3),
         "answer_s": round(t_end - t_restored, 3),
+        # The host's busy CPU in each part (all processes: other work on a shared host too).
+        "host_cpu_s": {
+            "dump": round(cpu_dump - cpu0, 2),
+            "restores": round(cpu_restored - cpu_dump, 2),
+            "screenshots": round(cpu_end - cpu_restored, 2),
+            "fork": round(cpu_end - cpu0, 2),
+        },
         "memory_mib": timeline[-1]["memory_mib"],
         "children_charge_mib": timeline[-1]["children_charge_mib"],
         "fork_cost_mib": timeline[-1]["fork_cost_mib"],
@@ -220,6 +236,8 @@ def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
     out["foreign_s"] = [r["foreign_s"] for r in rounds]
     for k in ("children_charge_mib", "fork_cost_mib", "ksm_saved_mib", "ksmd_cpu_s"):
         out[k] = median([r[k] for r in rounds])
+    cpu = [r["host_cpu_s"] for r in rounds if "host_cpu_s" in r]
+    out["host_cpu_s"] = {k: median([c[k] for c in cpu]) for k in (cpu[0] if cpu else {})}
     out["memory_by_second_mib"] = [
         median([r["timeline"][i]["memory_mib"] for r in rounds])
         for i in range(min(len(r["timeline"]) for r in rounds))
@@ -342,6 +360,11 @@ def render_forks(r: dict[str, Any]) -> str:
     lines = [f"{head:<{w}}" + "".join(f"{m:>12}" for m in modes)]
     for label, key in rows:
         lines.append(f"{label:<{w}}" + "".join(f"{r['modes'][m][key]:>12.2f}" for m in modes))
+    for m in modes:
+        cpu = r["modes"][m].get("host_cpu_s")
+        if cpu:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+            lines.append(f"host CPU-s, {m}: {parts}")
     for m in modes:
         by_s = " ".join(f"{v:.0f}" for v in r["modes"][m]["memory_by_second_mib"])
         lines.append(f"memory by second, {m} (MiB): {by_s}")

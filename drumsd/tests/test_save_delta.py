@@ -346,3 +346,21 @@ async def test_save_delta_depth_zero_stores_every_save_full(tmp_path: Path) -> N
         r = await api.client.post(f"/v1/slots/{slot['id']}/capture", json={})
         assert r.status_code == 201, r.text
         assert api.runtime.save_parents == [None]
+
+
+def test_the_upper_can_be_linked_after_the_pages_with_the_same_result(tmp_path: Path) -> None:
+    """The Dumper hashes the upper while the pages are compared (store_delta(upper=False)),
+    then links it (link_upper): the stats are those of one store_delta."""
+    procs = {"1": {0x1000 * i: bytes([i]) * PAGE for i in range(1, 9)}}
+    upper = {"home/user/big": b"b" * 50_000, "home/user/doc.txt": b"draft 1"}
+    _dump(tmp_path / "c0", "c0", procs, upper)
+    upper["home/user/doc.txt"] = b"draft 2"
+    _dump(tmp_path / "c1", "c1", procs, upper)
+    first = save_delta.store_delta(tmp_path / "c1", tmp_path / "c0", "c1", 8, upper=False)
+    assert first is not None and (first.upper_bytes, first.upper_linked) == (0, 0)
+    child_big = tmp_path / "c1" / "upper" / "home/user/big"
+    assert child_big.stat().st_nlink == 1  # not linked yet
+    stats = save_delta.link_upper(first, tmp_path / "c1", tmp_path / "c0")
+    assert (stats.upper_bytes, stats.upper_linked) == (50_007, 50_000)
+    assert stats.diff_s >= first.diff_s and stats.pages_fresh == first.pages_fresh
+    assert child_big.stat().st_ino == (tmp_path / "c0" / "upper" / "home/user/big").stat().st_ino

@@ -12,6 +12,7 @@ page images are assembled there), the second reads that copy. Medians; table + J
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +36,8 @@ from drumsd.bench.common import (
     publish,
     stderr_progress,
 )
+from drumsd.bench.dump_phases import dump_phases
+from drumsd.core.save_delta import parse_pagemap
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent, SlotHandle
 from drumsd.linux import state_files
 
@@ -92,11 +95,29 @@ async def one_save(
         d = meta["delta"]
         keys = ("diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored")
         got |= {k: d[k] for k in keys if k in d}
+    shm = meta.get("shm_holes")
+    if shm:  # what CRIU would have written of the SysV segments, and the zero pages it did not
+        got |= {"shm_data_bytes": shm["data_bytes"], "shm_removed_bytes": shm["removed_bytes"]}
+        got["shm_holes_s"] = shm["took_s"]
+    got["shm_written_bytes"] = shm_pages_bytes(dest / "images")
+    with contextlib.suppress(OSError):
+        log = (dest / "images" / "dump.log").read_text(errors="replace")
+        got |= {f"criu {k}": v for k, v in dump_phases(log).items()}
     got["restore_first_s"], _ = await _restore(rt, ref, f"bench-sv-{tag}-1")
     got["restore_cached_s"], got["restore_cpu_s"] = await _restore(rt, ref, f"bench-sv-{tag}-2")
     await rt.forget_checkpoint(ref.id)  # its tmpfs copy goes
     shutil.rmtree(dest, ignore_errors=True)
     return got
+
+
+def shm_pages_bytes(images: Path) -> int:
+    """Bytes of the shared-memory page images CRIU wrote (SysV segments, memfds, shared
+    anonymous memory: `pagemap-shmem-*.img`)."""
+    total = 0
+    for pm in images.glob("pagemap-shmem-*.img"):
+        with contextlib.suppress(OSError, ValueError):
+            total += parse_pagemap(pm.read_bytes(), pm.name).size
+    return total
 
 
 def summarize_mode(rounds: list[dict[str, Any]]) -> dict[str, float]:
@@ -207,6 +228,26 @@ def render_saves(r: dict[str, Any]) -> str:
         shown = "".join(f"{c * scale:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
         ratio = r["ratios"].get(key)
         lines.append(f"{label:<{w}}{shown}" + (f"{ratio:>10.3f}" if ratio is not None else ""))
+    phases = sorted(
+        {k for m in MODES for k in r["modes"][m] if k.startswith("criu ") and k != "criu total"}
+    )
+    if phases:
+        lines.append("CRIU's dump from its log (s):")
+        for key in (*phases, "criu total"):
+            cells = [r["modes"][m].get(key) for m in MODES]
+            shown = "".join(f"{c:>10.3f}" if c is not None else f"{'-':>10}" for c in cells)
+            lines.append(f"  {key.removeprefix('criu '):<{w - 2}}{shown}")
+    f = r["modes"]["full"]
+    if "shm_data_bytes" in f:
+        lines.append(
+            "shared memory per dump: {:.2f} MiB allocated, {:.2f} MiB of zero pages made holes "
+            "({:.3f} s frozen), {:.2f} MiB written".format(
+                f["shm_data_bytes"] / (1 << 20),
+                f["shm_removed_bytes"] / (1 << 20),
+                f.get("shm_holes_s", 0.0),
+                f.get("shm_written_bytes", 0) / (1 << 20),
+            )
+        )
     d = r["modes"]["delta"]
     if "pages_bytes" in d:
         fresh, pages, stored = (

@@ -72,6 +72,7 @@ class LinuxRuntimeConfig:
     spare_max_age_s: float = _MODEL.spares.max_age_s
     images_tmpfs_mib: int = _MODEL.linux.images_tmpfs_mib
     screen_grab: str = _MODEL.linux.screen_grab  # "full": every grab takes the path before
+    shm_holes: bool = _MODEL.linux.shm_holes  # zero SysV shm pages made holes before a dump
     agent_ready_timeout_s: float = _MODEL.linux.agent_ready_timeout_s
     restore_timeout_s: float = _MODEL.linux.restore_timeout_s
     dump_timeout_s: float = _MODEL.linux.dump_timeout_s
@@ -114,6 +115,7 @@ class LinuxRuntimeConfig:
             spare_max_age_s=cfg.spares.max_age_s,
             images_tmpfs_mib=linux.images_tmpfs_mib,
             screen_grab=linux.screen_grab,
+            shm_holes=linux.shm_holes,
             agent_ready_timeout_s=linux.agent_ready_timeout_s,
             restore_timeout_s=linux.restore_timeout_s,
             dump_timeout_s=linux.dump_timeout_s,

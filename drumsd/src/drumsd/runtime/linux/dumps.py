@@ -3,6 +3,8 @@ layer copied by CRIU's post-dump action, meta.json), checked against the tree it
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,7 @@ import trio
 from drumsd.core.host_limits import limit_hit, limit_message
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent
 from drumsd.linux import (
+    cgroups,
     checkpoint_files,
     criu,
     dentries,
@@ -20,6 +23,7 @@ from drumsd.linux import (
     procfs,
     procview,
     save_delta,
+    shm_zero,
 )
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
@@ -38,6 +42,7 @@ class _DumpRun:
     after: dict[int, procfs.NsProcess]  # and after
     dump_s: float
     sampled_s: float
+    shm: shm_zero.Punched | None = None  # the zero pages made holes before criu ran
 
 
 class Dumper:
@@ -68,17 +73,35 @@ class Dumper:
             )
         run, dumped, script = await self._dump_checked(inst, dest, leave_running)
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
-        delta = None
-        if store_against is not None:
-            delta = await trio.to_thread.run_sync(
-                save_delta.store_delta,
-                dest,
-                store_against.dir,
-                checkpoint_id,
-                store_against.max_depth,
-            )
         upper = dest / "upper"
-        upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
+        delta = None
+        if store_against is None:
+            upper_sha = await run_stoppable(tree_sha256, upper, what=f"hashing {upper}")
+        else:  # the upper hashed while the pages are compared (2 threads: zstd, sha256, crc32
+            # and mmap reads let go of the GIL); its files linked after (same bytes, same hash)
+            against = store_against
+            hashed: list[str] = []
+
+            async def hash_upper() -> None:
+                hashed.append(await run_stoppable(tree_sha256, upper, what=f"hashing {upper}"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(hash_upper)
+                delta = await trio.to_thread.run_sync(
+                    functools.partial(
+                        save_delta.store_delta,
+                        dest,
+                        against.dir,
+                        checkpoint_id,
+                        against.max_depth,
+                        upper=False,
+                    )
+                )
+            upper_sha = hashed[0]
+            if delta is not None:
+                delta = await trio.to_thread.run_sync(
+                    save_delta.link_upper, delta, dest, against.dir
+                )
         meta = {
             "id": checkpoint_id,
             "lower": [str(p) for p in inst.lower],
@@ -88,6 +111,7 @@ class Dumper:
             "profile": self.config.profile,
             "dump_s": round(run.dump_s, 3),
             "delta": delta.as_meta() if delta else None,  # None: stored full
+            "shm_holes": run.shm.as_meta() if run.shm else None,  # None: not done
             "tree_sample_s": round(run.sampled_s, 4),  # the two samples it is checked against
             "processes": len(dumped),
             "threads": sum(len(t.threads) for t in dumped),
@@ -158,13 +182,41 @@ class Dumper:
         )
         t0 = time.monotonic()
         async with inst.gate.dump():
+            shm = None
+            if self.config.shm_holes:
+                shm = await trio.to_thread.run_sync(self.shm_holes, inst)
             before = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s = time.monotonic() - t0
             done = await launcher.run(argv, dest / "criu.out", timeout_s=self._time_limit())
             t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s += time.monotonic() - t1
-        return _DumpRun(done.returncode, before, after, time.monotonic() - t0, sampled_s)
+        return _DumpRun(done.returncode, before, after, time.monotonic() - t0, sampled_s, shm)
+
+    def shm_holes(self, inst: Instance) -> shm_zero.Punched | None:
+        """The slot frozen for a moment and the zero pages of its SysV shared memory made
+        holes, which CRIU's dump does not write (`linux/shm_zero.py`); None (nothing done, the
+        dump goes on) when the slot does not freeze."""
+        t0 = time.monotonic()
+        try:
+            cgroups.freeze_whole(self.driver, inst.cgroups, 2.0)
+        except cgroups.CgroupError as exc:
+            log_event("shm_holes_skipped", iid=inst.iid, error=str(exc))
+            return None
+        try:
+            punched = shm_zero.punch_zero_pages(self.driver.pids(inst.cgroups))
+        finally:
+            self.driver.thaw(inst.cgroups)
+        punched = dataclasses.replace(punched, took_s=time.monotonic() - t0)
+        log_event(
+            "shm_holes",
+            iid=inst.iid,
+            segments=punched.segments,
+            data_kib=punched.bytes_before // 1024,
+            removed_kib=punched.bytes_removed // 1024,
+            took_s=f"{punched.took_s:.4f}",
+        )
+        return punched
 
     @staticmethod
     def _procview_binds(inst: Instance) -> dict[str, str]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare this Debian/Ubuntu host for drumsd, idempotently: apt packages, CRIU 4.2.1, a desktop image.
-# Usage: scripts/prepare-host.sh [PROFILE]   (PROFILE: base (default) or office)
+# Usage: scripts/prepare-host.sh [PROFILE] [--mirror-fallback]   (PROFILE: base (default), office, osworld)
 # Env: DRUMS_CACHE (default /var/cache/drums), DRUMS_PYTHON (default: the repo's .venv python).
 set -euo pipefail
 

@@ -30,6 +30,10 @@ class Session:
     programs: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # The xterm whose printer the terminal-output getter reads.
     xterm: bool = True
+    # A template of this session is dumped once no process of it started or exited for this
+    # long (0: no such wait): helpers the session starts on its own after login must be done,
+    # or every restored desktop finishes their work (and fails the state_hash gate).
+    settle_s: float = 0.0
 
 
 # What OSWorld's Ubuntu session sets, and what makes GTK and GL run on Xvfb without a GPU.
@@ -90,6 +94,12 @@ SESSIONS: dict[str, Session] = {
             ),
         ),
         xterm=False,
+        # Seen on a template boot (2026-12-06): dash-to-dock D-Bus-activates Nautilus as the
+        # Shell starts (it runs some seconds, writing ~/.local/share/nautilus/tags, then exits),
+        # and Tracker's file miner starts its crawl 15 s after login (tracker-extract comes and
+        # goes ~30 s in). Dumped right after the Shell started, restored desktops ran
+        # Nautilus's writes and failed state_hash.
+        settle_s=20.0,
     ),
     # The GNOME look-alike without the Shell (metacity and two tint2 panels drawn as Ubuntu's top
     # bar and dock): lighter, and what to fall back to where the Shell cannot run.

@@ -75,6 +75,11 @@ class Booter:
         image_root = await trio.to_thread.run_sync(image_root.resolve)
         inst, boot_s = await self.cold_boot(image_root, f"template:{checkpoint_id}", apps=apps)
         try:
+            settle_s = read_session(str(image_root / SESSION_FILE.lstrip("/"))).settle_s
+            limit = self.config.boot_timeout_s
+            poll = self.config.quiesce_poll_ms
+            if settle_s > 0 and not await self.waits.tree_settled(inst, settle_s, limit, poll):
+                log_event("template_not_settled", checkpoint=checkpoint_id, settle_s=settle_s)
             quiet = self.config.quiesce_window_s, self.config.quiesce_timeout_s
             if not await self.waits.tree_quiet(inst, *quiet, self.config.quiesce_poll_ms):
                 log_event("template_not_quiescent", checkpoint=checkpoint_id)

@@ -88,6 +88,28 @@ class TreeWaits:
             log_event("quiesce_events_unavailable", slot=slot_id, error=exc)
             return None
 
+    async def tree_settled(
+        self, inst: Instance, window_s: float, timeout_s: float, poll_ms: int
+    ) -> bool:
+        """No process of a booting tree started or exited for window_s: the helpers a desktop
+        starts on its own some seconds after login (D-Bus activated services that exit when
+        idle, an indexer's delayed crawl) have come and gone. CPU use does not count."""
+
+        def processes() -> set[tuple[int, int]]:
+            return set(procfs.tree_shape(self.driver.pids(inst.cgroups)))
+
+        deadline = trio.current_time() + timeout_s
+        since = trio.current_time()
+        last = await trio.to_thread.run_sync(processes)
+        while trio.current_time() < deadline:
+            await trio.sleep(poll_ms / 1000)
+            now = await trio.to_thread.run_sync(processes)
+            if now != last:
+                last, since = now, trio.current_time()
+            elif trio.current_time() - since >= window_s:
+                return True
+        return False
+
     async def tree_quiet(
         self, inst: Instance, window_s: float, timeout_s: float, poll_ms: int
     ) -> bool:

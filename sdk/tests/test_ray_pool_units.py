@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -482,3 +483,25 @@ def test_the_async_pool_env_runs_each_call_in_a_thread() -> None:
 
     stepped, inner = anyio.run(run)
     assert stepped == ("x", True, True) and inner.closed
+
+
+def test_a_pool_save_is_lease_bound_unless_keep_false() -> None:
+    """As Env.save() and the MCP server's save: a state outlives the pool (its lease bounds it);
+    keep=False makes the pool delete it when it closes."""
+    from drums.ray._pool import PoolEnv
+
+    class Direct:
+        def save(self, **kwargs: Any) -> Any:
+            assert kwargs["keep"] is True  # the host keeps it; the pool decides its end
+            saved.append(f"c-{len(saved)}")
+            return SimpleNamespace(id=saved[-1])
+
+    saved: list[str] = []
+    pool = _bare_pool()
+    pool._state_hosts, pool._owned_states = {}, {}
+    env = PoolEnv(pool, _NoAgent(), "s-1", HostSlot("n1", "h1", 2, 1), None, Direct())
+    kept = env.save()
+    owned = env.save(keep=False)
+    assert kept.id not in pool._owned_states
+    assert pool._owned_states == {owned.id: "h1"}
+    assert pool._state_hosts == {kept.id: "h1", owned.id: "h1"}

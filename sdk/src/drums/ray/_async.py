@@ -61,7 +61,7 @@ class AsyncPoolEnv:
     async def load_task(self, task: Any) -> m.TaskInfo:
         return await _in_thread(self.env.load_task, task)
 
-    async def save(self, *, keep: bool = False, **kwargs: Any) -> m.Checkpoint:
+    async def save(self, *, keep: bool = True, **kwargs: Any) -> m.Checkpoint:
         return await _in_thread(self.env.save, keep=keep, **kwargs)
 
     async def verify(self, **kwargs: Any) -> m.VerifyResult:

@@ -122,9 +122,10 @@ class PoolEnv:
     def load_task(self, task: Any) -> m.TaskInfo:
         return self._call("load_task", task)
 
-    def save(self, *, keep: bool = False, **kwargs: Any) -> m.Checkpoint:
+    def save(self, *, keep: bool = True, **kwargs: Any) -> m.Checkpoint:
         """A saved state, on this env's host: `pool.create(from_state=...)` is placed there.
-        Without keep=True it is deleted when the pool closes."""
+        It lives as long as its lease, as `Env.save()`'s does; keep=False ties it to this pool
+        instead: deleted when the pool closes."""
         state = self._call("save", keep=True, **kwargs)
         self.pool._state_hosts[state.id] = self.host
         if not keep:

@@ -64,7 +64,9 @@ def test_the_nix_side_fetches_exactly_the_pin(
     got = json.loads(json.loads(result.stdout))
     assert got["src"] == {k: pin[k] for k in ("owner", "repo", "rev", "hash")}
     assert got["name"] == f"osworld-tasks-{pin['rev'][:12]}"
-    assert "cp -r --no-preserve=mode,ownership $src/evaluation_examples/examples/. " in got["script"]
+    assert (
+        "cp -r --no-preserve=mode,ownership $src/evaluation_examples/examples/. " in got["script"]
+    )
     script = tmp_path / "build.sh"
     script.write_text(got["script"])
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

@@ -62,13 +62,18 @@ BASE_PACKAGES: tuple[str, ...] = (
 )
 
 # Chromium as OSWorld drives it, with what a checkpointable browser needs: no sandbox (its
-# namespaces conflict with the slot's), no GPU process, nothing that phones home or syncs.
+# namespaces conflict with the slot's), no GPU process, nothing that phones home or syncs. Started
+# without the desktop's name (XDG_CURRENT_DESKTOP, DESKTOP_SESSION): on GNOME Chromium 150 takes
+# its GTK theme by default, which ignores the light/dark mode a task sets (93eabf48 started in
+# light mode with dark mode in its Preferences, and the settings page offered no mode); without
+# it Chromium runs its Classic theme, where the mode shows and can be changed.
 GOOGLE_CHROME_WRAPPER = """\
 #!/bin/sh
 # drums: OSWorld calls google-chrome; this image ships Chromium with checkpoint-friendly flags.
 port=--remote-debugging-port=1337
 for a in "$@"; do case "$a" in --remote-debugging-port=*) port=;; esac; done
-exec /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
+exec env -u XDG_CURRENT_DESKTOP -u DESKTOP_SESSION \\
+    /usr/bin/chromium --no-sandbox --disable-gpu --no-first-run --no-default-browser-check \\
     --disable-background-networking --disable-component-update --disable-sync \\
     --password-store=basic --disable-dev-shm-usage --start-maximized $port "$@"
 """

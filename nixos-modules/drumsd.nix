@@ -461,8 +461,12 @@ in
         pkgs.procps
       ]
       # The per-slot /proc view (settings.procview_dir) is LXCFS, which drumsd starts from its
-      # PATH (`lxcfs`); only then, so the default closure does not carry it and FUSE.
-      ++ lib.optional ((cfg.settings.procview_dir or null) != null) pkgs.lxcfs;
+      # PATH (`lxcfs`), and a preloaded sysinfo() library drumsd compiles at start with `cc`;
+      # only then, so the default closure carries neither (nor FUSE).
+      ++ lib.optionals ((cfg.settings.procview_dir or null) != null) [
+        pkgs.lxcfs
+        pkgs.stdenv.cc
+      ];
       restartTriggers = [ configFile ];
       serviceConfig = {
         Type = "exec";

@@ -66,6 +66,8 @@ let
     coreutils = fakePackage "coreutils" "9.8";
     procps = fakePackage "procps" "4.0";
     lxcfs = fakePackage "lxcfs" "6.0.5";
+    # As nixpkgs' stdenv.cc: the compiler wrapper (bin/cc, bin/gcc).
+    stdenv.cc = fakePackage "gcc-wrapper" "14.3.0";
     gnutar = fakePackage "gnutar" "1.35";
   };
 

@@ -281,10 +281,12 @@ def test_the_stub_types_units_as_nixos_does(tmp_path: Path, line: str, broken: s
 
 
 def test_lxcfs_is_on_drumsds_path_when_procview_dir_is_set() -> None:
-    """The per-slot /proc view starts `lxcfs` from the daemon's PATH (issue 38): with
-    procview_dir set the unit has it; without, the closure does not carry it."""
+    """The per-slot /proc view starts `lxcfs` from the daemon's PATH and compiles its sysinfo()
+    library with `cc` (issue 38): with procview_dir set the unit has both; without, the closure
+    carries neither."""
     names = lambda out: [str(p).rsplit("-", 1)[0] for p in out["service"]["path"]]  # noqa: E731
     off = evaluated({"enable": True})
     on = evaluated({"enable": True, "settings": {"procview_dir": "/run/drums/procview"}})
-    assert not any("lxcfs" in str(p) for p in off["service"]["path"]), names(off)
-    assert any("lxcfs" in str(p) for p in on["service"]["path"]), names(on)
+    for tool in ("lxcfs", "gcc-wrapper"):
+        assert not any(tool in str(p) for p in off["service"]["path"]), names(off)
+        assert any(tool in str(p) for p in on["service"]["path"]), names(on)

@@ -139,7 +139,12 @@ SETUP = (
     # start queries each of its ~120 plug-ins, seconds of helpers starting and exiting, and a
     # task whose setup launches GIMP was captured mid-query; its repeat episodes restored a
     # plug-in that then exited (alive_after_resume failed on unit-editor, warp). With pluginrc
-    # written here GIMP starts straight to its window.
+    # written here GIMP starts straight to its window. Its darktable and RawTherapee loaders go
+    # first: without those programs (not in the image) they register nothing, so GIMP queried
+    # them again at every start, and repeats still restored one mid-query (file-darktable,
+    # file-rawtherape exited, and a `gimp`, likely a fork about to run one). RAW files meet GIMP's
+    # placeholder loader as on a machine without either program.
+    "rm -rf /usr/lib/gimp/2.0/plug-ins/file-darktable /usr/lib/gimp/2.0/plug-ins/file-rawtherapee; "
     "runuser -u user -- env HOME=/home/user timeout 300 gimp -i -b '(gimp-quit 0)' "
     ">/dev/null 2>&1 || true; "
     f"test -s {GIMP_CONFIG}/pluginrc || "

@@ -6,7 +6,8 @@ Every restored task is KSM-eligible from its first instruction (the exec helper 
 `PR_SET_MEMORY_MERGE` on criu, inherited by the tree it restores), but a quiet scan takes
 minutes to reach a fork's children: 16 children of an office desktop are ~700k pages, and a
 page merges only once the scan has seen it unchanged (or finds it in the stable tree). So a
-fork (or a spare refill) turns the scan rate up for `boost_s`, then back to the quiet rate."""
+fork turns the scan rate up for `boost_s`, then back to the quiet rate (spare refills do not:
+under a stream of episodes they kept ksmd boosted nearly all the time, spares.py)."""
 
 from __future__ import annotations
 

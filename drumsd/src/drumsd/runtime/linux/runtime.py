@@ -92,7 +92,6 @@ class LinuxRuntime:
         self.booter = Booter(config, self.sup, self.fs, self.waits, self.dumper)
         self.spares = Spares(config, self.sup, self.fs, self.instances, self.restorer, self.stats)
         self.adoption = Adoption(self.sup, self.fs, self.instances, self.spares.pool)
-        self.spares.after_refills = self.ksm.boost
         self.slots = Slots(
             config,
             self.sup,

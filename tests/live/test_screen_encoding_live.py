@@ -163,3 +163,44 @@ async def test_a_changed_screen_encodes_fast_to_the_same_pixels(rt, template, st
         assert ImageChops.difference(decoded(png), decoded(legacy_png)).getbbox() is None
     finally:
         await rt.destroy(h.slot_id)
+
+
+async def test_screen_grab_full_re_encodes_an_unchanged_screen(template, state_dir) -> None:
+    """`linux.screen_grab: full`: every screenshot, a step's and a batch's included, is the path
+    before (GetImage, Pillow's encoder, no cache): a still screen is encoded again each time, where
+    the default answers it from the guest's cache."""
+    import dataclasses
+
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async with open_linux_runtime(_config(state_dir)) as rt:
+        h = await rt.restore(f"shots-{uuid.uuid4().hex[:6]}", template, LIMITS)
+        try:
+            await settled(rt, h, PNG_FULL)  # the default: a still screen comes from the cache
+            await rt.step(h, {"type": "move", "x": 5, "y": 5}, PNG_FULL)
+            await settled(rt, h, PNG_FULL)
+            outcome = await rt.step(h, {"type": "move", "x": 5, "y": 5}, PNG_FULL)
+            assert outcome.screenshot is not None and outcome.screenshot.cached
+        finally:
+            await rt.destroy(h.slot_id)
+        await rt.sweep([])
+    full = dataclasses.replace(_config(state_dir), screen_grab="full")
+    async with open_linux_runtime(full) as rt:
+        h = await rt.restore(f"shots-{uuid.uuid4().hex[:6]}", template, LIMITS)
+        try:
+            await rt.step(h, {"type": "move", "x": 5, "y": 5})
+            with trio.fail_after(15):  # until two grabs in a row show the same screen
+                last = b""
+                while (shot := await rt.grab(h, PNG_FULL)).data != last:
+                    assert not shot.cached and shot.encode_s > 0
+                    last = shot.data
+                    await trio.sleep(0.2)
+            assert not shot.cached and shot.encode_s > 0, "a still screen is encoded again"
+            step = await rt.step(h, {"type": "move", "x": 5, "y": 5}, PNG_FULL)
+            batch = await rt.step_batch(h, [{"type": "move", "x": 5, "y": 5}], PNG_FULL)
+            for got in (step.screenshot, batch[1]):
+                assert got is not None and not got.cached and got.encode_s > 0, got
+                assert (got.width, got.height) == (1920, 1080)
+        finally:
+            await rt.destroy(h.slot_id)
+        await rt.sweep([])

@@ -133,6 +133,7 @@
     group_cpu_shares = 16384;
     images_tmpfs_mib = 8192;
     screen_grab = "damage";
+    shm_holes = true;
   };
   drain_timeout_s = 10.0;
   body_timeout_s = 30.0;

@@ -1,8 +1,9 @@
 """Zero pages of a slot's System V shared memory given back before a dump (issue 35).
 
 Xvfb runs with -shmem (guest/framebuffer.py), so the screen is a SysV segment of 1920x1080x4
-bytes, and a restored segment is all resident: CRIU writes back every page it dumped. On an
-office desktop ~960 of its ~2,030 pages are all zero bytes (black). CRIU 4.2.1 dumps a shmem
+bytes, and a restored segment is all resident: CRIU writes back every page it dumped. On a
+base desktop 958 of its 2,026 pages were all zero bytes (black); an office desktop with an app
+over the whole screen had none. CRIU 4.2.1 dumps a shmem
 object by its data (`lseek(SEEK_DATA)` in `shmem.c`, with no soft-dirty tracking here): a hole
 costs nothing, a zero page costs a page in every dump and every restored slot. A zero page made
 a hole (`MADV_REMOVE`) reads back as zeros, so the segment's content is unchanged, and only the

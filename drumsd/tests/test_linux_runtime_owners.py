@@ -327,3 +327,22 @@ def test_a_runtime_stopped_by_an_error_names_it_to_requests_still_arriving() -> 
     sup.stopped_by = "ValueError: boom"
     with pytest.raises(RuntimeError_, match=r"stopped on an error \(ValueError: boom\); drumsd is"):
         sup.running()
+
+
+async def test_an_init_that_exits_before_its_agent_answers_says_how_it_ended() -> None:
+    """A restore whose init died before its agent answered names how it ended (the watch's
+    `exit_how`), so the error means something once the failed slot and its logs are gone."""
+    sup = Supervision(None, None, 5.0)  # type: ignore[arg-type]  # wait_agent touches neither
+    dead = inst("i-dead", pid=2**22 + 7)  # no such process
+
+    async def ends() -> None:
+        await trio.sleep(0.05)  # the watch learns how it ended a moment later
+        dead.exit_how = "killed by signal 9 (SIGKILL)"
+        dead.exited.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ends)
+        with pytest.raises(RuntimeError_) as caught:
+            await sup.wait_agent(dead, 5.0)
+    assert caught.value.code == "restore_failed"
+    assert "exited (killed by signal 9 (SIGKILL)) before its agent answered" in caught.value.message

@@ -90,9 +90,12 @@ class Supervision:
         last: Exception | None = None
         while trio.current_time() < deadline:
             if inst.exited.is_set() or not procfs.is_same_process(inst.pid, inst.starttime):
+                with trio.move_on_after(1.0):
+                    await inst.exited.wait()  # how it ended, from its watch (the launcher reaps it)
+                how = f" ({inst.exit_how})" if inst.exit_how else ""
                 raise RuntimeError_(
                     "restore_failed",
-                    f"slot init {inst.pid} exited before "
+                    f"slot init {inst.pid} exited{how} before "
                     "its agent answered; see the desktop-init log in the slot",
                 )
             try:

@@ -4,6 +4,7 @@ exit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -98,17 +99,7 @@ class TreeWaits:
         def processes() -> set[tuple[int, int]]:
             return set(procfs.tree_shape(self.driver.pids(inst.cgroups)))
 
-        deadline = trio.current_time() + timeout_s
-        since = trio.current_time()
-        last = await trio.to_thread.run_sync(processes)
-        while trio.current_time() < deadline:
-            await trio.sleep(poll_ms / 1000)
-            now = await trio.to_thread.run_sync(processes)
-            if now != last:
-                last, since = now, trio.current_time()
-            elif trio.current_time() - since >= window_s:
-                return True
-        return False
+        return await _unchanged_for(processes, window_s, timeout_s, poll_ms)
 
     async def tree_quiet(
         self, inst: Instance, window_s: float, timeout_s: float, poll_ms: int
@@ -118,14 +109,22 @@ class TreeWaits:
         def activity() -> Any:
             return procfs.activity(self.driver.pids(inst.cgroups))
 
-        deadline = trio.current_time() + timeout_s
-        since = trio.current_time()
-        last = await trio.to_thread.run_sync(activity)
-        while trio.current_time() < deadline:
-            await trio.sleep(poll_ms / 1000)
-            now = await trio.to_thread.run_sync(activity)
-            if now != last:
-                last, since = now, trio.current_time()
-            elif trio.current_time() - since >= window_s:
-                return True
-        return False
+        return await _unchanged_for(activity, window_s, timeout_s, poll_ms)
+
+
+async def _unchanged_for(
+    sample: Callable[[], Any], window_s: float, timeout_s: float, poll_ms: int
+) -> bool:
+    """True once `sample()` (read in a thread every poll_ms) has not changed for window_s;
+    False if that has not happened within timeout_s."""
+    deadline = trio.current_time() + timeout_s
+    since = trio.current_time()
+    last = await trio.to_thread.run_sync(sample)
+    while trio.current_time() < deadline:
+        await trio.sleep(poll_ms / 1000)
+        now = await trio.to_thread.run_sync(sample)
+        if now != last:
+            last, since = now, trio.current_time()
+        elif trio.current_time() - since >= window_s:
+            return True
+    return False

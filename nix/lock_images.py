@@ -32,7 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -84,19 +84,8 @@ _INST = re.compile(r"^Inst (\S+) (?:\[\S+\] )?\((\S+) .*\[(\S+)\]\)")
 # ---------------------------------------------------------------- pure: index and lock
 
 
-def parse_index(text: str) -> Iterator[dict[str, str]]:
-    """Stanzas of a Debian Packages file as dicts (continuation lines joined with newlines)."""
-    for block in re.split(r"\n\s*\n", text):
-        fields: dict[str, str] = {}
-        last = None
-        for line in block.splitlines():
-            if line[:1] in (" ", "\t") and last:
-                fields[last] += "\n" + line
-            elif ":" in line:
-                last, value = line.split(":", 1)
-                fields[last] = value.strip()
-        if "Package" in fields:
-            yield fields
+# Stanzas of a Debian Packages file (or dpkg's status) as dicts: the image builder's parser.
+parse_index = image_lock.parse_stanzas
 
 
 def index_by_name(stanzas: Iterable[dict[str, str]]) -> dict[str, dict[str, dict[str, str]]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,7 +218,7 @@ def parse_stanzas(text: str) -> list[dict[str, str]]:
     """Stanzas of a Debian control file (a Packages index, dpkg's status) as dicts, continuation
     lines joined with newlines."""
     found = []
-    for block in text.split("\n\n"):
+    for block in re.split(r"\n\s*\n", text):
         fields: dict[str, str] = {}
         last = None
         for line in block.splitlines():

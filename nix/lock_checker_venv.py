@@ -20,11 +20,10 @@ import hashlib
 import json
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from lock_images import _run, pip_pins
+from lock_images import locked_files, pip_dry_run, pip_pins
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK_FILE = REPO / "nix" / "checker-venv.lock.json"
@@ -43,57 +42,17 @@ AARCH64_PLATFORMS = [
 
 def platform_pins(pins: list[str], platforms: list[str]) -> list[dict[str, Any]]:
     """The file pip picks for each pin on another platform (CPython 3.11), and its sha256."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        _run(
-            [
-                sys.executable if _has_pip() else "python3",
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--dry-run",
-                "--ignore-installed",
-                "--no-deps",
-                "--isolated",
-                "--index-url",
-                "https://pypi.org/simple",
-                "--target",
-                str(Path(tmp) / "target"),
-                *(arg for p in platforms for arg in ("--platform", p)),
-                "--python-version",
-                "3.11",
-                "--implementation",
-                "cp",
-                *(arg for abi in ("cp311", "abi3", "none") for arg in ("--abi", abi)),
-                "--report",
-                str(report),
-                *pins,
-            ],
-            "pip install --dry-run --platform",
-        )
-        installs = json.loads(report.read_text())["install"]
-    return sorted(
-        (
-            {
-                "name": i["metadata"]["name"],
-                "version": i["metadata"]["version"],
-                "url": i["download_info"]["url"],
-                "sha256": i["download_info"]["archive_info"]["hashes"]["sha256"],
-            }
-            for i in installs
-        ),
-        key=lambda p: p["name"].lower(),
-    )
-
-
-def _has_pip() -> bool:
-    import subprocess
-
-    return (
-        subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode
-        == 0
-    )
+    options = [
+        "--no-deps",
+        *(arg for p in platforms for arg in ("--platform", p)),
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        *(arg for abi in ("cp311", "abi3", "none") for arg in ("--abi", abi)),
+    ]
+    installs = pip_dry_run(pins, options, "pip install --dry-run --platform", target=True)
+    return locked_files(installs)
 
 
 def build_lock() -> dict[str, Any]:

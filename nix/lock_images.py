@@ -272,8 +272,23 @@ def _pip_pins(pins: list[str], *, with_deps: bool = False) -> list[dict[str, Any
     if that adds anything the pins do not name (pins that are a whole closure stay one)."""
     if not pins:
         return []
+    installs = pip_dry_run(pins, [] if with_deps else ["--no-deps"], "pip install --dry-run")
+    extra = [i["metadata"]["name"] for i in installs if not i.get("requested")]
+    if extra:
+        raise SystemExit(f"lock: the pins need packages they do not name: {extra}")
+    return locked_files(installs)
+
+
+def pip_dry_run(
+    pins: list[str], options: list[str], what: str, *, target: bool = False
+) -> list[dict[str, Any]]:
+    """pip's `install --dry-run --report` of `pins` from PyPI with `options` (another
+    platform's, which pip takes only with `target`: a scratch --target): the report's `install`
+    entries."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
+        if target:
+            options = [*options, "--target", str(Path(tmp) / "target")]
         _run(
             [
                 sys.executable if _has_pip(sys.executable) else "python3",
@@ -283,7 +298,7 @@ def _pip_pins(pins: list[str], *, with_deps: bool = False) -> list[dict[str, Any
                 "-q",
                 "--dry-run",
                 "--ignore-installed",
-                *([] if with_deps else ["--no-deps"]),
+                *options,
                 "--isolated",
                 "--index-url",
                 "https://pypi.org/simple",
@@ -291,24 +306,25 @@ def _pip_pins(pins: list[str], *, with_deps: bool = False) -> list[dict[str, Any
                 str(report),
                 *pins,
             ],
-            "pip install --dry-run",
+            what,
         )
-        installs = json.loads(report.read_text())["install"]
-    extra = [i["metadata"]["name"] for i in installs if not i.get("requested")]
-    if extra:
-        raise SystemExit(f"lock: the pins need packages they do not name: {extra}")
-    locked = []
-    for item in installs:
-        info = item["download_info"]
-        locked.append(
+        return list(json.loads(report.read_text())["install"])
+
+
+def locked_files(installs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name, version, URL and sha256 of each file of a pip report, sorted by name."""
+    return sorted(
+        (
             {
-                "name": item["metadata"]["name"],
-                "version": item["metadata"]["version"],
-                "url": info["url"],
-                "sha256": info["archive_info"]["hashes"]["sha256"],
+                "name": i["metadata"]["name"],
+                "version": i["metadata"]["version"],
+                "url": i["download_info"]["url"],
+                "sha256": i["download_info"]["archive_info"]["hashes"]["sha256"],
             }
-        )
-    return sorted(locked, key=lambda p: p["name"].lower())
+            for i in installs
+        ),
+        key=lambda p: p["name"].lower(),
+    )
 
 
 def _has_pip(python: str) -> bool:

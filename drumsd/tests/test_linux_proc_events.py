@@ -233,6 +233,12 @@ def test_tree_moves_counts_the_trees_processes_not_its_threads_or_strangers() ->
     assert tree_moves(events[:2], tree) == []  # threads and strangers: still quiet
     assert tree_moves([Overrun()], tree) == ["process events overran (some were lost)"]
     assert tree == {10, 11}  # the caller's set is not changed
+    # named by a sample of the tree: a forked child is its parent's name until it execs
+    assert tree_moves(events, tree, {10: "sh", 11: "bash"}) == [
+        "sh(10) forked 20",
+        "sh(20) exec'd",
+        "20 exited",
+    ]
 
 
 def test_a_quiesce_socket_sees_a_short_lived_child_that_exits_0() -> None:

@@ -237,7 +237,8 @@ def test_prefork_waits_its_quiet_window_when_set(window, request):
             err = r.json()["error"]
             assert err["code"] == "not_quiescent", err
             assert "prefork_quiesce_window_s=1s" in err["message"], err
-            assert any(m.startswith(("true(", "sh(")) for m in err["detail"]["moving"]), err
+            # named whether a sample or the kernel's process events saw the loop move
+            assert any(("true(" in m or "sh(" in m) for m in err["detail"]["moving"]), err
             execute(http, sid, "kill $(cat /tmp/spin.pid)")
             r = http.post(f"/v1/slots/{sid}/prefork", json={})  # quiet again: the dump goes
             assert r.status_code == 200, r.text

@@ -17,7 +17,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 NETLINK_CONNECTOR = 11
@@ -376,21 +376,33 @@ def _sees_own_exit(sock: socket.socket, timeout_s: float) -> bool:
         child.wait()
 
 
-def tree_moves(events: Iterable[Event | Overrun], pids: Iterable[int]) -> list[str]:
+def tree_moves(
+    events: Iterable[Event | Overrun], pids: Iterable[int], names: Mapping[int, str] | None = None
+) -> list[str]:
     """What the process tree of `pids` (host tgids) did, by kernel process events, in order: a
-    process of the tree forked a new process (that child joins the tree), exec'd, or a process
-    of the tree ended. Threads starting or ending are not movement (thread pools churn, and CRIU
-    freezes them); an overrun is, since events were lost."""
+    process of the tree forked a new process (that child joins the tree, named as its parent
+    until it execs), exec'd, or a process of the tree ended. `names` (tgid -> comm, from a sample
+    of the tree) names the processes it knows, so the message says what kept moving. Threads
+    starting or ending are not movement (thread pools churn, and CRIU freezes them); an overrun
+    is, since events were lost."""
     tree = set(pids)
+    known = dict(names or {})
+
+    def who(tgid: int) -> str:
+        return f"{known[tgid]}({tgid})" if tgid in known else str(tgid)
+
     moved: list[str] = []
     for ev in events:
         if isinstance(ev, Overrun):
             moved.append("process events overran (some were lost)")
         elif isinstance(ev, Fork) and not ev.is_thread and ev.parent_tgid in tree:
             tree.add(ev.child_tgid)
-            moved.append(f"{ev.parent_tgid} forked {ev.child_tgid}")
+            if ev.parent_tgid in known:
+                known[ev.child_tgid] = known[ev.parent_tgid]
+            moved.append(f"{who(ev.parent_tgid)} forked {ev.child_tgid}")
         elif isinstance(ev, Exec) and ev.tgid in tree:
-            moved.append(f"{ev.tgid} exec'd")
+            moved.append(f"{who(ev.tgid)} exec'd")
+            known.pop(ev.tgid, None)
         elif isinstance(ev, Exit) and ev.is_leader and ev.tgid in tree:
-            moved.append(f"{ev.tgid} exited")
+            moved.append(f"{who(ev.tgid)} exited")
     return moved

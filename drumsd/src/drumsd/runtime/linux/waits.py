@@ -62,9 +62,9 @@ class TreeWaits:
                 now = await trio.to_thread.run_sync(shape)
                 seen: list[str] = []
                 if events is not None:
-                    tree = {pid for pid, _ in last} | {pid for pid, _ in now}
+                    names = {pid: comm for (pid, _), (comm, _) in [*last.items(), *now.items()]}
                     got = await trio.to_thread.run_sync(events.read_ready)
-                    seen = proc_events.tree_moves(got, tree)
+                    seen = proc_events.tree_moves(got, names, names)
                 if now != last or any(state for _, state in now.values()) or seen:
                     moved = procfs.moving(last, now) or [f"process events: {m}" for m in seen]
                     last, since = now, trio.current_time()

@@ -451,14 +451,9 @@ class _StampedRuntime(MemoryRuntime):
         return handle
 
 
-class _SlowEvidence:
-    """GateEvidence's surface; each read takes a while (hashing a large upper under load)."""
-
-    def __init__(self) -> None:
-        self.since: dict[str, float | None] = {}
-        self.reading = 0
-        self.most_at_once = 0
-        self._count = threading.Lock()
+class _EvidenceDouble:
+    """GateEvidence's surface: answers the handle's upper hash, and hands what each episode
+    start's read (the one with a snapshot) was given to `episode_start`."""
 
     def read(
         self,
@@ -471,14 +466,34 @@ class _SlowEvidence:
         caches: Any = (),
     ) -> dict[str, Any]:
         if snapshot is not None:
-            self.since[handle.slot_id] = written_since
-            with self._count:
-                self.reading += 1
-                self.most_at_once = max(self.most_at_once, self.reading)
-            time.sleep(0.4)
-            with self._count:
-                self.reading -= 1
+            self.episode_start(handle, written_since, tuple(caches))
         return {"upper_sha256": handle.extra["upper_sha256"]}
+
+    def episode_start(
+        self, handle: Any, written_since: float | None, caches: tuple[str, ...]
+    ) -> None:
+        raise NotImplementedError
+
+
+class _SlowEvidence(_EvidenceDouble):
+    """Each episode start's read takes a while (hashing a large upper under load)."""
+
+    def __init__(self) -> None:
+        self.since: dict[str, float | None] = {}
+        self.reading = 0
+        self.most_at_once = 0
+        self._count = threading.Lock()
+
+    def episode_start(
+        self, handle: Any, written_since: float | None, caches: tuple[str, ...]
+    ) -> None:
+        self.since[handle.slot_id] = written_since
+        with self._count:
+            self.reading += 1
+            self.most_at_once = max(self.most_at_once, self.reading)
+        time.sleep(0.4)
+        with self._count:
+            self.reading -= 1
 
 
 async def test_each_fork_child_counts_writes_from_its_own_restore(tmp_path: Path) -> None:
@@ -561,25 +576,16 @@ def test_an_upper_manifest_lists_links_and_never_reads_behind_them(
     assert "home/user/a.txt" not in swapped
 
 
-class _CachesEvidence:
-    """GateEvidence's surface, keeping the caches each episode start's read was given."""
+class _CachesEvidence(_EvidenceDouble):
+    """Keeps the caches each episode start's read was given."""
 
     def __init__(self) -> None:
         self.caches: list[tuple[str, ...]] = []
 
-    def read(
-        self,
-        handle: Any,
-        facts: Any,
-        *,
-        profile: str,
-        snapshot: Any = None,
-        written_since: float | None = None,
-        caches: Any = (),
-    ) -> dict[str, Any]:
-        if snapshot is not None:
-            self.caches.append(tuple(caches))
-        return {"upper_sha256": handle.extra["upper_sha256"]}
+    def episode_start(
+        self, handle: Any, written_since: float | None, caches: tuple[str, ...]
+    ) -> None:
+        self.caches.append(caches)
 
 
 async def test_a_slots_caches_and_natural_exits_are_its_images(

@@ -21,29 +21,22 @@ assert lib.assertMsg (builtins.match "[0-9a-f]{40}" commit != null)
   "drums-osworld-tasks: commit must be 40 lowercase hex digits (a full git commit id), not ${commit}";
 assert lib.assertMsg (builtins.match "[0-9a-f]{64}" sha256 != null)
   "drums-osworld-tasks: sha256 must be 64 lowercase hex digits (the tarball's sha256), not ${sha256}";
-runCommand "osworld-tasks-${builtins.substring 0 12 commit}"
-  {
-    src = fetchurl {
-      url = "${lib.removeSuffix ".git" (lib.removeSuffix "/" repository)}/archive/${commit}.tar.gz";
-      inherit sha256;
-      name = "osworld-${commit}.tar.gz";
-    };
-    passthru = {
-      inherit commit sha256 repository;
-    };
-    meta.description = "OSWorld's task files (evaluation_examples/examples) at ${commit}";
-  }
-  ''
-    mkdir -p $out/examples
+import ./osworld-examples.nix { inherit lib runCommand; } {
+  label = "drums-osworld-tasks";
+  src = fetchurl {
+    url = "${lib.removeSuffix ".git" (lib.removeSuffix "/" repository)}/archive/${commit}.tar.gz";
+    inherit sha256;
+    name = "osworld-${commit}.tar.gz";
+  };
+  inherit commit repository;
+  unpack = ''
     tar -xzf $src -C $out/examples --strip-components=3 --no-same-owner \
       --wildcards '*/evaluation_examples/examples/*'
-    # Task files are data: nothing but files and directories, as drumsd's fetch keeps.
-    find $out/examples ! -type f ! -type d -delete
-    if [ -z "$(find $out/examples -name '*.json' -print -quit)" ]; then
-      echo "drums-osworld-tasks: ${repository} at ${commit} holds no evaluation_examples/examples task files" >&2
-      exit 1
-    fi
-    files=$(find $out/examples -type f | wc -l)
-    printf '{"repository": "%s", "commit": "%s", "sha256": "%s", "files": %s}\n' \
-      ${lib.escapeShellArg repository} ${commit} ${sha256} "$files" > $out/.drums-osworld.json
-  ''
+  '';
+  pinField = "sha256";
+  pin = sha256;
+  passthru = {
+    inherit commit sha256 repository;
+  };
+  description = "OSWorld's task files (evaluation_examples/examples) at ${commit}";
+}

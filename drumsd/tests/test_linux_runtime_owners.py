@@ -5,14 +5,17 @@ pool's bookkeeping, the uid ranges, the image cache, KSM membership and instance
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
-from drumsd.linux import host_share, idmap, mounts, slot_fs
+from drumsd.linux import host_share, idmap, mounts, procfs, slot_fs
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared
 from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
@@ -346,3 +349,58 @@ async def test_an_init_that_exits_before_its_agent_answers_says_how_it_ended() -
             await sup.wait_agent(dead, 5.0)
     assert caught.value.code == "restore_failed"
     assert "exited (killed by signal 9 (SIGKILL)) before its agent answered" in caught.value.message
+
+
+def test_a_teardown_signals_its_own_init_never_a_pidfd_number_reused_since() -> None:
+    """The cgroup kill ends the init, its watch closes the instance's pidfd, and a fork's next
+    restore opens its own init's pidfd at that lowest free number: the teardown's SIGKILL by
+    pidfd must not reach that new init (CI's validator lost a fork child's init so)."""
+    victim = subprocess.Popen(["sleep", "60"])
+    bystander = subprocess.Popen(["sleep", "60"])  # the next restore's init
+    reopened: list[int] = []
+    dead = inst("i-torn", pid=victim.pid)
+    dead.cgroups = {"unified": "/nonexistent"}
+    dead.pidfd = os.pidfd_open(victim.pid)
+
+    class CgroupKillThenRestore:
+        def kill(self, dirs: object) -> None:
+            if reopened:
+                return
+            victim.kill()
+            deadline = time.monotonic() + 5
+            while dead.pidfd != -1 and time.monotonic() < deadline:  # the watch closes it
+                time.sleep(0.001)
+            reopened.append(os.pidfd_open(bystander.pid))
+
+        def remove(self, dirs: object) -> None:
+            pass
+
+    class NoFs:
+        def teardown(self, paths: object) -> None:
+            pass
+
+    class NotTheParent:
+        def is_parent_of(self, pid: int) -> bool:
+            return False
+
+    sup = Supervision(CgroupKillThenRestore(), NoFs(), 5.0)  # type: ignore[arg-type]
+    stale = dead.pidfd
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            sup.nursery, sup.launcher = nursery, NotTheParent()  # type: ignore[assignment]
+            sup.watch(dead)
+            await sup.dispose(dead, background=False)
+
+    try:
+        trio.run(main)
+        assert reopened == [stale], "the new pidfd did not reuse the number: nothing tested"
+        assert dead.exit_how == "killed by SIGKILL"
+        # A SIGKILL lands when its target next runs: give a stray one time to end it.
+        ended = procfs.reap(bystander.pid, 1.0)
+        assert not ended, "the teardown killed another process by a stale pidfd number"
+    finally:
+        bystander.kill()
+        bystander.wait()
+        for fd in reopened:
+            os.close(fd)

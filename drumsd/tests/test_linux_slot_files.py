@@ -63,6 +63,31 @@ def test_restore_outcome_reads_the_pid_or_the_errors(tmp_path: Path) -> None:
     assert list(failed.out_tail) == ["b", "c", "d"]
 
 
+def test_restore_evidence_is_the_inits_log_since_the_restore_and_criu_errors(
+    tmp_path: Path,
+) -> None:
+    """What a failed restore keeps of the slot before its files go: the lines the restored init
+    logged after the offset taken at the restore (not the boot's, copied with the upper)."""
+    paths = slot_fs.make_instance_dir(tmp_path, "a", "slot:a", None)
+    assert process_trees.init_log_size(paths) == 0  # none yet
+    log = process_trees.init_log(paths)
+    log.parent.mkdir(parents=True)
+    log.write_text('{"msg": "ready"}\n')  # the checkpoint's boot
+    since = process_trees.init_log_size(paths)
+    said = process_trees.restore_evidence(paths, since)
+    assert said == "desktop-init.log since the restore: nothing"  # died without a word
+    with open(log, "a") as f:
+        f.writelines(f"line {i}\n" for i in range(8))
+        f.write("Traceback: OSError boom\n")
+    (paths.rw / "criu").mkdir(parents=True)
+    (paths.rw / "criu" / "restore.log").write_text("fine\n(00.2) Error (criu/files.c): no fd\n")
+    said = process_trees.restore_evidence(paths, since)
+    assert said == (
+        "desktop-init.log since the restore: line 3 | line 4 | line 5 | line 6 | line 7 | "
+        "Traceback: OSError boom; criu restore.log errors: (00.2) Error (criu/files.c): no fd"
+    )
+
+
 def test_a_dead_process_counts_as_kill_pending_and_a_live_one_does_not() -> None:
     assert process_trees.kill_pending(2**22 + 1)  # no such pid
     assert not process_trees.kill_pending(os.getpid())

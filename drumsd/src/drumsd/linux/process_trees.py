@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from drumsd.core.host_limits import LimitHit, limit_hit
+from drumsd.guest import protocol
 from drumsd.linux import cgroups, criu, mounts, procfs, slot_fs
 
 REAP_TIMEOUT_S = 10.0  # a SIGKILLed tree's init exits within this (bounded pidfd wait)
@@ -30,6 +31,11 @@ def pidfd_open(pid: int) -> int:
 
 def close_fd(fd: int) -> None:
     os.close(fd)
+
+
+def dup_fd(fd: int) -> int:
+    """A copy of `fd` (-1 for none) that its holder closes, whoever closes the original."""
+    return os.dup(fd) if fd >= 0 else -1
 
 
 def reap_nohang(pid: int) -> int | None:
@@ -58,7 +64,8 @@ def exit_text(status: int | None) -> str:
 
 def kill_tree(driver: Any, dirs: Mapping[str, str], pid: int, pidfd: int) -> None:
     """Blocking: kill the tree (its cgroups, its init by pidfd), reap the init (bounded), kill
-    again and remove the cgroups."""
+    again and remove the cgroups. `pidfd` must stay the caller's until this returns: the kill
+    ends the init, and a number closed by whoever watches it is soon another process's pidfd."""
     if dirs:
         with contextlib.suppress(cgroups.CgroupError, OSError):
             driver.kill(dirs)
@@ -148,6 +155,39 @@ def restore_outcome(
         out_tail=criu.tail(work / "criu.out", 3),
         limit=limit_hit(criu.log_errors(text, limit=10_000)),
     )
+
+
+def init_log(paths: mounts.SlotPaths) -> Path:
+    """The desktop init's log (stage 1 sends its output there) as the host sees it."""
+    return paths.upper / protocol.INIT_LOG_PATH.lstrip("/")
+
+
+def init_log_size(paths: mounts.SlotPaths) -> int:
+    """Where the init's log ends now (0 when it has none): a restore's own lines come after."""
+    try:
+        return init_log(paths).stat().st_size
+    except OSError:
+        return 0
+
+
+def restore_evidence(paths: mounts.SlotPaths, init_log_from: int, lines: int = 6) -> str:
+    """What a restored tree that died or did not answer left in its slot, to keep in the error
+    before the slot's files go: the last lines its init logged since the restore (offset
+    `init_log_from`; none means it died without a word: killed, or stuck before its loop) and
+    the error lines of CRIU's restore log."""
+    try:
+        with open(init_log(paths), "rb") as f:
+            f.seek(init_log_from)
+            since = f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        since = [f"(unreadable: {exc.strerror})"]
+    logged = " | ".join(ln.strip() for ln in since if ln.strip()) or "nothing"
+    text = f"desktop-init.log since the restore: {logged}"
+    try:
+        errors = criu.log_errors((paths.rw / "criu" / "restore.log").read_text(errors="replace"))
+    except OSError:
+        errors = []
+    return text + (f"; criu restore.log errors: {' | '.join(errors)}" if errors else "")
 
 
 def cpu_seconds(ticks: int) -> float:

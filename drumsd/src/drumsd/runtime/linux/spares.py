@@ -177,7 +177,7 @@ class Spares:
     async def close(self) -> None:
         """Blocking teardowns of every spare and warm upper (the runtime stops)."""
         for inst in self.pool.take_all():
-            await trio.to_thread.run_sync(self.sup.teardown, inst)
+            await trio.to_thread.run_sync(self.sup.teardown, inst, self.sup.own_pidfd(inst))
         for prep in self.table.take_all_warm():
             await trio.to_thread.run_sync(self.fs.teardown, prep.paths)
 

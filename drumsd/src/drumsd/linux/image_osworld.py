@@ -183,6 +183,27 @@ CACHES = (
     "home/user/.cache/mesa_shader_cache/*",
 )
 
+# Run after every restore (image_profiles.Profile.after_restore): the top bar's clock current at
+# once. GNOME Shell's clock (gnome-desktop's GnomeWallClock) waits for its next minute on a
+# CLOCK_REALTIME timerfd armed at an absolute time, which CRIU re-arms relative to the restore
+# (the time left at the dump, from the restore on), so a restored Shell showed the template's
+# minute for up to a minute. The clock also updates, and re-arms on the minute, on any `changed`
+# of its org.gnome.desktop.interface settings, which dconf's clients hear as this session-bus
+# signal of dconf's writer. Emitting it writes nothing (no dconf database, no state_hash change).
+# The change list [''] names the prefix key itself; dconf drops a Notify with an empty list.
+CLOCK_NOTIFY = (
+    "gdbus",
+    "emit",
+    "--session",
+    "--object-path",
+    "/ca/desrt/dconf/Writer/user",
+    "--signal",
+    "ca.desrt.dconf.Writer.Notify",
+    "'/org/gnome/desktop/interface/clock-format'",
+    "['']",
+    "'drums'",
+)
+
 
 def profile(office: Profile) -> Profile:
     """The osworld profile: office's base, pip packages and files (the google-chrome wrapper,
@@ -197,6 +218,7 @@ def profile(office: Profile) -> Profile:
         setup=SETUP,
         natural_exits=NATURAL_EXITS,
         caches=CACHES,
+        after_restore=CLOCK_NOTIFY,
     )
 
 

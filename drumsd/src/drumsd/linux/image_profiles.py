@@ -31,6 +31,12 @@ class Profile:
     # rewrites in place after a restore, where the file's times do not show it: the state_hash
     # gate does not compare them. Each must be a cache, never a file a task or checker reads.
     caches: tuple[str, ...] = ()
+    # A command (argv) the desktop user runs right after every restore of a desktop of this
+    # image (a create's, a reset's, a fork child's, a warm spare's claim), before the episode's
+    # start gates read the tree: what the desktop must hear at once, having been asleep. It
+    # must write no file (the state_hash gate) and exit at once; a failure is logged, never the
+    # episode's (runtime/episodes.after_restore).
+    after_restore: tuple[str, ...] = ()
 
 
 BASE_PACKAGES: tuple[str, ...] = (
@@ -165,3 +171,9 @@ def state_caches(image: str | None) -> tuple[str, ...]:
     """The cache globs the state_hash gate skips on `image` (none for an unknown image)."""
     found = PROFILES.get(image or "")
     return found.caches if found else ()
+
+
+def after_restore(image: str | None) -> tuple[str, ...]:
+    """The after-restore command of `image`'s profile (none for an unknown image)."""
+    found = PROFILES.get(image or "")
+    return found.after_restore if found else ()

@@ -179,6 +179,7 @@ async def begin_episode(
     rec.status = SlotStatus.ready
     note_claim(sup, rec.checkpoint, handle)
     await track(sup, rec.id, handle)
+    await after_restore(sup, rec, handle)
     facts = await read_facts(sup, rec, handle, at_start=True)
     if facts is None:
         for name in G.START_GATES:
@@ -213,6 +214,33 @@ async def begin_episode(
     quarantine_on_failure(sup, rec)
     sup.spawn(judge_alive_after, sup, rec.id, rec.episode_id)
     sup.spawn(watch_exit, sup, rec.id, rec.episode_id, handle)
+
+
+# The after-restore command's limit: it only emits a signal; the episode does not wait longer.
+AFTER_RESTORE_TIMEOUT_S = 5.0
+
+
+async def after_restore(sup: EpisodesHost, rec: SlotRecord, handle: SlotHandle) -> None:
+    """Run the slot's image's after-restore command (image_profiles.Profile.after_restore; the
+    osworld image's brings GNOME Shell's clock to the current minute) as the desktop user, before
+    the start gates read the tree (its process has exited by then). A failure is logged: the
+    desktop is as sound as without the command, so the episode goes on."""
+    argv = image_profiles.after_restore(rec.image)
+    if not argv:
+        return
+    try:
+        done = await sup.runtime.exec_user(handle, argv, AFTER_RESTORE_TIMEOUT_S)
+    except RuntimeError_ as exc:
+        log.warning("slot=%s after-restore command %s failed: %s", rec.id, argv[0], exc.message)
+        return
+    if done.returncode != 0:
+        log.warning(
+            "slot=%s after-restore command %s exited %d: %s",
+            rec.id,
+            argv[0],
+            done.returncode,
+            done.stderr.strip()[-300:],
+        )
 
 
 def judge_start(

@@ -1,0 +1,88 @@
+"""An episode's start runs its image's after-restore command before the start gates read the tree
+(issue 32: GNOME Shell's clock)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drums.models import SlotCreate
+from drumsd.core import gates as G
+from drumsd.core.seams import CommandResult, RuntimeError_, SlotFacts, SlotHandle
+from drumsd.linux import image_profiles
+from drumsd.runtime import episodes
+from drumsd.runtime.memory_runtime import MemoryRuntime
+from drumsd.runtime.supervisor import open_supervisor
+from harness import make_config, wait_for
+
+HOST_NS = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
+
+
+class _Recording(MemoryRuntime):
+    """Records the order of the commands run as the desktop user and of the reads of facts."""
+
+    def __init__(self, *args: Any, fail_exec: bool = False, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.log: list[tuple[str, Any]] = []
+        self.fail_exec = fail_exec
+
+    async def exec_user(
+        self, handle: SlotHandle, command: str | Sequence[str], timeout_s: float
+    ) -> CommandResult:
+        self.log.append(("exec", tuple(command)))
+        if self.fail_exec:
+            raise RuntimeError_("timeout", "the agent did not answer")
+        return await super().exec_user(handle, command, timeout_s)
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        self.log.append(("facts", handle.slot_id))
+        return await super().facts(handle)
+
+
+@pytest.fixture
+def poking_base(monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
+    argv = ("gdbus", "emit", "--session")
+    base = image_profiles.PROFILES["base"]
+    monkeypatch.setitem(
+        image_profiles.PROFILES, "base", dataclasses.replace(base, after_restore=argv)
+    )
+    return argv
+
+
+async def test_the_after_restore_command_runs_before_the_start_gates_read_the_tree(
+    tmp_path: Path, poking_base: tuple[str, ...]
+) -> None:
+    config = make_config(tmp_path, admission={"enabled": False})
+    runtime = _Recording(config.state_dir)
+    async with open_supervisor(config, runtime, host_namespaces=HOST_NS) as sup:
+        await wait_for(lambda: sup.template_status.get("base") == "ready")
+        runtime.log.clear()
+        slot = await sup.create(SlotCreate())
+        assert runtime.log[:2] == [("exec", poking_base), ("facts", slot.id)]
+        runtime.log.clear()
+        await sup.reset(slot.id)  # a reset is a restore too
+        assert runtime.log[:2] == [("exec", poking_base), ("facts", slot.id)]
+        # An image no profile built declares no command.
+        rec = sup.slots[slot.id]
+        rec.image = "hand-made"
+        runtime.log.clear()
+        await episodes.after_restore(sup, rec, episodes.handle_of(rec))
+        assert runtime.log == []
+
+
+async def test_a_failing_after_restore_command_costs_the_episode_nothing(
+    tmp_path: Path, poking_base: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(tmp_path, admission={"enabled": False}, alive_after_s=0.05)
+    runtime = _Recording(config.state_dir, fail_exec=True)
+    async with open_supervisor(config, runtime, host_namespaces=HOST_NS) as sup:
+        await wait_for(lambda: sup.template_status.get("base") == "ready")
+        slot = await sup.create(SlotCreate())
+        rec = sup.slots[slot.id]
+        await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING)
+        assert rec.status.value == "ready"
+        assert G.failed_gates(sup.gate_statuses(rec)) == []
+    assert "after-restore command gdbus failed: the agent did not answer" in caplog.text

@@ -1,5 +1,6 @@
 """An episode's start runs its image's after-restore command before the start gates read the tree
-(issue 32: GNOME Shell's clock)."""
+(issue 32: GNOME Shell's clock), and the alive_after_resume judge always reaches a verdict, a read
+of facts that hangs included (f3977615's first episode stayed pending)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from drums.models import SlotCreate
 from drumsd.core import gates as G
+from drumsd.core.records import SlotStatus
 from drumsd.core.seams import CommandResult, RuntimeError_, SlotFacts, SlotHandle
 from drumsd.linux import image_profiles
 from drumsd.runtime import episodes
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import open_supervisor
-from harness import make_config, wait_for
+from harness import make_config, virtual_clock, wait_for
 
 HOST_NS = {"pid": 1, "mnt": 2, "net": 3, "ipc": 4, "uts": 5}
 
@@ -86,3 +89,88 @@ async def test_a_failing_after_restore_command_costs_the_episode_nothing(
         assert rec.status.value == "ready"
         assert G.failed_gates(sup.gate_statuses(rec)) == []
     assert "after-restore command gdbus failed: the agent did not answer" in caplog.text
+
+
+class _HangingFacts(MemoryRuntime):
+    """The start's read of facts answers; every later read of the slot never returns."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.reads = 0
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        self.reads += 1
+        if self.reads > 1:
+            await trio.sleep_forever()
+        return await super().facts(handle)
+
+
+async def test_the_alive_judge_gives_a_verdict_when_its_reads_hang(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = make_config(tmp_path, admission={"enabled": False}, alive_after_s=0.5)
+    runtime = _HangingFacts(config.state_dir)
+    async with open_supervisor(
+        config, runtime, host_namespaces=HOST_NS, clock=virtual_clock
+    ) as sup:
+        await wait_for(lambda: sup.template_status.get("base") == "ready", 60)
+        runtime.reads = 0
+        slot = await sup.create(SlotCreate())
+        rec = sup.slots[slot.id]
+        started = trio.current_time()
+        await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING, 120)
+        took = trio.current_time() - started
+        gate = next(g for g in rec.gates if g.name == "alive_after_resume")
+        assert gate.status == G.FAIL
+        assert gate.evidence["timed_out"] == episodes.JUDGE_READ_TRIES, gate.evidence
+        assert "took over 10 s and were abandoned" in gate.evidence["reason"]
+        # Judged within its bound: alive_after_s, then each try's limit and the pause between.
+        bound = config.alive_after_s + episodes.JUDGE_READ_TRIES * (
+            episodes.JUDGE_READ_TIMEOUT_S + 1.0
+        )
+        assert took <= bound + 1.0, took
+        assert rec.status.value == "quarantined"  # a failed gate quarantines, as any failure
+
+
+class _CaptureDuringRead(MemoryRuntime):
+    """The judge's read of facts (the slot's second) overlaps a capture: the slot turns busy
+    while the read runs and back to ready some time after it returned, as a task checkpoint's
+    capture right after a create's setup does (f3977615: setup captured 3 s after ready)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.sup: Any = None
+        self.reads = 0
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        self.reads += 1
+        facts = await super().facts(handle)
+        if self.reads == 2:
+            rec = self.sup.slots[handle.slot_id]
+            rec.status = SlotStatus.busy  # the capture starts while the read runs
+
+            async def capture_ends() -> None:
+                await trio.sleep(2.0)
+                rec.status = SlotStatus.ready
+
+            self.sup.spawn(capture_ends)
+        return facts
+
+
+async def test_a_capture_starting_while_the_judge_reads_does_not_leave_it_unjudged(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    config = make_config(tmp_path, admission={"enabled": False}, alive_after_s=0.5)
+    runtime = _CaptureDuringRead(config.state_dir)
+    async with open_supervisor(
+        config, runtime, host_namespaces=HOST_NS, clock=virtual_clock
+    ) as sup:
+        runtime.sup = sup
+        await wait_for(lambda: sup.template_status.get("base") == "ready", 60)
+        runtime.reads = 0
+        slot = await sup.create(SlotCreate())
+        rec = sup.slots[slot.id]
+        await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING, 60)
+        gate = next(g for g in rec.gates if g.name == "alive_after_resume")
+        assert gate.status == G.PASS, gate.evidence
+        assert runtime.reads >= 3  # read again once the capture was over

@@ -142,7 +142,8 @@ async def read_facts(
             caches=image_profiles.state_caches(rec.image),
         )
         try:
-            evidence = await trio.to_thread.run_sync(read)
+            # Abandoned on cancel (a bounded judge's read): reading changes nothing.
+            evidence = await trio.to_thread.run_sync(read, abandon_on_cancel=True)
         except Exception as exc:  # evidence must never leave a gate unjudged
             log.warning("slot=%s episode=%s gate evidence failed: %r", rec.id, rec.episode, exc)
             evidence = {"evidence_error": repr(exc)}
@@ -377,8 +378,12 @@ def untrack(sup: EpisodesHost, slot_id: str) -> None:
         sup.crash_watch.untrack(slot_id)
 
 
-# Tries of the alive_after_resume judge's fact read before it judges "could not read facts".
+# Tries of the alive_after_resume judge's fact read before it judges "could not read facts",
+# and how long each may take: a read past it is abandoned and counts as failed, so the gate gets a
+# verdict within JUDGE_READ_TRIES * (JUDGE_READ_TIMEOUT_S + 1) s of alive_after_s (f3977615's
+# first episode stayed pending for the sweep's 60 s, its judge never reaching a verdict).
 JUDGE_READ_TRIES = 3
+JUDGE_READ_TIMEOUT_S = 10.0
 
 
 async def judge_alive_after(sup: EpisodesHost, slot_id: str, episode_id: str) -> None:
@@ -391,36 +396,60 @@ async def judge_alive_after(sup: EpisodesHost, slot_id: str, episode_id: str) ->
     pending makes every verify of the episode invalid, so an unexpected error is logged and
     judged as a failed read rather than ending the task silently."""
     await trio.sleep(sup.config.alive_after_s)
-    # A capture (a task checkpoint's, right after a create's setup) or a reset marks the slot
-    # busy while it holds the tree: judge once it is back, as the same episode or not at all.
-    # (A poll: busy ends in several operations, and no event marks it.)
-    while (busy := episode_record(sup, slot_id, episode_id)) and busy.status is SlotStatus.busy:  # noqa: ASYNC110
-        await trio.sleep(0.2)
-    for attempt in range(1, JUDGE_READ_TRIES + 1):
+    late = 0  # how many of the reads ran out of time
+    attempt = 0
+    while attempt < JUDGE_READ_TRIES:
+        # A capture (a task checkpoint's, right after a create's setup) or a reset marks the
+        # slot busy while it holds the tree: judge once it is back, as the same episode or not
+        # at all. (A poll: busy ends in several operations, and no event marks it.)
+        while (busy := episode_record(sup, slot_id, episode_id)) and busy.status is SlotStatus.busy:  # noqa: ASYNC110
+            await trio.sleep(0.2)
         rec = current_episode(sup, slot_id, episode_id)
         if rec is None:
             return
-        try:
-            facts = await read_facts(sup, rec, handle_of(rec))
-        except Exception:
-            log.exception(
-                "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
-            )
-            facts = None
-        if current_episode(sup, slot_id, episode_id) is not rec:
+        facts = None
+        with trio.move_on_after(JUDGE_READ_TIMEOUT_S) as bound:
+            try:
+                facts = await read_facts(sup, rec, handle_of(rec))
+            except Exception:
+                log.exception(
+                    "slot=%s episode=%s alive_after_resume: reading facts", slot_id, rec.episode
+                )
+        if episode_record(sup, slot_id, episode_id) is not rec:
             return  # reset, fork or destroy replaced the tree while it was read
-        if facts is None and attempt < JUDGE_READ_TRIES:
-            log.warning(
-                "slot=%s episode=%s alive_after_resume: facts unreadable (try %d of %d)",
+        if rec.status is SlotStatus.busy:
+            # Same episode, turned busy while it read: a capture (a task checkpoint's, right
+            # after a create's setup) holds the tree. The judge used to return here with no
+            # verdict, leaving the gate pending for good (a unit test reproduces it; a first
+            # episode whose setup was captured seconds after ready, f3977615's, was left so).
+            # Read again once the capture is over.
+            log.info(
+                "slot=%s episode=%s alive_after_resume: the slot turned busy during the read; "
+                "reading again after it",
                 slot_id,
                 rec.episode,
+            )
+            continue
+        if current_episode(sup, slot_id, episode_id) is not rec:
+            return  # destroyed or failed while it was read
+        attempt += 1
+        if bound.cancelled_caught:
+            late += 1
+        if facts is None and attempt < JUDGE_READ_TRIES:
+            log.warning(
+                "slot=%s episode=%s alive_after_resume: facts %s (try %d of %d)",
+                slot_id,
+                rec.episode,
+                f"not read within {JUDGE_READ_TIMEOUT_S:g} s"
+                if bound.cancelled_caught
+                else "unreadable",
                 attempt,
                 JUDGE_READ_TRIES,
             )
             await trio.sleep(1.0)
             continue
         if facts is None:
-            status, evidence = G.FAIL, {"reason": "runtime could not read facts"}
+            status, evidence = G.FAIL, unread_facts(late)
         else:
             judge_running(sup, rec, facts)
             status, evidence = G.judge_alive_after_resume(
@@ -428,6 +457,18 @@ async def judge_alive_after(sup: EpisodesHost, slot_id: str, episode_id: str) ->
             )
         apply_gate(sup, rec, "alive_after_resume", status, evidence)
         return
+
+
+def unread_facts(late: int) -> dict[str, Any]:
+    """The evidence of an alive_after_resume failed because no read of facts succeeded: why."""
+    if not late:
+        return {"reason": "runtime could not read facts", "tries": JUDGE_READ_TRIES}
+    return {
+        "reason": f"runtime could not read facts ({late} of {JUDGE_READ_TRIES} reads took over "
+        f"{JUDGE_READ_TIMEOUT_S:g} s and were abandoned)",
+        "tries": JUDGE_READ_TRIES,
+        "timed_out": late,
+    }
 
 
 def episode_record(sup: EpisodesHost, slot_id: str, episode_id: str) -> SlotRecord | None:

@@ -311,7 +311,10 @@ class SlotIO:
     async def facts(self, handle: SlotHandle) -> SlotFacts:
         inst = self.table.get(handle.slot_id)
         exited = inst is not None and inst.exited.is_set()
-        return await trio.to_thread.run_sync(self._read_facts, handle, exited)
+        # Abandoned on cancel (the alive_after_resume judge bounds its reads): it only reads.
+        return await trio.to_thread.run_sync(
+            self._read_facts, handle, exited, abandon_on_cancel=True
+        )
 
     def _read_facts(self, handle: SlotHandle, exited: bool) -> SlotFacts:
         """Blocking: the slot's facts from /proc and its cgroups (a read that fails leaves the

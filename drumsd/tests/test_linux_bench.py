@@ -172,7 +172,7 @@ def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
 
     seen: list[tuple[int, bool, object]] = []
 
-    async def fake_round(rt: Any, *_a: Any) -> dict[str, Any]:
+    async def fake_round(rt: Any, *_a: Any, encode: bool = False) -> dict[str, Any]:
         seen.append((rt.restorer.limiter.total_tokens, _a[-1], rt.ksm.boost_rate))
         return {
             "fork_s": 1.0,
@@ -199,6 +199,58 @@ def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
     seen.clear()
     trio.run(run, forks.ForkBenchOptions(rounds=2))
     assert seen == [(4, False, None), (4, True, "B"), (4, True, "B"), (4, False, None)]
+
+
+def test_fork_bench_warm_modes_encode_on_fresh_parents(monkeypatch: Any) -> None:
+    """--fork-warm: the boost on in both modes, the screen encoded only in "screen encoded",
+    and every round forks a parent of its own that is destroyed after it."""
+    from types import SimpleNamespace
+
+    import trio
+    from drumsd.bench import forks
+
+    seen: list[tuple[str, bool, bool]] = []
+    destroyed: list[str] = []
+
+    async def fake_round(
+        rt: Any, parent: Any, _ck: Any, _o: Any, _tag: str, on: bool, encode: bool = False
+    ) -> dict[str, Any]:
+        seen.append((parent.slot_id, on, encode))
+        return {
+            "fork_s": 1.0,
+            "memory_mib": 1.0,
+            "ksm_saved_mib": 0,
+            "ksmd_cpu_s": 0,
+            "foreign_s": 0,
+        }
+
+    async def new_parent(tag: str) -> Any:
+        return SimpleNamespace(slot_id=f"p-{tag}")
+
+    async def destroy(slot_id: str) -> None:
+        destroyed.append(slot_id)
+
+    monkeypatch.setattr(forks, "one_round", fake_round)
+
+    async def run() -> None:
+        rt = SimpleNamespace(
+            restorer=SimpleNamespace(limiter=trio.CapacityLimiter(4)),
+            ksm=SimpleNamespace(boost_rate=None),
+            destroy=destroy,
+        )
+        opts = forks.ForkBenchOptions(warm=True, rounds=2)
+        rounds: dict[str, list[Any]] = {m: [] for m in forks.modes_of(opts)}
+        parent = SimpleNamespace(slot_id="shared")
+        await forks.run_rounds(rt, parent, None, opts, "B", rounds, lambda _m: None, new_parent)
+
+    trio.run(run)
+    assert seen == [
+        ("p-0m0", True, False),
+        ("p-0m1", True, True),
+        ("p-1m0", True, True),
+        ("p-1m1", True, False),
+    ]
+    assert destroyed == ["p-0m0", "p-0m1", "p-1m0", "p-1m1"]
 
 
 def test_fork_bench_host_cpu() -> None:

@@ -50,9 +50,10 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     }
 
 
-# A restored child's phases (Restorer, inst.phases): its fs, the wait for a restore seat, criu's
+# A restored child's phases (Restorer, inst.phases): its fs, its images (the checkpoint's copy on
+# tmpfs and its uid map's variant, made once under one lock), the wait for a restore seat, criu's
 # wall, the wait for its agent; CPU of criu and of criu plus the restored tree until then.
-FORK_PHASES = ("fs", "queue", "criu", "agent", "criu_cpu", "restore_cpu")
+FORK_PHASES = ("fs", "images", "queue", "criu", "agent", "criu_cpu", "restore_cpu")
 
 
 def fork_breakdown(

@@ -11,9 +11,20 @@ of MiB). "The fork's own memory" counts only what the fork made: the children's 
 prefork's images on tmpfs. Between rounds the children and the prefork go
 and MemAvailable is let settle. Medians over rounds; table + JSON.
 
+Where the memory went (`memory_parts`): /proc/meminfo's parts before the fork and `settle_s`
+after (anonymous, shared memory, file cache, slab, page tables ...; host-wide, so only a quiet
+host's are the fork's), the tmpfs parts of the shared memory (the image cache's copy of the
+prefork, the children's own tmpfs), the slab caches that grew most and the children's memory
+cgroups (theirs alone on any host). The children's processes' CPU by name, until every agent
+answered and during the screenshots (`children_cpu_s`), says where the restored trees' time goes.
+
 With `queues` (`--fork-queue 2,4`) the modes are restore queue widths instead, the boost on in
 each: the runtime's restore limiter (`max_concurrent_restores`) is set to the mode's width before
-its rounds, so two widths are compared in one run, rounds interleaved.
+its rounds, so two widths are compared in one run, rounds interleaved. With `warm`
+(`--fork-warm`) the modes are the parent's screen encoded before its prefork is dumped (the
+supervisor's way, `ops_fork.encode_screen`: the children inherit the encoded image; every other
+mode does it too) or not, the boost on in both; each round then forks a parent freshly
+restored from the template, so one round's encode does not reach the next round's dump.
 """
 
 # Small /proc and sysfs reads stay inline (microseconds).
@@ -25,7 +36,7 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,9 +60,12 @@ from drumsd.bench.common import (
     stderr_progress,
 )
 from drumsd.core.seams import SlotHandle
-from drumsd.linux import host_share
+from drumsd.linux import host_share, procfs
+from drumsd.linux.process_trees import cpu_seconds
+from drumsd.runtime.ops_fork import encode_screen
 
 MODES = ("boost off", "boost on")
+WARM_MODES = ("screen cold", "screen encoded")
 # Issue 35: a fork of 16 of a live office desktop, all answering, within 2.5 s and 1 GiB of
 # memory 10 s later; of the osworld desktop with an app open, 4 s and 2 GiB.
 TARGETS = {"osworld": (4.0, 2048.0)}
@@ -70,12 +84,16 @@ class ForkBenchOptions:
     rounds: int = 3
     settle_s: float = 10.0
     queues: tuple[int, ...] = ()  # restore queue widths compared instead of the boost
+    warm: bool = False  # the parent's screen encoded before the prefork or not, not the boost
     out: Path = Path("bench-forks.json")
 
 
 def modes_of(opts: ForkBenchOptions) -> tuple[str, ...]:
-    """The modes a run compares: the boost off and on, or one restore queue width each."""
-    return tuple(f"queue {n}" for n in opts.queues) if opts.queues else MODES
+    """The modes a run compares: the boost off and on, one restore queue width each, or the
+    parent's screen encoded before the prefork or not."""
+    if opts.queues:
+        return tuple(f"queue {n}" for n in opts.queues)
+    return WARM_MODES if opts.warm else MODES
 
 
 def parse_queues(text: str) -> tuple[int, ...]:
@@ -96,7 +114,7 @@ def mode_settings(mode: str) -> tuple[bool, int | None]:
     """A mode's boost (on or off) and restore queue width (None: the configured one)."""
     if mode.startswith("queue "):
         return True, int(mode.split()[1])
-    return mode == "boost on", None
+    return mode != "boost off", None
 
 
 def ksmd_cpu_s() -> float:
@@ -139,6 +157,140 @@ def available_mib() -> float:
     return float(meminfo_mib()["MemAvailable"])
 
 
+# /proc/meminfo's fields a fork's memory lands in (kB), read before the fork and `settle_s` after.
+MEMINFO_PARTS = (
+    "MemFree",
+    "MemAvailable",
+    "AnonPages",
+    "Shmem",
+    "Active(file)",
+    "Inactive(file)",
+    "SReclaimable",
+    "SUnreclaim",
+    "PageTables",
+    "KernelStack",
+    "Percpu",
+)
+
+
+def meminfo_kb(text: str | None = None) -> dict[str, int]:
+    """/proc/meminfo's fields in kB."""
+    out = {}
+    for line in (text if text is not None else Path("/proc/meminfo").read_text()).splitlines():
+        key, _, value = line.partition(":")
+        out[key] = int(value.split()[0])
+    return out
+
+
+def slab_kb(text: str | None = None) -> dict[str, int]:
+    """Each slab cache's memory (kB: slabs x pages per slab), from /proc/slabinfo (root only;
+    empty when it cannot be read)."""
+    try:
+        text = text if text is not None else Path("/proc/slabinfo").read_text()
+    except OSError:
+        return {}
+    page_kb = os.sysconf("SC_PAGE_SIZE") // 1024
+    out = {}
+    for line in text.splitlines()[2:]:
+        fields = line.split()
+        # name active objs objsize objperslab pagesperslab : tunables ... : slabdata active num
+        if len(fields) >= 16 and fields[-4] == "slabdata":
+            out[fields[0]] = int(fields[-2]) * int(fields[5]) * page_kb
+    return out
+
+
+def used_mib(path: Path) -> float:
+    """What the filesystem holding `path` uses (on a tmpfs: its RAM); 0 when it is gone."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0.0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize / MIB
+
+
+def tree_cpu_by_comm(kids: Sequence[SlotHandle]) -> dict[str, float]:
+    """CPU seconds the children's live processes have used since their restore, by command
+    name (a restored process starts at 0: CRIU makes new tasks)."""
+    out: dict[str, float] = {}
+    for kid in kids:
+        try:
+            pids = Path(kid.cgroups["pids"], "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            st = procfs.read_stat(int(pid))
+            if st is not None:
+                out[st.comm] = out.get(st.comm, 0.0) + cpu_seconds(st.ticks)
+    return out
+
+
+def cpu_growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each name's CPU growth (s), largest first, rounded; names that used none left out."""
+    grown = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    return {k: round(v, 3) for k, v in sorted(grown.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+def children_memory_mib(kids: Sequence[SlotHandle]) -> dict[str, float]:
+    """The children's memory cgroups summed (MiB): anonymous (KSM-merged pages charged to one
+    sharer), shared memory, file cache, mapped files and kernel memory (cgroup v1's kmem)."""
+    keys = {"anon": ("total_rss", "anon"), "shmem": ("total_shmem", "shmem")}
+    keys |= {"file": ("total_cache", "file"), "mapped_file": ("total_mapped_file", "file_mapped")}
+    out = dict.fromkeys([*keys, "kernel"], 0.0)
+    for kid in kids:
+        d = Path(kid.cgroups["memory"])
+        try:
+            text = (d / "memory.stat").read_text()
+        except OSError:
+            continue
+        stat = {k: int(v) for k, v in (ln.split() for ln in text.splitlines())}
+        for name, (v1, v2) in keys.items():
+            out[name] += stat.get(v1, stat.get(v2, 0)) / MIB
+        try:
+            out["kernel"] += int((d / "memory.kmem.usage_in_bytes").read_text()) / MIB
+        except (OSError, ValueError):
+            out["kernel"] += stat.get("kernel", 0) / MIB
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def memory_parts(
+    before: dict[str, int],
+    after: dict[str, int],
+    slabs_before: dict[str, int],
+    slabs_after: dict[str, int],
+    tmpfs_mib: dict[str, float],
+    children_mib: dict[str, float],
+) -> dict[str, Any]:
+    """Where MemAvailable's drop over a fork went (MiB): each /proc/meminfo part's growth, the
+    tmpfs parts of the shared memory (named in `tmpfs_mib`), the slab caches that grew most,
+    and what MemAvailable does not count as lost (the file page cache and reclaimable slab)."""
+
+    def grew(key: str) -> float:
+        return round((after.get(key, 0) - before.get(key, 0)) / 1024, 1)
+
+    parts = {
+        "memavailable_drop": -grew("MemAvailable"),
+        "memfree_drop": -grew("MemFree"),
+        "anon": grew("AnonPages"),
+        "shmem": grew("Shmem"),
+        "file_cache": round(grew("Active(file)") + grew("Inactive(file)"), 1),
+        "slab_unreclaimable": grew("SUnreclaim"),
+        "slab_reclaimable": grew("SReclaimable"),
+        "page_tables": grew("PageTables"),
+        "kernel_stacks": grew("KernelStack"),
+        "percpu": grew("Percpu"),
+    }
+    named = sum(v for k, v in parts.items() if k not in ("memavailable_drop", "memfree_drop"))
+    parts["other"] = round(parts["memfree_drop"] - named, 1)
+    growth = {k: slabs_after.get(k, 0) - slabs_before.get(k, 0) for k in slabs_after}
+    top = sorted(growth.items(), key=lambda kv: -kv[1])[:6]
+    return {
+        "meminfo_mib": parts,
+        "tmpfs_mib": {k: round(v, 1) for k, v in tmpfs_mib.items()},
+        "children_mib": children_mib,
+        "slab_growth_mib": {k: round(v / 1024, 1) for k, v in top if v > 0},
+    }
+
+
 async def settle_memory(limit_s: float = 30.0, step_mib: float = 16.0) -> float:
     """MemAvailable once two readings a second apart differ by less than `step_mib`."""
     last = available_mib()
@@ -157,13 +309,22 @@ def median(values: Sequence[float]) -> float:
 
 
 async def one_round(
-    rt: Any, parent: SlotHandle, ck_dir: Path, opts: ForkBenchOptions, tag: str, mode_on: bool
+    rt: Any,
+    parent: SlotHandle,
+    ck_dir: Path,
+    opts: ForkBenchOptions,
+    tag: str,
+    mode_on: bool,
+    encode: bool = False,
 ) -> dict[str, Any]:
     """One fork of `opts.width` from `parent`, measured, then undone."""
     quiet = rt.config.ksm_pages_to_scan
     mem0 = await settle_memory()
+    info0, slabs0, cache0 = meminfo_kb(), slab_kb(), used_mib(rt.images.cache_dir)
     sharing0, ksmd0, parent0 = ksm_saved_mib(), ksmd_cpu_s(), slot_anon_mib(parent)
     t0, cpu0 = time.monotonic(), host_busy_s()
+    if encode:
+        await encode_screen(rt, parent)
     pre = await rt.capture(parent, f"bench-pre-{tag}", ck_dir / f"pre-{tag}")
     t_dump, cpu_dump = time.monotonic(), host_busy_s()
     images_mib = await trio.to_thread.run_sync(tree_mib, pre.dir)
@@ -171,10 +332,12 @@ async def one_round(
         parent, pre, [f"bench-f{tag}-{i}" for i in range(opts.width)], BENCH_LIMITS
     )
     t_restored, cpu_restored = time.monotonic(), host_busy_s()
+    trees_restored = tree_cpu_by_comm(kids)
     async with trio.open_nursery() as nursery:
         for kid in kids:
             nursery.start_soon(rt.screenshot, kid)
     t_end, cpu_end = time.monotonic(), host_busy_s()
+    trees_end = tree_cpu_by_comm(kids)
     timeline = []
     for second in range(1, int(opts.settle_s) + 1):
         await trio.sleep(max(0.0, t_end + second - time.monotonic()))
@@ -194,6 +357,17 @@ async def one_round(
         last["fork_cost_mib"] = round(
             last["children_charge_mib"] + last["parent_growth_mib"] + images_mib, 1
         )
+    parts = memory_parts(
+        info0,
+        meminfo_kb(),
+        slabs0,
+        slab_kb(),
+        {
+            "image_cache": used_mib(rt.images.cache_dir) - cache0,
+            "children_tmpfs": sum(used_mib(Path(k.upper)) for k in kids),
+        },
+        children_memory_mib(kids),
+    )
     result = {
         "fork_s": round(t_end - t0, 3),
         "dump_s": round(t_dump - t0, 3),
@@ -206,10 +380,17 @@ async def one_round(
             "screenshots": round(cpu_end - cpu_restored, 2),
             "fork": round(cpu_end - cpu0, 2),
         },
+        # The children's processes' CPU by name: from their restore until every agent answered,
+        # and during the screenshots (their apps go on running after the answer).
+        "children_cpu_s": {
+            "restores": cpu_growth({}, trees_restored),
+            "screenshots": cpu_growth(trees_restored, trees_end),
+        },
         "memory_mib": timeline[-1]["memory_mib"],
         "children_charge_mib": timeline[-1]["children_charge_mib"],
         "fork_cost_mib": timeline[-1]["fork_cost_mib"],
         "prefork_images_mib": round(images_mib, 1),
+        "memory_parts": parts,
         "ksm_saved_mib": timeline[-1]["ksm_saved_mib"],
         "ksmd_cpu_s": round(ksmd_cpu_s() - ksmd0, 2),
         # Seconds in which the scan ran at another rate than this round's mode (another
@@ -238,6 +419,12 @@ def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
         out[k] = median([r[k] for r in rounds])
     cpu = [r["host_cpu_s"] for r in rounds if "host_cpu_s" in r]
     out["host_cpu_s"] = {k: median([c[k] for c in cpu]) for k in (cpu[0] if cpu else {})}
+    parts = [r["memory_parts"] for r in rounds if "memory_parts" in r]
+    if parts:
+        out["memory_parts_mib"] = {
+            group: {k: median([p[group].get(k, 0.0) for p in parts]) for k in parts[0][group]}
+            for group in ("meminfo_mib", "tmpfs_mib", "children_mib")
+        }
     out["memory_by_second_mib"] = [
         median([r["timeline"][i]["memory_mib"] for r in rounds])
         for i in range(min(len(r["timeline"]) for r in rounds))
@@ -259,8 +446,10 @@ async def run_rounds(
     boost: Any,
     rounds: dict[str, list[dict[str, Any]]],
     progress: Progress,
+    new_parent: Callable[[str], Awaitable[SlotHandle]] | None = None,
 ) -> None:
-    """The rounds, modes interleaved (in order in even rounds, reversed in odd ones)."""
+    """The rounds, modes interleaved (in order in even rounds, reversed in odd ones); with
+    `new_parent`, each round forks a parent of its own (destroyed after it)."""
     modes = modes_of(opts)
     configured = rt.restorer.limiter.total_tokens
     for r in range(opts.rounds):
@@ -269,7 +458,15 @@ async def run_rounds(
             rt.ksm.boost_rate = boost if on else None
             rt.restorer.limiter.total_tokens = queue or configured
             progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
-            got = await one_round(rt, parent, ck_dir, opts, f"{r}m{i}", on)
+            tag = f"{r}m{i}"
+            forked = parent if new_parent is None else await new_parent(tag)
+            try:
+                got = await one_round(
+                    rt, forked, ck_dir, opts, tag, on, encode=mode != "screen cold"
+                )
+            finally:
+                if forked is not parent:
+                    await rt.destroy(forked.slot_id)
             progress(
                 f"  {got['fork_s']:.2f} s, memory {got['memory_mib']:.0f} MiB after "
                 f"{opts.settle_s:.0f} s (KSM saved {got['ksm_saved_mib']:.0f} MiB, ksmd "
@@ -311,9 +508,24 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
             image.root, image.sha256, "bench-forks", ck_dir / "template", apps=opts.apps
         )
         parent = await rt.restore("bench-parent", ref, BENCH_LIMITS)
+
+        async def new_parent(tag: str) -> SlotHandle:
+            fresh = await rt.restore(f"bench-parent-{tag}", ref, BENCH_LIMITS)
+            await rt.quiescent(fresh, 0.5, 60.0, cfg.quiesce_poll_ms)
+            return fresh
+
         try:
             await rt.quiescent(parent, 0.5, 60.0, cfg.quiesce_poll_ms)
-            await run_rounds(rt, parent, ck_dir, opts, boost, rounds, progress)
+            await run_rounds(
+                rt,
+                parent,
+                ck_dir,
+                opts,
+                boost,
+                rounds,
+                progress,
+                new_parent if opts.warm else None,
+            )
         finally:
             with trio.CancelScope(shield=True):
                 await rt.destroy(parent.slot_id)
@@ -366,10 +578,54 @@ def render_forks(r: dict[str, Any]) -> str:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
             lines.append(f"host CPU-s, {m}: {parts}")
     for m in modes:
+        kid = r["modes"][m]["breakdown"]["child_phases_s"]
+        lines.append(
+            f"child phases p50 (s), {m}: "
+            + ", ".join(f"{k} {v['p50']:.3f}" for k, v in kid.items())
+        )
+    lines.extend(render_memory_parts(r, modes, settle))
+    for m in modes:
         by_s = " ".join(f"{v:.0f}" for v in r["modes"][m]["memory_by_second_mib"])
         lines.append(f"memory by second, {m} (MiB): {by_s}")
     lines.append("targets: " + ", ".join(f"{k} {v}" for k, v in r["targets"].items()))
     return "\n".join(lines)
+
+
+MEMORY_PART_LABELS = {
+    "memavailable_drop": "MemAvailable's drop",
+    "memfree_drop": "MemFree's drop",
+    "anon": "  anonymous pages (children, parent)",
+    "shmem": "  shared memory (tmpfs, X's shm)",
+    "image_cache": "    of which the image cache's copy",
+    "children_tmpfs": "    of which the children's tmpfs (uppers, criu)",
+    "file_cache": "  file page cache (MemAvailable counts it)",
+    "slab_unreclaimable": "  slab, unreclaimable",
+    "slab_reclaimable": "  slab, reclaimable (counted available)",
+    "page_tables": "  page tables",
+    "kernel_stacks": "  kernel stacks",
+    "percpu": "  per-cpu",
+    "other": "  other (MemFree's drop less the above)",
+    "children.anon": "children's cgroups: anonymous",
+    "children.shmem": "  shared memory",
+    "children.file": "  file cache",
+    "children.kernel": "  kernel (kmem: slab, stacks, page tables)",
+}
+
+
+def render_memory_parts(r: dict[str, Any], modes: list[str], settle: str) -> list[str]:
+    """Where MemAvailable's drop went, `settle` after the fork (medians, MiB)."""
+    got = {m: r["modes"][m].get("memory_parts_mib") for m in modes}
+    if not all(got.values()):
+        return []
+    lines = [f"where the memory went, {settle} after (MiB, /proc/meminfo growth; medians):"]
+    w = max(len(v) for v in MEMORY_PART_LABELS.values())
+    for key, label in MEMORY_PART_LABELS.items():
+        group = "tmpfs_mib" if key in ("image_cache", "children_tmpfs") else "meminfo_mib"
+        if key.startswith("children."):
+            group, key = "children_mib", key.split(".", 1)[1]
+        values = [got[m][group].get(key, float("nan")) for m in modes]
+        lines.append(f"{label:<{w}}" + "".join(f"{v:>12.1f}" for v in values))
+    return lines
 
 
 def main_fork_bench(opts: ForkBenchOptions) -> int:

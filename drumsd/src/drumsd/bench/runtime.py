@@ -404,6 +404,13 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         help="compare restore queue widths instead of the boost (e.g. 2,4: "
         "max_concurrent_restores per mode, the boost on in each, rounds interleaved)",
     )
+    parser.add_argument(
+        "--fork-warm",
+        action="store_true",
+        help="compare the parent's screen encoded before its prefork is dumped (the daemon's "
+        "way: the children inherit the image) against not, instead of the boost (on in both; "
+        "a fresh parent each round)",
+    )
     saves = SaveBenchOptions()
     parser.add_argument(
         "--saves",
@@ -450,6 +457,7 @@ def main_bench(args: argparse.Namespace) -> int:
                 rounds=max(1, args.fork_rounds),
                 settle_s=max(1.0, args.fork_settle_s),
                 queues=args.fork_queue,
+                warm=args.fork_warm,
                 out=args.out,
             )
         )

@@ -5,6 +5,7 @@ unbounded waitpid."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -105,3 +106,21 @@ def test_reap_is_bounded_and_reaps_our_child() -> None:
         proc.kill()
         proc.poll()
     assert procfs.reap(proc.pid, 0.1) is True  # gone: nothing to wait for
+
+
+def test_reap_by_pidfd_waits_on_that_process_never_on_a_pid_reused_since() -> None:
+    """A teardown reaps its init by the pidfd it holds: the init's number may name another
+    process by then (pids recycle), which a lookup by number waited on until the timeout."""
+    init = subprocess.Popen(["sleep", "30"])
+    fd = os.pidfd_open(init.pid)
+    try:
+        init.kill()
+        t0 = time.monotonic()
+        # The number given now names a live process (this one): only the pidfd may decide.
+        assert procfs.reap(os.getpid(), 2.0, fd) is True
+        assert time.monotonic() - t0 < 1.0
+        assert procfs.read_stat(init.pid) is None  # reaped through the pidfd: no zombie left
+    finally:
+        os.close(fd)
+        init.kill()
+        init.poll()

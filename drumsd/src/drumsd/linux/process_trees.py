@@ -74,7 +74,7 @@ def kill_tree(driver: Any, dirs: Mapping[str, str], pid: int, pidfd: int) -> Non
             if pidfd >= 0:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         # Bounded: pidfd readiness, then a WNOHANG reap (never an unbounded waitpid).
-        procfs.reap(pid, REAP_TIMEOUT_S)
+        procfs.reap(pid, REAP_TIMEOUT_S, pidfd)
     if dirs:
         driver.kill(dirs)
         driver.remove(dirs)

@@ -48,22 +48,31 @@ def is_same_process(pid: int, start: int) -> bool:
     return st is not None and st.starttime == start and st.state not in ("Z", "X")
 
 
-def reap(pid: int, timeout_s: float) -> bool:
+def reap(pid: int, timeout_s: float, pidfd: int = -1) -> bool:
     """Wait up to `timeout_s` for `pid` to exit (pidfd readiness, never an unbounded waitpid) and
-    reap it if it is our child. True when it is gone."""
+    reap it if it is our child. True when it is gone. With `pidfd` (the caller's, of that very
+    process) the number is not looked up again: once another reaper took the process, pids
+    recycle fast (pid_max 32768 here), and a lookup by number waited on, and reaped, whatever
+    process had it next."""
+    if pidfd >= 0:
+        return _reap_pidfd(pidfd, timeout_s)
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return True
     try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        exited = bool(poller.poll(max(0, int(timeout_s * 1000))))
+        return _reap_pidfd(fd, timeout_s)
     finally:
         os.close(fd)
+
+
+def _reap_pidfd(fd: int, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    exited = bool(poller.poll(max(0, int(timeout_s * 1000))))
     if exited:
         with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
     return exited
 
 

@@ -253,6 +253,18 @@ def test_fork_bench_warm_modes_encode_on_fresh_parents(monkeypatch: Any) -> None
     assert destroyed == ["p-0m0", "p-0m1", "p-1m0", "p-1m1"]
 
 
+def test_fork_bench_cpu_by_phase() -> None:
+    """Each phase's CPU is the difference of the marks around it, per part; "fork" spans all."""
+    from drumsd.bench.forks import cpu_by_phase
+
+    marks = [(0.0, 0.0, 0.0), (1.0, 0.5, 0.1), (3.0, 1.0, 0.5), (4.0, 1.25, 0.625)]
+    got = cpu_by_phase(marks)
+    assert got["dump"] == {"host": 1.0, "runtime": 0.5, "ksmd": 0.1}
+    assert got["restores"] == {"host": 2.0, "runtime": 0.5, "ksmd": 0.4}
+    assert got["screenshots"] == {"host": 1.0, "runtime": 0.25, "ksmd": 0.12}
+    assert got["fork"] == {"host": 4.0, "runtime": 1.25, "ksmd": 0.62}
+
+
 def test_fork_bench_host_cpu() -> None:
     """The host's busy CPU leaves idle and iowait out; a mode's medians are per part."""
     import os

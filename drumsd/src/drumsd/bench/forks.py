@@ -32,6 +32,7 @@ restored from the template, so one round's encode does not reach the next round'
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import statistics
 import time
@@ -134,6 +135,28 @@ def host_busy_s(stat: str | None = None) -> float:
     ticks = [int(v) for v in line.split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_marks() -> tuple[float, float, float]:
+    """(the host's busy CPU-s, this process's own and its reaped children's CPU-s: the runtime's
+    threads and the helpers it ran, ksmd's CPU-s) now."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return host_busy_s(), own, ksmd_cpu_s()
+
+
+def cpu_by_phase(marks: Sequence[tuple[float, float, float]]) -> dict[str, dict[str, float]]:
+    """Each phase's CPU-s (dump, restores, screenshots, the fork in all): the host's, this
+    process's (the runtime: fs, image copies, its helpers) and ksmd's."""
+    names = ("dump", "restores", "screenshots")
+    spans = [*zip(names, marks, marks[1:], strict=False), ("fork", marks[0], marks[-1])]
+    return {
+        name: {part: round(b[i] - a[i], 2) for i, part in enumerate(("host", "runtime", "ksmd"))}
+        for name, a, b in spans
+    }
 
 
 def tree_mib(root: Path) -> float:
@@ -323,20 +346,24 @@ async def one_round(
     info0, slabs0, cache0 = meminfo_kb(), slab_kb(), used_mib(rt.images.cache_dir)
     sharing0, ksmd0, parent0 = ksm_saved_mib(), ksmd_cpu_s(), slot_anon_mib(parent)
     t0, cpu0 = time.monotonic(), host_busy_s()
+    marks = [cpu_marks()]
     if encode:
         await encode_screen(rt, parent)
     pre = await rt.capture(parent, f"bench-pre-{tag}", ck_dir / f"pre-{tag}")
     t_dump, cpu_dump = time.monotonic(), host_busy_s()
+    marks.append(cpu_marks())
     images_mib = await trio.to_thread.run_sync(tree_mib, pre.dir)
     kids = await rt.fork(
         parent, pre, [f"bench-f{tag}-{i}" for i in range(opts.width)], BENCH_LIMITS
     )
     t_restored, cpu_restored = time.monotonic(), host_busy_s()
+    marks.append(cpu_marks())
     trees_restored = tree_cpu_by_comm(kids)
     async with trio.open_nursery() as nursery:
         for kid in kids:
             nursery.start_soon(rt.screenshot, kid)
     t_end, cpu_end = time.monotonic(), host_busy_s()
+    marks.append(cpu_marks())
     trees_end = tree_cpu_by_comm(kids)
     timeline = []
     for second in range(1, int(opts.settle_s) + 1):
@@ -380,6 +407,9 @@ async def one_round(
             "screenshots": round(cpu_end - cpu_restored, 2),
             "fork": round(cpu_end - cpu0, 2),
         },
+        # The host's CPU split: the runtime's own (this process and the helpers it reaped) and
+        # ksmd's; the rest is criu, the restored trees and other work on the host.
+        "cpu_by_phase_s": cpu_by_phase(marks),
         # The children's processes' CPU by name: from their restore until every agent answered,
         # and during the screenshots (their apps go on running after the answer).
         "children_cpu_s": {
@@ -419,6 +449,12 @@ def summarize_mode(rounds: list[dict[str, Any]], width: int) -> dict[str, Any]:
         out[k] = median([r[k] for r in rounds])
     cpu = [r["host_cpu_s"] for r in rounds if "host_cpu_s" in r]
     out["host_cpu_s"] = {k: median([c[k] for c in cpu]) for k in (cpu[0] if cpu else {})}
+    split = [r["cpu_by_phase_s"] for r in rounds if "cpu_by_phase_s" in r]
+    if split:
+        out["cpu_by_phase_s"] = {
+            phase: {k: median([c[phase][k] for c in split]) for k in split[0][phase]}
+            for phase in split[0]
+        }
     parts = [r["memory_parts"] for r in rounds if "memory_parts" in r]
     if parts:
         out["memory_parts_mib"] = {
@@ -577,6 +613,16 @@ def render_forks(r: dict[str, Any]) -> str:
         if cpu:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items())
             lines.append(f"host CPU-s, {m}: {parts}")
+    for m in modes:
+        split = r["modes"][m].get("cpu_by_phase_s")
+        if split:
+            lines.append(
+                f"CPU-s host / runtime / ksmd, {m}: "
+                + ", ".join(
+                    f"{k} {v['host']:.2f} / {v['runtime']:.2f} / {v['ksmd']:.2f}"
+                    for k, v in split.items()
+                )
+            )
     for m in modes:
         kid = r["modes"][m]["breakdown"]["child_phases_s"]
         lines.append(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -337,6 +338,7 @@ async def test_an_init_that_exits_before_its_agent_answers_says_how_it_ended() -
     `exit_how`), so the error means something once the failed slot and its logs are gone."""
     sup = Supervision(None, None, 5.0)  # type: ignore[arg-type]  # wait_agent touches neither
     dead = inst("i-dead", pid=2**22 + 7)  # no such process
+    dead.watched = True  # a boot's init: its watch says how it ended
 
     async def ends() -> None:
         await trio.sleep(0.05)  # the watch learns how it ended a moment later
@@ -349,6 +351,26 @@ async def test_an_init_that_exits_before_its_agent_answers_says_how_it_ended() -
             await sup.wait_agent(dead, 5.0)
     assert caught.value.code == "restore_failed"
     assert "exited (killed by signal 9 (SIGKILL)) before its agent answered" in caught.value.message
+
+
+async def test_a_restored_init_not_watched_yet_is_said_how_it_ended_by_its_launcher() -> None:
+    """A restore's init is watched only once its agent answers: one that dies before is named
+    with the wait status the launcher's process reaped (it said nothing: live, all three fork
+    children the stale-pidfd kill took said only 'exited before its agent answered')."""
+    asked: list[int] = []
+
+    class Reaped:
+        async def exit_status(self, pid: int, timeout_s: float) -> int | None:
+            asked.append(pid)
+            return signal.SIGKILL  # a wait status: killed by SIGKILL
+
+    sup = Supervision(None, None, 5.0)  # type: ignore[arg-type]
+    sup.launcher = Reaped()  # type: ignore[assignment]
+    dead = inst("i-dead", pid=2**22 + 7)  # no such process
+    with pytest.raises(RuntimeError_) as caught:
+        await sup.wait_agent(dead, 5.0)
+    assert asked == [dead.pid]
+    assert "exited (killed by SIGKILL) before its agent answered" in caught.value.message
 
 
 def test_a_teardown_signals_its_own_init_never_a_pidfd_number_reused_since() -> None:

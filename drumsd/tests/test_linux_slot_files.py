@@ -80,7 +80,14 @@ def test_restore_evidence_is_the_inits_log_since_the_restore_and_criu_errors(
         f.writelines(f"line {i}\n" for i in range(8))
         f.write("Traceback: OSError boom\n")
     (paths.rw / "criu").mkdir(parents=True)
-    (paths.rw / "criu" / "restore.log").write_text("fine\n(00.2) Error (criu/files.c): no fd\n")
+    noise = "".join(  # what every plain restore logs of its netns's iptables execs
+        f'Error (criu/util.c:642): execvp("{b}", ...) failed: Permission denied\n'
+        f"1: Error (criu/util.c:1723): {b} -V failed\n"
+        for b in ("iptables-restore", "iptables-legacy-restore", "ip6tables-restore")
+    )
+    (paths.rw / "criu" / "restore.log").write_text(
+        f"fine\n{noise}(00.2) Error (criu/files.c): no fd\n"
+    )
     said = process_trees.restore_evidence(paths, since)
     assert said == (
         "desktop-init.log since the restore: line 3 | line 4 | line 5 | line 6 | line 7 | "

@@ -108,10 +108,30 @@ gtk-font-name=Cantarell 11
 gtk-application-prefer-dark-theme=0
 """
 
+# LibreOffice's icons drawn from colibre's SVG set. With the PNG set (LibreOffice's default when
+# it finds no theme of the desktop's), the GTK3 VCL drew some toolbar items blank for good: in
+# Impress the Basic, Symbol, Arrow, Flowchart, Callout and Star Shapes, Display Views and Media
+# (each enabled, each icon in the set; pixel-identical 30 s later, so not a late load). The X11
+# VCL and the SVG set draw them all (docs/osworld.md, "The first screenshot").
+LIBREOFFICE_ICONS = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
+          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+          xmlns:oor="http://openoffice.org/2001/registry">
+<dependency file="main"/>
+<oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
+ <node oor:name="Misc">
+  <prop oor:name="SymbolStyle" oor:op="fuse"><value>colibre_svg</value></prop>
+ </node>
+</oor:component-data>
+</oor:data>
+"""
+
 FILES: dict[str, tuple[int, str]] = {
     "etc/drums/session": (0o644, "osworld\n"),
     "usr/share/glib-2.0/schemas/90_drums-osworld.gschema.override": (0o644, SCHEMA_OVERRIDE),
     "etc/gtk-3.0/settings.ini": (0o644, GTK3_SETTINGS),
+    "etc/libreoffice/registry/drums-osworld.xcd": (0o644, LIBREOFFICE_ICONS),
 }
 
 # Run in the chroot after FILES: the override above only counts once compiled; OSWorld's tasks

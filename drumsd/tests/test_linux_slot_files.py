@@ -86,7 +86,8 @@ def test_restore_evidence_is_the_inits_log_since_the_restore_and_criu_errors(
         for b in ("iptables-restore", "iptables-legacy-restore", "ip6tables-restore")
     )
     (paths.rw / "criu" / "restore.log").write_text(
-        f"fine\n{noise}(00.2) Error (criu/files.c): no fd\n"
+        f"fine\n{noise}Error: ipv4: Address already assigned.\n"
+        "Error: ipv6: address already assigned.\n(00.2) Error (criu/files.c): no fd\n"
     )
     said = process_trees.restore_evidence(paths, since)
     assert said == (

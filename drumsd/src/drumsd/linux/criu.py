@@ -115,15 +115,16 @@ def action_script(upper: Path, dest_upper: Path) -> str:
 def log_errors(log_text: str, limit: int = 6) -> list[str]:
     """The lines of a CRIU log that explain a failure (CRIU marks them `Error`)."""
     lines = [ln.strip() for ln in log_text.splitlines() if "Error" in ln or "error" in ln]
-    # Every plain restore logs its netns's `ip` and four iptables execs failing (docs/runtime.md,
-    # "netns_fast"): noise in an error that quotes these lines.
+    # Every plain restore logs its netns's `ip` (ipv4 "Address", ipv6 "address already
+    # assigned") and four iptables execs failing (docs/runtime.md, "netns_fast"): noise in an
+    # error that quotes these lines.
     harmless = (
         "tables-restore",
         "tables-legacy-restore",
-        "Address already assigned",
-        "RLIMIT_NOFILE",
+        "address already assigned",
+        "rlimit_nofile",
     )
-    return [ln for ln in lines if not any(h in ln for h in harmless)][-limit:]
+    return [ln for ln in lines if not any(h in ln.lower() for h in harmless)][-limit:]
 
 
 # CRIU 4.2.1 checkpoints one user and one pid namespace per tree (the slot's): a process that made

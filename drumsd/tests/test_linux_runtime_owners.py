@@ -22,6 +22,7 @@ from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
 from drumsd.runtime.linux.ksm import KsmMembership
+from drumsd.runtime.linux.restore import Restorer
 from drumsd.runtime.linux.spare_pool import SparePool
 from drumsd.runtime.linux.spares import Spares
 from drumsd.runtime.linux.supervision import Supervision
@@ -426,3 +427,93 @@ def test_a_teardown_signals_its_own_init_never_a_pidfd_number_reused_since() -> 
         bystander.wait()
         for fd in reopened:
             os.close(fd)
+
+
+# ---------------------------------------------------------------- Restorer (a restored init dies)
+
+
+def test_a_restore_whose_init_dies_keeps_its_logs_in_the_error(tmp_path: Path) -> None:
+    """CRIU restored the tree, then its init died before its agent answered: the discard deletes
+    the slot's files, so the error carries what the init logged since the restore (not the
+    boot's lines the upper came with) and CRIU's restore log errors."""
+    inits: list[subprocess.Popen[bytes]] = []
+    made: list[mounts.SlotPaths] = []
+    torn: list[str] = []
+
+    class Fs:
+        helper = None
+
+        def new_iid(self, prefix: str) -> str:
+            return f"{prefix}-1"
+
+        async def make(self, iid: str, owner: str, *args: object) -> tuple[mounts.SlotPaths, None]:
+            paths = slot_fs.make_instance_dir(tmp_path, iid, owner, None)
+            log = paths.upper / "var/log/desktop-init.log"
+            log.parent.mkdir(parents=True)
+            log.write_text('{"msg": "ready"}\n')  # the checkpoint's boot, copied with the upper
+            made.append(paths)
+            return paths, None
+
+        def teardown(self, paths: mounts.SlotPaths) -> None:
+            torn.append(paths.dir.name)
+
+    class Driver:
+        version = 2
+
+        def create(self, iid: str, limits: SlotLimits) -> dict[str, str]:
+            return {"unified": str(tmp_path / "cg" / iid)}
+
+        def procs_files(self, dirs: object) -> list[Path]:
+            return []
+
+        def set_cpu(self, *args: object) -> None: ...
+        def set_shares(self, *args: object) -> None: ...
+        def kill(self, dirs: object) -> None: ...
+        def remove(self, dirs: object) -> None: ...
+
+    class Launcher:
+        """CRIU's run: the restored init logs a line and dies soon after."""
+
+        async def run(self, argv: list[str], out: Path, timeout_s: float) -> object:
+            work = out.parent
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "restore.log").write_text("(00.3) Error (criu/net.c): lo not up\n")
+            log = made[-1].upper / "var/log/desktop-init.log"
+            start_init(f"echo 'Traceback: OSError boom' >> {log}; exec sleep 0.2")
+            while "boom" not in log.read_text():  # noqa: ASYNC110 (a test double's own wait)
+                await trio.sleep(0.01)
+            (work / "pid").write_text(str(inits[-1].pid))
+
+            class Done:
+                returncode, timed_out, cpu_s = 0, False, 0.0
+
+            return Done()
+
+    def start_init(script: str) -> None:
+        inits.append(subprocess.Popen(["sh", "-c", script]))
+
+    class Images:
+        async def images_for(self, checkpoint: CheckpointRef, index: object) -> Path:
+            return tmp_path
+
+    config = LinuxRuntimeConfig(state_dir=tmp_path)
+    sup = Supervision(Driver(), Fs(), 5.0)  # type: ignore[arg-type]
+    restorer = Restorer(config, sup, Fs(), Images(), {"restores": 0})  # type: ignore[arg-type]
+
+    async def main() -> RuntimeError_:
+        async with trio.open_nursery() as nursery:
+            sup.nursery, sup.launcher = nursery, Launcher()  # type: ignore[assignment]
+            with pytest.raises(RuntimeError_) as caught:
+                await restorer.restore("slot:a", ref("ck", tmp_path), LIMITS)
+        return caught.value
+
+    try:
+        error = trio.run(main)
+    finally:
+        for p in inits:
+            p.wait()
+    assert error.code == "restore_failed" and torn == ["slot-a-1"]
+    assert error.message.endswith(
+        "before its agent answered; desktop-init.log since the restore: Traceback: OSError boom; "
+        "criu restore.log errors: (00.3) Error (criu/net.c): lo not up"
+    ), error.message

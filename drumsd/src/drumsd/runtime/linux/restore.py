@@ -14,7 +14,12 @@ from drumsd.core import host_limits as core_limits
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
 from drumsd.linux import cgroups, criu, host_limits, procfs, procview, slot_fs
 from drumsd.linux.exec_helper import helper_argv, lo_up_script
-from drumsd.linux.process_trees import cpu_seconds, restore_outcome
+from drumsd.linux.process_trees import (
+    cpu_seconds,
+    init_log_size,
+    restore_evidence,
+    restore_outcome,
+)
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, Prepared, log_event
 from drumsd.runtime.linux.fs import InstanceFs
 from drumsd.runtime.linux.images import ImageCache
@@ -136,6 +141,7 @@ class Restorer:
             ),
         )
         t0 = time.monotonic()
+        init_log_from = init_log_size(inst.paths)  # a stat on the slot's tmpfs: microseconds
         async with self.limiter:
             t_criu = time.monotonic()
             inst.restore_started_at = time.time()  # after the upper copy (see split_written_since)
@@ -158,7 +164,13 @@ class Restorer:
                 raise self._limit_error(inst, outcome.limit)
             return False
         inst.pid, inst.pidfd, inst.starttime = outcome.pid, outcome.pidfd, outcome.starttime
-        await self._start(inst, limits, freeze)
+        try:
+            await self._start(inst, limits, freeze)
+        except RuntimeError_ as exc:
+            # The slot's files go with the discard: keep what they say in the error (the
+            # forgotten records of a fork's children carry it too).
+            evidence = await trio.to_thread.run_sync(restore_evidence, inst.paths, init_log_from)
+            raise RuntimeError_(exc.code, f"{exc.message}; {evidence}", **exc.detail) from exc
         inst.restore_s = time.monotonic() - t0
         inst.phases["agent"] = round(inst.restore_s - inst.phases["queue"] - inst.phases["criu"], 4)
         # The restorer runs in the restored tasks: their CPU so far is the rest of the cost.

@@ -63,7 +63,9 @@ class Restorer:
             prepared = None
             ok = False
             try:
+                t_images = time.monotonic()
                 images = await self.images.images_for(checkpoint, inst.uid_index)
+                inst.phases["images"] = round(time.monotonic() - t_images, 4)
                 ok = await self._restore_once(inst, images, limits, freeze=freeze)
             finally:
                 if not ok:

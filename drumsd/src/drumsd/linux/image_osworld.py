@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from drumsd.linux import libreoffice_registry
+
 if TYPE_CHECKING:
     from drumsd.linux.image_profiles import Profile
 
@@ -113,19 +115,15 @@ gtk-application-prefer-dark-theme=0
 # Impress the Basic, Symbol, Arrow, Flowchart, Callout and Star Shapes, Display Views and Media
 # (each enabled, each icon in the set; pixel-identical 30 s later, so not a late load). The X11
 # VCL and the SVG set draw them all (docs/osworld.md, "The first screenshot").
-LIBREOFFICE_ICONS = """\
-<?xml version="1.0" encoding="UTF-8"?>
-<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
-          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-          xmlns:oor="http://openoffice.org/2001/registry">
-<dependency file="main"/>
+LIBREOFFICE_ICONS = libreoffice_registry.xcd(
+    """\
 <oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
  <node oor:name="Misc">
   <prop oor:name="SymbolStyle" oor:op="fuse"><value>colibre_svg</value></prop>
  </node>
 </oor:component-data>
-</oor:data>
 """
+)
 
 FILES: dict[str, tuple[int, str]] = {
     "etc/drums/session": (0o644, "osworld\n"),

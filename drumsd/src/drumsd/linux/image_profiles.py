@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from drumsd.linux import image_osworld
+from drumsd.linux import image_osworld, libreoffice_registry
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,8 @@ PYAUTOGUI: tuple[str, ...] = (
 
 # System-wide LibreOffice defaults: no tip-of-the-day dialog and no "first run of 7.4" infobar,
 # so the first frame of a task shows the document, as on OSWorld's VM.
-LIBREOFFICE_DEFAULTS = """\
-<?xml version="1.0" encoding="UTF-8"?>
-<oor:data xmlns:xs="http://www.w3.org/2001/XMLSchema"
-          xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
-          xmlns:oor="http://openoffice.org/2001/registry">
-<dependency file="main"/>
+LIBREOFFICE_DEFAULTS = libreoffice_registry.xcd(
+    """\
 <oor:component-data oor:name="Common" oor:package="org.openoffice.Office">
  <node oor:name="Misc">
   <prop oor:name="ShowTipOfTheDay" oor:op="fuse"><value>false</value></prop>
@@ -116,8 +112,8 @@ LIBREOFFICE_DEFAULTS = """\
   <prop oor:name="ooSetupLastVersion" oor:op="fuse"><value>7.4</value></prop>
  </node>
 </oor:component-data>
-</oor:data>
 """
+)
 
 # Chromium policies: no "unsupported command-line flag: --no-sandbox" infobar over every page, no
 # default-browser or metrics prompts.

@@ -5,7 +5,8 @@ of facts that hangs included (f3977615's first episode stayed pending)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,22 +106,36 @@ class _HangingFacts(MemoryRuntime):
         return await super().facts(handle)
 
 
-async def test_the_alive_judge_gives_a_verdict_when_its_reads_hang(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
-) -> None:
+@asynccontextmanager
+async def _judging(tmp_path: Path, runtime_type: type[MemoryRuntime]) -> AsyncIterator[Any]:
+    """A supervisor on `runtime_type` (a runtime counting its reads of facts) with its template
+    ready and the count reset, so only the episode's reads are counted."""
     config = make_config(tmp_path, admission={"enabled": False}, alive_after_s=0.5)
-    runtime = _HangingFacts(config.state_dir)
+    runtime: Any = runtime_type(config.state_dir)
     async with open_supervisor(
         config, runtime, host_namespaces=HOST_NS, clock=virtual_clock
     ) as sup:
         await wait_for(lambda: sup.template_status.get("base") == "ready", 60)
         runtime.reads = 0
-        slot = await sup.create(SlotCreate())
-        rec = sup.slots[slot.id]
+        yield sup
+
+
+async def _alive_judged(sup: Any, within_s: float) -> tuple[Any, Any]:
+    """A new slot and its alive_after_resume gate once judged (no longer pending)."""
+    slot = await sup.create(SlotCreate())
+    rec = sup.slots[slot.id]
+    await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING, within_s)
+    return rec, next(g for g in rec.gates if g.name == "alive_after_resume")
+
+
+async def test_the_alive_judge_gives_a_verdict_when_its_reads_hang(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with _judging(tmp_path, _HangingFacts) as sup:
+        config = sup.config
         started = trio.current_time()
-        await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING, 120)
+        rec, gate = await _alive_judged(sup, 120)
         took = trio.current_time() - started
-        gate = next(g for g in rec.gates if g.name == "alive_after_resume")
         assert gate.status == G.FAIL
         assert gate.evidence["timed_out"] == episodes.JUDGE_READ_TRIES, gate.evidence
         assert "took over 10 s and were abandoned" in gate.evidence["reason"]
@@ -160,17 +175,9 @@ class _CaptureDuringRead(MemoryRuntime):
 async def test_a_capture_starting_while_the_judge_reads_does_not_leave_it_unjudged(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    config = make_config(tmp_path, admission={"enabled": False}, alive_after_s=0.5)
-    runtime = _CaptureDuringRead(config.state_dir)
-    async with open_supervisor(
-        config, runtime, host_namespaces=HOST_NS, clock=virtual_clock
-    ) as sup:
+    async with _judging(tmp_path, _CaptureDuringRead) as sup:
+        runtime = sup.runtime
         runtime.sup = sup
-        await wait_for(lambda: sup.template_status.get("base") == "ready", 60)
-        runtime.reads = 0
-        slot = await sup.create(SlotCreate())
-        rec = sup.slots[slot.id]
-        await wait_for(lambda: sup.gate_statuses(rec)["alive_after_resume"] != G.PENDING, 60)
-        gate = next(g for g in rec.gates if g.name == "alive_after_resume")
+        _rec, gate = await _alive_judged(sup, 60)
         assert gate.status == G.PASS, gate.evidence
         assert runtime.reads >= 3  # read again once the capture was over

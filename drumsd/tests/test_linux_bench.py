@@ -162,6 +162,16 @@ def test_fork_bench_queue_modes() -> None:
     }
 
 
+# What a fork bench round reports, as the rounds' fakes return it.
+FAKE_FORK_ROUND: dict[str, Any] = {
+    "fork_s": 1.0,
+    "memory_mib": 1.0,
+    "ksm_saved_mib": 0,
+    "ksmd_cpu_s": 0,
+    "foreign_s": 0,
+}
+
+
 def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
     """Each round runs at its mode's queue width with the boost on; the configured width comes
     back for boost modes; modes alternate order round by round."""
@@ -174,13 +184,7 @@ def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
 
     async def fake_round(rt: Any, *_a: Any, encode: bool = False) -> dict[str, Any]:
         seen.append((rt.restorer.limiter.total_tokens, _a[-1], rt.ksm.boost_rate))
-        return {
-            "fork_s": 1.0,
-            "memory_mib": 1.0,
-            "ksm_saved_mib": 0,
-            "ksmd_cpu_s": 0,
-            "foreign_s": 0,
-        }
+        return dict(FAKE_FORK_ROUND)
 
     monkeypatch.setattr(forks, "one_round", fake_round)
 
@@ -216,13 +220,7 @@ def test_fork_bench_warm_modes_encode_on_fresh_parents(monkeypatch: Any) -> None
         rt: Any, parent: Any, _ck: Any, _o: Any, _tag: str, on: bool, encode: bool = False
     ) -> dict[str, Any]:
         seen.append((parent.slot_id, on, encode))
-        return {
-            "fork_s": 1.0,
-            "memory_mib": 1.0,
-            "ksm_saved_mib": 0,
-            "ksmd_cpu_s": 0,
-            "foreign_s": 0,
-        }
+        return dict(FAKE_FORK_ROUND)
 
     async def new_parent(tag: str) -> Any:
         return SimpleNamespace(slot_id=f"p-{tag}")

@@ -621,7 +621,7 @@ in
         agent_ready_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 600);
           default = defaults.linux.agent_ready_timeout_s;
-          description = "a restored or claimed desktop's agent answers within this, else the restore counts as a failed attempt";
+          description = "a restored or claimed desktop's agent answers within this, else the restore fails at once (not retried) and a claimed spare is disposed of";
         };
         restore_timeout_s = mkOption {
           type = types.addCheck types.number (x: x > 0 && x <= 3600);

@@ -256,7 +256,7 @@ class LinuxConfig(Block):
         gt=0,
         le=600,
         description="a restored or claimed desktop's agent answers within this, else the "
-        "restore counts as a failed attempt",
+        "restore fails at once (not retried) and a claimed spare is disposed of",
     )
     restore_timeout_s: float = Field(
         default=30.0,

@@ -301,6 +301,13 @@ def test_killed_parked_spares_are_skipped_and_leave_nothing(warm) -> None:
             lambda: len(o := _owned(state, f"slot:{sid}")) == 1 and next(iter(o)),
         )
         assert served_by not in inits
+        # Each dead spare is named in the daemon's log, with why it was passed over.
+        dead = {
+            line.split(" iid=")[1].split()[0]
+            for line in daemon.log().splitlines()
+            if line.startswith("drums.runtime spare_dead ") and f" slot={sid} " in line
+        }
+        assert dead == set(inits), (dead, set(inits))
         poll(
             "killed spares gone",
             lambda: not any(_traces(state, iid, inits[iid]) for iid in inits),

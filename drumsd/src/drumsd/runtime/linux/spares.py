@@ -89,7 +89,18 @@ class Spares:
         if not self.pool.keeps(checkpoint, limits):
             return None
         while (inst := self.pool.take(checkpoint.id)) is not None:
-            if _dead(inst) or not await self._thaw(inst, slot_id):
+            why = "its init exited while parked" if _dead(inst) else await self._thaw(inst, slot_id)
+            if why is not None:
+                # A parked desktop should not die: say which one and why, the claim goes on to
+                # the next spare or a restore.
+                log_event(
+                    "spare_dead",
+                    slot=slot_id,
+                    iid=inst.iid,
+                    checkpoint=checkpoint.id,
+                    parked_s=round(time.monotonic() - inst.born, 1),
+                    error=why,
+                )
                 await self.sup.dispose(inst, background=True)
                 continue
             self.stats["spare_hits"] += 1
@@ -97,8 +108,8 @@ class Spares:
         self.stats["spare_misses"] += 1
         return None
 
-    async def _thaw(self, inst: Instance, slot_id: str) -> bool:
-        """Owner, thaw, agent: False when the spare turns out dead."""
+    async def _thaw(self, inst: Instance, slot_id: str) -> str | None:
+        """Owner, thaw, agent: why the spare turned out dead, or None when it answers."""
         t0 = time.monotonic()
         # Where a claim's time goes (the spare p99): parked age, whether a refill restore was
         # running beside it, and each step.
@@ -115,8 +126,8 @@ class Spares:
         t2 = time.monotonic()
         try:
             await self.sup.wait_agent(inst, self.config.agent_ready_timeout_s)
-        except RuntimeError_:
-            return False
+        except RuntimeError_ as exc:
+            return exc.message
         inst.phases.update(
             claim_owner=round(t1 - t0, 4),
             claim_thaw=round(t2 - t1, 4),
@@ -125,7 +136,9 @@ class Spares:
         inst.restore_s = time.monotonic() - t0
         # Killed while parked: the agent can still answer while the pid namespace is being
         # torn down after its init died.
-        return procfs.is_same_process(inst.pid, inst.starttime)
+        if not procfs.is_same_process(inst.pid, inst.starttime):
+            return "its init exited as it was thawed"
+        return None
 
     # ------------------------------------------------------------------ refills
 

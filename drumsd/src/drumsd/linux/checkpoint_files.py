@@ -8,19 +8,27 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from drumsd.linux import criu, save_delta
+from drumsd.linux import criu, save_delta, upper_links
 
 
 def holds_checkpoint(dest: Path) -> bool:
     return (dest / "images").exists()
 
 
-def prepare_dump(dest: Path, instance_upper: Path) -> Path:
+def prepare_dump(dest: Path, instance_upper: Path, links: tuple[Path, Path] | None = None) -> Path:
     """The images dir and the post-dump script that copies the instance's upper layer into
-    `dest/upper`; returns the script."""
+    `dest/upper`; returns the script. With `links` (the instance's record of its restore, the
+    parent checkpoint's upper) the files still as restored are hard-linked to the parent's
+    (`upper_links`) when this host's cp allows it."""
     (dest / "images").mkdir(parents=True)
+    copier = None
+    if links is not None:
+        record, parent_upper = links
+        copier = upper_links.post_dump_argv(
+            instance_upper, dest / "upper", record, parent_upper, dest / upper_links.STATS_NAME
+        )
     script = dest / "post-dump.sh"
-    script.write_text(criu.action_script(instance_upper, dest / "upper"))
+    script.write_text(criu.action_script(instance_upper, dest / "upper", copier))
     script.chmod(0o700)
     return script
 

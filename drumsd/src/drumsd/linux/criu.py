@@ -101,14 +101,16 @@ def restore_argv(
     return argv
 
 
-def action_script(upper: Path, dest_upper: Path) -> str:
+def action_script(upper: Path, dest_upper: Path, copier: Sequence[str] | None = None) -> str:
     """On post-dump the tasks are still frozen: the upper copy matches the memory image. Copying
-    after `--leave-running` resumed the tree would race the desktop's writes."""
+    after `--leave-running` resumed the tree would race the desktop's writes. `copier` is the
+    command that copies instead of `cp -a` (a delta save's, `upper_links.post_dump_argv`)."""
     src, dst = shlex.quote(str(upper)), shlex.quote(str(dest_upper))
+    copy = " ".join(map(shlex.quote, copier)) if copier else f"cp -a {src}/. {dst}/"
     return (
         "#!/bin/sh\n"
         '[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0\n'
-        f"mkdir -p {dst} && exec cp -a {src}/. {dst}/\n"
+        f"mkdir -p {dst} && exec {copy}\n"
     )
 
 

@@ -5,6 +5,7 @@ images."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drumsd.linux import idmap, mounts, save_delta, sparse, trees
+from drumsd.linux import idmap, mounts, save_delta, sparse, trees, upper_links
 from drumsd.linux.exec_helper import overlay_as_argv
 
 # ------------------------------------------------------------------ owner.json
@@ -98,6 +99,10 @@ def build_fs(
     mounts.apply(mounts.plan_rw(paths, tmpfs_mib))
     if upper_src is not None and upper_src.is_dir():
         trees.copy_tree(upper_src, paths.upper)
+        # Before anything of the slot runs: a delta save links the files still as recorded.
+        # Without a record (it failed) a save copies the upper whole, as before.
+        with contextlib.suppress(OSError):
+            upper_links.record_restored(paths.upper, upper_src, paths.dir / upper_links.RECORD_NAME)
     (paths.rw / "criu").mkdir()
     if uid_index is None:
         mounts.apply(mounts.plan_overlay(paths, lower))

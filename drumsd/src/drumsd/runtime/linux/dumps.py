@@ -24,6 +24,7 @@ from drumsd.linux import (
     procview,
     save_delta,
     shm_zero,
+    upper_links,
 )
 from drumsd.linux.trees import tree_sha256
 from drumsd.runtime.linux.base import Instance, LinuxRuntimeConfig, log_event
@@ -71,8 +72,9 @@ class Dumper:
                 "invalid_request",
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
-        run, dumped, script = await self._dump_checked(inst, dest, leave_running)
+        run, dumped, script = await self._dump_checked(inst, dest, leave_running, store_against)
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
+        links = await trio.to_thread.run_sync(upper_links.read_stats, dest)
         upper = dest / "upper"
         delta = None
         if store_against is None:
@@ -102,6 +104,9 @@ class Dumper:
                 delta = await trio.to_thread.run_sync(
                     save_delta.link_upper, delta, dest, against.dir
                 )
+                if links:  # linked in the post-dump copy already (link_upper leaves them)
+                    linked = delta.upper_linked + int(links["bytes"])
+                    delta = dataclasses.replace(delta, upper_linked=linked)
         meta = {
             "id": checkpoint_id,
             "lower": [str(p) for p in inst.lower],
@@ -111,6 +116,8 @@ class Dumper:
             "profile": self.config.profile,
             "dump_s": round(run.dump_s, 3),
             "delta": delta.as_meta() if delta else None,  # None: stored full
+            # files the post-dump copy linked as unchanged since the restore (None: it did not)
+            "upper_links": links,
             "shm_holes": run.shm.as_meta() if run.shm else None,  # None: not done
             "tree_sample_s": round(run.sampled_s, 4),  # the two samples it is checked against
             "processes": len(dumped),
@@ -132,12 +139,12 @@ class Dumper:
         )
 
     async def _dump_checked(
-        self, inst: Instance, dest: Path, leave_running: bool
+        self, inst: Instance, dest: Path, leave_running: bool, against: SaveParent | None
     ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
         """The dump, tried a second time when CRIU refused an inotify watch whose dentry the
         kernel had evicted, after the slot's names were looked up again (dentries.py)."""
         try:
-            return await self._dump_once(inst, dest, leave_running)
+            return await self._dump_once(inst, dest, leave_running, against)
         except RuntimeError_ as exc:
             inodes = set(exc.detail.get("inotify_inodes", ()))
             if not inodes:
@@ -153,15 +160,19 @@ class Dumper:
                 inodes=sorted(inodes),
                 looked_up=len(found),
             )
-        return await self._dump_once(inst, dest, leave_running)
+        return await self._dump_once(inst, dest, leave_running, against)
 
     async def _dump_once(
-        self, inst: Instance, dest: Path, leave_running: bool
+        self, inst: Instance, dest: Path, leave_running: bool, against: SaveParent | None
     ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
         """criu dump into `dest` and its check: (the run, the dumped tasks, the post-dump
-        script); a typed error with `dest` discarded when it fails."""
+        script); a typed error with `dest` discarded when it fails. A save stored against a
+        parent links the upper's files unchanged since the restore (`upper_links`)."""
+        links = None
+        if against is not None:
+            links = (inst.paths.dir / upper_links.RECORD_NAME, against.dir / "upper")
         script = await trio.to_thread.run_sync(
-            checkpoint_files.prepare_dump, dest, inst.paths.upper
+            checkpoint_files.prepare_dump, dest, inst.paths.upper, links
         )
         run = await self._run_criu(inst, dest, script, leave_running)
         return run, await self._check(inst, dest, run, leave_running), script

@@ -34,6 +34,24 @@ def _full_bytes(state: Path, checkpoint_id: str) -> int:
     return int(delta["pages_bytes"]) + others + int(delta["upper_bytes"])
 
 
+def _assert_linked_only_unchanged(state: Path, parent_id: str, child_id: str) -> None:
+    """The child's upper: the file its slot never touched is the parent's (hard-linked by the
+    post-dump copy); the one it rewrote after the restore, same length and mtime set back, is
+    its own, with the new bytes."""
+    meta = _meta(state, child_id)
+    assert meta["upper_links"] and meta["upper_links"]["files"] >= 1, meta.get("upper_links")
+    up = {c: state / "checkpoints" / c / "upper" for c in (parent_id, child_id)}
+    found = {
+        c: {p.name: p for p in up[c].rglob("*.txt") if p.parent.name == "Documents"} for c in up
+    }
+    kept = {c: found[c]["kept.txt"].lstat() for c in up}
+    notes = {c: found[c]["notes.txt"].lstat() for c in up}
+    assert kept[parent_id].st_ino == kept[child_id].st_ino
+    assert notes[parent_id].st_ino != notes[child_id].st_ino
+    assert notes[parent_id].st_mtime_ns == notes[child_id].st_mtime_ns  # touch -d took
+    assert found[child_id]["notes.txt"].read_bytes() == b"draft 2\n"
+
+
 def _restores_with(http: Any, state_id: str, text: str) -> str:
     slot = create(http, from_state=state_id)
     report = settled_gates(http, slot["id"])
@@ -50,6 +68,7 @@ def test_a_save_after_one_document_changed_stores_what_changed_and_restores_whol
     with http_client(daemon) as http:
         first = create(http)
         execute(http, first["id"], put_file("~/Documents/notes.txt", b"draft 1\n"))
+        execute(http, first["id"], put_file("~/Documents/kept.txt", b"left alone\n"))
         a = _save(http, first["id"])
         destroy(http, first["id"])
         meta = _meta(state, a["id"])
@@ -59,11 +78,17 @@ def test_a_save_after_one_document_changed_stores_what_changed_and_restores_whol
         assert a["size_mib"] * (1 << 20) < 0.3 * full, (a["size_mib"], full, meta["delta"])
 
         second = _restores_with(http, a["id"], "draft 1")
-        execute(http, second, put_file("~/Documents/notes.txt", b"draft 2\n"))
+        # rewritten in place after the restore, same length, its mtime set back: stored anyway
+        rewrite = (
+            "f=~/Documents/notes.txt; m=$(stat -c %y $f); printf 'draft 2\\n' > $f; "
+            'touch -d "$m" $f'
+        )
+        execute(http, second, rewrite)
         b = _save(http, second)
         destroy(http, second)
         assert _meta(state, b["id"])["delta"]["depth"] == 2
         assert b["size_mib"] * (1 << 20) < 0.3 * _full_bytes(state, b["id"])
+        _assert_linked_only_unchanged(state, a["id"], b["id"])
 
         r = http.delete(f"/v1/checkpoints/{a['id']}")
         assert r.status_code in (200, 204), r.text

@@ -94,7 +94,11 @@ async def one_save(
     if meta.get("delta"):
         d = meta["delta"]
         keys = ("diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored")
+        keys += ("upper_bytes", "upper_linked")
         got |= {k: d[k] for k in keys if k in d}
+    links = meta.get("upper_links")
+    if links:  # linked by the post-dump copy as unchanged since the restore
+        got |= {f"upper_links_{k}": links[k] for k in ("files", "bytes", "recorded", "took_s")}
     shm = meta.get("shm_holes")
     if shm:  # what CRIU would have written of the SysV segments, and the zero pages it did not
         got |= {"shm_data_bytes": shm["data_bytes"], "shm_removed_bytes": shm["removed_bytes"]}

@@ -227,3 +227,22 @@ def test_without_a_record_the_post_dump_action_is_the_plain_copy(tmp_path: Path)
     assert checkpoint_files.prepare_dump(tmp_path / "ck2", slot).read_text() == (
         criu.action_script(slot, tmp_path / "ck2" / "upper")
     )
+
+
+def test_a_parent_on_another_filesystem_is_copied_from_not_linked(tmp_path: Path) -> None:
+    """Links fail across filesystems (and past an inode's link limit): each such file is left to
+    cp, and the copy is still the slot's tree."""
+    if upper_links.cp_skip_flag() is None:
+        pytest.skip("this host's cp cannot copy over links and succeed (coreutils 9.2, not GNU)")
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp dir")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=shm) as elsewhere:
+        parent = _parent_upper(Path(elsewhere) / "parent")
+        slot, record = tmp_path / "slot", tmp_path / "rec"
+        _restore(parent, slot, record)
+        stats = _post_dump(slot, tmp_path / "ck", record, parent)
+        assert stats is not None and stats["files"] == 0 and stats["recorded"] == 9
+        assert _tree(tmp_path / "ck" / "upper") == _tree(slot)

@@ -96,7 +96,10 @@ def link_unchanged_since_restore(
                 if where and where not in made:
                     os.makedirs(dst + b"/" + where, exist_ok=True)
                     made.add(where)
-                os.link(parent + b"/" + rel, dst + b"/" + rel)
+                try:
+                    os.link(parent + b"/" + rel, dst + b"/" + rel)
+                except OSError:  # another filesystem, the inode's link limit: cp copies it
+                    continue
                 files += 1
                 size += st.st_size
     return files, size, len(stamps)

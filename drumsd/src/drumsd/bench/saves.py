@@ -93,8 +93,8 @@ async def one_save(
     }
     if meta.get("delta"):
         d = meta["delta"]
-        keys = ("diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored")
-        keys += ("upper_bytes", "upper_linked")
+        keys = ["diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored"]
+        keys += ["upper_bytes", "upper_linked"]
         got |= {k: d[k] for k in keys if k in d}
     links = meta.get("upper_links")
     if links:  # linked by the post-dump copy as unchanged since the restore

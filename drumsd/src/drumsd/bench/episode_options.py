@@ -30,4 +30,7 @@ class EpisodeBenchOptions:
     keep_logs: bool = False
     ramp: Sequence[int] = ()  # the density ramp's concurrency levels (empty: no ramp)
     ramp_rounds: int = 2  # episodes per concurrent worker at each level of the ramp
+    ramp_config: str = ""  # JSON merged into the ramp daemon's config (an A/B's arm)
+    profile: bool = False  # with ramp: what each level's slow steps overlapped (episodes_profile)
+    profile_interval_s: float = 0.1  # the profile's sampling period
     features_off: str = "33"  # whose features the `features off` path switches off: 33, 35, all

@@ -57,6 +57,7 @@ from drumsd.bench.episodes_host import (
 from drumsd.bench.episodes_host import (
     merge_config as merge_config,
 )
+from drumsd.bench.episodes_profile import profile_level
 from drumsd.bench.episodes_report import (
     PHASES as PHASES,
 )
@@ -84,6 +85,7 @@ from drumsd.bench.episodes_report import (
 from drumsd.bench.episodes_report import (
     summarize_path as summarize_path,
 )
+from drumsd.bench.episodes_sampler import Sampler
 from drumsd.bench.ramp import RampError, find_knee, level_row, parse_ramp, render_ramp_table
 
 
@@ -187,25 +189,41 @@ class PhaseCpu:
 def run_episode(
     client: Any, task_id: str, steps: int, cpu: Callable[[], float | None] | None = None
 ) -> dict[str, Any]:
+    """One episode: create -> steps -> gates -> verify -> destroy. Its record has each phase's
+    wall, and the monotonic times a profile places it by: each step's start (`steps_at`) and the
+    daemon's own time for it (`steps_daemon_s`), the other phases' intervals (`ops`)."""
     phases = PhaseCpu(cpu)
+    ops: list[list[Any]] = []
     t0 = time.monotonic()
     env = client.create(task=task_id)
     create_s = time.monotonic() - t0
+    ops.append(["create", t0, t0 + create_s])
     phases.mark("create")
-    rec: dict[str, Any] = {"task": task_id, "create_s": create_s, "steps_s": []}
+    rec: dict[str, Any] = {
+        "task": task_id,
+        "create_s": create_s,
+        "steps_s": [],
+        "steps_at": [],
+        "steps_daemon_s": [],
+        "ops": ops,
+    }
     try:
         for i in range(steps):
             t = time.monotonic()
-            env.step(scripted_action(i), screenshot=True)
+            done = env.step(scripted_action(i), screenshot=True)
             rec["steps_s"].append(time.monotonic() - t)
+            rec["steps_at"].append(t)
+            rec["steps_daemon_s"].append(done.elapsed_s)
         phases.mark("steps")
         t = time.monotonic()
         env.wait_valid(timeout=60)
         rec["gates_wait_s"] = time.monotonic() - t
+        ops.append(["gates_wait", t, t + rec["gates_wait_s"]])
         phases.mark("gates_wait")
         t = time.monotonic()
         result = env.verify(strict=False)
         rec["verify_s"] = time.monotonic() - t
+        ops.append(["verify", t, t + rec["verify_s"]])
         phases.mark("verify")
         rec["valid"] = bool(result.valid and result.verdict == "valid")
         rec["score"] = result.score
@@ -217,6 +235,7 @@ def run_episode(
         t = time.monotonic()
         env.close()
         rec["destroy_s"] = time.monotonic() - t
+        ops.append(["destroy", t, t + rec["destroy_s"]])
         phases.mark("destroy")
     rec["wall_s"] = time.monotonic() - t0
     if phases.by_phase:
@@ -426,12 +445,50 @@ class MemLow:
         return self.start, self.low
 
 
+def ramp_overrides(text: str) -> dict[str, Any]:
+    """--ramp-config: a JSON object merged into the ramp daemon's config (one arm of an A/B)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise BenchError(
+            f"--ramp-config is not JSON ({exc}): give an object, e.g. "
+            '\'{"spares": {"per_checkpoint": 4}}\''
+        ) from exc
+    if not isinstance(value, dict):
+        raise BenchError(f"--ramp-config must be a JSON object of config keys, got {text!r}")
+    from drumsd.core.config import Config
+
+    try:
+        Config.model_validate({"token_file": "/t", **value})
+    except ValueError as exc:
+        raise BenchError(f"--ramp-config is not a valid drumsd config block: {exc}") from exc
+    return value
+
+
+def _sampler(daemon: BenchDaemon, opts: EpisodeBenchOptions) -> Sampler | None:
+    """With --profile, a sampler of the daemon's processes, started (None without)."""
+    if not opts.profile:
+        return None
+    if daemon.account is None or daemon.account.dir is None or daemon.proc is None:
+        raise BenchError(
+            "--profile reads the daemon's cpuacct group: this host has no cgroup v1 cpuacct"
+        )
+    return Sampler(daemon.account.dir, daemon.proc.pid, opts.profile_interval_s).start()
+
+
 def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) -> dict[str, Any]:
     """The density ramp on one daemon with today's defaults: at each level, `concurrency` busy
     episodes at once (ramp_rounds each), then the level's row; the knee from the rows. A level
     whose episodes all fail stops the ramp (the next ones would only fail more)."""
-    daemon = BenchDaemon.configure("ramp", opts, {})
-    out: dict[str, Any] = {"levels": [], "rounds": opts.ramp_rounds}
+    overrides = ramp_overrides(opts.ramp_config)
+    daemon = BenchDaemon.configure("ramp", opts, overrides)
+    out: dict[str, Any] = {
+        "levels": [],
+        "rounds": opts.ramp_rounds,
+        "config_overrides": overrides,
+    }
     ok = False
     try:
         progress(f"[ramp] daemon start + template of {opts.image} ...")
@@ -447,6 +504,7 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
             progress(f"[ramp] {concurrency} at a time, {episodes} episodes ...")
             level = _replace(opts, episodes=episodes, concurrency=concurrency)
             mem = MemLow()
+            sampler = _sampler(daemon, opts)
             host0, own0, t0 = host_busy_s(), daemon.cpu_s(), time.monotonic()
             eps = run_episodes(daemon, tasks, level)
             wall = time.monotonic() - t0
@@ -454,6 +512,12 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
             own = None if own0 is None or own1 is None else own1 - own0
             row = level_row(concurrency, eps, wall, own, host_cpu, mem.stop())
             row["loadavg_end"] = os.getloadavg()
+            if sampler is not None:
+                samples = sampler.stop()
+                row["profile"] = profile_level(eps, samples)
+                row["profile"]["samples"] = len(samples)
+                row["profile"]["sampler_cpu_s"] = round(sampler.sampler_cpu_s, 3)
+                row["profile"]["cpu_by_command_s"] = sampler.top_commands()
             out["levels"].append(row)
             progress(
                 f"[ramp] {concurrency}: {row['valid']}/{episodes} valid, step p99 "
@@ -547,6 +611,19 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
         "the knee where validity or step latency breaks)",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --ramp: sample the daemon's processes (every --profile-interval-s) and say, "
+        "per level, what the steps over 300 ms overlapped and who used the CPU meanwhile",
+    )
+    parser.add_argument("--profile-interval-s", type=float, default=d.profile_interval_s)
+    parser.add_argument(
+        "--ramp-config",
+        default="",
+        help="with --ramp: a JSON object merged into the ramp daemon's config (one arm of an "
+        "A/B), e.g. '{\"restore_cpu_weight\": 64}'",
+    )
+    parser.add_argument(
         "--ramp-rounds", type=int, default=d.ramp_rounds, help="episodes per worker per level"
     )
     parser.add_argument(
@@ -577,6 +654,20 @@ def main_episode_bench(args: argparse.Namespace) -> int:
         return 2
     if args.ramp_rounds < 1:
         print("drumsd bench episodes: --ramp-rounds must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        ramp_overrides(args.ramp_config)
+    except BenchError as exc:
+        print(f"drumsd bench episodes: {exc}", file=sys.stderr)
+        return 2
+    if args.profile and not ramp:
+        print(
+            "drumsd bench episodes: --profile profiles the ramp's levels: give --ramp too",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0.01 <= args.profile_interval_s <= 5:
+        print("drumsd bench episodes: --profile-interval-s is between 0.01 and 5", file=sys.stderr)
         return 2
     # Every option of the command line is a field of the same name (the mix: --task).
     names = {f.name for f in fields(EpisodeBenchOptions)} - {"ramp"}

@@ -8,9 +8,11 @@ the busy desktops per core of the last level before it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from drumsd.bench.common import percentile
+from drumsd.bench.episodes_profile import render_profile
 
 MIN_VALID_SHARE = 0.99
 MAX_STEP_P99_S = 0.300
@@ -111,7 +113,13 @@ def render_ramp_table(ramp: dict[str, Any]) -> str:
         f"{'conc':>5}{'valid':>9}{'step p50':>10}{'p99':>8}{'CPU/ep':>8}{'host/ep':>9}"
         f"{'valid/h':>9}{'MemAvail':>10}{'min':>7}  breaks"
     )
-    lines = ["density ramp (drums path)", head, "-" * len(head)]
+    overrides = ramp.get("config_overrides")
+    title = (
+        f"density ramp (drums path, config {json.dumps(overrides)})"
+        if overrides
+        else ("density ramp (drums path)")
+    )
+    lines = [title, head, "-" * len(head)]
     for r in ramp["levels"]:
         s = r["step_screenshot_s"]
         p50 = f"{s['p50'] * 1e3:.0f}ms" if s["p50"] is not None else "-"
@@ -134,4 +142,9 @@ def render_ramp_table(ramp: dict[str, Any]) -> str:
         f"knee ({k['criteria']}): holds at {k['last_holding']} busy episodes, {broke}; "
         f"{k['busy_desktops_per_core']} busy desktops per core ({k['cpus']} CPUs)"
     )
+    profiled = [r for r in ramp["levels"] if "profile" in r]
+    if profiled:
+        lines.append("slow steps, profiled (what they overlapped; cores busy by kind of process):")
+        for r in profiled:
+            lines += render_profile(r["concurrency"], r["profile"])
     return "\n".join(lines)

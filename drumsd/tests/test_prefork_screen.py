@@ -1,6 +1,7 @@
-"""A fork's prefork is dumped with the parent's screen encoded first (ops_fork.encode_screen), so
-its children inherit the encoded image instead of each encoding its own; a grab that fails does
-not stop the fork, and under linux.screen_grab: full nothing is grabbed."""
+"""A fork's prefork, and a task's checkpoint, are dumped with the slot's screen encoded first
+(ops_fork.encode_screen), so their restores inherit the encoded image instead of each encoding
+its own on its first screenshot; a grab that fails does not stop the fork, and under
+linux.screen_grab: full nothing is grabbed."""
 
 from __future__ import annotations
 
@@ -48,6 +49,21 @@ async def test_a_failed_grab_leaves_the_fork_to_go_on(tmp_path: Path) -> None:
         assert r.status_code == 201, r.text
         assert len(r.json()["children"]) == 2
         assert calls[:2] == [("grab", (parent, PNG_FULL)), ("capture", parent)]
+
+
+async def test_a_task_checkpoint_is_captured_with_the_screen_encoded(tmp_path: Path) -> None:
+    """Every later episode of the task restores its checkpoint: without the encode, each one's
+    first step encoded the whole screen (~95 ms against ~15 ms one at a time; README, "Density
+    ramp")."""
+    from test_task_checkpoints import _bridge, _task
+
+    async with open_api(tmp_path) as api:
+        _bridge(api, tmp_path)
+        calls = record_calls(api)
+        first = (await create(api, task=_task()))["id"]
+        captures = [i for i, c in enumerate(calls) if c == ("capture", first)]
+        assert captures, calls
+        assert calls[captures[0] - 1] == ("grab", (first, PNG_FULL)), calls
 
 
 async def test_a_saved_state_and_full_grabs_encode_nothing(tmp_path: Path) -> None:

@@ -237,7 +237,7 @@ async def dump(
             runtime_failures(sup.metrics, what=f"dump of slot {rec.id}", slot_id=rec.id),
         ):
             try:
-                if kind is CheckpointKind.prefork and sup.config.linux.screen_grab != "full":
+                if kind in SCREEN_ENCODED_KINDS and sup.config.linux.screen_grab != "full":
                     await encode_screen(sup.runtime, handle)
                 ref = await quiet_capture(
                     sup,
@@ -279,10 +279,19 @@ async def dump(
 FORK_SETTLE_S = 5.0
 
 
+# The captures dumped with the screen encoded first: a fork's prefork (its N children) and a task's
+# checkpoint (every later episode of the task restores it, through a warm spare). Without it a
+# restored desktop's first screenshot encodes the whole screen: an episode's first step took
+# ~95 ms against ~15 ms for the next ones one at a time, and at 8 busy episodes on 2 vCPUs the
+# first steps were most of the steps over 300 ms (README, "Density ramp").
+SCREEN_ENCODED_KINDS = (CheckpointKind.prefork, CheckpointKind.task)
+
+
 async def encode_screen(runtime: SlotRuntime, handle: SlotHandle) -> None:
-    """The slot's screen encoded as a full-size PNG just before its prefork is dumped. The guest
-    keeps the encoded image with the X DAMAGE state it was taken at, so the dump holds both and
-    each child's first PNG screenshot is that image again unless the child drew since: a fork of
+    """The slot's screen encoded as a full-size PNG just before it is dumped (a prefork or a
+    task checkpoint: SCREEN_ENCODED_KINDS). The guest keeps the encoded image with the X DAMAGE
+    state it was taken at, so the dump holds both and each restore's first PNG screenshot is that
+    image again, or only its changed bands re-encoded, unless it drew everywhere since: a fork of
     N pays one encode, not N (a 1080p office screen: ~75 ms of CPU each). Under
     `linux.screen_grab: full` nothing is kept, so nothing is done there. A grab that fails is
     logged and the dump goes on (the children encode their own)."""

@@ -28,6 +28,7 @@ from drumsd.core.upper_since import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
 RECORD_NAME = "upper-restored.rec"  # in the instance dir, beside owner.json: not in the slot
@@ -41,16 +42,11 @@ def record_restored(upper: Path, source: Path, out: Path) -> int:
     root = os.fsencode(upper)
     cut = len(root) + 1
     stamps: list[tuple[bytes, int, int]] = []
-    dirs = [root]
-    while dirs:
-        with os.scandir(dirs.pop()) as entries:
-            for e in entries:
-                if e.is_dir(follow_symlinks=False):
-                    dirs.append(e.path)
-                elif e.is_file(follow_symlinks=False):
-                    st = e.stat(follow_symlinks=False)
-                    if recordable(st):
-                        stamps.append((e.path[cut:], st.st_ino, st.st_ctime_ns))
+    for e in _non_dirs(root):
+        if e.is_file(follow_symlinks=False):
+            st = e.stat(follow_symlinks=False)
+            if recordable(st):
+                stamps.append((e.path[cut:], st.st_ino, st.st_ctime_ns))
     tmp = os.fsencode(out) + b".tmp"
     with open(tmp, "wb") as f:
         f.write(encode_record(os.fsencode(os.path.realpath(source)), stamps))
@@ -74,35 +70,42 @@ def link_unchanged_since_restore(
     cut = len(src) + 1
     files = size = 0
     made: set[bytes] = set()
-    dirs = [src]
+    for e in _non_dirs(src):
+        rel = e.path[cut:]
+        recorded = stamps.get(rel)
+        if recorded is None or not e.is_file(follow_symlinks=False):
+            continue
+        st = e.stat(follow_symlinks=False)
+        try:
+            pst = os.lstat(parent + b"/" + rel)
+        except OSError:
+            continue
+        if not unchanged_since_restore(recorded, st, pst):
+            continue
+        where = os.path.dirname(rel)
+        if where and where not in made:
+            os.makedirs(dst + b"/" + where, exist_ok=True)
+            made.add(where)
+        try:
+            os.link(parent + b"/" + rel, dst + b"/" + rel)
+        except OSError:  # another filesystem, the inode's link limit: cp copies it
+            continue
+        files += 1
+        size += st.st_size
+    return files, size, len(stamps)
+
+
+def _non_dirs(root: bytes) -> Iterator[os.DirEntry[bytes]]:
+    """Every entry under `root` that is not a directory, without following symlinks (so a path
+    resolves as it does in the tree the dump holds)."""
+    dirs = [root]
     while dirs:
         with os.scandir(dirs.pop()) as entries:
             for e in entries:
                 if e.is_dir(follow_symlinks=False):
                     dirs.append(e.path)
-                    continue
-                rel = e.path[cut:]
-                recorded = stamps.get(rel)
-                if recorded is None or not e.is_file(follow_symlinks=False):
-                    continue
-                st = e.stat(follow_symlinks=False)
-                try:
-                    pst = os.lstat(parent + b"/" + rel)
-                except OSError:
-                    continue
-                if not unchanged_since_restore(recorded, st, pst):
-                    continue
-                where = os.path.dirname(rel)
-                if where and where not in made:
-                    os.makedirs(dst + b"/" + where, exist_ok=True)
-                    made.add(where)
-                try:
-                    os.link(parent + b"/" + rel, dst + b"/" + rel)
-                except OSError:  # another filesystem, the inode's link limit: cp copies it
-                    continue
-                files += 1
-                size += st.st_size
-    return files, size, len(stamps)
+                else:
+                    yield e
 
 
 def copy_linking(

@@ -1,4 +1,5 @@
-"""A task checkpoint's restores inherit its encoded screen (issue 35's density ramp).
+"""A task checkpoint's restores, and a template's, inherit its encoded screen (issue 35's density
+ramp).
 
 Before a task's checkpoint is dumped the supervisor has the slot's guest encode its screen as a
 full-size PNG (`ops_fork.encode_screen`, as for a fork's prefork): the dump holds the image with
@@ -7,7 +8,9 @@ answers its first screenshot from it (`X-Drums-Screenshot-Cached: true`) instead
 whole screen. Every episode's first step did that encode before: ~95 ms against ~15 ms for the
 next steps one at a time, and at 8 busy episodes on 2 vCPUs those first steps were most of the
 steps over 300 ms (`drumsd bench episodes --ramp 4,8 --profile`). On the code before, the first
-screenshot of the cached episode was encoded (cached false).
+screenshot of the cached episode was encoded (cached false). A template is dumped the same way
+(`Booter._encode_screen`), so a slot created without a task answers its first screenshot from the
+template's image; on the code before, that screenshot was encoded too.
 """
 
 from __future__ import annotations
@@ -50,3 +53,15 @@ def test_a_cached_episode_answers_its_first_screenshot_from_the_checkpoints_imag
         finally:
             for slot in slots:
                 destroy(http, slot)
+
+
+def test_a_fresh_slot_answers_its_first_screenshot_from_the_templates_image() -> None:
+    daemon = shared_daemon("hardened")
+    with http_client(daemon) as http:
+        slot = create(http)["id"]
+        try:
+            shot = http.get(f"/v1/slots/{slot}/screenshot")
+            assert shot.status_code == 200, shot.text
+            assert shot.headers["X-Drums-Screenshot-Cached"] == "true"
+        finally:
+            destroy(http, slot)

@@ -83,6 +83,7 @@ class Booter:
             quiet = self.config.quiesce_window_s, self.config.quiesce_timeout_s
             if not await self.waits.tree_quiet(inst, *quiet, self.config.quiesce_poll_ms):
                 log_event("template_not_quiescent", checkpoint=checkpoint_id)
+            await self._encode_screen(inst, checkpoint_id)
             ref = await self.dumper.dump(inst, checkpoint_id, dest, image_sha256, False, None)
             await trio.to_thread.run_sync(
                 partial(checkpoint_files.update_meta, dest, boot_s=round(boot_s, 3))
@@ -91,6 +92,21 @@ class Booter:
         finally:
             with self.sup.cleanup_scope():
                 await self.sup.dispose(inst, background=False)
+
+    async def _encode_screen(self, inst: Instance, checkpoint_id: str) -> None:
+        """The template's screen encoded as a full-size PNG just before its dump, as a fork's
+        prefork and a task checkpoint are (`ops_fork.encode_screen`): the guest keeps the image
+        with the X DAMAGE state it was taken at, so every slot restored from the template
+        answers its first screenshot from it, unless it drew since, instead of encoding the
+        whole screen on its first step (~95 ms against ~20 ms, README "Density ramp"). Nothing
+        under `linux.screen_grab: full`, which keeps nothing; a grab that fails is logged and
+        the dump goes on (each restore encodes its own)."""
+        if self.config.screen_grab == "full":
+            return
+        try:
+            await self.sup.agent_call(inst, {"op": "screenshot"}, 15.0)
+        except agent_client.AgentError as exc:
+            log_event("template_screen_not_encoded", checkpoint=checkpoint_id, error=exc.message)
 
     async def cold_boot(
         self, image_root: Path, owner: str, apps: Sequence[str] = ()

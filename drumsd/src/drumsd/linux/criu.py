@@ -169,6 +169,13 @@ class DumpedTask:
     ppid: int
     threads: tuple[int, ...]
 
+    @property
+    def thread_ids(self) -> tuple[int, ...]:
+        """The threads by their ids in the namespace. CRIU 4.2.1 lists a zombie with the one
+        thread 0 (collect_threads never sets a dead task's thread id; dump_one_zombie writes its
+        core-<pid>.img): that thread is the pid."""
+        return (self.pid,) if self.threads == (0,) else self.threads
+
 
 def parse_pstree(data: bytes) -> list[DumpedTask]:
     """CRIU's pstree.img: two 4-byte magics, then entries of a little-endian u32 size and a
@@ -232,7 +239,7 @@ def missing_threads(
     their process. A thread born or ended around the freeze is churn (Chromium's and LibreOffice's
     thread pools come and go), not a miss; a process missing as a whole is `missing_from_dump`'s
     report."""
-    held = {t.pid: set(t.threads) for t in dumped}
+    held = {t.pid: set(t.thread_ids) for t in dumped}
     out: list[str] = []
     for pid in sorted(before.keys() & after.keys() & held.keys()):
         was, now = before[pid], after[pid]
@@ -243,6 +250,8 @@ def missing_threads(
 
 def threads_without_core(dumped: Sequence[DumpedTask], images: Sequence[str]) -> list[int]:
     """Threads pstree.img lists whose register state (core-<tid>.img) is not among `images`
-    (file names): a restore of such a dump fails or loses the thread."""
+    (file names): a restore of such a dump fails or loses the thread. A zombie's core is under
+    its pid (`DumpedTask.thread_ids`): a tree caught between a child's exit and its parent's
+    wait, as a shell's loop often is, is whole."""
     names = set(images)
-    return [tid for t in dumped for tid in t.threads if f"core-{tid}.img" not in names]
+    return [tid for t in dumped for tid in t.thread_ids if f"core-{tid}.img" not in names]

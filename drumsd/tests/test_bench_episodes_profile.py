@@ -10,6 +10,7 @@ from drumsd.bench import episodes_sampler as sampler
 from drumsd.bench.episodes import main_episode_bench
 from drumsd.bench.episodes_profile import Sample
 from drumsd.cli import build_parser
+from drumsd.linux import procfs
 
 
 def samples() -> list[Sample]:
@@ -84,7 +85,8 @@ def test_the_slow_steps_against_all_say_what_they_waited_behind() -> None:
 
 def test_the_sampler_reads_proc_stat_cgroups_and_pressure() -> None:
     stat = "4242 (Web Content (x)) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 98765 0 0"
-    assert sampler.parse_stat(stat) == ("Web Content (x)", 175, 98765)
+    st = procfs.parse_stat(stat)  # the sampler's reading of each process
+    assert (st.comm, st.ticks, st.starttime) == ("Web Content (x)", 175, 98765)
     spare = "/drums-1a2b3c4d/spare-tpl-office-9-ab12"
     cg = f"4:memory:/x\n3:freezer:{spare}\n1:cpu:{spare}\n"
     assert sampler.instance_of(cg) == ("spare-tpl-office-9-ab12", spare)

@@ -22,10 +22,11 @@ from drumsd.bench.episode_options import EpisodeBenchOptions
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def host_busy_s() -> float:
-    """CPU-seconds the whole host has been busy (all CPUs): /proc/stat's first line less idle
-    and iowait."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+def host_busy_s(stat: str | None = None) -> float:
+    """CPU-seconds the whole host has been busy (all CPUs: user, nice, system, irq, softirq,
+    steal; idle and iowait left out), from /proc/stat's first line (`stat`: that file's text)."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    fields = [int(v) for v in text.split("\n", 1)[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) / TICK
 

@@ -24,7 +24,6 @@ What a process is, from its cgroup (the daemon names each instance's groups afte
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 
 from drumsd.bench.episodes_host import TICK, host_busy_s
 from drumsd.bench.episodes_profile import Sample
+from drumsd.linux import host_share, procfs
 
 NEW_S = 3.0  # a desktop counts as new this long after its restore or its thaw
 PSI_CPU = Path("/proc/pressure/cpu")
@@ -43,14 +43,6 @@ class _Proc:
     kind: str  # criu restore (spare) ... daemon helpers; "" for a desktop (decided per sample)
     iid: str | None
     ticks: int
-
-
-def parse_stat(text: str) -> tuple[str, int, int]:
-    """/proc/<pid>/stat -> (comm, utime + stime in ticks, starttime in ticks)."""
-    head, _, rest = text.rpartition(")")
-    comm = head.partition("(")[2]
-    f = rest.split()
-    return comm, int(f[11]) + int(f[12]), int(f[19])
 
 
 def instance_of(cgroup_text: str, controller: str = "cpu") -> tuple[str | None, str | None]:
@@ -111,7 +103,7 @@ class Sampler:
         self._since: dict[str, float] = {}  # iid -> when it was restored or last thawed
         self._frozen: dict[str, bool] = {}
         self._freezer: dict[str, str] = {}  # iid -> its freezer path
-        self._ksmd = _ksmd_pid()
+        self._ksmd = host_share.ksmd_pid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="bench-sampler")
 
@@ -148,8 +140,8 @@ class Sampler:
         return {
             "host": host_busy_s(),
             "account": int(own) / 1e9 if own else 0.0,
-            "ksmd": parse_stat(ksmd)[1] / TICK if ksmd else 0.0,
-            "bench": parse_stat(me)[1] / TICK if me else 0.0,
+            "ksmd": procfs.parse_stat(ksmd).ticks / TICK if ksmd else 0.0,
+            "bench": procfs.parse_stat(me).ticks / TICK if me else 0.0,
             "sampler": time.thread_time() if threading.current_thread() is self._thread else 0.0,
             "psi": (psi_some_s(psi) or 0.0) if psi else 0.0,
         }
@@ -184,7 +176,8 @@ class Sampler:
             stat = _read(f"/proc/{pid}/stat")
             if stat is None:
                 continue
-            comm, ticks, start = parse_stat(stat)
+            st = procfs.parse_stat(stat)
+            comm, ticks, start = st.comm, st.ticks, st.starttime
             key = (pid, start, comm)
             proc = self._procs.get(key)
             if proc is None:
@@ -254,10 +247,3 @@ class Sampler:
         if frozen:
             return "desktop (frozen)"
         return "desktop (new)" if now - self._since.get(iid, now) < NEW_S else "desktop"
-
-
-def _ksmd_pid() -> int | None:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (_read(f"/proc/{entry.name}/comm") or "").strip() == "ksmd":
-            return int(entry.name)
-    return None

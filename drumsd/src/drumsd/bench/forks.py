@@ -60,6 +60,7 @@ from drumsd.bench.common import (
     slot_anon_mib,
     stderr_progress,
 )
+from drumsd.bench.episodes_host import host_busy_s
 from drumsd.core.seams import SlotHandle
 from drumsd.linux import host_share, procfs
 from drumsd.linux.process_trees import cpu_seconds
@@ -121,20 +122,8 @@ def mode_settings(mode: str) -> tuple[bool, int | None]:
 def ksmd_cpu_s() -> float:
     """CPU seconds ksmd (the kernel's merging thread) has used; 0 without one."""
     pid = host_share.ksmd_pid()
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def host_busy_s(stat: str | None = None) -> float:
-    """CPU seconds the whole host has been busy (all CPUs: user, nice, system, irq, softirq,
-    steal; idle and iowait left out), from /proc/stat's first line."""
-    line = (stat if stat is not None else Path("/proc/stat").read_text()).splitlines()[0]
-    ticks = [int(v) for v in line.split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = ticks
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    st = procfs.read_stat(pid) if pid is not None else None
+    return st.ticks / os.sysconf("SC_CLK_TCK") if st else 0.0  # utime + stime
 
 
 def cpu_marks() -> tuple[float, float, float]:

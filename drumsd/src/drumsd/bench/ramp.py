@@ -114,12 +114,8 @@ def render_ramp_table(ramp: dict[str, Any]) -> str:
         f"{'valid/h':>9}{'MemAvail':>10}{'min':>7}  breaks"
     )
     overrides = ramp.get("config_overrides")
-    title = (
-        f"density ramp (drums path, config {json.dumps(overrides)})"
-        if overrides
-        else ("density ramp (drums path)")
-    )
-    lines = [title, head, "-" * len(head)]
+    config = f", config {json.dumps(overrides)}" if overrides else ""
+    lines = [f"density ramp (drums path{config})", head, "-" * len(head)]
     for r in ramp["levels"]:
         s = r["step_screenshot_s"]
         p50 = f"{s['p50'] * 1e3:.0f}ms" if s["p50"] is not None else "-"

@@ -294,12 +294,12 @@ async def encode_screen(runtime: SlotRuntime, handle: SlotHandle) -> None:
     image again, or only its changed bands re-encoded, unless it drew everywhere since: a fork of
     N pays one encode, not N (a 1080p office screen: ~75 ms of CPU each). Under
     `linux.screen_grab: full` nothing is kept, so nothing is done there. A grab that fails is
-    logged and the dump goes on (the children encode their own)."""
+    logged and the dump goes on (its restores encode their own)."""
     try:
         await runtime.grab(handle, PNG_FULL)
     except RuntimeError_ as exc:
         log.info(
-            "slot=%s screen not encoded before its prefork (the dump goes on): %s",
+            "slot=%s screen not encoded before its dump (the dump goes on): %s",
             handle.slot_id,
             exc.message,
         )

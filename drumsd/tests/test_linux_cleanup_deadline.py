@@ -124,3 +124,23 @@ def test_reap_by_pidfd_waits_on_that_process_never_on_a_pid_reused_since() -> No
         os.close(fd)
         init.kill()
         init.poll()
+
+
+def test_a_cleanup_still_runs_when_the_supervisor_nursery_is_closing() -> None:
+    """A create cancelled by the daemon's stop discards its slot after the supervisor's nursery
+    has closed to new tasks: the cleanup runs inline (bounded) instead of failing the request."""
+    from drumsd.runtime.failures import bounded_cleanup
+
+    ran: list[str] = []
+
+    async def cleanup(slot_id: str) -> None:
+        await trio.sleep(0)
+        ran.append(slot_id)
+
+    async def main() -> bool:
+        async with trio.open_nursery() as nursery:
+            pass  # closed from here on: start_soon raises RuntimeError
+        return await bounded_cleanup(nursery, "discard", "s-1", 5.0, cleanup, "s-1")
+
+    assert trio.run(main) is True
+    assert ran == ["s-1"]

@@ -91,11 +91,15 @@ async def bounded_cleanup(
             done.set()
 
     with trio.CancelScope(shield=True):
+        if nursery is not None:
+            try:
+                nursery.start_soon(body)
+            except RuntimeError:  # the nursery is closing (the daemon stops): run it here
+                nursery = None
         if nursery is None:  # no supervisor nursery (not running): bounded inline
             with trio.move_on_after(deadline_s):
                 await body()
         else:
-            nursery.start_soon(body)
             with trio.move_on_after(deadline_s):
                 await done.wait()
     if not done.is_set():

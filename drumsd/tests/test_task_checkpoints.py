@@ -4,16 +4,21 @@ bridge (the first setup replays and is captured; later episodes restore it and r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from drumsd.core.records import CheckpointKind, CheckpointRecord
+from drumsd.core.seams import CheckpointRef, SaveParent, SlotFacts, SlotHandle
 from drumsd.core.task_checkpoints import (
     PER_EPISODE_STEPS,
     SetupFingerprint,
     find_task_checkpoint,
+    held_watch_s,
+    judge_held_processes,
     setup_cacheable,
     source_identity,
     task_checkpoint_key,
@@ -307,10 +312,12 @@ async def test_task_checkpoints_past_their_cap_are_reaped(tmp_path: Path) -> Non
         _bridge(api, tmp_path)
         slot = await create(api, task=_task())
         assert slot["task_setup"] == "replayed"
-        # Captured, then over the cap at once (it is not what a live slot restores): deleted.
-        assert await _task_checkpoints(api) == []
+        (tcp,) = await _task_checkpoints(api)
+        # Captured, made ready after its watch (which this create waits for), then over the
+        # cap at once (it is not what a live slot restores): deleted, so this one replays.
         again = await create(api, task=_task())
         assert again["task_setup"] == "replayed"
+        assert tcp["id"] not in api.sup.checkpoints
 
 
 async def test_a_task_checkpoint_named_as_the_state_is_a_cached_episode(tmp_path: Path) -> None:
@@ -376,3 +383,147 @@ def test_a_setup_that_launches_chromium_runs_per_episode() -> None:
     assert "Chromium" in (launch_reason(["sh -c '/usr/bin/chromium about:blank'"], None) or "")
     assert launch_reason([chrome], True) is None  # the task decides for itself
     assert launch_reason([["soffice", "--calc"], "gimp x.png"], None) is None
+
+
+# ---- a new task checkpoint is watched before it serves episodes --------------------------------
+
+
+def _facts(pids: list[int], names: dict[int, str], alive: bool = True) -> SlotFacts:
+    return SlotFacts(
+        alive=alive,
+        init_identity_ok=alive,
+        limits_in_force={},
+        mounts=[],
+        net_links=[],
+        namespaces={},
+        oom_kills=0,
+        pids=pids,
+        extra={"proc_names": {str(p): n for p, n in names.items()}},
+    )
+
+
+HELD = {
+    "pids": [1, 50, 51, 60],
+    "proc_names": {"1": "init", "50": "gimp-2.10", "51": "warp", "60": "python3"},
+    "guest_workers": [60],
+}
+
+
+def test_a_held_process_that_exits_in_the_source_drops_the_checkpoint() -> None:
+    names = {1: "init", 50: "gimp-2.10"}
+    verdict = judge_held_processes(HELD, _facts([1, 50], names), [])
+    assert not verdict.keep and verdict.retry_later and verdict.exited == ("warp(51)",)
+    assert "warp(51)" in verdict.reason and "alive_after_resume" in verdict.reason
+
+
+def test_an_exit_while_the_source_episode_acted_is_dropped_but_tried_again_soon() -> None:
+    names = {1: "init", 50: "gimp-2.10"}
+    verdict = judge_held_processes(HELD, _facts([1, 50], names), [], actions=2)
+    assert not verdict.keep and not verdict.retry_later and "2 step(s)" in verdict.reason
+
+
+def test_a_checkpoint_whose_processes_all_live_on_is_kept() -> None:
+    names = {1: "init", 50: "gimp-2.10", 51: "warp", 60: "python3", 70: "sh"}
+    verdict = judge_held_processes(HELD, _facts([1, 50, 51, 60, 70], names), [])
+    assert verdict.keep, verdict  # a process started after the dump is not held: no matter
+
+
+def test_the_gates_allowed_exits_do_not_drop_it() -> None:
+    # The guest's action worker (restarted by the agent) and a natural exit of the image.
+    verdict = judge_held_processes(HELD, _facts([1, 50], {1: "init", 50: "gimp-2.10"}), ["warp"])
+    assert verdict.keep, verdict
+
+
+def test_a_source_gone_before_the_window_ends_leaves_it_unproven() -> None:
+    verdict = judge_held_processes(HELD, None, [])
+    assert not verdict.keep and not verdict.retry_later  # tried again at the next episode
+    dead = judge_held_processes(HELD, _facts([], {}, alive=False), [])
+    assert not dead.keep and not dead.retry_later
+
+
+def test_exits_without_names_drop_it() -> None:
+    baseline = {"pids": [1, 51], "proc_names": {"1": "init"}, "guest_workers": []}
+    verdict = judge_held_processes(baseline, _facts([1], {1: "init"}), [])
+    assert not verdict.keep and verdict.retry_later
+
+
+def test_the_watch_covers_the_gates_window_and_a_margin() -> None:
+    assert held_watch_s(0.0) == 0.0
+    assert held_watch_s(0.05) == pytest.approx(0.1)
+    assert held_watch_s(1.0) == 2.0
+    assert held_watch_s(5.0) == 6.0
+
+
+class LateExitRuntime(CountingRuntime):
+    """A setup that leaves a process (`warp`) running in the slot when it is dumped, which
+    exits by itself `lives_s` later: facts list it from each capture until then."""
+
+    lives_s = 0.05
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.exits_at: dict[str, float] = {}
+
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
+        ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
+        self.exits_at[handle.slot_id] = trio.current_time() + self.lives_s
+        return ref
+
+    async def facts(self, handle: SlotHandle) -> SlotFacts:
+        facts = await super().facts(handle)
+        if trio.current_time() >= self.exits_at.get(handle.slot_id, 0.0):
+            return facts
+        warp = handle.init_pid + 3
+        names = {**facts.extra["proc_names"], str(warp): "warp"}
+        return dataclasses.replace(
+            facts, pids=[*facts.pids, warp], extra={**facts.extra, "proc_names": names}
+        )
+
+
+async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_api(tmp_path, runtime_cls=LateExitRuntime) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        assert first["task_setup"] == "replayed"
+        (tcp,) = await _task_checkpoints(api)
+        assert not api.sup.checkpoints[tcp["id"]].ready  # under watch: not restored yet
+        # An episode arriving meanwhile waits for the verdict: dropped, so it replays.
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert await _task_checkpoints(api) == []
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 1 and first["id"] in dropped[0], dropped
+        assert "warp" in dropped[0] and tcp["id"] in dropped[0] and "tk-files" in dropped[0]
+        # Refused for a while, as a capture that never went quiet: the second did not capture.
+        assert len(api.sup.task_capture_refused) == 1
+        r = await api.client.post(f"/v1/slots/{first['id']}/reset")
+        assert r.status_code == 200 and r.json()["task_setup"] == "replayed", r.text
+        for slot in (first, second):
+            gates = await wait_valid(api, slot["id"])
+            assert gates["valid"] is True, gates
+
+
+async def test_a_reset_of_the_source_waits_for_the_watch_and_restores_the_kept_checkpoint(
+    tmp_path: Path,
+) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        (tcp,) = await _task_checkpoints(api)
+        assert not api.sup.checkpoints[tcp["id"]].ready
+        t0 = trio.current_time()
+        r = await api.client.post(f"/v1/slots/{first['id']}/reset")
+        assert r.status_code == 200, r.text
+        assert r.json()["task_setup"] == "cached" and r.json()["checkpoint"] == tcp["id"]
+        assert trio.current_time() - t0 < held_watch_s(0.5) + 0.5
+        (tcp,) = await _task_checkpoints(api)
+        assert api.sup.checkpoints[tcp["id"]].ready and api.runtime.execs == 1

@@ -187,10 +187,13 @@ async def dump(
     *,
     task_key: str | None = None,
     before_ready: Callable[[CheckpointRecord], Awaitable[None]] | None = None,
+    ready: bool = True,
 ) -> CheckpointRecord:
     """Dump the slot into a new checkpoint of `kind`. A saved state and a task checkpoint wait
     for a quiet tree first; `before_ready` adds files to the checkpoint dir before it is usable
-    (a task checkpoint's run files)."""
+    (a task checkpoint's run files). With `ready` False the checkpoint is left unready (not
+    restorable, dropped at a restart) for the caller to make ready (a task checkpoint, once its
+    source was watched)."""
     handle = handle_of(rec)
     usage = await run_stoppable(
         state_files.upper_usage, handle.upper, what=f"measuring slot {rec.id}'s upper layer"
@@ -264,8 +267,8 @@ async def dump(
     cp.lower = str(ref.lower)
     usage = await run_stoppable(state_files.dir_usage, dest, what=f"measuring {dest}")
     cp.size_mib, cp.apparent_mib = usage.real_mib, usage.apparent_mib
-    cp.ready = True
-    sup.table.save_checkpoint(cp, "ready")
+    cp.ready = ready
+    sup.table.save_checkpoint(cp, "ready" if ready else "dumped")
     if kind is CheckpointKind.prefork:
         enable_spares(sup, cp)  # a prefork is captured to be branched: make that a thaw
     sup.observe(

@@ -6,6 +6,12 @@ checkpoint (core/task_checkpoints.py) and the ready task checkpoint under that k
 one, the slot restores it (rec.checkpoint is the task checkpoint, so the state_hash gate judges
 the episode against it) and `load_cached` carries the setup's host-side files; without, the
 setup replays on the source and `capture_after_setup` dumps the result for the next episode.
+
+A new task checkpoint serves episodes only after `watch_held_processes` has watched its source
+slot for the alive_after_resume gate's window (core `held_watch_s`): a process it holds that
+exits there by itself would exit in every episode restored from it, so it is dropped instead.
+An episode of the task that arrives meanwhile waits for that verdict (seconds), then restores
+the checkpoint or replays the setup.
 """
 
 from __future__ import annotations
@@ -21,14 +27,24 @@ import trio
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import checkpoint_lease
 from drumsd.core.records import CheckpointKind, CheckpointRecord, SlotRecord, SlotStatus
-from drumsd.core.seams import SlotHandle
+from drumsd.core.seams import SlotFacts, SlotHandle
 from drumsd.core.task_checkpoints import (
     SetupFingerprint,
     find_task_checkpoint,
+    held_watch_s,
+    judge_held_processes,
     source_identity,
     task_checkpoint_key,
     task_checkpoints_over_cap,
 )
+from drumsd.runtime.episodes import (
+    JUDGE_READ_TIMEOUT_S,
+    EpisodesHost,
+    episode_record,
+    natural_exits,
+    read_facts,
+)
+from drumsd.runtime.handles import handle_of
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
 from drumsd.runtime.ops_fork import ForkHost, capture_deadline, dump
 from drumsd.runtime.services.spares import enable_spares, spares_on
@@ -50,7 +66,7 @@ CACHEABLE_SOURCES = (CheckpointKind.template, CheckpointKind.saved)
 CAPTURE_RETRY_S = 600.0
 
 
-class TaskCheckpointsHost(ForkHost, Protocol):
+class TaskCheckpointsHost(ForkHost, EpisodesHost, Protocol):
     """What task checkpoints use of the supervisor."""
 
     @property
@@ -59,6 +75,8 @@ class TaskCheckpointsHost(ForkHost, Protocol):
     def pools(self) -> SparePools: ...
     @property
     def task_capture_refused(self) -> dict[str, float]: ...
+    @property
+    def task_checkpoint_watches(self) -> dict[str, trio.Event]: ...
     @property
     def tasks(self) -> TaskCatalog: ...
 
@@ -95,6 +113,12 @@ async def plan_setup(
         log.debug("task=%s setup replayed per episode: %s", fp.task_id, fp.reason)
         return SetupPlan(source, source, cached=False, fingerprint=fp)
     key = task_checkpoint_key(source_identity(source), fp)
+    watch = sup.task_checkpoint_watches.get(key)
+    if watch is not None:
+        # Its checkpoint was just captured and is being watched: wait for the verdict (at most
+        # the watch and its read), then restore it if it was kept, else replay.
+        with trio.move_on_after(watch_bound_s(sup)):
+            await watch.wait()
     found = find_task_checkpoint(sup.checkpoints.values(), key)
     if found is not None:
         return SetupPlan(source, found, cached=True, key=key, fingerprint=fp)
@@ -179,6 +203,8 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     if find_task_checkpoint(sup.checkpoints.values(), plan.key) is not None:
         return  # another slot captured it meanwhile
+    if plan.key in sup.task_checkpoint_watches:
+        return  # another slot's capture is being watched
     refused_at = sup.task_capture_refused.get(plan.key)
     if refused_at is not None and trio.current_time() - refused_at < CAPTURE_RETRY_S:
         return
@@ -198,6 +224,7 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
                 lease.ttl_s,
                 task_key=plan.key,
                 before_ready=partial(keep_run_files, cache, rec.id),
+                ready=False,  # made ready once its source was watched
             )
     except DrumsdError as exc:
         sup.task_capture_refused[plan.key] = trio.current_time()
@@ -209,11 +236,133 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
             exc.message,
         )
         return
-    sup.task_capture_refused.pop(plan.key, None)
     cp.task_source = plan.source.id
     sup.table.save_checkpoint(cp, "task checkpoint")
-    log.info("slot=%s task=%s task checkpoint %s captured", rec.id, rec.task_id, cp.id)
-    await reap_over_cap(sup)
+    # The tree as the dump left it running, read as an episode's baseline at ready is.
+    facts = await read_facts(sup, rec, handle_of(rec))
+    names = facts.extra.get("proc_names") if facts is not None else None
+    baseline = None
+    if facts is not None and isinstance(names, dict):
+        baseline = {
+            "pids": [p for p in facts.pids if str(p) in names],
+            "proc_names": names,
+            "guest_workers": facts.extra.get("guest_workers", []),
+            "actions": rec.actions,
+        }
+    watch = trio.Event()
+    sup.task_checkpoint_watches[plan.key] = watch
+    window = held_watch_s(sup.config.alive_after_s)
+    log.info(
+        "slot=%s task=%s task checkpoint %s captured; it serves episodes once its source has "
+        "been watched for %g s",
+        rec.id,
+        rec.task_id,
+        cp.id,
+        window,
+    )
+    sup.spawn(
+        watch_held_processes,
+        sup,
+        rec.id,
+        rec.episode_id,
+        cp,
+        plan.key,
+        baseline,
+        natural_exits(sup, rec),
+        watch,
+    )
+
+
+async def wait_watched(sup: TaskCheckpointsHost, checkpoint_id: str | None) -> None:
+    """A create naming a task checkpoint still under watch (`from_state`) waits for its verdict:
+    then it restores the checkpoint, or is told it is gone."""
+    cp = sup.checkpoints.get(checkpoint_id or "")
+    if cp is None or cp.kind is not CheckpointKind.task or cp.ready or cp.task_key is None:
+        return
+    watch = sup.task_checkpoint_watches.get(cp.task_key)
+    if watch is not None:
+        with trio.move_on_after(watch_bound_s(sup)):
+            await watch.wait()
+
+
+def watch_bound_s(sup: TaskCheckpointsHost) -> float:
+    """The longest a watch takes: its window, then its read of the source (a wait while the
+    source is busy, then the read), each bounded by the judge's read timeout."""
+    return held_watch_s(sup.config.alive_after_s) + 2 * JUDGE_READ_TIMEOUT_S + 1.0
+
+
+async def watch_held_processes(
+    sup: TaskCheckpointsHost,
+    slot_id: str,
+    episode_id: str,
+    cp: CheckpointRecord,
+    key: str,
+    baseline: dict[str, Any] | None,
+    exits: list[str],
+    watch: trio.Event,
+) -> None:
+    """Watch a new task checkpoint's source slot for core `held_watch_s`, then make the
+    checkpoint ready, or drop it when a process it holds exited there by itself (or the source
+    was gone before the window ended). Episodes waiting on `watch` go on either way."""
+    try:
+        await trio.sleep(held_watch_s(sup.config.alive_after_s))
+        facts = await read_source(sup, slot_id, episode_id) if baseline is not None else None
+        if sup.checkpoints.get(cp.id) is not cp:
+            return  # deleted meanwhile (by hand, or the daemon stopping)
+        source = episode_record(sup, slot_id, episode_id)
+        acted = source.actions - baseline["actions"] if source and baseline else 0
+        verdict = judge_held_processes(baseline or {}, facts, exits, actions=acted)
+        if verdict.keep:
+            sup.task_capture_refused.pop(key, None)
+            cp.ready = True
+            sup.table.save_checkpoint(cp, "ready")
+            log.info(
+                "slot=%s task=%s task checkpoint %s ready: %s",
+                slot_id,
+                cp.task_id,
+                cp.id,
+                verdict.reason,
+            )
+            await reap_over_cap(sup)
+            return
+        if verdict.retry_later:
+            sup.task_capture_refused[key] = trio.current_time()
+        again = f"after {CAPTURE_RETRY_S:g} s" if verdict.retry_later else "at the next episode"
+        log.warning(
+            "slot=%s task=%s task checkpoint %s dropped (episodes replay the setup; captured "
+            "again %s): %s",
+            slot_id,
+            cp.task_id,
+            cp.id,
+            again,
+            verdict.reason,
+        )
+        await delete_checkpoint_record(
+            sup, cp, f"dropped after its source was watched: {verdict.reason}"
+        )
+    finally:
+        if sup.task_checkpoint_watches.get(key) is watch:
+            del sup.task_checkpoint_watches[key]
+        watch.set()
+
+
+async def read_source(sup: TaskCheckpointsHost, slot_id: str, episode_id: str) -> SlotFacts | None:
+    """The source slot's facts while `episode_id` is still its episode (waiting while it is busy,
+    e.g. a fork's dump), or None: replaced, destroyed, failed, or not read in time."""
+    with trio.move_on_after(JUDGE_READ_TIMEOUT_S):
+        while (rec := episode_record(sup, slot_id, episode_id)) and rec.status is SlotStatus.busy:  # noqa: ASYNC110
+            await trio.sleep(0.2)
+    rec = episode_record(sup, slot_id, episode_id)
+    if rec is None or rec.handle is None:
+        return None
+    if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
+        return None
+    facts = None
+    with trio.move_on_after(JUDGE_READ_TIMEOUT_S):
+        facts = await read_facts(sup, rec, handle_of(rec))
+    if episode_record(sup, slot_id, episode_id) is not rec:
+        return None  # its tree was replaced while it was read
+    return facts
 
 
 async def keep_run_files(cache: TaskSetupCache, slot_id: str, cp: CheckpointRecord) -> None:

@@ -155,6 +155,9 @@ class Supervisor:
         # Task checkpoint keys whose capture was refused (not quiet, no space): trio time, so
         # the next episodes replay without waiting for a quiet tree again for a while.
         self.task_capture_refused: dict[str, float] = {}
+        # Task checkpoint keys whose new checkpoint is watched before it serves episodes (set
+        # when the verdict is in; ops_task_checkpoints.watch_held_processes).
+        self.task_checkpoint_watches: dict[str, trio.Event] = {}
         # Background services by name: liveness and last error, for /v1/health.
         self.services: dict[str, ServiceHealth] = {}
 

@@ -245,6 +245,10 @@ async def test_a_changed_asset_is_a_new_setup(tmp_path: Path) -> None:
     async with open_api(tmp_path, runtime_cls=CountingRuntime) as api:
         _bridge(api, tmp_path)
         slot = await create(api, task=_task())
+        # Its checkpoint is proven first (this create waits for the watch): a reset that
+        # replaced the source's tree before the watch ended would leave it unproven, dropped.
+        cached = await create(api, task=_task())
+        assert cached["task_setup"] == "cached" and api.runtime.execs == 1
         asset = tmp_path / "assets/tk-files/in.txt"
         asset.write_text("changed")
         os.utime(asset, ns=(5, 5))
@@ -458,7 +462,7 @@ class LateExitRuntime(CountingRuntime):
     """A setup that leaves a process (`warp`) running in the slot when it is dumped, which
     exits by itself `lives_s` later: facts list it from each capture until then."""
 
-    lives_s = 0.05
+    lives_s = 0.3  # well after the watch's first read, well before its last (1 s)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -490,7 +494,7 @@ class LateExitRuntime(CountingRuntime):
 async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_restored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_api(tmp_path, runtime_cls=LateExitRuntime) as api:
+    async with open_api(tmp_path, runtime_cls=LateExitRuntime, alive_after_s=0.5) as api:
         _bridge(api, tmp_path)
         first = await create(api, task=_task())
         assert first["task_setup"] == "replayed"
@@ -510,6 +514,23 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
         for slot in (first, second):
             gates = await wait_valid(api, slot["id"])
             assert gates["valid"] is True, gates
+
+
+async def test_a_source_destroyed_before_the_watch_ends_leaves_it_unproven_and_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        r = await api.client.delete(f"/v1/slots/{first['id']}")
+        assert r.status_code == 200, r.text
+        second = await create(api, task=_task())  # waits for the verdict: dropped, replays
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert api.sup.task_capture_refused == {}  # so this episode captured again at once
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 1 and "at the next episode" in dropped[0], dropped
+        (tcp,) = await _task_checkpoints(api)
+        assert api.sup.checkpoints[tcp["id"]].source_slot == second["id"]
 
 
 async def test_a_reset_of_the_source_waits_for_the_watch_and_restores_the_kept_checkpoint(

@@ -238,17 +238,6 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     cp.task_source = plan.source.id
     sup.table.save_checkpoint(cp, "task checkpoint")
-    # The tree as the dump left it running, read as an episode's baseline at ready is.
-    facts = await read_facts(sup, rec, handle_of(rec))
-    names = facts.extra.get("proc_names") if facts is not None else None
-    baseline = None
-    if facts is not None and isinstance(names, dict):
-        baseline = {
-            "pids": [p for p in facts.pids if str(p) in names],
-            "proc_names": names,
-            "guest_workers": facts.extra.get("guest_workers", []),
-            "actions": rec.actions,
-        }
     watch = trio.Event()
     sup.task_checkpoint_watches[plan.key] = watch
     window = held_watch_s(sup.config.alive_after_s)
@@ -267,7 +256,7 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         rec.episode_id,
         cp,
         plan.key,
-        baseline,
+        rec.actions,
         natural_exits(sup, rec),
         watch,
     )
@@ -297,20 +286,26 @@ async def watch_held_processes(
     episode_id: str,
     cp: CheckpointRecord,
     key: str,
-    baseline: dict[str, Any] | None,
+    actions: int,
     exits: list[str],
     watch: trio.Event,
 ) -> None:
     """Watch a new task checkpoint's source slot for core `held_watch_s`, then make the
-    checkpoint ready, or drop it when a process it holds exited there by itself (or the source
-    was gone before the window ended). Episodes waiting on `watch` go on either way."""
+    checkpoint ready, or drop it when a process it holds exited there (or the source was gone
+    before the window ended). The tree as the dump left it running is read first, as an
+    episode's start reads it (here, beside the source's episode: its create does not wait for
+    the read). `actions` is the source's step count at the dump. Episodes waiting on `watch` go
+    on either way."""
     try:
-        await trio.sleep(held_watch_s(sup.config.alive_after_s))
-        facts = await read_source(sup, slot_id, episode_id) if baseline is not None else None
+        facts = await read_source(sup, slot_id, episode_id)
+        baseline = held_baseline(facts)
+        if baseline is not None:
+            await trio.sleep(held_watch_s(sup.config.alive_after_s))
+            facts = await read_source(sup, slot_id, episode_id)
         if sup.checkpoints.get(cp.id) is not cp:
             return  # deleted meanwhile (by hand, or the daemon stopping)
         source = episode_record(sup, slot_id, episode_id)
-        acted = source.actions - baseline["actions"] if source and baseline else 0
+        acted = source.actions - actions if source is not None else 0
         verdict = judge_held_processes(baseline or {}, facts, exits, actions=acted)
         if verdict.keep:
             sup.task_capture_refused.pop(key, None)
@@ -344,6 +339,19 @@ async def watch_held_processes(
         if sup.task_checkpoint_watches.get(key) is watch:
             del sup.task_checkpoint_watches[key]
         watch.set()
+
+
+def held_baseline(facts: SlotFacts | None) -> dict[str, Any] | None:
+    """The tree right after the dump as alive_after_resume's baseline (begin_episode's form:
+    only the processes whose names were read), or None when it could not be read."""
+    names = facts.extra.get("proc_names") if facts is not None else None
+    if facts is None or not isinstance(names, dict):
+        return None
+    return {
+        "pids": [p for p in facts.pids if str(p) in names],
+        "proc_names": names,
+        "guest_workers": facts.extra.get("guest_workers", []),
+    }
 
 
 async def read_source(sup: TaskCheckpointsHost, slot_id: str, episode_id: str) -> SlotFacts | None:

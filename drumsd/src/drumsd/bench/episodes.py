@@ -307,6 +307,26 @@ def run_bare_creates(daemon: BenchDaemon, n: int) -> list[float]:
     return out
 
 
+def warm_up(
+    name: str,
+    daemon: BenchDaemon,
+    tasks: list[str],
+    opts: EpisodeBenchOptions,
+    progress: Progress,
+) -> None:
+    """Short episodes, not counted: on the first task, or on every task with warm_each_task (each
+    task's first episode replays its setup and captures the task's checkpoint)."""
+    warm_tasks = tasks if opts.warm_each_task else tasks[:1]
+    progress(f"[{name}] warm-up: {len(warm_tasks)} episode(s), not counted ...")
+    warm_opts = _replace(opts, episodes=len(warm_tasks), concurrency=1, steps=2)
+    for warm in run_episodes(daemon, warm_tasks, warm_opts):
+        if not warm.get("valid"):
+            raise BenchError(
+                f"[{name}] the warm-up episode on {warm.get('task')} was not valid: {warm}; "
+                f"daemon log {daemon.log_path}:\n{daemon.log_tail()}"
+            )
+
+
 def run_path(
     name: str,
     overrides: dict[str, Any],
@@ -320,13 +340,7 @@ def run_path(
     try:
         progress(f"[{name}] daemon start + template of {opts.image} ...")
         result["template_ready_s"] = round(daemon.start(), 2)
-        progress(f"[{name}] warm-up episode (not counted) ...")
-        warm = run_episodes(daemon, tasks[:1], _replace(opts, episodes=1, concurrency=1, steps=2))
-        if not warm[0].get("valid"):
-            raise BenchError(
-                f"[{name}] the warm-up episode on {tasks[0]} was not valid: {warm[0]}; "
-                f"daemon log {daemon.log_path}:\n{daemon.log_tail()}"
-            )
+        warm_up(name, daemon, tasks, opts, progress)
         result["bare_create_s"] = stats(run_bare_creates(daemon, 3))
         progress(f"[{name}] background CPU for {opts.background_s:.0f} s ...")
         bg = background_rate(opts.background_s)
@@ -493,12 +507,7 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
     try:
         progress(f"[ramp] daemon start + template of {opts.image} ...")
         out["template_ready_s"] = round(daemon.start(), 2)
-        warm = run_episodes(daemon, tasks[:1], _replace(opts, episodes=1, concurrency=1, steps=2))
-        if not warm[0].get("valid"):
-            raise BenchError(
-                f"[ramp] the warm-up episode on {tasks[0]} was not valid: {warm[0]}; "
-                f"daemon log {daemon.log_path}:\n{daemon.log_tail()}"
-            )
+        warm_up("ramp", daemon, tasks, opts, progress)
         for concurrency in opts.ramp:
             episodes = concurrency * opts.ramp_rounds
             progress(f"[ramp] {concurrency} at a time, {episodes} episodes ...")
@@ -594,6 +603,13 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cold-boots", type=int, default=d.cold_boots)
     parser.add_argument("--skip-boot", action="store_true", help="leave out boot per episode")
+    parser.add_argument(
+        "--warm-each-task",
+        action="store_true",
+        help="warm up with one episode of every task of the mix, not only the first: each "
+        "task's first episode replays its setup and captures its checkpoint, which the timed "
+        "episodes then restore, as the rest of a long run does",
+    )
     parser.add_argument(
         "--alive-after-s",
         type=float,

@@ -23,7 +23,8 @@ from drumsd.api.http_server import (
     RestartBudget,
     hyper_config,
 )
-from hypercorn.events import RawData
+from hypercorn.events import Closed, RawData
+from hypercorn.trio.worker_context import WorkerContext
 from quart_trio import QuartTrio
 from trio.testing import MockClock
 
@@ -219,3 +220,57 @@ async def test_a_peer_over_its_connection_limit_gets_a_429_and_a_close() -> None
         assert (await get(port)).startswith(b"HTTP/1.1 200")  # room again
         await second.aclose()
     assert server._open == {}
+
+
+class RecordsEvents:
+    """The protocol's side of a connection: what protocol_send reports to it."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def handle(self, event: object) -> None:
+        self.events.append(event)
+
+
+async def test_a_response_sent_while_the_connection_closes_is_dropped_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """hypercorn's close sends EOF outside the send lock, and SocketStream.send_eof holds the
+    stream's send side across a checkpoint: a response sent then raised BusyResourceError into the
+    app (a traceback in CI's fuzz test). The closing task is held at that checkpoint here, so the
+    race is hit every run, on a real socket pair."""
+    ours, peer = trio.socket.socketpair()
+    stream = trio.SocketStream(ours)
+    conn = Connection(tiny_app(), hyper_config(1.0), WorkerContext(None), {}, stream)  # type: ignore[arg-type]
+    protocol = RecordsEvents()
+    conn.protocol = protocol  # type: ignore[assignment]
+    in_send_eof, resume = trio.Event(), trio.Event()
+    real_checkpoint = trio.lowlevel.checkpoint
+    hold: trio.lowlevel.Task | None = None
+
+    async def checkpoint() -> None:  # send_eof's checkpoint, held once for the closing task
+        nonlocal hold
+        if hold is trio.lowlevel.current_task():
+            hold = None
+            in_send_eof.set()
+            await resume.wait()
+        await real_checkpoint()
+
+    monkeypatch.setattr(trio.lowlevel, "checkpoint", checkpoint)
+
+    async def close() -> None:
+        nonlocal hold
+        hold = trio.lowlevel.current_task()
+        await conn._close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(close)
+        await in_send_eof.wait()
+        try:
+            await conn.protocol_send(RawData(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"))
+        finally:
+            resume.set()  # the close is shielded: it must not wait for ever when this fails
+        assert [type(e) for e in protocol.events] == [Closed]  # told, as for a closed socket
+    with trio.fail_after(2):
+        assert await peer.recv(100) == b""  # the close went through: EOF, nothing half-sent
+    peer.close()

@@ -10,7 +10,8 @@ HTTP_1_1_REQUIRED, and an `Upgrade: h2c` header is ignored (RFC 9113 section 3.2
 answer such a request in HTTP/1.1). A peer host may hold `max_connections_per_peer` connections
 open; past that a new one gets a 429 and is closed unread. The accept loop restarts after an
 error, a bounded number of times (`RestartBudget`), before the server gives up with
-ListenerFailed.
+ListenerFailed. A response sent while its connection closes is dropped as one sent to a closed
+socket is, not raised into the app (hypercorn sends EOF outside its send lock).
 """
 
 from __future__ import annotations
@@ -114,6 +115,23 @@ class Connection(TCPServer):
             pass  # the peer went away
         finally:
             await self._close()
+
+    async def protocol_send(self, event: Event) -> None:
+        # hypercorn sends a response's bytes under send_lock but sends EOF in _close outside it,
+        # and trio lets one task at a time into a stream's send side: a response sent while the
+        # connection closes (the peer half-closed it, or another task closes it) raised
+        # BusyResourceError into the app's ASGI send, logged as a traceback. A concurrent
+        # send_eof means the connection is closing, so that response goes the way of one sent
+        # to a closed socket (hypercorn's Broken/Closed case): dropped, and the protocol told.
+        # _close does not take send_lock instead: send_all is shielded and blocks while the peer
+        # does not read, so the close (shielded too) would wait until the peer reads, where now it
+        # closes the socket and ends that send with ClosedResourceError.
+        try:
+            await super().protocol_send(event)
+        except trio.BusyResourceError:
+            if not isinstance(event, RawData):
+                raise
+            await self.protocol.handle(Closed())
 
     async def _close(self) -> None:
         # Shielded: a response sent before its request's body has arrived closes the connection

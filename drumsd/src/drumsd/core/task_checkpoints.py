@@ -216,12 +216,13 @@ def judge_held_processes(
         exited = tuple(f"{e['name']}({e['pid']})" for e in evidence["exited"])
         return HeldVerdict(
             False,
-            f"process(es) {', '.join(exited)} it holds exited in its source slot within the "
-            "watch"
+            f"process(es) {', '.join(exited)} it holds exited "
+            + ("" if actions else "by themselves ")
+            + "in its source slot within the watch"
             + (
                 f" (its episode took {actions} step(s) meanwhile, which may have closed them)"
                 if actions
-                else " by themselves"
+                else ""
             )
             + ": every episode restored from it would fail alive_after_resume",
             retry_later=actions == 0,

@@ -548,3 +548,16 @@ async def test_a_reset_of_the_source_waits_for_the_watch_and_restores_the_kept_c
         assert trio.current_time() - t0 < held_watch_s(0.5) + 0.5
         (tcp,) = await _task_checkpoints(api)
         assert api.sup.checkpoints[tcp["id"]].ready and api.runtime.execs == 1
+
+
+async def test_a_verify_of_the_source_waits_for_the_watch(tmp_path: Path) -> None:
+    # Its postconfig may quit apps the checkpoint holds (OSWorld's GIMP tasks quit GIMP): run
+    # during the watch, those exits read as exits by themselves (seen live on gimp_theme).
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        (tcp,) = await _task_checkpoints(api)
+        assert not api.sup.checkpoints[tcp["id"]].ready
+        r = await api.client.post(f"/v1/slots/{first['id']}/verify", json={})
+        assert r.status_code == 200, r.text
+        assert api.sup.checkpoints[tcp["id"]].ready  # the verdict came before the checker ran

@@ -17,7 +17,7 @@ the checkpoint or replays the setup.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -76,9 +76,18 @@ class TaskCheckpointsHost(ForkHost, EpisodesHost, Protocol):
     @property
     def task_capture_refused(self) -> dict[str, float]: ...
     @property
-    def task_checkpoint_watches(self) -> dict[str, trio.Event]: ...
+    def task_checkpoint_watches(self) -> dict[str, HeldWatch]: ...
     @property
     def tasks(self) -> TaskCatalog: ...
+
+
+@dataclass(frozen=True)
+class HeldWatch:
+    """A new task checkpoint's watch (`watch_held_processes`): its source slot, and `done` set
+    once the checkpoint is ready or dropped."""
+
+    slot_id: str
+    done: trio.Event = field(default_factory=trio.Event)
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,7 @@ async def plan_setup(
         # Its checkpoint was just captured and is being watched: wait for the verdict (at most
         # the watch and its read), then restore it if it was kept, else replay.
         with trio.move_on_after(watch_bound_s(sup)):
-            await watch.wait()
+            await watch.done.wait()
     found = find_task_checkpoint(sup.checkpoints.values(), key)
     if found is not None:
         return SetupPlan(source, found, cached=True, key=key, fingerprint=fp)
@@ -238,7 +247,7 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     cp.task_source = plan.source.id
     sup.table.save_checkpoint(cp, "task checkpoint")
-    watch = trio.Event()
+    watch = HeldWatch(rec.id)
     sup.task_checkpoint_watches[plan.key] = watch
     window = held_watch_s(sup.config.alive_after_s)
     log.info(
@@ -271,7 +280,18 @@ async def wait_watched(sup: TaskCheckpointsHost, checkpoint_id: str | None) -> N
     watch = sup.task_checkpoint_watches.get(cp.task_key)
     if watch is not None:
         with trio.move_on_after(watch_bound_s(sup)):
-            await watch.wait()
+            await watch.done.wait()
+
+
+async def wait_source_watch(sup: TaskCheckpointsHost, slot_id: str) -> None:
+    """A verify of a slot whose new task checkpoint is being watched waits for the verdict
+    first, as it waits for alive_after_resume: its postconfig and checker may end processes the
+    checkpoint holds (OSWorld's GIMP tasks quit GIMP), which the watch would take for processes
+    exiting by themselves (seen live on gimp_theme before this wait: sh, gimp and script-fu
+    'exited' 2 s after a capture whose episode verified at once)."""
+    for watch in [w for w in sup.task_checkpoint_watches.values() if w.slot_id == slot_id]:
+        with trio.move_on_after(watch_bound_s(sup)):
+            await watch.done.wait()
 
 
 def watch_bound_s(sup: TaskCheckpointsHost) -> float:
@@ -288,7 +308,7 @@ async def watch_held_processes(
     key: str,
     actions: int,
     exits: list[str],
-    watch: trio.Event,
+    watch: HeldWatch,
 ) -> None:
     """Watch a new task checkpoint's source slot for core `held_watch_s`, then make the
     checkpoint ready, or drop it when a process it holds exited there (or the source was gone
@@ -338,7 +358,7 @@ async def watch_held_processes(
     finally:
         if sup.task_checkpoint_watches.get(key) is watch:
             del sup.task_checkpoint_watches[key]
-        watch.set()
+        watch.done.set()
 
 
 def held_baseline(facts: SlotFacts | None) -> dict[str, Any] | None:

@@ -74,6 +74,7 @@ from drumsd.runtime import (
     ops_episode,
     ops_fork,
     ops_reset,
+    ops_task_checkpoints,
 )
 from drumsd.runtime.admission_book import AdmissionBook
 from drumsd.runtime.console_state import ConsoleState
@@ -157,7 +158,7 @@ class Supervisor:
         self.task_capture_refused: dict[str, float] = {}
         # Task checkpoint keys whose new checkpoint is watched before it serves episodes (set
         # when the verdict is in; ops_task_checkpoints.watch_held_processes).
-        self.task_checkpoint_watches: dict[str, trio.Event] = {}
+        self.task_checkpoint_watches: dict[str, ops_task_checkpoints.HeldWatch] = {}
         # Background services by name: liveness and last error, for /v1/health.
         self.services: dict[str, ServiceHealth] = {}
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 from drumsd.core.records import CheckpointKind, CheckpointRecord
-from drumsd.core.seams import CheckpointRef, SaveParent, SlotFacts, SlotHandle
+from drumsd.core.seams import CheckpointRef, SaveParent, SlotFacts, SlotHandle, SlotLimits
 from drumsd.core.task_checkpoints import (
     PER_EPISODE_STEPS,
     SetupFingerprint,
@@ -245,9 +245,7 @@ async def test_a_changed_asset_is_a_new_setup(tmp_path: Path) -> None:
     async with open_api(tmp_path, runtime_cls=CountingRuntime) as api:
         _bridge(api, tmp_path)
         slot = await create(api, task=_task())
-        # Its checkpoint is proven first (this create waits for the watch): a reset that
-        # replaced the source's tree before the watch ended would leave it unproven, dropped.
-        cached = await create(api, task=_task())
+        cached = await create(api, task=_task())  # waits for its probe's verdict: kept
         assert cached["task_setup"] == "cached" and api.runtime.execs == 1
         asset = tmp_path / "assets/tk-files/in.txt"
         asset.write_text("changed")
@@ -317,7 +315,7 @@ async def test_task_checkpoints_past_their_cap_are_reaped(tmp_path: Path) -> Non
         slot = await create(api, task=_task())
         assert slot["task_setup"] == "replayed"
         (tcp,) = await _task_checkpoints(api)
-        # Captured, made ready after its watch (which this create waits for), then over the
+        # Captured, made ready after its probe (which this create waits for), then over the
         # cap at once (it is not what a live slot restores): deleted, so this one replays.
         again = await create(api, task=_task())
         assert again["task_setup"] == "replayed"
@@ -389,7 +387,7 @@ def test_a_setup_that_launches_chromium_runs_per_episode() -> None:
     assert launch_reason([["soffice", "--calc"], "gimp x.png"], None) is None
 
 
-# ---- a new task checkpoint is watched before it serves episodes --------------------------------
+# ---- a new task checkpoint is proven on a probe restore before it serves episodes ------------
 
 
 def _facts(pids: list[int], names: dict[int, str], alive: bool = True) -> SlotFacts:
@@ -413,23 +411,17 @@ HELD = {
 }
 
 
-def test_a_held_process_that_exits_in_the_source_drops_the_checkpoint() -> None:
+def test_a_held_process_that_exits_in_the_probe_drops_the_checkpoint() -> None:
     names = {1: "init", 50: "gimp-2.10"}
     verdict = judge_held_processes(HELD, _facts([1, 50], names), [])
     assert not verdict.keep and verdict.retry_later and verdict.exited == ("warp(51)",)
     assert "warp(51)" in verdict.reason and "alive_after_resume" in verdict.reason
 
 
-def test_an_exit_while_the_source_episode_acted_is_dropped_but_tried_again_soon() -> None:
-    names = {1: "init", 50: "gimp-2.10"}
-    verdict = judge_held_processes(HELD, _facts([1, 50], names), [], actions=2)
-    assert not verdict.keep and not verdict.retry_later and "2 step(s)" in verdict.reason
-
-
 def test_a_checkpoint_whose_processes_all_live_on_is_kept() -> None:
     names = {1: "init", 50: "gimp-2.10", 51: "warp", 60: "python3", 70: "sh"}
     verdict = judge_held_processes(HELD, _facts([1, 50, 51, 60, 70], names), [])
-    assert verdict.keep, verdict  # a process started after the dump is not held: no matter
+    assert verdict.keep, verdict  # a process started after the restore is not held: no matter
 
 
 def test_the_gates_allowed_exits_do_not_drop_it() -> None:
@@ -438,11 +430,11 @@ def test_the_gates_allowed_exits_do_not_drop_it() -> None:
     assert verdict.keep, verdict
 
 
-def test_a_source_gone_before_the_window_ends_leaves_it_unproven() -> None:
+def test_an_unread_probe_leaves_it_unproven_and_a_dead_one_refused() -> None:
     verdict = judge_held_processes(HELD, None, [])
     assert not verdict.keep and not verdict.retry_later  # tried again at the next episode
     dead = judge_held_processes(HELD, _facts([], {}, alive=False), [])
-    assert not dead.keep and not dead.retry_later
+    assert not dead.keep and dead.retry_later  # its own restore died: the checkpoint's fault
 
 
 def test_exits_without_names_drop_it() -> None:
@@ -451,7 +443,7 @@ def test_exits_without_names_drop_it() -> None:
     assert not verdict.keep and verdict.retry_later
 
 
-def test_the_watch_covers_the_gates_window_and_a_margin() -> None:
+def test_the_probe_covers_the_gates_window_and_a_margin() -> None:
     assert held_watch_s(0.0) == 0.0
     assert held_watch_s(0.05) == pytest.approx(0.1)
     assert held_watch_s(1.0) == 2.0
@@ -459,14 +451,16 @@ def test_the_watch_covers_the_gates_window_and_a_margin() -> None:
 
 
 class LateExitRuntime(CountingRuntime):
-    """A setup that leaves a process (`warp`) running in the slot when it is dumped, which
-    exits by itself `lives_s` later: facts list it from each capture until then."""
+    """A setup that leaves a process (`warp`) running when its slot is dumped, which exits by
+    itself `lives_s` after each start of it: in the source after the capture, and in every
+    restore of a checkpoint captured here (facts list it until then)."""
 
-    lives_s = 0.3  # well after the watch's first read, well before its last (1 s)
+    lives_s = 0.3  # well after a probe's first read, well before its last (1 s)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.exits_at: dict[str, float] = {}
+        self.holding: set[str] = set()  # checkpoints captured with warp in them
 
     async def capture(
         self,
@@ -478,7 +472,16 @@ class LateExitRuntime(CountingRuntime):
     ) -> CheckpointRef:
         ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
         self.exits_at[handle.slot_id] = trio.current_time() + self.lives_s
+        self.holding.add(checkpoint_id)
         return ref
+
+    def _start(self, slot_id: str, checkpoint: CheckpointRef, actions: int = 0) -> SlotHandle:
+        handle = super()._start(slot_id, checkpoint, actions)
+        if checkpoint.id in self.holding:
+            self.exits_at[slot_id] = trio.current_time() + self.lives_s
+        else:
+            self.exits_at.pop(slot_id, None)
+        return handle
 
     async def facts(self, handle: SlotHandle) -> SlotFacts:
         facts = await super().facts(handle)
@@ -491,6 +494,11 @@ class LateExitRuntime(CountingRuntime):
         )
 
 
+def _probes(api) -> list[str]:  # type: ignore[no-untyped-def]
+    """The slot ids the runtime restored that are no slot of the daemon (probes)."""
+    return [s for op, s in api.runtime.calls if op == "restore" and s not in api.sup.slots]
+
+
 async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_restored(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -499,7 +507,7 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
         first = await create(api, task=_task())
         assert first["task_setup"] == "replayed"
         (tcp,) = await _task_checkpoints(api)
-        assert not api.sup.checkpoints[tcp["id"]].ready  # under watch: not restored yet
+        assert not api.sup.checkpoints[tcp["id"]].ready  # being proven: not restored yet
         # An episode arriving meanwhile waits for the verdict: dropped, so it replays.
         second = await create(api, task=_task())
         assert second["task_setup"] == "replayed" and api.runtime.execs == 2
@@ -507,6 +515,10 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
         dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
         assert len(dropped) == 1 and first["id"] in dropped[0], dropped
         assert "warp" in dropped[0] and tcp["id"] in dropped[0] and "tk-files" in dropped[0]
+        assert "probe" in dropped[0], dropped
+        # One probe, restored from the checkpoint and destroyed; no slot of the daemon.
+        (probe,) = _probes(api)
+        assert ("destroy", probe) in api.runtime.calls and probe not in api.runtime.slots
         # Refused for a while, as a capture that never went quiet: the second did not capture.
         assert len(api.sup.task_capture_refused) == 1
         r = await api.client.post(f"/v1/slots/{first['id']}/reset")
@@ -514,26 +526,70 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
         for slot in (first, second):
             gates = await wait_valid(api, slot["id"])
             assert gates["valid"] is True, gates
+        r = await api.client.get("/v1/slots")
+        assert {s["id"] for s in r.json()["slots"]} == {first["id"], second["id"]}
 
 
-async def test_a_source_destroyed_before_the_watch_ends_leaves_it_unproven_and_dropped(
+class UnrestorableCaptureRuntime(CountingRuntime):
+    """Captures that do not restore (a dump CRIU cannot restore)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.captured: set[str] = set()
+
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
+        self.captured.add(checkpoint_id)
+        return await super().capture(handle, checkpoint_id, dest, parent=parent)
+
+    async def restore(
+        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+    ) -> SlotHandle:
+        if checkpoint.id in self.captured:
+            self.fail_next_restore = "criu restore failed: no such file"
+        return await super().restore(slot_id, checkpoint, limits)
+
+
+async def test_a_probe_that_does_not_restore_drops_the_checkpoint(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    async with open_api(tmp_path, runtime_cls=UnrestorableCaptureRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert await _task_checkpoints(api) == [] and len(api.runtime.captured) == 1
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 1 and first["id"] in dropped[0], dropped
+        assert "a probe restore of it failed: criu restore failed" in dropped[0], dropped
+
+
+async def test_a_source_destroyed_right_after_its_create_keeps_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # A short episode (a bench warm-up, an agent done at once) ends before the gate's window:
+    # what its source did says nothing of the checkpoint, which a probe proves.
     async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
         _bridge(api, tmp_path)
         first = await create(api, task=_task())
+        await trio.sleep(0.1)
         r = await api.client.delete(f"/v1/slots/{first['id']}")
         assert r.status_code == 200, r.text
-        second = await create(api, task=_task())  # waits for the verdict: dropped, replays
-        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
-        assert api.sup.task_capture_refused == {}  # so this episode captured again at once
-        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
-        assert len(dropped) == 1 and "at the next episode" in dropped[0], dropped
+        second = await create(api, task=_task())  # waits for the probe's verdict: kept
+        assert second["task_setup"] == "cached" and api.runtime.execs == 1
         (tcp,) = await _task_checkpoints(api)
-        assert api.sup.checkpoints[tcp["id"]].source_slot == second["id"]
+        assert api.sup.checkpoints[tcp["id"]].ready and second["checkpoint"] == tcp["id"]
+        gates = await wait_valid(api, second["id"])
+        assert gates["valid"] is True, gates
 
 
-async def test_a_reset_of_the_source_waits_for_the_watch_and_restores_the_kept_checkpoint(
+async def test_a_reset_of_the_source_waits_for_the_probe_and_restores_the_kept_checkpoint(
     tmp_path: Path,
 ) -> None:
     async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
@@ -550,14 +606,18 @@ async def test_a_reset_of_the_source_waits_for_the_watch_and_restores_the_kept_c
         assert api.sup.checkpoints[tcp["id"]].ready and api.runtime.execs == 1
 
 
-async def test_a_verify_of_the_source_waits_for_the_watch(tmp_path: Path) -> None:
-    # Its postconfig may quit apps the checkpoint holds (OSWorld's GIMP tasks quit GIMP): run
-    # during the watch, those exits read as exits by themselves (seen live on gimp_theme).
+async def test_a_verify_of_the_source_does_not_wait_for_the_probe(tmp_path: Path) -> None:
+    # Its episode is the user's: it waits for its own alive_after_resume (0.5 s), not for the
+    # probe (a restore, then 1 s). Its checker may quit apps the checkpoint holds: no matter.
     async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
         _bridge(api, tmp_path)
         first = await create(api, task=_task())
         (tcp,) = await _task_checkpoints(api)
         assert not api.sup.checkpoints[tcp["id"]].ready
         r = await api.client.post(f"/v1/slots/{first['id']}/verify", json={})
+        assert r.status_code == 200 and r.json()["valid"] is True, r.text
+        assert not api.sup.checkpoints[tcp["id"]].ready  # answered before the verdict
+        r = await api.client.delete(f"/v1/slots/{first['id']}")
         assert r.status_code == 200, r.text
-        assert api.sup.checkpoints[tcp["id"]].ready  # the verdict came before the checker ran
+        again = await create(api, task=_task())
+        assert again["task_setup"] == "cached" and api.runtime.execs == 1

@@ -157,30 +157,30 @@ def task_checkpoints_over_cap(
     return out
 
 
-# ---- watching a new task checkpoint's source before it serves episodes ------------------------
+# ---- proving a new task checkpoint on a restore of itself before it serves episodes ----------
 #
-# A task checkpoint's processes keep running in its source slot after the dump (the dump leaves
-# the tree running). One that exits there on its own moments later (a GIMP plug-in still
-# answering its first-start query when the quiet window ended, warp in CI) is held by the
-# checkpoint, exits the same way in every episode restored from it, and the alive_after_resume
-# gate refuses each of them. So a new task checkpoint serves episodes only once its source has
-# been watched for the gate's window and nothing it held exited there.
+# A process a task checkpoint holds that exits on its own moments after a restore (a GIMP
+# plug-in still answering its first-start query when the quiet window ended, warp in CI) exits
+# the same way in every episode restored from it, and the alive_after_resume gate refuses each
+# of them. So a new task checkpoint serves episodes only once a probe (a throwaway restore of
+# it, never a user's slot) has run for the gate's window and nothing it held exited there. Its
+# source slot is not watched: the agent acts there (quits apps, resets, destroys it), so what
+# exits there says nothing of the checkpoint.
 
 
 def held_watch_s(alive_after_s: float) -> float:
-    """How long a new task checkpoint's source is watched: the alive_after_resume gate's window
-    (alive_after_s), plus as much again up to a second, since the gate's judge reads a restored
-    tree a moment after alive_after_s (the read takes time under load) and a restored process
-    need not exit at the very instant its source's twin did."""
+    """How long a new task checkpoint's probe runs before it is judged: the alive_after_resume
+    gate's window (alive_after_s), plus as much again up to a second, since the gate's judge
+    reads an episode's tree a moment after alive_after_s (the read takes time under load)."""
     return alive_after_s + min(alive_after_s, 1.0)
 
 
 @dataclass(frozen=True)
 class HeldVerdict:
-    """Whether a watched task checkpoint may serve episodes (`keep`). A dropped one is tried
-    again after the capture's retry delay when `retry_later` (what it held exits by itself, so a
-    capture right away would likely hold it again), else at the next episode (not proven: its
-    source was gone before the window ended)."""
+    """Whether a probed task checkpoint may serve episodes (`keep`). A dropped one is tried
+    again after the capture's retry delay when `retry_later` (what it held exits by itself, or
+    it does not restore, so a capture right away would likely do the same), else at the next
+    episode (not proven: its probe could not be read, or had no room)."""
 
     keep: bool
     reason: str
@@ -189,50 +189,41 @@ class HeldVerdict:
 
 
 def judge_held_processes(
-    baseline: Mapping[str, Any],
-    facts: SlotFacts | None,
-    natural_exits: Sequence[str],
-    *,
-    actions: int = 0,
+    baseline: Mapping[str, Any], facts: SlotFacts | None, natural_exits: Sequence[str]
 ) -> HeldVerdict:
-    """The verdict on a task checkpoint whose source slot was watched for `held_watch_s`:
-    `baseline` is the source's tree right after the dump (pids, proc_names, guest_workers, as an
-    episode's baseline at ready), `facts` the tree at the window's end (None: the source's tree
-    was replaced, destroyed or unreadable before then). Judged as alive_after_resume judges an
-    episode restored from the checkpoint: kept when its episodes would pass that gate on what
-    it holds, as far as the source's timing is theirs. `actions`: the steps the source's
-    episode took in the window; an exit may then be theirs (a closed window), so a drop is
-    tried again at the next episode rather than after the retry delay."""
+    """The verdict on a task checkpoint whose probe ran for `held_watch_s`: `baseline` is the
+    probe's tree right after its restore (pids, proc_names, guest_workers, as an episode's
+    baseline at ready), `facts` the tree at the window's end (None: unreadable). Judged as
+    alive_after_resume judges an episode restored from the checkpoint, which the probe is in
+    all but its agent: kept when the gate passes on it."""
     if facts is None:
         return HeldVerdict(
             False,
-            "its source slot's tree was replaced, destroyed or unreadable before the watch "
-            "ended, so no one saw that what it holds stays alive",
+            "its probe's tree could not be read at the window's end, so no one saw that what "
+            "it holds stays alive",
         )
     status, evidence = judge_alive_after_resume(facts, baseline, natural_exits)
     if status == PASS:
-        return HeldVerdict(True, "every process it holds was still running in its source")
+        return HeldVerdict(True, "every process it holds was still running in its probe")
     if status == FAIL and evidence.get("exited"):
         exited = tuple(f"{e['name']}({e['pid']})" for e in evidence["exited"])
         return HeldVerdict(
             False,
-            f"process(es) {', '.join(exited)} it holds exited "
-            + ("" if actions else "by themselves ")
-            + "in its source slot within the watch"
-            + (
-                f" (its episode took {actions} step(s) meanwhile, which may have closed them)"
-                if actions
-                else ""
-            )
-            + ": every episode restored from it would fail alive_after_resume",
-            retry_later=actions == 0,
+            f"process(es) {', '.join(exited)} it holds exited by themselves in a probe "
+            "restored from it, within the alive_after_resume window: every episode restored "
+            "from it would fail that gate",
+            retry_later=True,
             exited=exited,
         )
     if status == FAIL:
-        return HeldVerdict(False, f"its source slot failed the watch: {evidence.get('reason')}")
+        return HeldVerdict(
+            False,
+            f"a probe restored from it failed alive_after_resume: {evidence.get('reason')}",
+            retry_later=True,
+        )
     return HeldVerdict(
         False,
-        "processes it holds exited in its source slot whose names were not read "
+        "processes it holds exited in its probe whose names were not read "
         f"(pids {evidence.get('unnamed_exits')})",
         retry_later=True,
     )

@@ -33,7 +33,7 @@ from drumsd.runtime.ops_task_checkpoints import (
     capture_after_setup,
     load_cached,
     plan_create,
-    wait_watched,
+    wait_probed,
 )
 from drumsd.runtime.teardown import destroy_locked, discard
 
@@ -74,7 +74,7 @@ class CreateHost(TaskCheckpointsHost, Protocol):
 
 async def create(sup: CreateHost, req: SlotCreate) -> SlotRecord:
     sup.check_open()
-    await wait_watched(sup, req.from_state)  # a task checkpoint just captured: its verdict
+    await wait_probed(sup, req.from_state)  # a task checkpoint just captured: its verdict
     source = resolve_source(sup, req)
     sup.admission_book.check_state_space("create")
     sup.admission_book.admit("create", sup.slot_cost_mib())

@@ -45,7 +45,6 @@ from drumsd.runtime.episodes import check_display, quarantine_slot, read_facts
 from drumsd.runtime.failures import runtime_failures
 from drumsd.runtime.handles import handle_of
 from drumsd.runtime.ops_create import CreateHost, load_task_locked
-from drumsd.runtime.ops_task_checkpoints import wait_source_watch
 from drumsd.tasks import accessibility as a11y
 from drumsd.tasks import terminal as terminal_text
 
@@ -265,7 +264,6 @@ async def verify(sup: EpisodeOpsHost, slot_id: str, req: VerifyRequest) -> Verif
     # A verify that comes early (a fork verified at once) waits for alive_after_resume to be
     # judged rather than calling the episode invalid; outside the lock, which the judge takes.
     await wait_gates_judged(sup, slot_id, budget_s=per_run)
-    await wait_source_watch(sup, slot_id)  # a task checkpoint just taken of it: its verdict
     async with sup.table.lock(slot_id):
         rec = sup.get_slot(slot_id)
         await sup.refresh_gates(rec)

@@ -7,11 +7,12 @@ one, the slot restores it (rec.checkpoint is the task checkpoint, so the state_h
 the episode against it) and `load_cached` carries the setup's host-side files; without, the
 setup replays on the source and `capture_after_setup` dumps the result for the next episode.
 
-A new task checkpoint serves episodes only after `watch_held_processes` has watched its source
-slot for the alive_after_resume gate's window (core `held_watch_s`): a process it holds that
-exits there by itself would exit in every episode restored from it, so it is dropped instead.
-An episode of the task that arrives meanwhile waits for that verdict (seconds), then restores
-the checkpoint or replays the setup.
+A new task checkpoint serves episodes only after `probe_task_checkpoint` has restored it into a
+throwaway instance (a probe, never a user's slot) and watched that for the alive_after_resume
+gate's window (core `held_watch_s`): a process it holds that exits there by itself would exit in
+every episode restored from it, so it is dropped instead. The source slot's episode goes on
+untouched and waits for nothing. An episode of the task that arrives meanwhile waits for the
+verdict (seconds), then restores the checkpoint or replays the setup.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import trio
 from drumsd.core.errors import DrumsdError
 from drumsd.core.leases import checkpoint_lease
 from drumsd.core.records import CheckpointKind, CheckpointRecord, SlotRecord, SlotStatus
-from drumsd.core.seams import SlotFacts, SlotHandle
+from drumsd.core.seams import RuntimeError_, SlotFacts, SlotHandle
 from drumsd.core.task_checkpoints import (
+    HeldVerdict,
     SetupFingerprint,
     find_task_checkpoint,
     held_watch_s,
@@ -38,13 +40,14 @@ from drumsd.core.task_checkpoints import (
     task_checkpoints_over_cap,
 )
 from drumsd.runtime.episodes import (
+    AFTER_RESTORE_TIMEOUT_S,
     JUDGE_READ_TIMEOUT_S,
     EpisodesHost,
-    episode_record,
+    after_restore,
     natural_exits,
     read_facts,
 )
-from drumsd.runtime.handles import handle_of
+from drumsd.runtime.handles import checkpoint_ref, slot_limits
 from drumsd.runtime.ops_checkpoints import delete_checkpoint_record, referenced_checkpoints
 from drumsd.runtime.ops_fork import ForkHost, capture_deadline, dump
 from drumsd.runtime.services.spares import enable_spares, spares_on
@@ -76,17 +79,17 @@ class TaskCheckpointsHost(ForkHost, EpisodesHost, Protocol):
     @property
     def task_capture_refused(self) -> dict[str, float]: ...
     @property
-    def task_checkpoint_watches(self) -> dict[str, HeldWatch]: ...
+    def task_checkpoint_probes(self) -> dict[str, CheckpointProbe]: ...
     @property
     def tasks(self) -> TaskCatalog: ...
 
 
 @dataclass(frozen=True)
-class HeldWatch:
-    """A new task checkpoint's watch (`watch_held_processes`): its source slot, and `done` set
-    once the checkpoint is ready or dropped."""
+class CheckpointProbe:
+    """A new task checkpoint being proven (`probe_task_checkpoint`): `done` is set once it is
+    ready or dropped."""
 
-    slot_id: str
+    checkpoint_id: str
     done: trio.Event = field(default_factory=trio.Event)
 
 
@@ -122,12 +125,12 @@ async def plan_setup(
         log.debug("task=%s setup replayed per episode: %s", fp.task_id, fp.reason)
         return SetupPlan(source, source, cached=False, fingerprint=fp)
     key = task_checkpoint_key(source_identity(source), fp)
-    watch = sup.task_checkpoint_watches.get(key)
-    if watch is not None:
-        # Its checkpoint was just captured and is being watched: wait for the verdict (at most
-        # the watch and its read), then restore it if it was kept, else replay.
-        with trio.move_on_after(watch_bound_s(sup)):
-            await watch.done.wait()
+    probe = sup.task_checkpoint_probes.get(key)
+    if probe is not None:
+        # Its checkpoint was just captured and is being proven: wait for the verdict (at most
+        # the probe's bound), then restore it if it was kept, else replay.
+        with trio.move_on_after(probe_bound_s(sup)):
+            await probe.done.wait()
     found = find_task_checkpoint(sup.checkpoints.values(), key)
     if found is not None:
         return SetupPlan(source, found, cached=True, key=key, fingerprint=fp)
@@ -212,8 +215,8 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     if find_task_checkpoint(sup.checkpoints.values(), plan.key) is not None:
         return  # another slot captured it meanwhile
-    if plan.key in sup.task_checkpoint_watches:
-        return  # another slot's capture is being watched
+    if plan.key in sup.task_checkpoint_probes:
+        return  # another slot's capture is being proven
     refused_at = sup.task_capture_refused.get(plan.key)
     if refused_at is not None and trio.current_time() - refused_at < CAPTURE_RETRY_S:
         return
@@ -233,7 +236,7 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
                 lease.ttl_s,
                 task_key=plan.key,
                 before_ready=partial(keep_run_files, cache, rec.id),
-                ready=False,  # made ready once its source was watched
+                ready=False,  # made ready once a probe of it passed
             )
     except DrumsdError as exc:
         sup.task_capture_refused[plan.key] = trio.current_time()
@@ -247,86 +250,59 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     cp.task_source = plan.source.id
     sup.table.save_checkpoint(cp, "task checkpoint")
-    watch = HeldWatch(rec.id)
-    sup.task_checkpoint_watches[plan.key] = watch
-    window = held_watch_s(sup.config.alive_after_s)
+    probe = CheckpointProbe(cp.id)
+    sup.task_checkpoint_probes[plan.key] = probe
     log.info(
-        "slot=%s task=%s task checkpoint %s captured; it serves episodes once its source has "
-        "been watched for %g s",
+        "slot=%s task=%s task checkpoint %s captured; it serves episodes once a probe restored "
+        "from it has run for %g s",
         rec.id,
         rec.task_id,
         cp.id,
-        window,
+        held_watch_s(sup.config.alive_after_s),
     )
-    sup.spawn(
-        watch_held_processes,
-        sup,
-        rec.id,
-        rec.episode_id,
-        cp,
-        plan.key,
-        rec.actions,
-        natural_exits(sup, rec),
-        watch,
-    )
+    sup.spawn(probe_task_checkpoint, sup, cp, plan.key, rec.id, probe)
 
 
-async def wait_watched(sup: TaskCheckpointsHost, checkpoint_id: str | None) -> None:
-    """A create naming a task checkpoint still under watch (`from_state`) waits for its verdict:
-    then it restores the checkpoint, or is told it is gone."""
+async def wait_probed(sup: TaskCheckpointsHost, checkpoint_id: str | None) -> None:
+    """A create naming a task checkpoint still being proven (`from_state`) waits for its
+    verdict: then it restores the checkpoint, or is told it is gone."""
     cp = sup.checkpoints.get(checkpoint_id or "")
     if cp is None or cp.kind is not CheckpointKind.task or cp.ready or cp.task_key is None:
         return
-    watch = sup.task_checkpoint_watches.get(cp.task_key)
-    if watch is not None:
-        with trio.move_on_after(watch_bound_s(sup)):
-            await watch.done.wait()
+    probe = sup.task_checkpoint_probes.get(cp.task_key)
+    if probe is not None:
+        with trio.move_on_after(probe_bound_s(sup)):
+            await probe.done.wait()
 
 
-async def wait_source_watch(sup: TaskCheckpointsHost, slot_id: str) -> None:
-    """A verify of a slot whose new task checkpoint is being watched waits for the verdict
-    first, as it waits for alive_after_resume: its postconfig and checker may end processes the
-    checkpoint holds (OSWorld's GIMP tasks quit GIMP), which the watch would take for processes
-    exiting by themselves (seen live on gimp_theme before this wait: sh, gimp and script-fu
-    'exited' 2 s after a capture whose episode verified at once)."""
-    for watch in [w for w in sup.task_checkpoint_watches.values() if w.slot_id == slot_id]:
-        with trio.move_on_after(watch_bound_s(sup)):
-            await watch.done.wait()
+# A probe's restore that takes longer than this (a host far too loaded) leaves the checkpoint
+# unproven: dropped, captured again at the next episode.
+PROBE_RESTORE_TIMEOUT_S = 30.0
 
 
-def watch_bound_s(sup: TaskCheckpointsHost) -> float:
-    """The longest a watch takes: its window, then its read of the source (a wait while the
-    source is busy, then the read), each bounded by the judge's read timeout."""
-    return held_watch_s(sup.config.alive_after_s) + 2 * JUDGE_READ_TIMEOUT_S + 1.0
+def probe_bound_s(sup: TaskCheckpointsHost) -> float:
+    """The longest a probe takes: its restore, the image's after-restore command, its window,
+    and its two reads, each bounded."""
+    return (
+        PROBE_RESTORE_TIMEOUT_S
+        + AFTER_RESTORE_TIMEOUT_S
+        + held_watch_s(sup.config.alive_after_s)
+        + 2 * JUDGE_READ_TIMEOUT_S
+        + 1.0
+    )
 
 
-async def watch_held_processes(
-    sup: TaskCheckpointsHost,
-    slot_id: str,
-    episode_id: str,
-    cp: CheckpointRecord,
-    key: str,
-    actions: int,
-    exits: list[str],
-    watch: HeldWatch,
+async def probe_task_checkpoint(
+    sup: TaskCheckpointsHost, cp: CheckpointRecord, key: str, slot_id: str, probe: CheckpointProbe
 ) -> None:
-    """Watch a new task checkpoint's source slot for core `held_watch_s`, then make the
-    checkpoint ready, or drop it when a process it holds exited there (or the source was gone
-    before the window ended). The tree as the dump left it running is read first, as an
-    episode's start reads it (here, beside the source's episode: its create does not wait for
-    the read). `actions` is the source's step count at the dump. Episodes waiting on `watch` go
-    on either way."""
+    """Prove new task checkpoint `cp` (captured from slot `slot_id`) on a restore of itself
+    (`run_probe`), then make it ready, or drop it when a process it holds exited there by
+    itself (or the probe could not restore or be read). Episodes waiting on `probe` go on
+    either way."""
     try:
-        facts = await read_source(sup, slot_id, episode_id)
-        baseline = held_baseline(facts)
-        if baseline is not None:
-            await trio.sleep(held_watch_s(sup.config.alive_after_s))
-            facts = await read_source(sup, slot_id, episode_id)
+        verdict = await run_probe(sup, cp)
         if sup.checkpoints.get(cp.id) is not cp:
             return  # deleted meanwhile (by hand, or the daemon stopping)
-        source = episode_record(sup, slot_id, episode_id)
-        acted = source.actions - actions if source is not None else 0
-        verdict = judge_held_processes(baseline or {}, facts, exits, actions=acted)
         if verdict.keep:
             sup.task_capture_refused.pop(key, None)
             cp.ready = True
@@ -352,18 +328,77 @@ async def watch_held_processes(
             again,
             verdict.reason,
         )
-        await delete_checkpoint_record(
-            sup, cp, f"dropped after its source was watched: {verdict.reason}"
-        )
+        await delete_checkpoint_record(sup, cp, f"dropped by its probe: {verdict.reason}")
     finally:
-        if sup.task_checkpoint_watches.get(key) is watch:
-            del sup.task_checkpoint_watches[key]
-        watch.done.set()
+        if sup.task_checkpoint_probes.get(key) is probe:
+            del sup.task_checkpoint_probes[key]
+        probe.done.set()
+
+
+async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdict:
+    """Restore `cp` into a throwaway instance (admitted as a new desktop is; no slot record, no
+    port, not in any listing), read its tree as an episode's start reads it (after the image's
+    after-restore command), let it run for core `held_watch_s`, read it again with the gate's
+    reader, and judge it with the gate's own judge. The instance is destroyed either way."""
+    decision = sup.admission_book.decision(sup.slot_cost_mib(), checkers=False)
+    if not decision.admit:
+        return HeldVerdict(False, f"no room to restore a probe of it: {decision.reason}")
+    now = sup.clock()
+    rec = SlotRecord(
+        id=f"probe-{cp.id}",
+        checkpoint=cp.id,
+        image=cp.image,
+        profile=cp.profile,
+        created_at=now,
+        last_used_at=now,
+        episode_started_at=now,
+    )
+    try:
+        handle = None
+        with (
+            sup.admission_book.reserve("task checkpoint probe", sup.slot_cost_mib()),
+            trio.move_on_after(PROBE_RESTORE_TIMEOUT_S),
+        ):
+            try:
+                handle = await sup.runtime.restore(
+                    rec.id, checkpoint_ref(cp), slot_limits(sup.config)
+                )
+            except RuntimeError_ as exc:
+                return HeldVerdict(
+                    False, f"a probe restore of it failed: {exc.message}", retry_later=True
+                )
+        if handle is None:
+            return HeldVerdict(
+                False, f"a probe restore of it took over {PROBE_RESTORE_TIMEOUT_S:g} s"
+            )
+        await after_restore(sup, rec, handle)
+        baseline = held_baseline(await read_probe(sup, rec, handle))
+        if baseline is None:
+            return HeldVerdict(False, "its probe's tree could not be read after its restore")
+        await trio.sleep(held_watch_s(sup.config.alive_after_s))
+        facts = await read_probe(sup, rec, handle)
+        return judge_held_processes(baseline, facts, natural_exits(sup, rec))
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await sup.runtime.destroy(rec.id)
+            except RuntimeError_ as exc:
+                log.error("probe %s of checkpoint %s: destroy failed: %s", rec.id, cp.id, exc)
+        sup.admission_book.forget(rec.id)
+
+
+async def read_probe(
+    sup: TaskCheckpointsHost, rec: SlotRecord, handle: SlotHandle
+) -> SlotFacts | None:
+    """The probe's facts as the gates read a slot's (None: not read in time, or failed)."""
+    with trio.move_on_after(JUDGE_READ_TIMEOUT_S):
+        return await read_facts(sup, rec, handle)
+    return None
 
 
 def held_baseline(facts: SlotFacts | None) -> dict[str, Any] | None:
-    """The tree right after the dump as alive_after_resume's baseline (begin_episode's form:
-    only the processes whose names were read), or None when it could not be read."""
+    """The probe's tree right after its restore as alive_after_resume's baseline (begin_episode's
+    form: only the processes whose names were read), or None when it could not be read."""
     names = facts.extra.get("proc_names") if facts is not None else None
     if facts is None or not isinstance(names, dict):
         return None
@@ -372,25 +407,6 @@ def held_baseline(facts: SlotFacts | None) -> dict[str, Any] | None:
         "proc_names": names,
         "guest_workers": facts.extra.get("guest_workers", []),
     }
-
-
-async def read_source(sup: TaskCheckpointsHost, slot_id: str, episode_id: str) -> SlotFacts | None:
-    """The source slot's facts while `episode_id` is still its episode (waiting while it is busy,
-    e.g. a fork's dump), or None: replaced, destroyed, failed, or not read in time."""
-    with trio.move_on_after(JUDGE_READ_TIMEOUT_S):
-        while (rec := episode_record(sup, slot_id, episode_id)) and rec.status is SlotStatus.busy:  # noqa: ASYNC110
-            await trio.sleep(0.2)
-    rec = episode_record(sup, slot_id, episode_id)
-    if rec is None or rec.handle is None:
-        return None
-    if rec.status not in (SlotStatus.ready, SlotStatus.quarantined):
-        return None
-    facts = None
-    with trio.move_on_after(JUDGE_READ_TIMEOUT_S):
-        facts = await read_facts(sup, rec, handle_of(rec))
-    if episode_record(sup, slot_id, episode_id) is not rec:
-        return None  # its tree was replaced while it was read
-    return facts
 
 
 async def keep_run_files(cache: TaskSetupCache, slot_id: str, cp: CheckpointRecord) -> None:

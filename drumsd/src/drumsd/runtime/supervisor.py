@@ -156,9 +156,9 @@ class Supervisor:
         # Task checkpoint keys whose capture was refused (not quiet, no space): trio time, so
         # the next episodes replay without waiting for a quiet tree again for a while.
         self.task_capture_refused: dict[str, float] = {}
-        # Task checkpoint keys whose new checkpoint is watched before it serves episodes (set
-        # when the verdict is in; ops_task_checkpoints.watch_held_processes).
-        self.task_checkpoint_watches: dict[str, ops_task_checkpoints.HeldWatch] = {}
+        # Task checkpoint keys whose new checkpoint is proven on a probe restore before it
+        # serves episodes (done when the verdict is in; ops_task_checkpoints.run_probe).
+        self.task_checkpoint_probes: dict[str, ops_task_checkpoints.CheckpointProbe] = {}
         # Background services by name: liveness and last error, for /v1/health.
         self.services: dict[str, ServiceHealth] = {}
 

@@ -192,8 +192,8 @@ async def dump(
     """Dump the slot into a new checkpoint of `kind`. A saved state and a task checkpoint wait
     for a quiet tree first; `before_ready` adds files to the checkpoint dir before it is usable
     (a task checkpoint's run files). With `ready` False the checkpoint is left unready (not
-    restorable, dropped at a restart) for the caller to make ready (a task checkpoint, once its
-    source was watched)."""
+    restorable, dropped at a restart) for the caller to make ready (a task checkpoint, once a
+    probe of it passed)."""
     handle = handle_of(rec)
     usage = await run_stoppable(
         state_files.upper_usage, handle.upper, what=f"measuring slot {rec.id}'s upper layer"

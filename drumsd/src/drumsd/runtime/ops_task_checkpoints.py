@@ -18,7 +18,7 @@ verdict (seconds), then restores the checkpoint or replays the setup.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -79,18 +79,9 @@ class TaskCheckpointsHost(ForkHost, EpisodesHost, Protocol):
     @property
     def task_capture_refused(self) -> dict[str, float]: ...
     @property
-    def task_checkpoint_probes(self) -> dict[str, CheckpointProbe]: ...
+    def task_checkpoint_probes(self) -> dict[str, trio.Event]: ...
     @property
     def tasks(self) -> TaskCatalog: ...
-
-
-@dataclass(frozen=True)
-class CheckpointProbe:
-    """A new task checkpoint being proven (`probe_task_checkpoint`): `done` is set once it is
-    ready or dropped."""
-
-    checkpoint_id: str
-    done: trio.Event = field(default_factory=trio.Event)
 
 
 @dataclass(frozen=True)
@@ -125,12 +116,9 @@ async def plan_setup(
         log.debug("task=%s setup replayed per episode: %s", fp.task_id, fp.reason)
         return SetupPlan(source, source, cached=False, fingerprint=fp)
     key = task_checkpoint_key(source_identity(source), fp)
-    probe = sup.task_checkpoint_probes.get(key)
-    if probe is not None:
-        # Its checkpoint was just captured and is being proven: wait for the verdict (at most
-        # the probe's bound), then restore it if it was kept, else replay.
-        with trio.move_on_after(probe_bound_s(sup)):
-            await probe.done.wait()
+    # Its checkpoint may just have been captured and be being proven: then restore it if it
+    # was kept, else replay.
+    await wait_verdict(sup, key)
     found = find_task_checkpoint(sup.checkpoints.values(), key)
     if found is not None:
         return SetupPlan(source, found, cached=True, key=key, fingerprint=fp)
@@ -250,7 +238,7 @@ async def capture_after_setup(sup: TaskCheckpointsHost, rec: SlotRecord, plan: S
         return
     cp.task_source = plan.source.id
     sup.table.save_checkpoint(cp, "task checkpoint")
-    probe = CheckpointProbe(cp.id)
+    probe = trio.Event()  # set once the checkpoint is ready or dropped
     sup.task_checkpoint_probes[plan.key] = probe
     log.info(
         "slot=%s task=%s task checkpoint %s captured; it serves episodes once a probe restored "
@@ -269,10 +257,16 @@ async def wait_probed(sup: TaskCheckpointsHost, checkpoint_id: str | None) -> No
     cp = sup.checkpoints.get(checkpoint_id or "")
     if cp is None or cp.kind is not CheckpointKind.task or cp.ready or cp.task_key is None:
         return
-    probe = sup.task_checkpoint_probes.get(cp.task_key)
+    await wait_verdict(sup, cp.task_key)
+
+
+async def wait_verdict(sup: TaskCheckpointsHost, key: str) -> None:
+    """Wait (at most `probe_bound_s`) for the verdict on the task checkpoint under `key` when one
+    is being proven; at once otherwise."""
+    probe = sup.task_checkpoint_probes.get(key)
     if probe is not None:
         with trio.move_on_after(probe_bound_s(sup)):
-            await probe.done.wait()
+            await probe.wait()
 
 
 # A probe's restore that takes longer than this (a host far too loaded) leaves the checkpoint
@@ -293,7 +287,7 @@ def probe_bound_s(sup: TaskCheckpointsHost) -> float:
 
 
 async def probe_task_checkpoint(
-    sup: TaskCheckpointsHost, cp: CheckpointRecord, key: str, slot_id: str, probe: CheckpointProbe
+    sup: TaskCheckpointsHost, cp: CheckpointRecord, key: str, slot_id: str, probe: trio.Event
 ) -> None:
     """Prove new task checkpoint `cp` (captured from slot `slot_id`) on a restore of itself
     (`run_probe`), then make it ready, or drop it when a process it holds exited there by
@@ -332,7 +326,7 @@ async def probe_task_checkpoint(
     finally:
         if sup.task_checkpoint_probes.get(key) is probe:
             del sup.task_checkpoint_probes[key]
-        probe.done.set()
+        probe.set()
 
 
 async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdict:

@@ -74,7 +74,6 @@ from drumsd.runtime import (
     ops_episode,
     ops_fork,
     ops_reset,
-    ops_task_checkpoints,
 )
 from drumsd.runtime.admission_book import AdmissionBook
 from drumsd.runtime.console_state import ConsoleState
@@ -158,7 +157,7 @@ class Supervisor:
         self.task_capture_refused: dict[str, float] = {}
         # Task checkpoint keys whose new checkpoint is proven on a probe restore before it
         # serves episodes (done when the verdict is in; ops_task_checkpoints.run_probe).
-        self.task_checkpoint_probes: dict[str, ops_task_checkpoints.CheckpointProbe] = {}
+        self.task_checkpoint_probes: dict[str, trio.Event] = {}
         # Background services by name: liveness and last error, for /v1/health.
         self.services: dict[str, ServiceHealth] = {}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 from drumsd.core.admission import HostSample
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
@@ -84,3 +85,34 @@ def test_the_slot_cost_follows_the_live_slots_last_charge(tmp_path) -> None:
     assert b.slot_cost_mib(["s1", "s2"]) == 150
     b.forget("s1")
     assert b.slot_cost_mib(["s1", "s2"]) == 200
+
+
+async def test_waiting_for_room_asks_again_until_admitted_work_ends_or_time_is_up(
+    tmp_path, autojump_clock
+) -> None:
+    b = book(tmp_path, available_mib=8_000)
+    cost = 8_000 - b.config.admission.min_available_mib - 100
+    costs: list[float] = []
+
+    def cost_now() -> float:
+        costs.append(cost)
+        return cost
+
+    async def create_for(seconds: float) -> None:
+        with b.reserve("create", 500):
+            await trio.sleep(seconds)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(create_for, 2.0)
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        decision = await b.wait_for_room(cost_now, 5.0)
+        assert decision.admit and 2.0 <= trio.current_time() - t0 <= 2.5
+        assert len(costs) > 2  # asked again, the cost read each time
+
+        nursery.start_soon(create_for, 10.0)
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        decision = await b.wait_for_room(cost_now, 5.0)
+        assert not decision.admit and decision.limit == "admission.min_available_mib"
+        assert trio.current_time() - t0 == pytest.approx(5.0)

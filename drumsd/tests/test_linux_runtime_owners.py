@@ -23,6 +23,7 @@ from drumsd.runtime.linux.images import ImageCache
 from drumsd.runtime.linux.instances import InstanceTable
 from drumsd.runtime.linux.ksm import KsmMembership
 from drumsd.runtime.linux.restore import Restorer
+from drumsd.runtime.linux.slots import Slots
 from drumsd.runtime.linux.spare_pool import SparePool
 from drumsd.runtime.linux.spares import Spares
 from drumsd.runtime.linux.supervision import Supervision
@@ -71,6 +72,33 @@ def test_a_warm_upper_is_kept_only_for_a_served_slot_without_one() -> None:
     assert table.take_warm("a") is prep and table.take_warm("a") is None
     table.park_warm("a", prep)
     assert table.take_all_warm() == [prep] and not table.has_warm("a")
+
+
+async def test_a_restore_told_there_is_no_next_one_prepares_no_warm_upper(tmp_path: Path) -> None:
+    """With warm_upper on, a restore prepares the slot's next fs in the background; one whose
+    instance is destroyed right after (a task checkpoint's probe) says so and gets none."""
+    started: list[str] = []
+
+    class Sup:
+        driver = type("Driver", (), {"version": 2})()
+
+        def start_soon(self, fn: object, slot_id: str, *args: object) -> None:
+            started.append(slot_id)
+
+    class Restoring:
+        async def check_lower(self, checkpoint: CheckpointRef) -> None:
+            pass
+
+        async def restore(self, owner: str, *args: object, **kwargs: object) -> Instance:
+            return inst(f"{owner}-1", pid=os.getpid())
+
+    config = LinuxRuntimeConfig(state_dir=tmp_path, warm_upper=True)
+    table, sup, restorer = InstanceTable(), Sup(), Restoring()
+    spares = Spares(config, sup, None, table, restorer, {})  # type: ignore[arg-type]
+    slots = Slots(config, sup, table, restorer, spares, None)  # type: ignore[arg-type]
+    await slots.restore("probe", ref("ck", tmp_path), LIMITS, warm_upper=False)
+    await slots.restore("a", ref("ck", tmp_path), LIMITS)
+    assert started == ["a"] and "probe" in table and "a" in table
 
 
 # ---------------------------------------------------------------- SparePool

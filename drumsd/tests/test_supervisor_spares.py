@@ -50,8 +50,8 @@ class SpareRecordingRuntime(MemoryRuntime):
         handle.extra["spare"] = self.claims % 2 == 1
         return handle
 
-    async def restore(self, slot_id, checkpoint, limits):  # type: ignore[override]
-        return self._mark(await super().restore(slot_id, checkpoint, limits))
+    async def restore(self, slot_id, checkpoint, limits, **kw):  # type: ignore[override]
+        return self._mark(await super().restore(slot_id, checkpoint, limits, **kw))
 
     async def reset(self, handle, checkpoint, limits):  # type: ignore[override]
         return self._mark(await super().reset(handle, checkpoint, limits))

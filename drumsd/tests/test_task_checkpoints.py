@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from drumsd.core.admission import HostSample
 from drumsd.core.records import CheckpointKind, CheckpointRecord
 from drumsd.core.seams import CheckpointRef, SaveParent, SlotFacts, SlotHandle, SlotLimits
 from drumsd.core.task_checkpoints import (
@@ -24,11 +27,12 @@ from drumsd.core.task_checkpoints import (
     task_checkpoint_key,
     task_checkpoints_over_cap,
 )
+from drumsd.runtime import ops_task_checkpoints
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.tasks.bridge import TaskBridge
 from drumsd.tasks.model import Task, TaskContext
 from drumsd.tasks.setup_cache import FileHashes, setup_fingerprint
-from harness import create, error_of, open_api, wait_valid
+from harness import create, error_of, open_api, wait_for, wait_valid
 
 # ---- the key (pure) --------------------------------------------------------------------------
 
@@ -549,11 +553,16 @@ class UnrestorableCaptureRuntime(CountingRuntime):
         return await super().capture(handle, checkpoint_id, dest, parent=parent)
 
     async def restore(
-        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> SlotHandle:
         if checkpoint.id in self.captured:
             self.fail_next_restore = "criu restore failed: no such file"
-        return await super().restore(slot_id, checkpoint, limits)
+        return await super().restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
 
 
 async def test_a_probe_that_does_not_restore_drops_the_checkpoint(
@@ -621,3 +630,107 @@ async def test_a_verify_of_the_source_does_not_wait_for_the_probe(tmp_path: Path
         assert r.status_code == 200, r.text
         again = await create(api, task=_task())
         assert again["task_setup"] == "cached" and api.runtime.execs == 1
+
+
+class FullHost:
+    """Admission's samples of a host with room until `fill` (a capture, below) and again after
+    `free`: in between, none for a probe (MemAvailable 1,000 MiB, below the 4,096 floor)."""
+
+    def __init__(self) -> None:
+        self.available_mib = 20_000.0
+
+    def sample(self, _: Path) -> HostSample:
+        return HostSample(time.time(), self.available_mib, 24_000, 0.0, 50_000, 100_000)
+
+    def fill(self, api) -> None:  # type: ignore[no-untyped-def]
+        self.available_mib = 1000.0
+        api.sup.admission_book.sample = self.sample(Path())  # before the probe asks
+
+    def free(self) -> None:
+        self.available_mib = 20_000.0
+
+
+class FullAfterCaptureRuntime(CountingRuntime):
+    """Calls `on_capture` once a capture is done (before its probe starts)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_capture = lambda: None
+        self.captured: list[str] = []
+
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
+        ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
+        self.captured.append(checkpoint_id)
+        self.on_capture()
+        return ref
+
+
+def _full_api(tmp_path: Path, host: FullHost) -> open_api:
+    return open_api(
+        tmp_path,
+        runtime_cls=FullAfterCaptureRuntime,
+        sampler=host.sample,
+        admission={"sample_interval_s": 0.05},
+        alive_after_s=0.5,
+    )
+
+
+async def test_a_probe_that_finds_no_room_waits_for_it(tmp_path: Path) -> None:
+    host = FullHost()
+    async with _full_api(tmp_path, host) as api:
+        _bridge(api, tmp_path)
+        api.runtime.on_capture = partial(host.fill, api)
+        await create(api, task=_task())
+        (tcp,) = api.runtime.captured
+        await trio.sleep(1.0)  # within the probe's wait for room (PROBE_ROOM_WAIT_S)
+        assert tcp in api.sup.checkpoints and not api.sup.checkpoints[tcp].ready
+        assert _probes(api) == []
+        host.free()
+        await wait_for(lambda: api.sup.sample and api.sup.sample.mem_available_mib == 20_000)
+        second = await create(api, task=_task())  # waits for the verdict: kept
+        assert second["task_setup"] == "cached" and second["checkpoint"] == tcp
+        assert api.runtime.execs == 1 and api.runtime.captures == 1 and len(_probes(api)) == 1
+
+
+async def test_a_probe_with_no_room_for_its_whole_wait_drops_it_and_refuses_captures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host at its admission limit: without the refusal, every episode of the task dumped its
+    # setup again and probed it, to no end.
+    monkeypatch.setattr(ops_task_checkpoints, "PROBE_ROOM_WAIT_S", 1.0)
+    host = FullHost()
+    async with _full_api(tmp_path, host) as api:
+        _bridge(api, tmp_path)
+        api.runtime.on_capture = partial(host.fill, api)
+        first = await create(api, task=_task())
+        (tcp,) = api.runtime.captured
+        await wait_for(lambda: tcp not in api.sup.checkpoints, what="the drop")
+        host.free()
+        await wait_for(lambda: api.sup.sample and api.sup.sample.mem_available_mib == 20_000)
+        second = await create(api, task=_task())
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert api.runtime.captured == [tcp] and await _task_checkpoints(api) == []
+        assert _probes(api) == [] and len(api.sup.task_capture_refused) == 1
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 1, dropped
+        for part in (first["id"], "tk-files", tcp, "after 600 s", "no room", "within 1 s"):
+            assert part in dropped[0], dropped
+        assert "admission.min_available_mib" in dropped[0], dropped
+
+
+async def test_a_probe_prepares_no_warm_upper(tmp_path: Path) -> None:
+    # It is destroyed seconds after its restore: an upper made for its next restore is waste.
+    async with open_api(tmp_path, runtime_cls=CountingRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        first = await create(api, task=_task())
+        second = await create(api, task=_task())  # waits for the verdict: kept
+        assert second["task_setup"] == "cached"
+        (probe,) = _probes(api)
+        assert api.runtime.warm_upper == {first["id"]: True, probe: False, second["id"]: True}

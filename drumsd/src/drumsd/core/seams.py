@@ -181,10 +181,17 @@ class SlotRuntime(Protocol):
     restore leaves nothing behind (its cleanup runs shielded)."""
 
     async def restore(
-        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> SlotHandle:
         """Create: fresh upper from the checkpoint's snapshot, overlay, cgroups, CRIU restore,
-        wait until the guest agent answers. Retried up to max_attempts before any task ran."""
+        wait until the guest agent answers. Retried up to max_attempts before any task ran.
+        `warm_upper=False`: prepare no upper ahead for the slot's next reset even when the
+        runtime does (an instance destroyed right after, such as a task checkpoint's probe)."""
         ...
 
     async def reset(

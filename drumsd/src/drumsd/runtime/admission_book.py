@@ -3,7 +3,8 @@ decision, the memory and state_dir space reserved by admitted work still running
 a dump, a fork's children: not yet visible in the sample), each slot's last memory charge.
 
 `reserve(op, mib)` holds a reservation for the body of a `with` and gives it back on every exit,
-so no operation writes the bookkeeping by hand. The decisions themselves are
+so no operation writes the bookkeeping by hand. `wait_for_room` asks again for a while instead of
+refusing at once (background work that may wait a little). The decisions themselves are
 `core/admission.decide` (pure).
 """
 
@@ -12,10 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
+import trio
+
 from drumsd.core.admission import Decision, HostSample, decide, slot_cost_mib
 from drumsd.core.config import Config
 from drumsd.core.errors import DrumsdError
 from drumsd.core.metrics import MetricsWindow
+
+# How often `wait_for_room` asks again: room comes back when admitted work ends (its reservation
+# is given back) or a new sample arrives; a decision is arithmetic, so asking is cheap.
+ROOM_POLL_S = 0.25
 
 
 def _nothing_reserved() -> float:
@@ -87,6 +94,19 @@ class AdmissionBook:
             pending_mib=pending,
             state_mib=state_mib + self.pending_state_mib,
         )
+
+    async def wait_for_room(
+        self, cost_mib: Callable[[], float], within_s: float, *, checkers: bool = True
+    ) -> Decision:
+        """The decision on work costing `cost_mib()` (asked again each time: the slots' cost
+        moves), asked every ROOM_POLL_S until it admits or `within_s` has passed: the last one."""
+        deadline = trio.current_time() + within_s
+        while True:
+            decision = self.decision(cost_mib(), checkers=checkers)
+            left = deadline - trio.current_time()
+            if decision.admit or left <= 0:
+                return decision
+            await trio.sleep(min(ROOM_POLL_S, left))
 
     def admit(self, operation: str, cost_mib: float, state_mib: float = 0.0) -> None:
         """Refused (429 overloaded, with when to retry) when the host would go below a floor."""

@@ -92,6 +92,8 @@ class MemoryRuntime:
         self._ns = FAKE_NAMESPACE_BASE
         self._exits: dict[str, trio.Event] = {}
         self.calls: list[tuple[str, str]] = []
+        # slot id -> whether its last restore let a warm upper be prepared (none is built here)
+        self.warm_upper: dict[str, bool] = {}
 
     # --- test hooks ---------------------------------------------------------------------------
 
@@ -152,9 +154,15 @@ class MemoryRuntime:
     # --- SlotRuntime ----------------------------------------------------------------------------
 
     async def restore(
-        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> SlotHandle:
         self.calls.append(("restore", slot_id))
+        self.warm_upper[slot_id] = warm_upper
         if self.restore_delay_s:
             await trio.sleep(self.restore_delay_s)
         if self.fail_next_restore:

@@ -269,16 +269,21 @@ async def wait_verdict(sup: TaskCheckpointsHost, key: str) -> None:
             await probe.wait()
 
 
+# A probe waits this long for admission's room to restore (work admitted before it ending, a
+# new sample); still none, the checkpoint is dropped and its key not captured again for
+# CAPTURE_RETRY_S: a host at its limit would otherwise dump and probe again every episode.
+PROBE_ROOM_WAIT_S = 5.0
 # A probe's restore that takes longer than this (a host far too loaded) leaves the checkpoint
 # unproven: dropped, captured again at the next episode.
 PROBE_RESTORE_TIMEOUT_S = 30.0
 
 
 def probe_bound_s(sup: TaskCheckpointsHost) -> float:
-    """The longest a probe takes: its restore, the image's after-restore command, its window,
-    and its two reads, each bounded."""
+    """The longest a probe takes: its wait for room, its restore, the image's after-restore
+    command, its window, and its two reads, each bounded."""
     return (
-        PROBE_RESTORE_TIMEOUT_S
+        PROBE_ROOM_WAIT_S
+        + PROBE_RESTORE_TIMEOUT_S
         + AFTER_RESTORE_TIMEOUT_S
         + held_watch_s(sup.config.alive_after_s)
         + 2 * JUDGE_READ_TIMEOUT_S
@@ -330,13 +335,20 @@ async def probe_task_checkpoint(
 
 
 async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdict:
-    """Restore `cp` into a throwaway instance (admitted as a new desktop is; no slot record, no
-    port, not in any listing), read its tree as an episode's start reads it (after the image's
-    after-restore command), let it run for core `held_watch_s`, read it again with the gate's
-    reader, and judge it with the gate's own judge. The instance is destroyed either way."""
-    decision = sup.admission_book.decision(sup.slot_cost_mib(), checkers=False)
+    """Restore `cp` into a throwaway instance (admitted as a new desktop is, waiting up to
+    PROBE_ROOM_WAIT_S for room; no slot record, no port, not in any listing, no warm upper),
+    read its tree as an episode's start reads it (after the image's after-restore command), let
+    it run for core `held_watch_s`, read it again with the gate's reader, and judge it with the
+    gate's own judge. The instance is destroyed either way."""
+    decision = await sup.admission_book.wait_for_room(
+        sup.slot_cost_mib, PROBE_ROOM_WAIT_S, checkers=False
+    )
     if not decision.admit:
-        return HeldVerdict(False, f"no room to restore a probe of it: {decision.reason}")
+        return HeldVerdict(
+            False,
+            f"no room to restore a probe of it within {PROBE_ROOM_WAIT_S:g} s: {decision.reason}",
+            retry_later=True,
+        )
     now = sup.clock()
     rec = SlotRecord(
         id=f"probe-{cp.id}",
@@ -354,8 +366,9 @@ async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdi
             trio.move_on_after(PROBE_RESTORE_TIMEOUT_S),
         ):
             try:
+                # Destroyed within seconds: no next restore to prepare an upper for.
                 handle = await sup.runtime.restore(
-                    rec.id, checkpoint_ref(cp), slot_limits(sup.config)
+                    rec.id, checkpoint_ref(cp), slot_limits(sup.config), warm_upper=False
                 )
             except RuntimeError_ as exc:
                 return HeldVerdict(

@@ -121,9 +121,14 @@ class LinuxRuntime:
     # ------------------------------------------------------------------ SlotRuntime
 
     async def restore(
-        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> SlotHandle:
-        return await self.slots.restore(slot_id, checkpoint, limits)
+        return await self.slots.restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
 
     async def reset(
         self, handle: SlotHandle, checkpoint: CheckpointRef, limits: SlotLimits

@@ -43,7 +43,12 @@ class Slots:
         self.after_fork = after_fork
 
     async def restore(
-        self, slot_id: str, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> SlotHandle:
         await self.restorer.check_lower(checkpoint)
         if slot_id in self.table:
@@ -54,7 +59,7 @@ class Slots:
         spare = inst is not None
         if inst is None:
             inst = await self.restorer.restore(f"slot:{slot_id}", checkpoint, limits)
-        self._serve(slot_id, inst, checkpoint, limits)
+        self._serve(slot_id, inst, checkpoint, limits, warm_upper=warm_upper)
         log_event(
             "restored",
             slot=slot_id,
@@ -103,10 +108,19 @@ class Slots:
         return self.handle(slot_id, inst, spare)
 
     def _serve(
-        self, slot_id: str, inst: Instance, checkpoint: CheckpointRef, limits: SlotLimits
+        self,
+        slot_id: str,
+        inst: Instance,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
     ) -> None:
+        """The slot's instance is `inst`; its next fs is prepared ahead unless the caller said
+        there is no next restore (`warm_upper=False`)."""
         self.table.serve(slot_id, inst)
-        self.spares.after_restore(slot_id, checkpoint, limits)
+        if warm_upper:
+            self.spares.after_restore(slot_id, checkpoint, limits)
 
     async def destroy(self, slot_id: str) -> None:
         """Tear the slot down within teardown_timeout_s (shielded from the caller's cancel, but

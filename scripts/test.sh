@@ -47,7 +47,7 @@ echo "==> mypy (sdk strict; drumsd strict with its ratchet)"
 # --timeout: a test that hangs fails with its stack and the run goes on. The slowest live test
 # takes under 3 min here, the slowest unit test under 1 min, so the unit tier's bound is tighter
 # (a unit test once hung on a supervisor shutdown and cost the run 20 min).
-pytest_args=(-q -rs -p no:cacheprovider --durations=30 --timeout=1200)
+pytest_args=(-q -rs -p no:cacheprovider --durations=60 --timeout=1200)
 if (($#)); then
     echo "==> pytest $*"
     exec pytest "${pytest_args[@]}" "$@"

@@ -7,12 +7,13 @@ root pyproject.toml puts tests/ on sys.path.
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import trio
@@ -23,6 +24,19 @@ from drumsd.linux.journal_io import Journal
 from drumsd.runtime.memory_runtime import MemoryRuntime
 from drumsd.runtime.supervisor import Supervisor, open_supervisor
 from trio.testing import MockClock
+
+T = TypeVar("T")
+
+
+def day_sample(items: Sequence[T], per_day: int, day: int | None = None) -> list[T]:
+    """The `per_day` of `items` CI runs on `day` (a date ordinal; today's by default): the next
+    ones in turn each day, so ceil(len(items) / per_day) days run them all. For slow live cases
+    that CI samples and an opt-in tier runs in full (the skip reason names the tier)."""
+    if day is None:
+        day = datetime.date.today().toordinal()
+    n = len(items)
+    return [items[(day * per_day + i) % n] for i in range(min(per_day, n))]
+
 
 TOKEN = "t" * 40
 SHA = "ab" * 32

@@ -6,7 +6,10 @@ v1 cgroups LXCFS reads, and the start's refusals. The view itself is tested live
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,3 +209,28 @@ def test_no_compiler_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(sysinfo_preload.shutil, "which", lambda _name: None)
     with pytest.raises(sysinfo_preload.SysinfoLibError, match="apt-get install gcc"):
         sysinfo_preload.ensure_lib(tmp_path)
+
+
+def test_stop_ends_its_child_at_once_and_reaps_it(tmp_path: Path) -> None:
+    """An LXCFS this process started is a zombie once it exits: stop took its whole 10 s start
+    timeout waiting for /proc/<pid> to go (and left the zombie)."""
+    view = tmp_path / "view"
+    child = subprocess.Popen(["sleep", "60"])
+    Path(f"{view}.pid").write_text(f"{child.pid}\n")
+    t0 = time.monotonic()
+    procview.stop(view)
+    assert time.monotonic() - t0 < 5.0
+    assert not Path(f"/proc/{child.pid}").exists()
+
+
+def test_stop_kills_a_process_that_ignores_sigterm(tmp_path: Path, monkeypatch) -> None:
+    view = tmp_path / "view"
+    ignore = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    child = subprocess.Popen(
+        [sys.executable, "-c", ignore + "print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None and child.stdout.readline()  # SIGTERM ignored from here
+    Path(f"{view}.pid").write_text(f"{child.pid}\n")
+    monkeypatch.setattr(procview, "START_TIMEOUT_S", 0.3)
+    procview.stop(view)
+    assert not Path(f"/proc/{child.pid}").exists()

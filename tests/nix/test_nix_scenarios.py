@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
+from harness import day_sample
 from nix_support import open_local_daemon, require_live_runtime
 
 
@@ -42,8 +43,7 @@ LIVE_PER_DAY = 2
 
 def live_sample(day: int) -> set[str]:
     """The scenarios CI runs on the Linux runtime on `day` (an ordinal): LIVE_PER_DAY in turn."""
-    n = len(LIVE_SCENARIOS)
-    return {LIVE_SCENARIOS[(day * LIVE_PER_DAY + i) % n] for i in range(LIVE_PER_DAY)}
+    return set(day_sample(LIVE_SCENARIOS, LIVE_PER_DAY, day))
 
 
 def test_the_live_sample_takes_every_scenario_within_three_days() -> None:

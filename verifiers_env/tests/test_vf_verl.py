@@ -7,7 +7,6 @@ DRUMS_TOKEN_FILE, and lists the daemon's slots before and after.
 
 from __future__ import annotations
 
-import datetime
 import os
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from harness import day_sample
 from trainer_checks import REPO, passed, result_lines, run_check
 
 OSWORLD = REPO.parent / "shared" / "osworld"
@@ -29,7 +29,7 @@ def slow_rows() -> set[str]:
     turn (CI's sample: each trainer's CI cost stays one live episode plus every fourth day this)."""
     if os.environ.get("DRUMS_TRAINER_MATRIX") == "1":
         return set(SLOW_ROWS)
-    return {SLOW_ROWS[datetime.date.today().toordinal() % len(SLOW_ROWS)]}
+    return set(day_sample(SLOW_ROWS, 1))
 
 
 def matrix_env(row: str, var: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ these files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -134,8 +135,29 @@ def stop(view_dir: Path) -> None:
         os.kill(pid, signal.SIGTERM)
     except (OSError, ValueError):
         return
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    # Ended means gone or a zombie: LXCFS started by this process stays in /proc as one until
+    # reaped, and waiting for /proc/<pid> to go took the whole START_TIMEOUT_S on every stop.
+    if not _ended(pid, START_TIMEOUT_S):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        _ended(pid, 1.0)
+
+
+def _ended(pid: int, within_s: float) -> bool:
+    """Whether `pid` exited within `within_s` (reaped here when it is this process's child)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
 
 

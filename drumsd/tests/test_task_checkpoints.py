@@ -579,6 +579,39 @@ async def test_a_probe_that_does_not_restore_drops_the_checkpoint(
         assert "a probe restore of it failed: criu restore failed" in dropped[0], dropped
 
 
+class SlowProbeRestoreRuntime(CountingRuntime):
+    """A probe's restore (and only it) takes a minute: a host far too loaded."""
+
+    async def restore(
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
+    ) -> SlotHandle:
+        if slot_id.startswith("probe-"):
+            await trio.sleep(60)
+        return await super().restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
+
+
+async def test_a_probe_restore_over_its_bound_drops_it_and_refuses_captures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Capturing again at the next episode would only add a dump and a probe to that load.
+    monkeypatch.setattr(ops_task_checkpoints, "PROBE_RESTORE_TIMEOUT_S", 1.0)
+    async with open_api(tmp_path, runtime_cls=SlowProbeRestoreRuntime, alive_after_s=0.5) as api:
+        _bridge(api, tmp_path)
+        await create(api, task=_task())
+        second = await create(api, task=_task())  # waits for the verdict: dropped
+        assert second["task_setup"] == "replayed" and api.runtime.execs == 2
+        assert api.runtime.captures == 1 and await _task_checkpoints(api) == []
+        assert len(api.sup.task_capture_refused) == 1
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 1 and "took over 1 s" in dropped[0], dropped
+        assert "after 600 s" in dropped[0], dropped
+
+
 async def test_a_source_destroyed_right_after_its_create_keeps_the_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -697,6 +730,22 @@ async def test_a_probe_that_finds_no_room_waits_for_it(tmp_path: Path) -> None:
         second = await create(api, task=_task())  # waits for the verdict: kept
         assert second["task_setup"] == "cached" and second["checkpoint"] == tcp
         assert api.runtime.execs == 1 and api.runtime.captures == 1 and len(_probes(api)) == 1
+
+
+async def test_a_checkpoint_deleted_while_its_probe_waits_for_room_is_not_restored(
+    tmp_path: Path,
+) -> None:
+    host = FullHost()
+    async with _full_api(tmp_path, host) as api:
+        _bridge(api, tmp_path)
+        api.runtime.on_capture = partial(host.fill, api)
+        await create(api, task=_task())
+        (tcp,) = api.runtime.captured
+        r = await api.client.delete(f"/v1/checkpoints/{tcp}")
+        assert r.status_code == 200, r.text
+        host.free()
+        await wait_for(lambda: not api.sup.task_checkpoint_probes, what="the probe's end")
+        assert _probes(api) == [] and tcp not in api.sup.checkpoints
 
 
 async def test_a_probe_with_no_room_for_its_whole_wait_drops_it_and_refuses_captures(

@@ -179,8 +179,9 @@ def held_watch_s(alive_after_s: float) -> float:
 class HeldVerdict:
     """Whether a probed task checkpoint may serve episodes (`keep`). A dropped one is tried
     again after the capture's retry delay when `retry_later` (what it held exits by itself, it
-    does not restore, or the host had no room for its probe, so a capture right away would
-    likely do the same), else at the next episode (not proven: its probe could not be read)."""
+    does not restore or takes over the bound to, or the host had no room for its probe, so a
+    capture right away would likely do the same), else at the next episode (not proven: its
+    probe could not be read)."""
 
     keep: bool
     reason: str

@@ -274,7 +274,7 @@ async def wait_verdict(sup: TaskCheckpointsHost, key: str) -> None:
 # CAPTURE_RETRY_S: a host at its limit would otherwise dump and probe again every episode.
 PROBE_ROOM_WAIT_S = 5.0
 # A probe's restore that takes longer than this (a host far too loaded) leaves the checkpoint
-# unproven: dropped, captured again at the next episode.
+# unproven: dropped, and its key not captured again for CAPTURE_RETRY_S.
 PROBE_RESTORE_TIMEOUT_S = 30.0
 
 
@@ -349,6 +349,8 @@ async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdi
             f"no room to restore a probe of it within {PROBE_ROOM_WAIT_S:g} s: {decision.reason}",
             retry_later=True,
         )
+    if sup.checkpoints.get(cp.id) is not cp:
+        return HeldVerdict(False, "deleted while its probe waited for room")
     now = sup.clock()
     rec = SlotRecord(
         id=f"probe-{cp.id}",
@@ -374,9 +376,11 @@ async def run_probe(sup: TaskCheckpointsHost, cp: CheckpointRecord) -> HeldVerdi
                 return HeldVerdict(
                     False, f"a probe restore of it failed: {exc.message}", retry_later=True
                 )
-        if handle is None:
+        if handle is None:  # a host far too loaded: capturing again at once would add to it
             return HeldVerdict(
-                False, f"a probe restore of it took over {PROBE_RESTORE_TIMEOUT_S:g} s"
+                False,
+                f"a probe restore of it took over {PROBE_RESTORE_TIMEOUT_S:g} s",
+                retry_later=True,
             )
         await after_restore(sup, rec, handle)
         baseline = held_baseline(await read_probe(sup, rec, handle))

@@ -83,6 +83,32 @@ def test_the_slow_steps_against_all_say_what_they_waited_behind() -> None:
     ]
 
 
+def test_the_level_cpu_is_split_by_role_and_at_the_first_wave_end() -> None:
+    """The level's CPU per kind and per command, whole and either side of its first episode's
+    end: what an episode costs by role, and how much of it came while the creates settled."""
+    cmds = [
+        Sample(10.0, {}),
+        Sample(11.0, {"desktop": 1.0}, commands={"desktop: Xvfb": 0.25, "desktop: soffice": 0.75}),
+        Sample(12.0, {"desktop": 1.0}, commands={"desktop: Xvfb": 1.0}),
+        Sample(13.0, {"criu restore (spare)": 1.6}, commands={"criu restore (spare): criu": 1.6}),
+    ]
+    eps = [episode(10.5, [0.1], [["create", 10.0, 10.4], ["destroy", 10.6, 11.5]])]
+    got = prof.profile_level(eps, cmds)["cpu"]
+    assert got["all"]["wall_s"] == 3.0
+    assert got["all"]["by_kind_s"] == {"desktop": 2.0, "criu restore (spare)": 1.6}
+    assert list(got["all"]["by_command_s"]) == [
+        "criu restore (spare): criu",
+        "desktop: Xvfb",
+        "desktop: soffice",
+    ], "largest first"
+    assert got["first_wave"]["wall_s"] == 1.5
+    assert got["first_wave"]["by_command_s"] == {"desktop: Xvfb": 0.75, "desktop: soffice": 0.75}
+    assert got["rest"]["by_kind_s"] == {"criu restore (spare)": 1.6, "desktop": 0.5}
+    # No destroy yet (or one sample): no split, or nothing to say.
+    assert list(prof.level_cpu([episode(10.5, [0.1], [])], cmds)) == ["all"]
+    assert prof.level_cpu(eps, cmds[:1]) == {}
+
+
 def test_the_sampler_reads_proc_stat_cgroups_and_pressure() -> None:
     stat = "4242 (Web Content (x)) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 98765 0 0"
     st = procfs.parse_stat(stat)  # the sampler's reading of each process

@@ -33,6 +33,8 @@ class Sample:
     t: float
     cpu: Mapping[str, float]
     inflight: Mapping[str, int] = field(default_factory=dict)
+    # CPU-seconds per "<kind>: <command>" since the sample before (the processes the sampler saw)
+    commands: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,16 +67,19 @@ def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def cpu_in(samples: Sequence[Sample], start: float, end: float) -> dict[str, float]:
-    """CPU-seconds per kind of process over [start, end]: each sample's interval (from the
-    sample before) counted in proportion to its overlap with the window."""
+def cpu_in(
+    samples: Sequence[Sample], start: float, end: float, by_command: bool = False
+) -> dict[str, float]:
+    """CPU-seconds per kind of process (or per "<kind>: <command>" with by_command) over
+    [start, end]: each sample's interval (from the sample before) counted in proportion to its
+    overlap with the window."""
     out: dict[str, float] = {}
     for prev, cur in itertools.pairwise(samples):
         span = cur.t - prev.t
         part = overlap(prev.t, cur.t, start, end)
         if span <= 0 or part <= 0:
             continue
-        for kind, cpu in cur.cpu.items():
+        for kind, cpu in (cur.commands if by_command else cur.cpu).items():
             out[kind] = out.get(kind, 0.0) + cpu * part / span
     return out
 
@@ -179,14 +184,43 @@ def group_summary(profiles: Sequence[Mapping[str, Any]], kinds: Iterable[str]) -
     }
 
 
+def _rounded(cpu: Mapping[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 5e-4}
+
+
+def level_cpu(
+    episodes: Sequence[Mapping[str, Any]], samples: Sequence[Sample]
+) -> dict[str, dict[str, Any]]:
+    """Where the level's CPU went, per kind of process and per "<kind>: <command>", over the
+    whole sampled level and split at the end of its first wave (the creates started at once):
+    CPU-seconds and the wall of each part. Divide by the level's episodes for a per-episode
+    account by role."""
+    if len(samples) < 2:
+        return {}
+    start, end = samples[0].t, samples[-1].t
+    wave = first_wave_end(episodes)
+    parts = {"all": (start, end)}
+    if wave is not None and start < wave < end:
+        parts["first_wave"] = (start, wave)
+        parts["rest"] = (wave, end)
+    return {
+        name: {
+            "wall_s": round(b - a, 3),
+            "by_kind_s": _rounded(cpu_in(samples, a, b)),
+            "by_command_s": _rounded(cpu_in(samples, a, b, by_command=True)),
+        }
+        for name, (a, b) in parts.items()
+    }
+
+
 def profile_level(
     episodes: Sequence[Mapping[str, Any]],
     samples: Sequence[Sample],
     slow_s: float = SLOW_STEP_S,
     top: int = TOP_SLOW,
 ) -> dict[str, Any]:
-    """The level's slow steps (wall > slow_s) against all its steps, and the slowest `top` one
-    by one."""
+    """The level's slow steps (wall > slow_s) against all its steps, the slowest `top` one
+    by one, and where its CPU went (level_cpu)."""
     t0, wave = level_start(episodes), first_wave_end(episodes)
     profiles = [step_profile(episodes, samples, w, t0, wave) for w in step_windows(episodes)]
     kinds = sorted({k for s in samples for k in s.cpu})
@@ -196,6 +230,7 @@ def profile_level(
         "all_steps": group_summary(profiles, kinds),
         "slow_steps": group_summary(slow, kinds),
         "slowest": sorted(slow, key=lambda p: -p["wall_s"])[:top],
+        "cpu": level_cpu(episodes, samples),
     }
 
 

@@ -148,7 +148,7 @@ class Sampler:
 
     def _sample(self) -> Sample:
         now = time.monotonic()
-        cpu, inflight = self._read_procs(now)
+        cpu, inflight, commands = self._read_procs(now)
         totals = self._totals()
         d = {k: totals[k] - self._last.get(k, 0.0) for k in totals}
         if self._last.get("sampler", 0.0) == 0.0:
@@ -160,14 +160,25 @@ class Sampler:
         cpu["client"] = max(0.0, d["bench"] - d["sampler"])
         cpu["host other"] = max(0.0, d["host"] - d["account"] - d["ksmd"] - d["bench"])
         cpu["psi cpu some"] = d["psi"]
-        return Sample(now, {k: round(v, 5) for k, v in cpu.items()}, inflight)
+        commands["exited between samples"] = cpu["exited between samples"]
+        for kind in ("ksmd", "client", "host other"):
+            commands[kind] = cpu[kind]
+        return Sample(
+            now,
+            {k: round(v, 5) for k, v in cpu.items()},
+            inflight,
+            {k: round(v, 5) for k, v in commands.items()},
+        )
 
     def _read_procs(
         self, now: float, baseline: bool = False
-    ) -> tuple[dict[str, float], dict[str, int]]:
+    ) -> tuple[dict[str, float], dict[str, int], dict[str, float]]:
+        """CPU per kind and per "<kind>: <command>" since the sample before, and what was in
+        flight."""
         procs_text = _read(self.account_dir / "cgroup.procs") or ""
         seen: dict[tuple[int, int, str], _Proc] = {}
         cpu: dict[str, float] = {}
+        commands: dict[str, float] = {}
         inflight: dict[str, int] = {}
         live_iids: set[str] = set()
         kinds: dict[str, str] = {}  # iid -> desktop or desktop (new), read once per sample
@@ -201,6 +212,8 @@ class Sampler:
                 cpu[kind] = cpu.get(kind, 0.0) + used
                 if not baseline and used:
                     self.by_command[kind, comm] = self.by_command.get((kind, comm), 0.0) + used
+                    key_c = f"{kind}: {comm}"
+                    commands[key_c] = commands.get(key_c, 0.0) + used
             if proc.kind.startswith("criu"):
                 inflight[proc.kind] = inflight.get(proc.kind, 0) + 1
         self._procs = seen
@@ -212,7 +225,7 @@ class Sampler:
         new = sum(1 for kind in kinds.values() if kind == "desktop (new)")
         if new:
             inflight["desktop (new)"] = new
-        return cpu, inflight
+        return cpu, inflight, commands
 
     def _classify(self, pid: int, comm: str, now: float) -> _Proc | None:
         cg = _read(f"/proc/{pid}/cgroup")

@@ -9,6 +9,7 @@ Each test skips when its app is not installed on this host (the desktop image ha
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import os
 import shutil
@@ -130,6 +131,7 @@ APP_PER_DAY = {"gimp": 2, "soffice": 2}
 EVERY_FAMILY = os.environ.get("DRUMS_TASK_APPS_ALL") == "1"
 
 
+@functools.cache
 def slow_app(family: str) -> str | None:
     """The APP_PER_DAY app the family's oracle runs, if any."""
     for a in generate(21, family, 0)[1].oracle.actions:
@@ -140,12 +142,13 @@ def slow_app(family: str) -> str | None:
     return None
 
 
-def sampled_today() -> set[str]:
+@functools.cache
+def sampled_today() -> frozenset[str]:
     """The slow-app families CI runs today: APP_PER_DAY of each app, in turn."""
     picked: set[str] = set()
     for app, per_day in APP_PER_DAY.items():
         picked |= set(day_sample([f for f in SHELL_FAMILIES if slow_app(f) == app], per_day))
-    return picked
+    return frozenset(picked)
 
 
 def test_the_daily_sample_covers_every_slow_family_within_four_days() -> None:

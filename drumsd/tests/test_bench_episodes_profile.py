@@ -109,6 +109,21 @@ def test_the_level_cpu_is_split_by_role_and_at_the_first_wave_end() -> None:
     assert prof.level_cpu(eps, cmds[:1]) == {}
 
 
+def test_an_episode_is_charged_what_ran_inside_its_window_and_the_rest_is_between() -> None:
+    eps = [
+        episode(10.5, [0.1], [["create", 10.0, 10.4], ["destroy", 10.6, 11.0]]),
+        episode(12.5, [0.1], [["create", 12.0, 12.4], ["destroy", 12.6, 13.0]]),
+    ]
+    got = prof.episode_cpu(eps, samples())
+    assert got["n"] == 2
+    # Inside [10, 11] desktop 1.0; inside [12, 13] desktop 0.4 + the spare's restore 1.6.
+    assert got["own_s"] == {"p50": 1.5, "mean": 1.5}
+    assert got["by_kind_s_mean"] == {"criu restore (spare)": 0.8, "desktop": 0.7}
+    assert got["level_own_s"] == 5.0, "desktop 3.4 + restore 1.6 over [10, 14]"
+    assert got["level_own_outside_episodes_s"] == pytest.approx(1.0 + 1.0)
+    assert prof.episode_cpu([], samples()) == {"n": 0}
+
+
 def test_the_sampler_reads_proc_stat_cgroups_and_pressure() -> None:
     stat = "4242 (Web Content (x)) S 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 1 0 98765 0 0"
     st = procfs.parse_stat(stat)  # the sampler's reading of each process

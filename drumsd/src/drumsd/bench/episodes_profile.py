@@ -213,6 +213,53 @@ def level_cpu(
     }
 
 
+# What the sampler reads that is not the daemon's own account (its cpuacct group)
+NOT_OWN = ("ksmd", "client", "host other", "psi cpu some")
+
+
+def episode_cpu(episodes: Sequence[Mapping[str, Any]], samples: Sequence[Sample]) -> dict[str, Any]:
+    """Each episode's CPU inside its own window (its create's start to its destroy's end), the
+    way the one-at-a-time phase episodes count it: p50 and mean over the episodes of the own
+    account's part (all kinds but NOT_OWN) and of each kind, and the share of the level's own
+    CPU that fell in no episode's window (between episodes). Meant for one at a time: with
+    several at once the windows overlap and count the same CPU more than once."""
+    spans = []
+    for rec in episodes:
+        ops = rec.get("ops") or []
+        if ops:
+            spans.append((min(o[1] for o in ops), max(o[2] for o in ops)))
+    if not spans or len(samples) < 2:
+        return {"n": 0}
+    per = [cpu_in(samples, a, b) for a, b in spans]
+    own = [sum(v for k, v in c.items() if k not in NOT_OWN) for c in per]
+    kinds = sorted({k for c in per for k in c})
+    level = cpu_in(samples, samples[0].t, samples[-1].t)
+    level_own = sum(v for k, v in level.items() if k not in NOT_OWN)
+    inside = 0.0
+    for a, b in _union(spans):
+        inside += sum(v for k, v in cpu_in(samples, a, b).items() if k not in NOT_OWN)
+    return {
+        "n": len(per),
+        "own_s": {"p50": _median(own), "mean": round(statistics.fmean(own), 4)},
+        "by_kind_s_p50": {k: _median([c.get(k, 0.0) for c in per]) for k in kinds},
+        "by_kind_s_mean": {
+            k: round(statistics.fmean(c.get(k, 0.0) for c in per), 4) for k in kinds
+        },
+        "level_own_s": round(level_own, 3),
+        "level_own_outside_episodes_s": round(max(0.0, level_own - inside), 3),
+    }
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def profile_level(
     episodes: Sequence[Mapping[str, Any]],
     samples: Sequence[Sample],
@@ -231,6 +278,7 @@ def profile_level(
         "slow_steps": group_summary(slow, kinds),
         "slowest": sorted(slow, key=lambda p: -p["wall_s"])[:top],
         "cpu": level_cpu(episodes, samples),
+        "episode_cpu": episode_cpu(episodes, samples),
     }
 
 

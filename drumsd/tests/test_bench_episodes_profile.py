@@ -119,6 +119,7 @@ def test_an_episode_is_charged_what_ran_inside_its_window_and_the_rest_is_betwee
     # Inside [10, 11] desktop 1.0; inside [12, 13] desktop 0.4 + the spare's restore 1.6.
     assert got["own_s"] == {"p50": 1.5, "mean": 1.5}
     assert got["own_s_each"] == [1.0, 2.0], "in the order they started"
+    assert got["by_kind_s_each"][1] == {"desktop": 0.4, "criu restore (spare)": 1.6}
     assert got["by_kind_s_mean"] == {"criu restore (spare)": 0.8, "desktop": 0.7}
     assert got["level_own_s"] == 5.0, "desktop 3.4 + restore 1.6 over [10, 14]"
     assert got["level_own_outside_episodes_s"] == pytest.approx(1.0 + 1.0)

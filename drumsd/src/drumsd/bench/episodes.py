@@ -348,10 +348,13 @@ def run_path(
             f"[{name}] {opts.episodes} episodes, {opts.concurrency} at a time, "
             f"{opts.steps} steps each ..."
         )
+        sampler = _sampler(daemon, opts)
         host0, own0, t0 = host_busy_s(), daemon.cpu_s(), time.monotonic()
         eps = run_episodes(daemon, tasks, opts)
         wall = time.monotonic() - t0
         host_cpu, own1 = host_busy_s() - host0, daemon.cpu_s()
+        if sampler is not None:
+            result["profile_episodes"] = _profiled(eps, sampler)
         result["episodes_phase"] = {
             "wall_s": round(wall, 2),
             "host_cpu_s": round(host_cpu, 2),
@@ -366,7 +369,10 @@ def run_path(
         if opts.phase_episodes > 0 and daemon.cpu_s() is not None:
             progress(f"[{name}] {opts.phase_episodes} episodes one at a time, CPU by phase ...")
             one_at_a_time = _replace(opts, episodes=opts.phase_episodes, concurrency=1)
+            sampler = _sampler(daemon, opts)
             result["phase_episodes"] = run_episodes(daemon, tasks, one_at_a_time, daemon.cpu_s)
+            if sampler is not None:
+                result["profile_phase_episodes"] = _profiled(result["phase_episodes"], sampler)
         ok = True
     finally:
         # Ctrl-C included: the daemon and its desktops never outlive the bench.
@@ -492,6 +498,16 @@ def _sampler(daemon: BenchDaemon, opts: EpisodeBenchOptions) -> Sampler | None:
     return Sampler(daemon.account.dir, daemon.proc.pid, opts.profile_interval_s).start()
 
 
+def _profiled(eps: list[dict], sampler: Sampler) -> dict[str, Any]:
+    """Stop `sampler` and place `eps` in its samples (episodes_profile.profile_level)."""
+    samples = sampler.stop()
+    out = profile_level(eps, samples)
+    out["samples"] = len(samples)
+    out["sampler_cpu_s"] = round(sampler.sampler_cpu_s, 3)
+    out["cpu_by_command_s"] = sampler.top_commands()
+    return out
+
+
 def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) -> dict[str, Any]:
     """The density ramp on one daemon with today's defaults: at each level, `concurrency` busy
     episodes at once (ramp_rounds each), then the level's row; the knee from the rows. A level
@@ -522,11 +538,7 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
             row = level_row(concurrency, eps, wall, own, host_cpu, mem.stop())
             row["loadavg_end"] = os.getloadavg()
             if sampler is not None:
-                samples = sampler.stop()
-                row["profile"] = profile_level(eps, samples)
-                row["profile"]["samples"] = len(samples)
-                row["profile"]["sampler_cpu_s"] = round(sampler.sampler_cpu_s, 3)
-                row["profile"]["cpu_by_command_s"] = sampler.top_commands()
+                row["profile"] = _profiled(eps, sampler)
             out["levels"].append(row)
             progress(
                 f"[ramp] {concurrency}: {row['valid']}/{episodes} valid, step p99 "
@@ -629,8 +641,9 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="with --ramp: sample the daemon's processes (every --profile-interval-s) and say, "
-        "per level, what the steps over 300 ms overlapped and who used the CPU meanwhile",
+        help="sample the daemon's processes (every --profile-interval-s) and say, per ramp "
+        "level (or, without --ramp, for each path's episodes and its one-at-a-time phase "
+        "episodes), what the steps over 300 ms overlapped and who used the CPU, by process",
     )
     parser.add_argument("--profile-interval-s", type=float, default=d.profile_interval_s)
     parser.add_argument(
@@ -675,12 +688,6 @@ def main_episode_bench(args: argparse.Namespace) -> int:
         ramp_overrides(args.ramp_config)
     except BenchError as exc:
         print(f"drumsd bench episodes: {exc}", file=sys.stderr)
-        return 2
-    if args.profile and not ramp:
-        print(
-            "drumsd bench episodes: --profile profiles the ramp's levels: give --ramp too",
-            file=sys.stderr,
-        )
         return 2
     if not 0.01 <= args.profile_interval_s <= 5:
         print("drumsd bench episodes: --profile-interval-s is between 0.01 and 5", file=sys.stderr)

@@ -505,6 +505,7 @@ def _profiled(eps: list[dict], sampler: Sampler) -> dict[str, Any]:
     out["samples"] = len(samples)
     out["sampler_cpu_s"] = round(sampler.sampler_cpu_s, 3)
     out["cpu_by_command_s"] = sampler.top_commands()
+    out["reaped_by_command_s"] = sampler.top_reapers()
     return out
 
 

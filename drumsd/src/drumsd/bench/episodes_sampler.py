@@ -43,6 +43,14 @@ class _Proc:
     kind: str  # criu restore (spare) ... daemon helpers; "" for a desktop (decided per sample)
     iid: str | None
     ticks: int
+    child_ticks: int = 0  # cutime + cstime: the CPU of the children it reaped
+
+
+def child_ticks(stat_text: str) -> int:
+    """/proc/<pid>/stat's cutime + cstime (fields 16, 17): the CPU of the children the process
+    waited for (and of theirs), which is where a process too short-lived to be sampled shows."""
+    f = stat_text.rpartition(")")[2].split()
+    return int(f[13]) + int(f[14])
 
 
 def instance_of(cgroup_text: str, controller: str = "cpu") -> tuple[str | None, str | None]:
@@ -99,6 +107,9 @@ class Sampler:
         self.sampler_cpu_s = 0.0  # what sampling itself cost (this thread's CPU)
         # CPU-seconds per (kind, command) over the whole run: which programs a kind is
         self.by_command: dict[tuple[str, str], float] = {}
+        # CPU-seconds of the children each (kind, command) reaped: who ran the short-lived ones.
+        # Not part of the totals: it also holds what was sampled of those children while alive.
+        self.reaped: dict[tuple[str, str], float] = {}
         self._procs: dict[tuple[int, int, str], _Proc] = {}
         self._since: dict[str, float] = {}  # iid -> when it was restored or last thawed
         self._frozen: dict[str, bool] = {}
@@ -118,6 +129,11 @@ class Sampler:
         self._stop.set()
         self._thread.join()
         return self.samples
+
+    def top_reapers(self, n: int = 15) -> list[list[Any]]:
+        """The `n` (kind, command) pairs whose reaped children used the most CPU."""
+        top = sorted(self.reaped.items(), key=lambda kv: -kv[1])[:n]
+        return [[kind, comm, round(cpu, 3)] for (kind, comm), cpu in top]
 
     def top_commands(self, n: int = 15) -> list[list[Any]]:
         """The `n` (kind, command) pairs that used the most CPU, with their CPU-seconds."""
@@ -189,6 +205,7 @@ class Sampler:
                 continue
             st = procfs.parse_stat(stat)
             comm, ticks, start = st.comm, st.ticks, st.starttime
+            cticks = child_ticks(stat)
             key = (pid, start, comm)
             proc = self._procs.get(key)
             if proc is None:
@@ -196,9 +213,10 @@ class Sampler:
                 if proc is None:
                     continue
                 before = ticks if baseline else 0  # born since the sample before: all of it
+                cbefore = cticks if baseline else 0
             else:
-                before = proc.ticks
-            proc.ticks = ticks
+                before, cbefore = proc.ticks, proc.child_ticks
+            proc.ticks, proc.child_ticks = ticks, cticks
             seen[key] = proc
             if proc.iid:
                 live_iids.add(proc.iid)
@@ -214,6 +232,9 @@ class Sampler:
                     self.by_command[kind, comm] = self.by_command.get((kind, comm), 0.0) + used
                     key_c = f"{kind}: {comm}"
                     commands[key_c] = commands.get(key_c, 0.0) + used
+                reaped = (cticks - cbefore) / TICK
+                if not baseline and reaped > 0:
+                    self.reaped[kind, comm] = self.reaped.get((kind, comm), 0.0) + reaped
             if proc.kind.startswith("criu"):
                 inflight[proc.kind] = inflight.get(proc.kind, 0) + 1
         self._procs = seen

@@ -274,3 +274,72 @@ async def test_a_response_sent_while_the_connection_closes_is_dropped_not_raised
     with trio.fail_after(2):
         assert await peer.recv(100) == b""  # the close went through: EOF, nothing half-sent
     peer.close()
+
+
+def slow_app() -> QuartTrio:
+    app = tiny_app()
+
+    @app.route("/slow")
+    async def slow() -> str:
+        await trio.sleep(0.6)
+        return "ok"
+
+    return app
+
+
+@asynccontextmanager
+async def keep_alive_server(
+    keep_alive_s: float, drain_s: float = 10.0
+) -> AsyncIterator[tuple[HTTPServer, int]]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = hyper_config(drain_s)
+    config.keep_alive_timeout = keep_alive_s
+    server = HTTPServer(slow_app(), config, sock, trio.Event())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        yield server, sock.getsockname()[1]
+        server.shutdown.set()
+
+
+async def request_on(stream: trio.SocketStream, path: str = "/") -> bytes:
+    await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+    reply = b""
+    with trio.fail_after(5):
+        while not reply.endswith(b"ok"):
+            reply += await stream.receive_some(65536)
+    return reply
+
+
+async def test_a_connection_idle_after_a_request_closes_after_the_keep_alive_timeout() -> None:
+    # The timer was restarted from the app's task, whose nursery quart-trio cancels as the
+    # response ends: it died at once, so an idle client held its connection (and its place in
+    # the peer's limit) until it closed it.
+    async with keep_alive_server(0.5) as (server, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            assert (await request_on(stream)).startswith(b"HTTP/1.1 200")
+            with trio.fail_after(3):
+                assert await stream.receive_some(100) == b""  # the server closed it
+        await wait_open(server, 0)
+
+
+async def test_a_drain_closes_idle_keep_alive_connections_at_once() -> None:
+    # A daemon's stop with an SDK client's idle connection open waited its whole drain (10 s).
+    async with keep_alive_server(30.0, drain_s=10.0) as (_, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        assert (await request_on(stream)).startswith(b"HTTP/1.1 200")
+        await trio.sleep(0.1)  # idle, as a client's pooled connection between requests
+        t0 = trio.current_time()
+    assert trio.current_time() - t0 < 2.0
+    await stream.aclose()
+
+
+async def test_a_request_on_a_kept_alive_connection_is_not_cut_by_its_idle_timer() -> None:
+    async with keep_alive_server(0.3) as (_, port):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            assert (await request_on(stream)).startswith(b"HTTP/1.1 200")
+            # Longer than the keep-alive timeout, right after the first answer.
+            assert (await request_on(stream, "/slow")).startswith(b"HTTP/1.1 200")
+            assert (await request_on(stream)).startswith(b"HTTP/1.1 200")

@@ -30,7 +30,7 @@ import h2.errors
 import h11
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
@@ -126,12 +126,29 @@ class Connection(TCPServer):
         # _close does not take send_lock instead: send_all is shielded and blocks while the peer
         # does not read, so the close (shielded too) would wait until the peer reads, where now it
         # closes the socket and ends that send with ClosedResourceError.
+        if isinstance(event, Updated):
+            # The connection went idle (a response ended) or busy (a request began). Idle is
+            # reported from the app's task, inside quart-trio's nursery, which is cancelled as
+            # the response ends: the keep-alive timer hypercorn started from there died at once,
+            # so an idle connection never closed (not after keep_alive_timeout, nor at a drain,
+            # which then waited its whole graceful_timeout). The timer starts from a task of the
+            # connection's own instead; a request that began meanwhile keeps it from starting.
+            self._want_idle = event.idle
+            if event.idle:
+                self._task_group.spawn(self._start_idle_timer)
+                return
         try:
             await super().protocol_send(event)
         except trio.BusyResourceError:
             if not isinstance(event, RawData):
                 raise
             await self.protocol.handle(Closed())
+
+    _want_idle = False  # the last Updated said idle
+
+    async def _start_idle_timer(self) -> None:
+        if self._want_idle:
+            await self.idle_task.restart(self._task_group, self._idle_timeout)
 
     async def _close(self) -> None:
         # Shielded: a response sent before its request's body has arrived closes the connection

@@ -19,7 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from drumsd.linux import mounts
+from drumsd.linux import mounts, procfs
 from drumsd.linux import syscalls as sc
 
 FILES = ("meminfo", "cpuinfo", "stat", "uptime", "loadavg")
@@ -135,30 +135,13 @@ def stop(view_dir: Path) -> None:
         os.kill(pid, signal.SIGTERM)
     except (OSError, ValueError):
         return
-    # Ended means gone or a zombie: LXCFS started by this process stays in /proc as one until
-    # reaped, and waiting for /proc/<pid> to go took the whole START_TIMEOUT_S on every stop.
-    if not _ended(pid, START_TIMEOUT_S):
+    # procfs.reap waits on a pidfd, which an exited process makes ready as a zombie too (this
+    # process's child when it started LXCFS, then reaped): waiting for /proc/<pid> to go took
+    # the whole START_TIMEOUT_S on every stop and left the zombie.
+    if not procfs.reap(pid, START_TIMEOUT_S):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        _ended(pid, 1.0)
-
-
-def _ended(pid: int, within_s: float) -> bool:
-    """Whether `pid` exited within `within_s` (reaped here when it is this process's child)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return True
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+        procfs.reap(pid, 1.0)
 
 
 def with_binds(plan: list[mounts.MountOp], view_dir: Path, root: str) -> list[mounts.MountOp]:

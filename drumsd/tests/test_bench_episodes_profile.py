@@ -131,7 +131,7 @@ def test_the_sampler_reads_proc_stat_cgroups_and_pressure() -> None:
     st = procfs.parse_stat(stat)  # the sampler's reading of each process
     assert (st.comm, st.ticks, st.starttime) == ("Web Content (x)", 175, 98765)
     reaper = "77 (desktop-init) S 1 2 3 4 5 6 7 8 9 10 150 25 7 3 20 0 1 0 98765 0 0"
-    assert sampler.child_ticks(reaper) == 10, "cutime + cstime: its reaped children's CPU"
+    assert procfs.parse_stat(reaper).child_ticks == 10, "cutime + cstime: its children's CPU"
     spare = "/drums-1a2b3c4d/spare-tpl-office-9-ab12"
     cg = f"4:memory:/x\n3:freezer:{spare}\n1:cpu:{spare}\n"
     assert sampler.instance_of(cg) == ("spare-tpl-office-9-ab12", spare)

@@ -243,8 +243,7 @@ def episode_cpu(episodes: Sequence[Mapping[str, Any]], samples: Sequence[Sample]
         "own_s": {"p50": _median(own), "mean": round(statistics.fmean(own), 4)},
         "own_s_each": [round(x, 3) for _, x in sorted(zip(spans, own, strict=True))],
         "by_kind_s_each": [
-            {k: round(v, 3) for k, v in c.items() if v >= 5e-4}
-            for _, c in sorted(zip(spans, per, strict=True), key=lambda sc: sc[0])
+            _rounded(c) for _, c in sorted(zip(spans, per, strict=True), key=lambda sc: sc[0])
         ],
         "by_kind_s_p50": {k: _median([c.get(k, 0.0) for c in per]) for k in kinds},
         "by_kind_s_mean": {

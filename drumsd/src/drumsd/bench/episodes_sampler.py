@@ -46,13 +46,6 @@ class _Proc:
     child_ticks: int = 0  # cutime + cstime: the CPU of the children it reaped
 
 
-def child_ticks(stat_text: str) -> int:
-    """/proc/<pid>/stat's cutime + cstime (fields 16, 17): the CPU of the children the process
-    waited for (and of theirs), which is where a process too short-lived to be sampled shows."""
-    f = stat_text.rpartition(")")[2].split()
-    return int(f[13]) + int(f[14])
-
-
 def instance_of(cgroup_text: str, controller: str = "cpu") -> tuple[str | None, str | None]:
     """From /proc/<pid>/cgroup: (the instance id, the controller's path) when the process is in
     a drums instance's group (`.../drums-<hash>/<iid>`), else (None, path)."""
@@ -204,8 +197,8 @@ class Sampler:
             if stat is None:
                 continue
             st = procfs.parse_stat(stat)
-            comm, ticks, start = st.comm, st.ticks, st.starttime
-            cticks = child_ticks(stat)
+            # child ticks: where a process too short-lived to be sampled shows, in its reaper
+            comm, ticks, start, cticks = st.comm, st.ticks, st.starttime, st.child_ticks
             key = (pid, start, comm)
             proc = self._procs.get(key)
             if proc is None:

@@ -20,6 +20,7 @@ class ProcStat:
     ppid: int
     ticks: int  # utime + stime
     starttime: int
+    child_ticks: int = 0  # cutime + cstime: the CPU of the children it waited for (and theirs)
 
 
 def parse_stat(text: str) -> ProcStat:
@@ -27,8 +28,9 @@ def parse_stat(text: str) -> ProcStat:
     head, _, rest = text.rpartition(")")
     pid_s, _, comm = head.partition(" (")
     f = rest.split()
-    # f[0] is field 3 (state); utime/stime are fields 14/15, starttime field 22.
-    return ProcStat(int(pid_s), comm, f[0], int(f[1]), int(f[11]) + int(f[12]), int(f[19]))
+    # f[0] is field 3 (state); utime/stime are fields 14/15, cutime/cstime 16/17, starttime 22.
+    ticks, child_ticks = int(f[11]) + int(f[12]), int(f[13]) + int(f[14])
+    return ProcStat(int(pid_s), comm, f[0], int(f[1]), ticks, int(f[19]), child_ticks)
 
 
 def read_stat(pid: int) -> ProcStat | None:

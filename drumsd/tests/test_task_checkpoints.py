@@ -187,11 +187,28 @@ class CountingRuntime(MemoryRuntime):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.execs = 0
+        self.captured: list[str] = []  # the checkpoint ids captured, in order
 
     async def exec_user(self, handle, command, timeout_s):  # type: ignore[no-untyped-def]
         self.execs += 1
         done = await super().exec_user(handle, command, timeout_s)
         return type(done)(done.returncode, f"ran in {handle.slot_id}\n", done.stderr)
+
+    async def capture(
+        self,
+        handle: SlotHandle,
+        checkpoint_id: str,
+        dest: Path,
+        *,
+        parent: SaveParent | None = None,
+    ) -> CheckpointRef:
+        ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
+        self.captured.append(checkpoint_id)
+        self.after_capture(handle, checkpoint_id)
+        return ref
+
+    def after_capture(self, handle: SlotHandle, checkpoint_id: str) -> None:
+        """A test double's hook, once a capture is done (before its probe starts)."""
 
 
 def _bridge(api, tmp: Path, text: str = "one") -> TaskBridge:  # type: ignore[no-untyped-def]
@@ -466,18 +483,9 @@ class LateExitRuntime(CountingRuntime):
         self.exits_at: dict[str, float] = {}
         self.holding: set[str] = set()  # checkpoints captured with warp in them
 
-    async def capture(
-        self,
-        handle: SlotHandle,
-        checkpoint_id: str,
-        dest: Path,
-        *,
-        parent: SaveParent | None = None,
-    ) -> CheckpointRef:
-        ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
+    def after_capture(self, handle: SlotHandle, checkpoint_id: str) -> None:
         self.exits_at[handle.slot_id] = trio.current_time() + self.lives_s
         self.holding.add(checkpoint_id)
-        return ref
 
     def _start(self, slot_id: str, checkpoint: CheckpointRef, actions: int = 0) -> SlotHandle:
         handle = super()._start(slot_id, checkpoint, actions)
@@ -536,21 +544,6 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
 
 class UnrestorableCaptureRuntime(CountingRuntime):
     """Captures that do not restore (a dump CRIU cannot restore)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.captured: set[str] = set()
-
-    async def capture(
-        self,
-        handle: SlotHandle,
-        checkpoint_id: str,
-        dest: Path,
-        *,
-        parent: SaveParent | None = None,
-    ) -> CheckpointRef:
-        self.captured.add(checkpoint_id)
-        return await super().capture(handle, checkpoint_id, dest, parent=parent)
 
     async def restore(
         self,
@@ -689,20 +682,9 @@ class FullAfterCaptureRuntime(CountingRuntime):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.on_capture = lambda: None
-        self.captured: list[str] = []
 
-    async def capture(
-        self,
-        handle: SlotHandle,
-        checkpoint_id: str,
-        dest: Path,
-        *,
-        parent: SaveParent | None = None,
-    ) -> CheckpointRef:
-        ref = await super().capture(handle, checkpoint_id, dest, parent=parent)
-        self.captured.append(checkpoint_id)
+    def after_capture(self, handle: SlotHandle, checkpoint_id: str) -> None:
         self.on_capture()
-        return ref
 
 
 def _full_api(tmp_path: Path, host: FullHost) -> open_api:

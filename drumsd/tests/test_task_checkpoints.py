@@ -210,6 +210,20 @@ class CountingRuntime(MemoryRuntime):
     def after_capture(self, handle: SlotHandle, checkpoint_id: str) -> None:
         """A test double's hook, once a capture is done (before its probe starts)."""
 
+    async def restore(
+        self,
+        slot_id: str,
+        checkpoint: CheckpointRef,
+        limits: SlotLimits,
+        *,
+        warm_upper: bool = True,
+    ) -> SlotHandle:
+        await self.before_restore(slot_id, checkpoint)
+        return await super().restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
+
+    async def before_restore(self, slot_id: str, checkpoint: CheckpointRef) -> None:
+        """A test double's hook, before each restore (a probe's included)."""
+
 
 def _bridge(api, tmp: Path, text: str = "one") -> TaskBridge:  # type: ignore[no-untyped-def]
     bridge = TaskBridge(
@@ -545,17 +559,9 @@ async def test_a_checkpoint_holding_a_process_that_exits_is_dropped_and_not_rest
 class UnrestorableCaptureRuntime(CountingRuntime):
     """Captures that do not restore (a dump CRIU cannot restore)."""
 
-    async def restore(
-        self,
-        slot_id: str,
-        checkpoint: CheckpointRef,
-        limits: SlotLimits,
-        *,
-        warm_upper: bool = True,
-    ) -> SlotHandle:
+    async def before_restore(self, slot_id: str, checkpoint: CheckpointRef) -> None:
         if checkpoint.id in self.captured:
             self.fail_next_restore = "criu restore failed: no such file"
-        return await super().restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
 
 
 async def test_a_probe_that_does_not_restore_drops_the_checkpoint(
@@ -575,17 +581,9 @@ async def test_a_probe_that_does_not_restore_drops_the_checkpoint(
 class SlowProbeRestoreRuntime(CountingRuntime):
     """A probe's restore (and only it) takes a minute: a host far too loaded."""
 
-    async def restore(
-        self,
-        slot_id: str,
-        checkpoint: CheckpointRef,
-        limits: SlotLimits,
-        *,
-        warm_upper: bool = True,
-    ) -> SlotHandle:
+    async def before_restore(self, slot_id: str, checkpoint: CheckpointRef) -> None:
         if slot_id.startswith("probe-"):
             await trio.sleep(60)
-        return await super().restore(slot_id, checkpoint, limits, warm_upper=warm_upper)
 
 
 async def test_a_probe_restore_over_its_bound_drops_it_and_refuses_captures(

@@ -412,16 +412,6 @@ def test_a_snapshots_hash_and_manifest_are_read_once(
     assert evidence.snapshot(tmp_path / "missing") is None
 
 
-def test_a_setup_that_launches_chromium_runs_per_episode() -> None:
-    from drumsd.core.task_checkpoints import launch_reason
-
-    chrome = ["google-chrome", "--remote-debugging-port=1337"]
-    assert "Chromium" in (launch_reason([chrome], None) or "")
-    assert "Chromium" in (launch_reason(["sh -c '/usr/bin/chromium about:blank'"], None) or "")
-    assert launch_reason([chrome], True) is None  # the task decides for itself
-    assert launch_reason([["soffice", "--calc"], "gimp x.png"], None) is None
-
-
 # ---- a new task checkpoint is proven on a probe restore before it serves episodes ------------
 
 

@@ -39,30 +39,15 @@ GATE_S = 120.0
 VERIFY_S = 120.0
 
 
-def per_episode_reason(name: str) -> str | None:
-    """Why a family's setups never get a task checkpoint (they launch a program the daemon runs
-    per episode: drumsd.core.task_checkpoints.PER_EPISODE_PROGRAMS), or None. Read from one
-    generated task: a family launches the same programs whatever its seed."""
-    import random
-
-    from drums_tasks.families import FAMILIES
-    from drumsd.core.task_checkpoints import launch_reason
-
-    spec = FAMILIES[name].generate(random.Random(0))
-    commands = [step.get("parameters", {}).get("command", "") for step in spec.launch]
-    return launch_reason(commands, None)
-
-
 def sampled_families() -> list[str]:
     """The validator's CI sample (FAMILIES_PER_APP of each app, same rotation), for the apps
-    asked for, leaving out the families that are never cached (nothing to compare)."""
+    asked for."""
     from drums_tasks.families import FAMILIES, load_all
 
     load_all()
     by_app: dict[str, list[str]] = {}
     for name in sorted(FAMILIES):
-        if per_episode_reason(name) is None:
-            by_app.setdefault(FAMILIES[name].app, []).append(name)
+        by_app.setdefault(FAMILIES[name].app, []).append(name)
     if APPS_WANTED == "all":
         apps = sorted(by_app)
     elif APPS_WANTED:
@@ -71,8 +56,8 @@ def sampled_families() -> list[str]:
         apps = [sorted(by_app)[ROTATION % len(by_app)]]
     unknown = sorted(set(apps) - set(by_app))
     assert not unknown, (
-        f"DRUMS_TASKCKPT_APPS names apps {unknown} with no cached families (unknown, or every "
-        f"setup launches a per-episode program); apps: {sorted(by_app)}"
+        f"DRUMS_TASKCKPT_APPS names apps {unknown} the task factory has no families of; "
+        f"apps: {sorted(by_app)}"
     )
     picked: list[str] = []
     for app in apps:

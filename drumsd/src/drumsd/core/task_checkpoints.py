@@ -92,29 +92,6 @@ def setup_cacheable(
     return True, None
 
 
-# Programs whose launch makes a setup per-episode: Chromium keeps rewriting its profile on timers
-# after a restore (seen: a restored chrome_profile task's upper no longer matched its checkpoint,
-# so the state_hash gate quarantined a good episode), so its restored state cannot be verified.
-PER_EPISODE_PROGRAMS: Mapping[str, str] = {
-    "google-chrome": "Chromium rewrites its profile after a restore (the state_hash gate fails)",
-    "chromium": "Chromium rewrites its profile after a restore (the state_hash gate fails)",
-}
-
-
-def launch_reason(commands: Iterable[str | Iterable[str]], task_option: Any) -> str | None:
-    """Why a setup that launches these commands must run per episode, or None. A task that
-    says `drums.cache_setup: true` decides for itself."""
-    if task_option is True:
-        return None
-    for command in commands:
-        parts = [command] if isinstance(command, str) else [str(c) for c in command]
-        for word in (w for part in parts for w in part.split()):
-            name = word.rsplit("/", 1)[-1]
-            if name in PER_EPISODE_PROGRAMS:
-                return f"its setup launches {name} ({PER_EPISODE_PROGRAMS[name]})"
-    return None
-
-
 def check_cache_option(value: Any) -> str | None:
     """A problem with a task's `drums.cache_setup`, or None: it is a bool when given."""
     if value is None or isinstance(value, bool):

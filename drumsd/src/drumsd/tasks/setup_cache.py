@@ -18,12 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from drumsd.core.task_checkpoints import (
-    SetupFingerprint,
-    check_cache_option,
-    launch_reason,
-    setup_cacheable,
-)
+from drumsd.core.task_checkpoints import SetupFingerprint, check_cache_option, setup_cacheable
 
 from .model import Task, TaskContext, TaskError, placeholder_values
 from .setup import PutFile, SetupError, UpdateHistory, plan_steps
@@ -87,15 +82,6 @@ def setup_fingerprint(
     cacheable, reason = setup_cacheable(
         [step.type for step in task.config], task_option(task), enabled=enabled
     )
-    if cacheable:
-        launched = [
-            step.parameters.get("command", "")
-            for step in task.config
-            if step.type in ("launch", "execute", "command")
-        ]
-        why = launch_reason(launched, task_option(task))
-        if why is not None:
-            cacheable, reason = False, why
     files: dict[str, str] = {}
     if cacheable:
         try:

@@ -205,3 +205,27 @@ def test_cpu_by_phase_in_the_summary_and_the_table() -> None:
     assert "CPU-s by phase p50, 1 at a time" in table and "  gates wait" in table
     # A run without them (the boot path, an old JSON) shows no phase rows.
     assert "by phase" not in be.render_table({"paths": {"drums": on}, "ratios": {}})
+
+
+def test_settle_waits_for_the_account_to_rest_and_reports_its_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from drumsd.bench import episodes_host as eh
+
+    clock = [0.0]
+    monkeypatch.setattr(eh.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(eh.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(eh, "host_busy_s", lambda: clock[0] * 0.5)
+    # 0.8 cores busy for 3 s (spare refills), then 0.01 at rest
+    busy = [0.0]
+
+    def account() -> float:
+        busy[0] = min(clock[0], 3.0) * 0.8 + max(0.0, clock[0] - 3.0) * 0.01
+        return busy[0]
+
+    out = eh.settle(account, limit_s=60.0)
+    assert out == {"waited_s": 4.0, "rest_rate": 0.01, "host_rest_rate": 0.5}
+    clock[0] = 0.0
+    never = eh.settle(lambda: clock[0] * 1.0, limit_s=5.0)  # never at rest: the limit ends it
+    assert never["waited_s"] == 5.0 and never["rest_rate"] == 1.0
+    assert eh.settle(lambda: None) == {"waited_s": 0.0, "rest_rate": 0.0, "host_rest_rate": 0.0}

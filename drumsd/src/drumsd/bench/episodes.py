@@ -57,6 +57,7 @@ from drumsd.bench.episodes_host import (
 from drumsd.bench.episodes_host import (
     merge_config as merge_config,
 )
+from drumsd.bench.episodes_host import settle
 from drumsd.bench.episodes_profile import profile_level
 from drumsd.bench.episodes_report import (
     PHASES as PHASES,
@@ -529,15 +530,24 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
             episodes = concurrency * opts.ramp_rounds
             progress(f"[ramp] {concurrency} at a time, {episodes} episodes ...")
             level = _replace(opts, episodes=episodes, concurrency=concurrency)
+            # What the warm-up or the level before left running (spare refills of their
+            # episodes, a new task checkpoint's probe) is done before this level's account
+            # starts, and this level's own is counted until it is done too, less the rate at rest.
+            before = settle(daemon.cpu_s)
             mem = MemLow()
             sampler = _sampler(daemon, opts)
             host0, own0, t0 = host_busy_s(), daemon.cpu_s(), time.monotonic()
             eps = run_episodes(daemon, tasks, level)
             wall = time.monotonic() - t0
+            after = settle(daemon.cpu_s)
             host_cpu, own1 = host_busy_s() - host0, daemon.cpu_s()
-            own = None if own0 is None or own1 is None else own1 - own0
+            host_cpu -= after["host_rest_rate"] * after["waited_s"]
+            own = None
+            if own0 is not None and own1 is not None:
+                own = own1 - own0 - after["rest_rate"] * after["waited_s"]
             row = level_row(concurrency, eps, wall, own, host_cpu, mem.stop())
             row["loadavg_end"] = os.getloadavg()
+            row["settle"] = {"before": before, "after": after}
             if sampler is not None:
                 row["profile"] = _profiled(eps, sampler)
             out["levels"].append(row)

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,34 @@ def background_rate(seconds: float) -> float:
     b0, t0 = host_busy_s(), time.monotonic()
     time.sleep(seconds)
     return (host_busy_s() - b0) / (time.monotonic() - t0)
+
+
+# The daemon's own account at rest: its loop and the parked spares (frozen) use next to nothing.
+SETTLE_RATE = 0.05  # cores
+SETTLE_WINDOW_S = 1.0
+SETTLE_LIMIT_S = 60.0
+
+
+def settle(cpu_s: Callable[[], float | None], limit_s: float = SETTLE_LIMIT_S) -> dict[str, float]:
+    """Wait until the account `cpu_s` reads uses under SETTLE_RATE cores over a SETTLE_WINDOW_S
+    window (what earlier episodes left behind is done: warm spares refilled, a new task
+    checkpoint's probe), at most `limit_s`. The seconds waited and, over the last window, the
+    account's rate and the host's (the rates at rest); no wait without an account."""
+    t0 = time.monotonic()
+    last, host = cpu_s(), host_busy_s()
+    out = {"waited_s": 0.0, "rest_rate": 0.0, "host_rest_rate": 0.0}
+    while last is not None:
+        time.sleep(SETTLE_WINDOW_S)
+        now, host_now = cpu_s(), host_busy_s()
+        if now is None:
+            break
+        out["rest_rate"] = round((now - last) / SETTLE_WINDOW_S, 4)
+        out["host_rest_rate"] = round((host_now - host) / SETTLE_WINDOW_S, 4)
+        last, host = now, host_now
+        out["waited_s"] = round(time.monotonic() - t0, 2)
+        if out["rest_rate"] < SETTLE_RATE or out["waited_s"] >= limit_s:
+            break
+    return out
 
 
 def merge_config(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:

@@ -181,3 +181,59 @@ async def test_a_capture_starting_while_the_judge_reads_does_not_leave_it_unjudg
         _rec, gate = await _alive_judged(sup, 60)
         assert gate.status == G.PASS, gate.evidence
         assert runtime.reads >= 3  # read again once the capture was over
+
+
+class _ReusedNamespaces(MemoryRuntime):
+    """The kernel's reuse of a freed namespace's inode number: a tree torn down gives its
+    namespace numbers to the next tree restored, while its teardown (or the reset replacing it)
+    is held open until `release` is set."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.freed: dict[str, int] | None = None
+        self.hold: str | None = None  # the slot whose teardown waits
+        self.torn_down = trio.Event()
+        self.release = trio.Event()
+
+    async def destroy(self, slot_id: str) -> None:
+        if slot_id == self.hold:
+            self.freed = dict(self.slots[slot_id]["handle"].namespaces)
+            await super().destroy(slot_id)
+            self.torn_down.set()
+            await self.release.wait()
+            return
+        await super().destroy(slot_id)
+
+    def _start(self, slot_id: str, checkpoint: Any, actions: int = 0) -> SlotHandle:
+        handle = super()._start(slot_id, checkpoint, actions)
+        if self.freed is not None and slot_id != self.hold:
+            handle = dataclasses.replace(handle, namespaces=self.freed)
+            self.slots[slot_id]["handle"] = handle
+            self.freed = None
+        return handle
+
+
+@pytest.mark.parametrize("how", ["destroy", "reset"])
+async def test_a_new_slot_given_the_numbers_of_a_tree_being_torn_down_is_isolated(
+    tmp_path: Path, how: str
+) -> None:
+    config = make_config(tmp_path, admission={"enabled": False}, spares={"per_checkpoint": 0})
+    runtime = _ReusedNamespaces(config.state_dir)
+    async with open_supervisor(config, runtime, host_namespaces=HOST_NS) as sup:
+        await wait_for(lambda: sup.template_status.get("base") == "ready")
+        old = await sup.create(SlotCreate())
+        runtime.hold = old.id
+        async with trio.open_nursery() as nursery:
+            if how == "destroy":
+                nursery.start_soon(sup.destroy, old.id)
+            else:
+                nursery.start_soon(sup.reset, old.id)
+            await runtime.torn_down.wait()
+            new = await sup.create(SlotCreate())
+            assert new.handle["namespaces"] == sup.slots[old.id].handle["namespaces"]
+            isolation = next(g for g in sup.slots[new.id].gates if g.name == "isolation")
+            assert isolation.status == G.PASS, isolation.evidence
+            runtime.release.set()
+        # Done: a reset's new tree is compared again, a destroyed slot is gone.
+        assert old.id not in sup.retiring
+        assert (old.id in episodes.other_namespaces(sup, new.id)) is (how == "reset")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -67,6 +69,8 @@ class EpisodesHost(SparesHost, Protocol):
     def table(self) -> SlotTable: ...
     @property
     def unwatched(self) -> dict[str, str]: ...
+    @property
+    def retiring(self) -> set[str]: ...
 
 
 def set_gate(
@@ -84,11 +88,29 @@ def set_gate(
 
 
 def other_namespaces(sup: EpisodesHost, slot_id: str) -> dict[str, dict[str, int]]:
+    """The recorded namespaces of every other slot whose tree is alive (the isolation gate's
+    comparison). A slot being torn down or reset is left out: the kernel reuses a freed
+    namespace's inode number, so a new slot restored meanwhile can get the number its tree had
+    (seen at 8 busy episodes: a valid episode quarantined as `mnt: shared with` a slot whose
+    destroy was under way)."""
     out = {}
     for other in sup.slots.values():
-        if other.id != slot_id and is_live(other) and other.handle:
+        if other.id == slot_id or other.id in sup.retiring:
+            continue
+        if is_live(other) and other.handle:
             out[other.id] = dict(other.handle.get("namespaces", {}))
     return out
+
+
+@contextmanager
+def retiring(sup: EpisodesHost, slot_id: str) -> Iterator[None]:
+    """While the slot's tree is torn down or replaced: its recorded namespaces may be freed, so
+    the isolation gate of other slots does not compare with them (`other_namespaces`)."""
+    sup.retiring.add(slot_id)
+    try:
+        yield
+    finally:
+        sup.retiring.discard(slot_id)
 
 
 async def read_facts(

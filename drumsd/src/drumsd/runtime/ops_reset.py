@@ -14,7 +14,7 @@ from drumsd.core.records import (
     check_can_reset,
     check_is_known,
 )
-from drumsd.runtime.episodes import begin_episode, finish_episode
+from drumsd.runtime.episodes import begin_episode, finish_episode, retiring
 from drumsd.runtime.failures import failure_text, runtime_failures
 from drumsd.runtime.handles import checkpoint_ref, handle_of, slot_limits
 from drumsd.runtime.ops_create import CreateHost, load_task_locked
@@ -58,7 +58,12 @@ async def reset(sup: ResetHost, slot_id: str) -> SlotRecord:
         started = trio.current_time()
         with runtime_failures(sup.metrics, what=f"reset of slot {slot_id}", slot_id=slot_id):
             try:
-                handle = await sup.runtime.reset(old, checkpoint_ref(cp), slot_limits(sup.config))
+                # The old tree's namespaces are freed during the reset; the new handle is
+                # recorded by begin_episode before anything else can run.
+                with retiring(sup, slot_id):
+                    handle = await sup.runtime.reset(
+                        old, checkpoint_ref(cp), slot_limits(sup.config)
+                    )
             except BaseException as exc:
                 rec.status = SlotStatus.failed
                 rec.failure = f"reset: {failure_text(exc, 'cancelled midway')}"

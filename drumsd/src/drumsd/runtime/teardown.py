@@ -12,7 +12,7 @@ from drumsd.core.records import (
     SlotStatus,
 )
 from drumsd.core.retention import keep_kind
-from drumsd.runtime.episodes import EpisodesHost, finish_episode, untrack
+from drumsd.runtime.episodes import EpisodesHost, finish_episode, retiring, untrack
 from drumsd.runtime.failures import bounded_cleanup
 from drumsd.runtime.forgotten import write_forgotten
 from drumsd.runtime.ops_checkpoints import CheckpointsHost, delete_unused_checkpoints
@@ -47,16 +47,17 @@ class TeardownHost(EpisodesHost, CheckpointsHost, Protocol):
 async def discard(sup: TeardownHost, rec: SlotRecord, failure: str) -> None:
     """A slot that never became ready: clean the runtime side, keep a full archive."""
     rec.failure = failure
-    await bounded_cleanup(
-        sup.nursery,
-        "cleanup after failure",
-        rec.id,
-        sup.config.cleanup_timeout_s,
-        sup.runtime.destroy,
-        rec.id,
-    )
-    untrack(sup, rec.id)
-    rec.status = SlotStatus.destroyed
+    with retiring(sup, rec.id):
+        await bounded_cleanup(
+            sup.nursery,
+            "cleanup after failure",
+            rec.id,
+            sup.config.cleanup_timeout_s,
+            sup.runtime.destroy,
+            rec.id,
+        )
+        untrack(sup, rec.id)
+        rec.status = SlotStatus.destroyed
     rec.destroyed_at = sup.clock()
     sup.table.save_slot(rec, "rejected")
     await archive(sup, rec)
@@ -69,11 +70,17 @@ async def destroy_locked(
         finish_episode(sup, rec)
     if rejected:
         rec.failure = rec.failure or reason
-    await bounded_cleanup(
-        sup.nursery, "destroy", rec.id, sup.config.cleanup_timeout_s, sup.runtime.destroy, rec.id
-    )
-    untrack(sup, rec.id)
-    rec.status = SlotStatus.destroyed
+    with retiring(sup, rec.id):
+        await bounded_cleanup(
+            sup.nursery,
+            "destroy",
+            rec.id,
+            sup.config.cleanup_timeout_s,
+            sup.runtime.destroy,
+            rec.id,
+        )
+        untrack(sup, rec.id)
+        rec.status = SlotStatus.destroyed
     rec.destroyed_at = sup.clock()
     sup.table.save_slot(rec, f"destroyed ({reason})")
     await archive(sup, rec)

@@ -213,7 +213,7 @@ class _ReusedNamespaces(MemoryRuntime):
         return handle
 
 
-@pytest.mark.parametrize("how", ["destroy", "reset"])
+@pytest.mark.parametrize("how", ["destroy", "reset", "init exit"])
 async def test_a_new_slot_given_the_numbers_of_a_tree_being_torn_down_is_isolated(
     tmp_path: Path, how: str
 ) -> None:
@@ -226,14 +226,22 @@ async def test_a_new_slot_given_the_numbers_of_a_tree_being_torn_down_is_isolate
         async with trio.open_nursery() as nursery:
             if how == "destroy":
                 nursery.start_soon(sup.destroy, old.id)
-            else:
+            elif how == "reset":
                 nursery.start_soon(sup.reset, old.id)
+            else:  # quarantined by its exit, kept (with its record) until destroyed
+                runtime.freed = dict(sup.slots[old.id].handle["namespaces"])
+                runtime.kill(old.id)
+                await wait_for(lambda: sup.slots[old.id].status is SlotStatus.quarantined)
+                runtime.torn_down.set()
             await runtime.torn_down.wait()
             new = await sup.create(SlotCreate())
             assert new.handle["namespaces"] == sup.slots[old.id].handle["namespaces"]
             isolation = next(g for g in sup.slots[new.id].gates if g.name == "isolation")
             assert isolation.status == G.PASS, isolation.evidence
             runtime.release.set()
-        # Done: a reset's new tree is compared again, a destroyed slot is gone.
-        assert old.id not in sup.retiring
+        # A reset's new tree is compared again, a destroyed slot is gone, a dead one stays out.
+        assert (old.id in sup.retiring) is (how == "init exit")
         assert (old.id in episodes.other_namespaces(sup, new.id)) is (how == "reset")
+        if how == "init exit":
+            await sup.destroy(old.id)
+            assert old.id not in sup.retiring

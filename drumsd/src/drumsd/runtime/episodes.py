@@ -89,10 +89,10 @@ def set_gate(
 
 def other_namespaces(sup: EpisodesHost, slot_id: str) -> dict[str, dict[str, int]]:
     """The recorded namespaces of every other slot whose tree is alive (the isolation gate's
-    comparison). A slot being torn down or reset is left out: the kernel reuses a freed
-    namespace's inode number, so a new slot restored meanwhile can get the number its tree had
-    (seen at 8 busy episodes: a valid episode quarantined as `mnt: shared with` a slot whose
-    destroy was under way)."""
+    comparison). A slot being torn down or reset, or whose init exited (quarantined, kept until
+    destroyed), is left out: the kernel reuses a freed namespace's inode number, so a new slot
+    restored meanwhile can get the number its tree had (seen at 8 busy episodes: a valid
+    episode quarantined as `mnt: shared with` a slot whose destroy was under way)."""
     out = {}
     for other in sup.slots.values():
         if other.id == slot_id or other.id in sup.retiring:
@@ -105,7 +105,8 @@ def other_namespaces(sup: EpisodesHost, slot_id: str) -> dict[str, dict[str, int
 @contextmanager
 def retiring(sup: EpisodesHost, slot_id: str) -> Iterator[None]:
     """While the slot's tree is torn down or replaced: its recorded namespaces may be freed, so
-    the isolation gate of other slots does not compare with them (`other_namespaces`)."""
+    the isolation gate of other slots does not compare with them (`other_namespaces`). Also
+    ends the mark `watch_exit` leaves on a slot whose init exited."""
     sup.retiring.add(slot_id)
     try:
         yield
@@ -518,6 +519,7 @@ async def watch_exit(sup: EpisodesHost, slot_id: str, episode_id: str, handle: S
         rec = current_episode(sup, slot_id, episode_id)
         if rec is None:
             return  # reset, fork or destroy replaced this tree on purpose
+        sup.retiring.add(slot_id)  # its namespaces are freed; until its destroy or reset ends
         set_gate(
             sup, rec, "alive_after_resume", G.FAIL, {"reason": "the slot's init exited", "how": how}
         )

@@ -131,7 +131,8 @@ class Supervisor:
         # A started `CrashWatch` (track/untrack/facts/health) when config.crash_watch is on.
         self.crash_watch: CrashWatchControl | None = crash_watch
         self.unwatched: dict[str, str] = {}  # slot id -> why the crash watch cannot follow it
-        self.retiring: set[str] = set()  # slots whose tree is being torn down or replaced
+        # slots whose tree is gone (init exited) or being torn down or replaced
+        self.retiring: set[str] = set()
         # Evidence from /proc and the upper layer (the Linux runtime; None for fake desktops).
         self.evidence = evidence
         # The records, each slot's lock and every record save (runtime/slot_table.py).

@@ -47,20 +47,7 @@ class TeardownHost(EpisodesHost, CheckpointsHost, Protocol):
 async def discard(sup: TeardownHost, rec: SlotRecord, failure: str) -> None:
     """A slot that never became ready: clean the runtime side, keep a full archive."""
     rec.failure = failure
-    with retiring(sup, rec.id):
-        await bounded_cleanup(
-            sup.nursery,
-            "cleanup after failure",
-            rec.id,
-            sup.config.cleanup_timeout_s,
-            sup.runtime.destroy,
-            rec.id,
-        )
-        untrack(sup, rec.id)
-        rec.status = SlotStatus.destroyed
-    rec.destroyed_at = sup.clock()
-    sup.table.save_slot(rec, "rejected")
-    await archive(sup, rec)
+    await _tear_down(sup, rec, "cleanup after failure", "rejected")
 
 
 async def destroy_locked(
@@ -70,20 +57,7 @@ async def destroy_locked(
         finish_episode(sup, rec)
     if rejected:
         rec.failure = rec.failure or reason
-    with retiring(sup, rec.id):
-        await bounded_cleanup(
-            sup.nursery,
-            "destroy",
-            rec.id,
-            sup.config.cleanup_timeout_s,
-            sup.runtime.destroy,
-            rec.id,
-        )
-        untrack(sup, rec.id)
-        rec.status = SlotStatus.destroyed
-    rec.destroyed_at = sup.clock()
-    sup.table.save_slot(rec, f"destroyed ({reason})")
-    await archive(sup, rec)
+    await _tear_down(sup, rec, "destroy", f"destroyed ({reason})")
     await trio.to_thread.run_sync(sup.tasks.forget_slot, rec.id)
     sup.console.forget(rec.id)
     sup.slot_latency.pop(rec.id, None)
@@ -91,6 +65,20 @@ async def destroy_locked(
     sup.table.settled(rec.id)
     # Preforks of a gone slot, and states deleted "when unused", go with their last child.
     await delete_unused_checkpoints(sup)
+
+
+async def _tear_down(sup: TeardownHost, rec: SlotRecord, what: str, event: str) -> None:
+    """The runtime side cleaned (bounded, named `what` in its log), the record destroyed, saved
+    with `event` and archived. Retiring meanwhile: the tree's namespaces are being freed."""
+    with retiring(sup, rec.id):
+        await bounded_cleanup(
+            sup.nursery, what, rec.id, sup.config.cleanup_timeout_s, sup.runtime.destroy, rec.id
+        )
+        untrack(sup, rec.id)
+        rec.status = SlotStatus.destroyed
+    rec.destroyed_at = sup.clock()
+    sup.table.save_slot(rec, event)
+    await archive(sup, rec)
 
 
 async def archive(sup: TeardownHost, rec: SlotRecord) -> None:

@@ -23,7 +23,7 @@ class EpisodeBenchOptions:
     phase_episodes: int = 6  # per path, one at a time, CPU read between phases (0: none)
     cold_boots: int = 3  # office boots vary (1.2 s to 6 s seen): a median of 3
     skip_boot: bool = False
-    # The warm-up: one short episode on the first task (False), or on every task of the mix
+    # The warm-up: one short episode on the first task (False), or two on every task of the mix
     # (True), so the timed episodes find each task's checkpoint and spares as a long run's do.
     warm_each_task: bool = False
     alive_after_s: float = 1.0

@@ -265,6 +265,73 @@ def test_a_removal_from_the_copy_before_the_restore_is_a_mismatch(tmp_path: Path
     assert G.judge_state_hash(_facts(extra=out), recorded)[0] == G.FAIL
 
 
+PMA = "home/user/.config/chromium/BrowserMetrics/BrowserMetrics-6B1689B6-19.pma"
+
+
+def test_a_file_the_restored_tree_maps_shared_and_writes_is_its_own_write(tmp_path: Path) -> None:
+    """On the upper's tmpfs a page of a shared mapping brought in by a read fault is mapped
+    writable: the tree's writes then change the file and never its times (Chromium's
+    BrowserMetrics file, seen quarantining a valid episode on state_hash). A real mapping of
+    this process stands for the tree's; the times are set back as such writes leave them."""
+    import mmap
+
+    snap, live = tmp_path / "snap", tmp_path / "live"
+    for root in (snap, live):
+        _tree(root)
+        (root / PMA).parent.mkdir(parents=True)
+        (root / PMA).write_bytes(b"\0" * 8192)
+    recorded = tree_sha256(snap)
+    with open(live / PMA, "r+b") as f, mmap.mmap(f.fileno(), 8192, mmap.MAP_SHARED) as m:
+        m[64:72] = b"counters"
+        # The file's times are older than the restore's start, as such writes leave them.
+        restore_began = time.time() + 1
+        unmapped = state_hash_evidence(live, snap, written_since=restore_began)
+        assert unmapped["upper_diff"]["changed"] == [PMA], "times alone do not excuse it"
+        pids = [os.getpid()]
+        out = state_hash_evidence(
+            live, snap, written_since=restore_began, mapped=lambda: ev.shared_writable_maps(pids)
+        )
+        assert out["upper_sha256"] == recorded and "upper_diff" not in out
+        assert out["upper_mapped"] == [PMA]
+        status, evidence = G.judge_state_hash(_facts(extra=out), recorded)
+        assert status == G.PASS and evidence["upper_mapped"] == [PMA], "a pass says what it excused"
+        # Mapped by no process of the tree (another pid's maps): still a mismatch.
+        other = state_hash_evidence(
+            live, snap, written_since=restore_began, mapped=lambda: ev.shared_writable_maps([1])
+        )
+        assert other["upper_diff"]["changed"] == [PMA] and "upper_mapped" not in other
+        assert G.judge_state_hash(_facts(extra=other), recorded)[0] == G.FAIL
+
+
+def test_a_mapping_excuses_only_a_changed_file_it_holds(tmp_path: Path) -> None:
+    (tmp_path / "home/user").mkdir(parents=True)
+    for name in ("mapped", "other", "ro"):
+        (tmp_path / "home/user" / name).write_text(name)
+    ino = {n: (tmp_path / "home/user" / n).stat().st_ino for n in ("mapped", "other", "ro")}
+    maps_text = (
+        f"7f00-7f01 rw-s 00000000 00:38 {ino['mapped']}   /home/user/mapped\n"
+        f"7f01-7f02 r--s 00000000 00:38 {ino['ro']}   /home/user/ro\n"  # not writable
+        f"7f02-7f03 rw-p 00000000 00:38 {ino['other']}   /home/user/other\n"  # private
+        "7f03-7f04 rw-s 00000000 00:01 4242   /dev/zero (deleted)\n"
+        "7f04-7f05 rw-s 00000000 00:00 0   [anon_shmem]\n"
+        "7f05-7f06 rw-p 00000000 00:00 0\n"
+    )
+    maps = frozenset(ev.parse_shared_writable_maps(maps_text))
+    assert maps == {(ino["mapped"], "/home/user/mapped")}
+    diff = {
+        "added": ["home/user/mapped"],  # only a change to a file it held is excused
+        "removed": [],
+        "changed": ["home/user/mapped", "home/user/other", "home/user/ro", "home/user/gone"],
+    }
+    kept, held = ev.split_mapped(diff, tmp_path, maps)
+    assert held == ["home/user/mapped"]
+    assert kept["changed"] == ["home/user/other", "home/user/ro", "home/user/gone"]
+    assert kept["added"] == ["home/user/mapped"]
+    # The same path with another inode (a file put in its place): not held.
+    moved = frozenset({(ino["mapped"] + 1000, "/home/user/mapped")})
+    assert ev.split_mapped(diff, tmp_path, moved)[1] == []
+
+
 def test_split_written_since_judges_a_vanished_entry_by_its_nearest_ancestor(
     tmp_path: Path,
 ) -> None:

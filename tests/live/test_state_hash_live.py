@@ -11,11 +11,18 @@ namespace (only a restore does that: the parent keeps its own), then removes a d
 a file in it, rewrites a file and writes a marker. Every child must start a valid episode, and
 the test fails if no child made its change before its gate was read. A change made to the
 upper before the restore still fails the gate: test_gates_live.py's tampered-upper test.
+
+A file the desktop maps shared and writable changes with no write(), and on the upper's tmpfs
+with no new mtime or ctime once a read fault mapped its page (Chromium's BrowserMetrics file;
+it quarantined a valid episode in a bench run): a second process reads its mapping after the
+restore, then writes it, and keeps it mapped. Every child must start a valid episode, and at
+least one child's state_hash evidence must name the file under `upper_mapped`.
 DRUMS_LIVE=1 (root, CRIU, the base image).
 """
 
 from __future__ import annotations
 
+import base64
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -86,6 +93,72 @@ def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
             assert before_read >= 1, "no child changed its upper before its state_hash read"
             # The parent was never restored: its process is still waiting.
             assert _removed_at(http, parent) is None
+        finally:
+            for sid in [*children, parent]:
+                destroy(http, sid)
+
+
+# Maps ~/mapped/counter shared, waits for a restore into a new netns, then reads its page (on the
+# upper's tmpfs that maps it writable) and writes it: the file changes, its times do not.
+MAPPER = """
+import mmap, os, time
+d = os.path.expanduser("~/mapped")
+os.makedirs(d, exist_ok=True)
+with open(d + "/counter", "wb") as f:
+    f.write(b"\\0" * 4096)
+fd = os.open(d + "/counter", os.O_RDWR)
+m = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+ns0 = os.readlink("/proc/self/ns/net")
+open(d + "/ready", "w").write("1")
+while os.readlink("/proc/self/ns/net") == ns0:
+    time.sleep(0.01)
+m[0]
+m[0:8] = b"restored"
+open(d + "/written", "w").write(repr(time.time()))
+while True:
+    time.sleep(1)
+"""
+COUNTER = "home/user/mapped/counter"
+
+
+def _mapper_command() -> str:
+    script = base64.b64encode(MAPPER.strip().encode()).decode()
+    run = f"echo {script} | base64 -d > /tmp/mapper.py && exec python3 /tmp/mapper.py"
+    return f"setsid sh -c '{run}' </dev/null >/dev/null 2>&1 &"
+
+
+def test_fork_children_whose_app_writes_a_shared_mapping_pass_state_hash():
+    require_live()
+    daemon = shared_daemon("hardened")
+    with http_client(daemon) as http:
+        parent = create(http)["id"]
+        children: list[str] = []
+        try:
+            execute(http, parent, _mapper_command())
+            poll(
+                "the parent's mapper process mapped ~/mapped/counter",
+                lambda: _read(http, parent, "~/mapped/ready") == "1",
+                limit_s=20,
+            )
+            r = http.post(f"/v1/slots/{parent}/fork", json={"n": CHILDREN})
+            assert r.status_code == 201, r.text
+            children = [c["id"] for c in r.json()["children"]]
+            mapped = 0
+            for child in children:
+                report = settled_gates(http, child)
+                failed = {n: g["evidence"] for n, g in report.items() if g["status"] != "pass"}
+                assert not failed, (child, failed)
+                poll(
+                    f"child {child} wrote its mapping after its restore",
+                    lambda c=child: _read(http, c, "~/mapped/written"),
+                    limit_s=20,
+                )
+                evidence = report["state_hash"]["evidence"]
+                if evidence.get("upper_mapped") == [COUNTER]:
+                    mapped += 1
+            # Otherwise no child's gate saw the changed file: nothing above exercised the rule.
+            assert mapped >= 1, "no child wrote its mapping before its state_hash read"
+            assert _read(http, parent, "~/mapped/written") == ""
         finally:
             for sid in [*children, parent]:
                 destroy(http, sid)

@@ -157,7 +157,11 @@ def judge_state_hash(facts: SlotFacts, recorded: str | None) -> Judgement:
         return PENDING, {"reason": "the runtime does not report the restored upper hash"}
     # The image's caches (image_profiles.state_caches) were not compared: the report says so.
     caches = facts.extra.get("upper_caches")
-    skipped = {"caches_not_compared": caches} if caches else {}
+    skipped: dict[str, Any] = {"caches_not_compared": caches} if caches else {}
+    # What the restored tree changed itself (not a mismatch), so a pass says what it excused.
+    for key in ("upper_written", "upper_mapped"):
+        if facts.extra.get(key):
+            skipped[key] = facts.extra[key]
     if restored != recorded:
         diff = facts.extra.get("upper_diff")
         return FAIL, {

@@ -173,6 +173,63 @@ def split_written_since(
     return kept, sorted(written)
 
 
+# (inode, path as the mapping process sees it) of the files a tree maps shared and writable
+SharedMaps = frozenset[tuple[int, str]]
+
+
+def parse_shared_writable_maps(text: str) -> set[tuple[int, str]]:
+    """(inode, path) of each `rw-s`/`-w-s` file mapping in a /proc/<pid>/maps text; a deleted
+    file's mapping (its path ends " (deleted)") and anonymous or special ones are left out."""
+    out = set()
+    for line in text.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 6 or len(fields[1]) < 4:
+            continue
+        perms, inode, path = fields[1], fields[4], fields[5]
+        if perms[1] != "w" or perms[3] != "s" or not path.startswith("/") or inode == "0":
+            continue
+        if path.endswith(" (deleted)"):
+            continue
+        out.add((int(inode), path))
+    return out
+
+
+def shared_writable_maps(pids: Iterable[int]) -> SharedMaps:
+    """The files the processes `pids` map shared and writable (a process gone, or whose maps
+    cannot be read, adds none)."""
+    out: set[tuple[int, str]] = set()
+    for pid in pids:
+        text = read_text(f"/proc/{pid}/maps")
+        if text:
+            out |= parse_shared_writable_maps(text)
+    return frozenset(out)
+
+
+def split_mapped(
+    diff: Mapping[str, list[str]], root: Path, maps: SharedMaps
+) -> tuple[dict[str, list[str]], list[str]]:
+    """(the diff without the changed files of `root` that `maps` holds, those files). A file is
+    held when a mapping has its inode (the overlay shows an upper file's own inode number) and
+    a path that ends with its path under `root` (a mapping's path is as its process sees it:
+    from the slot's root)."""
+    by_inode: dict[int, list[str]] = {}
+    for inode, path in maps:
+        by_inode.setdefault(inode, []).append(path)
+    kept = {kind: list(paths) for kind, paths in diff.items()}
+    held: list[str] = []
+    for rel in diff.get("changed", []):
+        try:
+            st = (root / rel).lstat()
+        except OSError:
+            continue
+        paths = by_inode.get(st.st_ino, [])
+        if stat.S_ISREG(st.st_mode) and any(p == f"/{rel}" or p.endswith(f"/{rel}") for p in paths):
+            held.append(rel)
+    if held:
+        kept["changed"] = [rel for rel in kept["changed"] if rel not in held]
+    return kept, sorted(held)
+
+
 def _touched_at(p: Path) -> float:
     try:
         st = p.lstat()

@@ -20,12 +20,18 @@
                      caches, image_profiles.state_caches), else a hash of the live upper, with
                      the difference in `upper_diff`
   upper_caches       (with upper_sha256, when the image has any) the cache globs not compared
+  upper_written      (with upper_sha256) entries of the difference the restored tree made itself
+                     (touched after its restore began), not counted as a mismatch
+  upper_mapped       (with upper_sha256) changed files the restored tree maps shared and
+                     writable, not counted as a mismatch: such a file changes with no write() and,
+                     on the upper's tmpfs, with no new mtime or ctime (Chromium's BrowserMetrics)
 Reading is synchronous file work; call it through `trio.to_thread`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +61,7 @@ def state_hash_evidence(
     volatile: Sequence[str] = ev.VOLATILE_UPPER,
     written_since: float | None = None,
     known: SnapshotFacts | None = None,
+    mapped: Callable[[], ev.SharedMaps] | None = None,
 ) -> dict[str, Any]:
     """upper_sha256 (+ upper_diff) for the state_hash gate; see the module doc.
 
@@ -63,7 +70,13 @@ def state_hash_evidence(
     removal its parent dir, whose mtime or ctime is at or after that time) is reported apart, in
     `upper_written`, not as a mismatch: apps of a template write their files as soon as they
     run (Chromium rewrites `Web Data` and its leveldb logs on resume). A copy changed before
-    the restore keeps older times, so it stays a mismatch."""
+    the restore keeps older times, so it stays a mismatch.
+
+    With `mapped` (read only when a difference is left): a changed file that a process of the
+    tree maps shared and writable is the tree's own writing too, reported apart in
+    `upper_mapped`. On a tmpfs (the slot's upper) a page of such a mapping that a read fault
+    brought in is mapped writable, so the tree's later writes to it never fault and never move
+    the file's times: Chromium reads and writes its BrowserMetrics file that way on resume."""
     if not snapshot.is_dir():
         return {"upper_unreadable": f"checkpoint snapshot {snapshot} is missing"}
     if not live_upper.is_dir():
@@ -75,6 +88,10 @@ def state_hash_evidence(
     if written_since is not None:
         diff, written = ev.split_written_since(diff, live_upper, written_since)
     out: dict[str, Any] = {"upper_written": written[:20]} if written else {}
+    if mapped is not None and diff.get("changed"):
+        diff, by_mapping = ev.split_mapped(diff, live_upper, mapped())
+        if by_mapping:
+            out["upper_mapped"] = by_mapping[:20]
     if any(diff.values()):
         return {
             **out,
@@ -181,7 +198,12 @@ class GateEvidence:
         if snapshot is not None:
             volatile = (*self.volatile, *caches)
             known = self.snapshot(snapshot, volatile) if snapshot.is_dir() else None
-            out.update(state_hash_evidence(handle.upper, snapshot, volatile, written_since, known))
+            mapped = partial(ev.shared_writable_maps, pids)
+            out.update(
+                state_hash_evidence(
+                    handle.upper, snapshot, volatile, written_since, known, mapped=mapped
+                )
+            )
             if caches:
                 out["upper_caches"] = list(caches)
         return out

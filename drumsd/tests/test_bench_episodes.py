@@ -229,3 +229,33 @@ def test_settle_waits_for_the_account_to_rest_and_reports_its_rate(
     never = eh.settle(lambda: clock[0] * 1.0, limit_s=5.0)  # never at rest: the limit ends it
     assert never["waited_s"] == 5.0 and never["rest_rate"] == 1.0
     assert eh.settle(lambda: None) == {"waited_s": 0.0, "rest_rate": 0.0, "host_rest_rate": 0.0}
+
+
+def test_the_state_dir_is_a_tmpfs_unless_the_command_line_keeps_it_on_disk() -> None:
+    parser, _ = build_parser()
+    assert parser.parse_args(["bench", "episodes"]).state_tmpfs is True
+    assert parser.parse_args(["bench", "episodes", "--state-on-disk"]).state_tmpfs is False
+
+
+def test_a_state_tmpfs_that_cannot_be_mounted_stops_the_bench_before_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from drumsd.bench import episodes_host
+    from drumsd.linux import syscalls
+
+    def refuse(source: str, target: str, *rest: object) -> None:
+        raise OSError(errno.EPERM, f"mount {source!r} on {target!r}: Operation not permitted")
+
+    monkeypatch.setattr(syscalls, "mount", refuse)
+    started: list[object] = []
+    monkeypatch.setattr(episodes_host.subprocess, "Popen", lambda *a, **k: started.append(a))
+    opts = be.EpisodeBenchOptions(state_root=tmp_path)
+    daemon = episodes_host.BenchDaemon.configure("drums", opts, {})
+    with pytest.raises(be.BenchError) as caught:
+        daemon.start()
+    message = str(caught.value)
+    assert "cannot mount a tmpfs at" in message and str(tmp_path / "drums" / "state") in message
+    assert "--state-on-disk" in message and "Operation not permitted" in message
+    assert started == []  # no daemon on a state_dir other than the one asked for

@@ -49,6 +49,8 @@ def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
     for name, path in paths.items():
         assert path["valid_episodes"] == 2, (name, path["episodes"])
         assert path["errors"] == [], (name, path["errors"])
+        # Each daemon's state_dir on a tmpfs of its own, as deployed (and unmounted after: below).
+        assert path["state_fs"] == "tmpfs", (name, path["state_fs"])
         own = path["cpu_per_episode_s"]["own"]
         assert own is not None and own > 0.05, (name, path["cpu_per_episode_s"])
         assert path["task_reset_s"]["n"] == 1, path["task_reset_s"]

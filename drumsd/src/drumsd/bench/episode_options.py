@@ -29,6 +29,10 @@ class EpisodeBenchOptions:
     alive_after_s: float = 1.0
     background_s: float = 3.0
     state_root: Path = Path("/run/drums-bench-episodes")
+    # Each daemon's state_dir on a tmpfs of its own, as a deployment has it (DESIGN: "state_dir
+    # (tmpfs for slots)"; the NixOS module mounts one), whatever the state root is on (False:
+    # on the state root's own filesystem, e.g. to measure a disk-backed state_dir).
+    state_tmpfs: bool = True
     out: Path = Path("bench-episodes.json")
     keep_logs: bool = False
     ramp: Sequence[int] = ()  # the density ramp's concurrency levels (empty: no ramp)

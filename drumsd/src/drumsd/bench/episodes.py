@@ -345,6 +345,7 @@ def run_path(
     try:
         progress(f"[{name}] daemon start + template of {opts.image} ...")
         result["template_ready_s"] = round(daemon.start(), 2)
+        result["state_fs"] = daemon.state_fs
         warm_up(name, daemon, tasks, opts, progress)
         result["bare_create_s"] = stats(run_bare_creates(daemon, 3))
         progress(f"[{name}] background CPU for {opts.background_s:.0f} s ...")
@@ -529,6 +530,7 @@ def run_ramp(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) ->
     try:
         progress(f"[ramp] daemon start + template of {opts.image} ...")
         out["template_ready_s"] = round(daemon.start(), 2)
+        out["state_fs"] = daemon.state_fs
         warm_up("ramp", daemon, tasks, opts, progress)
         for concurrency in opts.ramp:
             episodes = concurrency * opts.ramp_rounds
@@ -645,6 +647,14 @@ def add_episode_args(parser: argparse.ArgumentParser) -> None:
         help="the daemons' alive_after_s (how long after ready the liveness gate is judged)",
     )
     parser.add_argument("--state-root", type=Path, default=d.state_root)
+    parser.add_argument(
+        "--state-on-disk",
+        dest="state_tmpfs",
+        action="store_false",
+        help="leave each daemon's state_dir on the state root's filesystem (default: a tmpfs "
+        "mounted there, as a deployment's state_dir is; a disk adds its writes, fsyncs and "
+        "discards to every restore and teardown)",
+    )
     parser.add_argument("--keep-logs", action="store_true", help="keep the daemons' logs")
     parser.add_argument("--out", type=Path, default=d.out, help="JSON results file")
     parser.add_argument(

@@ -132,7 +132,8 @@ def _free_port() -> int:
 
 @dataclass
 class BenchDaemon:
-    """`drumsd serve` in a directory of its own (state on /run, as in production)."""
+    """`drumsd serve` in a directory of its own, its state_dir a tmpfs as a deployment's is
+    (`state_tmpfs`; else on the state root's filesystem)."""
 
     name: str
     dir: Path
@@ -142,6 +143,8 @@ class BenchDaemon:
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(default_factory=Path)
     account: CpuAccount | None = None
+    state_tmpfs: bool = True
+    state_fs: str = ""  # the fs type the daemon's state_dir was on (for the results)
 
     @classmethod
     def configure(
@@ -176,14 +179,34 @@ class BenchDaemon:
             },
         }
         config = merge_config(base, overrides)
-        return cls(name, d, config, f"http://127.0.0.1:{port}", token, log_path=d / "drumsd.log")
+        return cls(
+            name,
+            d,
+            config,
+            f"http://127.0.0.1:{port}",
+            token,
+            log_path=d / "drumsd.log",
+            state_tmpfs=opts.state_tmpfs,
+        )
 
     def start(self, template_limit_s: float = 300.0) -> float:
         """Start it and wait for the image's template checkpoint; returns the seconds taken."""
         import httpx
 
+        from drumsd.linux import mounts, syscalls
+
         config_path = self.dir / "drumsd.json"
         config_path.write_text(json.dumps(self.config, indent=1))
+        state = Path(self.config["state_dir"])
+        if self.state_tmpfs:  # unmounted by stop(), with the runtime's mounts under the dir
+            try:
+                syscalls.mount("tmpfs", str(state), "tmpfs", 0, "mode=0755")
+            except OSError as exc:
+                raise BenchError(
+                    f"cannot mount a tmpfs at {state} for drumsd's state_dir ({exc}); run as "
+                    "root, or pass --state-on-disk to keep it on the state root's filesystem"
+                ) from exc
+        self.state_fs = mounts.fs_type_of(state)
         t0 = time.monotonic()
         self.account = CpuAccount(self.name)
         with open(self.log_path, "wb") as log:

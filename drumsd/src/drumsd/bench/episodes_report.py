@@ -227,9 +227,10 @@ def render_table(res: dict[str, Any]) -> str:
         phase = paths[n].get("episodes_phase")
         if phase:
             note = " (saturated: no host figure)" if paths[n].get("host_saturated") else ""
+            state = f", state_dir on {paths[n]['state_fs']}" if paths[n].get("state_fs") else ""
             lines.append(
                 f"{n}: host busy {phase['background_cpu_per_s']:.2f} CPU/s before the episodes"
-                f"{note}, load average after {phase['loadavg_end'][0]:.1f}"
+                f"{note}, load average after {phase['loadavg_end'][0]:.1f}{state}"
             )
     lines.append("ratios against drums (x times drums):")
     for name, rs in res["ratios"].items():

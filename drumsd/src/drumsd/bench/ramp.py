@@ -115,7 +115,8 @@ def render_ramp_table(ramp: dict[str, Any]) -> str:
     )
     overrides = ramp.get("config_overrides")
     config = f", config {json.dumps(overrides)}" if overrides else ""
-    lines = [f"density ramp (drums path{config})", head, "-" * len(head)]
+    state = f", state_dir on {ramp['state_fs']}" if ramp.get("state_fs") else ""
+    lines = [f"density ramp (drums path{config}{state})", head, "-" * len(head)]
     for r in ramp["levels"]:
         s = r["step_screenshot_s"]
         p50 = f"{s['p50'] * 1e3:.0f}ms" if s["p50"] is not None else "-"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -55,47 +56,63 @@ def _read(http, slot_id: str, path: str) -> str:
     return (out.get("stdout") or "").strip()
 
 
-def _removed_at(http, slot_id: str) -> float | None:
-    text = _read(http, slot_id, "~/churn/removed")
-    return float(text) if text else None
-
-
-def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
+def _fork_valid_children(
+    command: str, seeded: str, seeded_path: str, changed_path: str, judge: Callable[[dict], bool]
+) -> None:
+    """On a fresh parent: run `command`, wait until `seeded_path` reads "v1"/"1" (`seeded`
+    names it), fork CHILDREN; every child's gates must pass, each child must write
+    `changed_path` after its restore, and `judge(state_hash evidence)` must hold for at least
+    one child whose gate read came after its change. The parent never writes it."""
     require_live()
     daemon = shared_daemon("hardened")
     with http_client(daemon) as http:
         parent = create(http)["id"]
         children: list[str] = []
         try:
-            execute(http, parent, _churn_command())
+            execute(http, parent, command)
             poll(
-                "the parent's churn process seeded ~/churn",
-                lambda: _read(http, parent, "~/churn/kept") == "v1",
+                f"the parent's process {seeded}",
+                lambda: _read(http, parent, seeded_path) in ("v1", "1"),
                 limit_s=20,
             )
             r = http.post(f"/v1/slots/{parent}/fork", json={"n": CHILDREN})
             assert r.status_code == 201, r.text
             children = [c["id"] for c in r.json()["children"]]
-            before_read = 0
+            exercised = 0
             for child in children:
                 report = settled_gates(http, child)
                 failed = {n: g["evidence"] for n, g in report.items() if g["status"] != "pass"}
                 assert not failed, (child, failed)
-                removed_at = poll(
-                    f"child {child} removed ~/churn/sub after its restore",
-                    lambda c=child: _removed_at(http, c),
+                changed_at = poll(
+                    f"child {child} wrote {changed_path} after its restore",
+                    lambda c=child: _stamp(http, c, changed_path),
                     limit_s=20,
                 )
                 checked_at = datetime.fromisoformat(report["state_hash"]["checked_at"])
-                if removed_at < checked_at.timestamp():
-                    before_read += 1
-            # Otherwise nothing above exercised the gate with the tree's own changes.
-            assert before_read >= 1, "no child changed its upper before its state_hash read"
+                if changed_at < checked_at.timestamp() and judge(report["state_hash"]["evidence"]):
+                    exercised += 1
+            # Otherwise no child's gate saw its tree's change: nothing above exercised the rule.
+            assert exercised >= 1, "no child changed its upper before its state_hash read"
             # The parent was never restored: its process is still waiting.
-            assert _removed_at(http, parent) is None
+            assert _stamp(http, parent, changed_path) is None
         finally:
             for sid in [*children, parent]:
                 destroy(http, sid)
+
+
+def _stamp(http, slot_id: str, path: str) -> float | None:
+    text = _read(http, slot_id, path)
+    return float(text) if text else None
+
+
+def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
+    _fork_valid_children(
+        _churn_command(),
+        "seeded ~/churn",
+        "~/churn/kept",
+        "~/churn/removed",
+        lambda evidence: True,
+    )
 
 
 # Maps ~/mapped/counter shared, waits for a restore into a new netns, then reads its page (on the
@@ -128,37 +145,10 @@ def _mapper_command() -> str:
 
 
 def test_fork_children_whose_app_writes_a_shared_mapping_pass_state_hash():
-    require_live()
-    daemon = shared_daemon("hardened")
-    with http_client(daemon) as http:
-        parent = create(http)["id"]
-        children: list[str] = []
-        try:
-            execute(http, parent, _mapper_command())
-            poll(
-                "the parent's mapper process mapped ~/mapped/counter",
-                lambda: _read(http, parent, "~/mapped/ready") == "1",
-                limit_s=20,
-            )
-            r = http.post(f"/v1/slots/{parent}/fork", json={"n": CHILDREN})
-            assert r.status_code == 201, r.text
-            children = [c["id"] for c in r.json()["children"]]
-            mapped = 0
-            for child in children:
-                report = settled_gates(http, child)
-                failed = {n: g["evidence"] for n, g in report.items() if g["status"] != "pass"}
-                assert not failed, (child, failed)
-                poll(
-                    f"child {child} wrote its mapping after its restore",
-                    lambda c=child: _read(http, c, "~/mapped/written"),
-                    limit_s=20,
-                )
-                evidence = report["state_hash"]["evidence"]
-                if evidence.get("upper_mapped") == [COUNTER]:
-                    mapped += 1
-            # Otherwise no child's gate saw the changed file: nothing above exercised the rule.
-            assert mapped >= 1, "no child wrote its mapping before its state_hash read"
-            assert _read(http, parent, "~/mapped/written") == ""
-        finally:
-            for sid in [*children, parent]:
-                destroy(http, sid)
+    _fork_valid_children(
+        _mapper_command(),
+        "mapped ~/mapped/counter",
+        "~/mapped/ready",
+        "~/mapped/written",
+        lambda evidence: evidence.get("upper_mapped") == [COUNTER],
+    )

@@ -223,7 +223,7 @@ def split_mapped(
         except OSError:
             continue
         paths = by_inode.get(st.st_ino, [])
-        if stat.S_ISREG(st.st_mode) and any(p == f"/{rel}" or p.endswith(f"/{rel}") for p in paths):
+        if stat.S_ISREG(st.st_mode) and any(p.endswith(f"/{rel}") for p in paths):
             held.append(rel)
     if held:
         kept["changed"] = [rel for rel in kept["changed"] if rel not in held]

@@ -272,7 +272,8 @@ def test_a_file_the_restored_tree_maps_shared_and_writes_is_its_own_write(tmp_pa
     """On the upper's tmpfs a page of a shared mapping brought in by a read fault is mapped
     writable: the tree's writes then change the file and never its times (Chromium's
     BrowserMetrics file, seen quarantining a valid episode on state_hash). A real mapping of
-    this process stands for the tree's; the times are set back as such writes leave them."""
+    this process stands for the tree's; the restore is taken to begin after the file's times,
+    as such writes leave them."""
     import mmap
 
     snap, live = tmp_path / "snap", tmp_path / "live"

@@ -57,9 +57,13 @@ def _read(http, slot_id: str, path: str) -> str:
 
 
 def _fork_valid_children(
-    command: str, seeded: str, seeded_path: str, changed_path: str, judge: Callable[[dict], bool]
+    command: str,
+    seeded: str,
+    seed: tuple[str, str],
+    changed_path: str,
+    judge: Callable[[dict], bool],
 ) -> None:
-    """On a fresh parent: run `command`, wait until `seeded_path` reads "v1"/"1" (`seeded`
+    """On a fresh parent: run `command`, wait until the file `seed[0]` reads `seed[1]` (`seeded`
     names it), fork CHILDREN; every child's gates must pass, each child must write
     `changed_path` after its restore, and `judge(state_hash evidence)` must hold for at least
     one child whose gate read came after its change. The parent never writes it."""
@@ -72,7 +76,7 @@ def _fork_valid_children(
             execute(http, parent, command)
             poll(
                 f"the parent's process {seeded}",
-                lambda: _read(http, parent, seeded_path) in ("v1", "1"),
+                lambda: _read(http, parent, seed[0]) == seed[1],
                 limit_s=20,
             )
             r = http.post(f"/v1/slots/{parent}/fork", json={"n": CHILDREN})
@@ -109,7 +113,7 @@ def test_fork_children_whose_app_removes_files_at_once_pass_state_hash():
     _fork_valid_children(
         _churn_command(),
         "seeded ~/churn",
-        "~/churn/kept",
+        ("~/churn/kept", "v1"),
         "~/churn/removed",
         lambda evidence: True,
     )
@@ -148,7 +152,7 @@ def test_fork_children_whose_app_writes_a_shared_mapping_pass_state_hash():
     _fork_valid_children(
         _mapper_command(),
         "mapped ~/mapped/counter",
-        "~/mapped/ready",
+        ("~/mapped/ready", "1"),
         "~/mapped/written",
         lambda evidence: evidence.get("upper_mapped") == [COUNTER],
     )

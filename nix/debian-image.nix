@@ -207,6 +207,13 @@ vmTools.runInLinuxVM (
       find $guest -type f -exec chmod 0644 {} +
       chmod 0755 $guest/desktop-init $guest/agent $guest/worker
 
+      # Python's modules byte-compiled by the image's python3, as
+      # drumsd.linux.image._compile_python (apt's pycaches were dropped above; a slot's user
+      # cannot write any, so each python3 a task runs would compile its imports every time).
+      chroot $root ${chrootEnv} /usr/bin/python3 -c 'import compileall, sys
+      for d in sys.argv[1:]:
+          compileall.compile_dir(d, quiet=2)' $(cd $root && ls -d usr/lib/python3* usr/local/lib/python3* 2>/dev/null | sed 's|^|/|') /opt/drums/guest
+
       # /dev keeps only the nodes a slot may open (drumsd.linux.image.minimal_dev).
       allowed=" ${devicesList} "
       find $root/dev \( -type c -o -type b \) | while read -r node; do

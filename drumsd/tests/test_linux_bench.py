@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from drumsd.bench.common import percentile
@@ -287,3 +288,59 @@ def test_fork_bench_host_cpu() -> None:
 
     out = summarize_mode([one(1.0), one(3.0), one(2.0)], 16)
     assert out["host_cpu_s"] == dict.fromkeys(parts, 2.0)
+
+
+def test_the_runtime_benches_state_dir_is_a_tmpfs_unless_the_command_line_keeps_it_on_disk(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """`drumsd bench` mounts a tmpfs at --state-dir for the run and unmounts it (and what the
+    runtime left mounted under it) after; --state-on-disk runs without a mount."""
+    from drumsd.bench import runtime as bench_runtime
+    from drumsd.cli import build_parser
+    from drumsd.linux import mounts, syscalls
+
+    parser, _ = build_parser()
+    state = tmp_path / "state"
+    argv = ["bench", "--forks", "--state-dir", str(state)]
+    assert parser.parse_args(argv).state_tmpfs is True
+    assert parser.parse_args([*argv, "--state-on-disk"]).state_tmpfs is False
+    mounted: list[str] = []
+    unmounted: list[str] = []
+    monkeypatch.setattr(syscalls, "mount", lambda src, target, *rest: mounted.append(target))
+    monkeypatch.setattr(
+        mounts, "mounts_under", lambda p: [f"{p}/images", str(p)] if mounted else []
+    )
+    monkeypatch.setattr(mounts, "apply", lambda ops: unmounted.extend(op.target for op in ops))
+    ran: list[list[str]] = []
+    monkeypatch.setattr(bench_runtime, "_run_bench", lambda args: ran.append(list(mounted)) or 0)
+
+    assert bench_runtime.main_bench(parser.parse_args(argv)) == 0
+    assert ran == [[str(state)]]  # the bench ran with the tmpfs mounted
+    assert unmounted == [f"{state}/images", str(state)]  # deepest first, the tmpfs last
+    mounted.clear(), unmounted.clear(), ran.clear()
+    assert bench_runtime.main_bench(parser.parse_args([*argv, "--state-on-disk"])) == 0
+    assert ran == [[]] and unmounted == []
+
+
+def test_a_state_tmpfs_that_cannot_be_mounted_stops_the_runtime_bench_before_it_runs(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    import errno
+
+    from drumsd.bench import runtime as bench_runtime
+    from drumsd.cli import build_parser
+    from drumsd.linux import syscalls
+
+    def refuse(source: str, target: str, *rest: object) -> None:
+        raise OSError(errno.EPERM, f"mount {source!r} on {target!r}: Operation not permitted")
+
+    monkeypatch.setattr(syscalls, "mount", refuse)
+    ran: list[object] = []
+    monkeypatch.setattr(bench_runtime, "_run_bench", lambda args: ran.append(args) or 0)
+    parser, _ = build_parser()
+    args = parser.parse_args(["bench", "--saves", "--state-dir", str(tmp_path / "state")])
+    assert bench_runtime.main_bench(args) == 1
+    err = capsys.readouterr().err
+    assert f"cannot mount a tmpfs at {tmp_path / 'state'}" in err, err
+    assert "--state-on-disk" in err and "Operation not permitted" in err, err
+    assert ran == []

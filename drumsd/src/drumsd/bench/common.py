@@ -5,12 +5,13 @@ cache, CRIU). The bench modules import this one and never each other in a circle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -104,14 +105,57 @@ def stderr_progress(msg: str) -> None:
     print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
-def host_facts() -> dict[str, Any]:
-    """The host a bench ran on: its JSON's "host"."""
-    return {
+def host_facts(state_dir: Path | None = None) -> dict[str, Any]:
+    """The host a bench ran on: its JSON's "host" (with `state_dir`, the fs type it is on)."""
+    out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "kernel": os.uname().release,
         "mem_total_mib": meminfo_mib()["MemTotal"],
         "loadavg_start": os.getloadavg(),
     }
+    if state_dir is not None:
+        from drumsd.linux import mounts
+
+        out["state_fs"] = mounts.fs_type_of(state_dir)
+    return out
+
+
+class BenchError(RuntimeError):
+    """The bench could not run (what failed and where to look)."""
+
+
+def mount_state_tmpfs(state_dir: Path, what: str) -> None:
+    """A tmpfs at `state_dir` (`what` is kept there, for the message); a refused mount is a
+    BenchError naming --state-on-disk."""
+    from drumsd.linux import syscalls
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        syscalls.mount("tmpfs", str(state_dir), "tmpfs", 0, "mode=0755")
+    except OSError as exc:
+        raise BenchError(
+            f"cannot mount a tmpfs at {state_dir} for {what} ({exc}); run as root, or pass "
+            "--state-on-disk to keep it on its own filesystem"
+        ) from exc
+
+
+@contextlib.contextmanager
+def state_on_tmpfs(state_dir: Path, enabled: bool = True) -> Iterator[None]:
+    """The bench's state dir as a deployment's is, a tmpfs: mounted for the run, unmounted
+    after it with whatever the runtime left mounted under it. A disk adds its writes, fsyncs
+    and discards to every dump, restore and teardown. `enabled` False (--state-on-disk) leaves
+    the dir on its own filesystem."""
+    if not enabled:
+        yield
+        return
+    from drumsd.linux import mounts
+
+    mount_state_tmpfs(state_dir, "the bench's state")
+    try:
+        yield
+    finally:
+        for target in mounts.mounts_under(state_dir):  # deepest first; the tmpfs last
+            mounts.apply([mounts.MountOp("umount", target)])
 
 
 def options_json(opts: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drumsd.bench.common import BenchError, mount_state_tmpfs
 from drumsd.bench.episode_options import EpisodeBenchOptions
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -193,19 +194,13 @@ class BenchDaemon:
         """Start it and wait for the image's template checkpoint; returns the seconds taken."""
         import httpx
 
-        from drumsd.linux import mounts, syscalls
+        from drumsd.linux import mounts
 
         config_path = self.dir / "drumsd.json"
         config_path.write_text(json.dumps(self.config, indent=1))
         state = Path(self.config["state_dir"])
         if self.state_tmpfs:  # unmounted by stop(), with the runtime's mounts under the dir
-            try:
-                syscalls.mount("tmpfs", str(state), "tmpfs", 0, "mode=0755")
-            except OSError as exc:
-                raise BenchError(
-                    f"cannot mount a tmpfs at {state} for drumsd's state_dir ({exc}); run as "
-                    "root, or pass --state-on-disk to keep it on the state root's filesystem"
-                ) from exc
+            mount_state_tmpfs(state, "drumsd's state_dir")
         self.state_fs = mounts.fs_type_of(state)
         t0 = time.monotonic()
         self.account = CpuAccount(self.name)
@@ -281,7 +276,3 @@ class BenchDaemon:
             shutil.rmtree(self.dir / "state", ignore_errors=True)
         else:
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class BenchError(RuntimeError):
-    """The bench could not run (what failed and where to look)."""

@@ -515,7 +515,7 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
     )
     boost = KsmBoost(cfg.ksm_boost_s, cfg.ksm_boost_pages_to_scan, cfg.ksm_boost_sleep_millisecs)
     results: dict[str, Any] = {
-        "host": host_facts(),
+        "host": host_facts(opts.state_dir),
         "image": {"profile": image.profile, "sha256": image.sha256},
         "options": options_json(opts),
         "boost": asdict(boost),

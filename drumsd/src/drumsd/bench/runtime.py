@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from drumsd.bench.common import (
     CRIU,
     KSM_DIR,
     QUIET_WINDOW_S,
+    BenchError,
     Progress,
     add_host_args,
     fork_breakdown,
@@ -39,6 +41,7 @@ from drumsd.bench.common import (
     ksm_saved_mib,
     meminfo_mib,
     slot_anon_mib,
+    state_on_tmpfs,
     stderr_progress,
     summarize,
 )
@@ -159,7 +162,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
         state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, ksm=False
     )
     results: dict[str, Any] = {
-        "host": host_facts(),
+        "host": host_facts(opts.state_dir),
         "image": {"profile": image.profile, "sha256": image.sha256},
         "slot_profile": opts.profile,
         "apps": list(opts.apps),
@@ -355,6 +358,14 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add_host_args(parser, d.image, "image profile or directory")
     parser.add_argument("--state-dir", type=Path, default=d.state_dir)
     parser.add_argument(
+        "--state-on-disk",
+        action="store_false",
+        dest="state_tmpfs",
+        help="leave --state-dir on its own filesystem (default: a tmpfs mounted there for the "
+        "run, as a deployment's state_dir is; a disk adds its writes, fsyncs and discards to "
+        "every dump, restore and teardown)",
+    )
+    parser.add_argument(
         "--profile",
         choices=("hardened", "trusted", "both"),
         default=d.profile,
@@ -432,6 +443,16 @@ def fork_queues(text: str) -> tuple[int, ...]:
 
 
 def main_bench(args: argparse.Namespace) -> int:
+    """`drumsd bench`: the state dir on a tmpfs for the run unless --state-on-disk."""
+    try:
+        with state_on_tmpfs(args.state_dir, args.state_tmpfs):
+            return _run_bench(args)
+    except BenchError as exc:
+        print(f"drumsd bench: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     if args.screenshots:
         return main_screenshot_bench(
             ShotBenchOptions(

@@ -139,7 +139,7 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
         state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
     )
     results: dict[str, Any] = {
-        "host": host_facts(),
+        "host": host_facts(opts.state_dir),
         "image": {"profile": image.profile, "sha256": image.sha256},
         "options": options_json(opts),
     }

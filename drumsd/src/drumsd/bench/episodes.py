@@ -38,12 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from drumsd.bench.common import QUIET_WINDOW_S, Progress, add_host_args
+from drumsd.bench.common import BenchError as BenchError
 from drumsd.bench.episode_options import EpisodeBenchOptions
 from drumsd.bench.episodes_host import (
     BenchDaemon as BenchDaemon,
-)
-from drumsd.bench.episodes_host import (
-    BenchError as BenchError,
 )
 from drumsd.bench.episodes_host import (
     CpuAccount as CpuAccount,

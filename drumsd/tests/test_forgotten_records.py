@@ -111,6 +111,29 @@ async def test_a_deleted_state_leaves_a_record_the_console_lists(api: Api) -> No
         assert body["kind"] == "state" and body["record"]["id"] == state
 
 
+async def test_a_deleted_states_record_is_written_before_the_state_leaves_the_table(
+    api: Api,
+) -> None:
+    """Once the API answers 404 for a deleted state, its record is in forgotten_dir (a client
+    that polls for the 404, then reads the record, must find it)."""
+    sid = (await create(api))["id"]
+    await wait_valid(api, sid)
+    state = (await api.client.post(f"/v1/slots/{sid}/capture", json={})).json()["id"]
+    seen_at_removal: list[list[dict]] = []
+
+    class Watched(dict):  # the table's checkpoints: note the records when one is removed
+        def pop(self, key, *default):
+            if key == state:
+                seen_at_removal.append(records(api, "states"))
+            return super().pop(key, *default)
+
+    api.sup.table.checkpoints = Watched(api.sup.table.checkpoints)
+    assert (await api.client.delete(f"/v1/checkpoints/{state}")).status_code == 200
+    assert (await api.client.get(f"/v1/checkpoints/{state}")).status_code == 404
+    ((record,),) = seen_at_removal
+    assert record["id"] == state and record["why"] == "api"
+
+
 async def test_rejected_dumps_leave_a_record_with_the_reason(api: Api) -> None:
     sid = (await create(api))["id"]
     await wait_valid(api, sid)

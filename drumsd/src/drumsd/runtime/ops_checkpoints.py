@@ -234,6 +234,8 @@ async def delete_checkpoint(
 
 
 async def delete_checkpoint_record(sup: CheckpointsHost, cp: CheckpointRecord, reason: str) -> None:
+    # Its record in forgotten_dir first: once the API answers 404 for it, the record is there.
+    await record_gone(sup, cp, reason)
     sup.checkpoints.pop(cp.id, None)
     await forget_spares(sup, cp.id)
     sup.store.delete("checkpoint", cp.id, f"deleted ({reason})", sup.clock())
@@ -242,7 +244,6 @@ async def delete_checkpoint_record(sup: CheckpointsHost, cp: CheckpointRecord, r
         await sup.store.durable()  # the record goes before its files
         await trio.to_thread.run_sync(state_files.remove_tree, Path(cp.dir))
     log.info("checkpoint=%s deleted: %s", cp.id, reason)
-    await record_gone(sup, cp, reason)
 
 
 async def record_gone(sup: CheckpointsHost, cp: CheckpointRecord, reason: str) -> None:

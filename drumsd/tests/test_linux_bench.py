@@ -291,7 +291,7 @@ def test_fork_bench_host_cpu() -> None:
 
 
 def test_the_runtime_benches_state_dir_is_a_tmpfs_unless_the_command_line_keeps_it_on_disk(
-    tmp_path: Path, monkeypatch: Any, capsys: Any
+    tmp_path: Path, monkeypatch: Any
 ) -> None:
     """`drumsd bench` mounts a tmpfs at --state-dir for the run and unmounts it (and what the
     runtime left mounted under it) after; --state-on-disk runs without a mount."""
@@ -317,7 +317,9 @@ def test_the_runtime_benches_state_dir_is_a_tmpfs_unless_the_command_line_keeps_
     assert bench_runtime.main_bench(parser.parse_args(argv)) == 0
     assert ran == [[str(state)]]  # the bench ran with the tmpfs mounted
     assert unmounted == [f"{state}/images", str(state)]  # deepest first, the tmpfs last
-    mounted.clear(), unmounted.clear(), ran.clear()
+    mounted.clear()
+    unmounted.clear()
+    ran.clear()
     assert bench_runtime.main_bench(parser.parse_args([*argv, "--state-on-disk"])) == 0
     assert ran == [[]] and unmounted == []
 

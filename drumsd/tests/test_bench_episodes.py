@@ -259,3 +259,33 @@ def test_a_state_tmpfs_that_cannot_be_mounted_stops_the_bench_before_the_daemon(
     assert "cannot mount a tmpfs at" in message and str(tmp_path / "drums" / "state") in message
     assert "--state-on-disk" in message and "Operation not permitted" in message
     assert started == []  # no daemon on a state_dir other than the one asked for
+
+
+def test_a_second_run_on_a_state_root_stops_before_it_touches_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `drumsd bench episodes` on one --state-root: the second says who runs there and which
+    flag to change, and leaves the first's daemon dir as it was. It used to remove what it could
+    of the first's dirs (its tmpfs included) and die on a FileExistsError traceback."""
+    import os
+
+    from drumsd.bench.common import bench_dir_lock
+
+    monkeypatch.setattr(be.os, "geteuid", lambda: 0)  # the check before the lock
+    token = tmp_path / "ramp" / "token"
+    (tmp_path / "ramp" / "state").mkdir(parents=True)
+    token.write_text("the first run's\n")
+    ran: list[object] = []
+    monkeypatch.setattr(be, "_run_locked", lambda *a: ran.append(a) or {"ramp": {}})
+    monkeypatch.setattr(be, "render_ramp_table", lambda ramp: "table")
+    parser, _ = build_parser()
+    argv = ["bench", "episodes", "--ramp", "1", "--state-root", str(tmp_path)]
+    args = parser.parse_args([*argv, "--tasks-dir", str(REPO / "examples" / "tasks")])
+    args.out = tmp_path / "out.json"
+    with bench_dir_lock(tmp_path, "--state-root"):
+        assert be.main_episode_bench(args) == 1
+    err = capsys.readouterr().err
+    assert f"another drumsd bench is running on {tmp_path} (pid {os.getpid()}: " in err, err
+    assert "give this run another --state-root" in err and "Traceback" not in err, err
+    assert ran == [] and token.read_text() == "the first run's\n"
+    assert be.main_episode_bench(args) == 0 and len(ran) == 1  # the root is free again

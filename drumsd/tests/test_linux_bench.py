@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench.common import percentile
+import pytest
+from drumsd.bench.common import BenchError, bench_dir_lock, held_bench_locks, percentile
 from drumsd.bench.runtime import render_table, slots_that_fit, summarize
 
 
@@ -346,3 +350,94 @@ def test_a_state_tmpfs_that_cannot_be_mounted_stops_the_runtime_bench_before_it_
     assert f"cannot mount a tmpfs at {tmp_path / 'state'}" in err, err
     assert "--state-on-disk" in err and "Operation not permitted" in err, err
     assert ran == []
+
+
+def test_a_bench_lock_is_held_by_the_daemons_a_run_started_until_they_are_gone(
+    tmp_path: Path,
+) -> None:
+    """The lock beside the state dir (never under the tmpfs a run mounts there) refuses a second
+    run, naming the holder and the flag, and stays held by a process the run started with it:
+    a run that died leaves its daemon's dirs alone while the daemon lives."""
+    state = tmp_path / "state"
+    with bench_dir_lock(state, "--state-dir") as fd:
+        assert held_bench_locks() == (fd,)
+        with pytest.raises(BenchError) as caught, bench_dir_lock(state, "--state-dir"):
+            pass
+        message = str(caught.value)
+        assert f"another drumsd bench is running on {state} (pid {os.getpid()}: " in message
+        assert message.endswith("give this run another --state-dir"), message
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=held_bench_locks()
+        )
+    try:
+        assert held_bench_locks() == ()
+        with pytest.raises(BenchError, match="another drumsd bench is running"):
+            with bench_dir_lock(state, "--state-dir"):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    with bench_dir_lock(state, "--state-dir"):
+        assert (tmp_path / ".state.bench-lock").exists()  # beside it, not under its tmpfs
+
+
+def test_a_bench_on_a_live_daemons_state_dir_stops_before_it_runs(tmp_path: Path) -> None:
+    from drumsd.linux.host_share import hold_dir
+
+    fd = hold_dir(tmp_path, "state_dir")
+    try:
+        with pytest.raises(BenchError) as caught, bench_dir_lock(tmp_path, "--state-dir"):
+            pass
+    finally:
+        os.close(fd)
+    message = str(caught.value)
+    assert f"--state-dir {tmp_path} is in use by another drumsd (pid {os.getpid()}: " in message
+    assert message.endswith("give this bench its own --state-dir"), message
+
+
+def test_the_runtime_bench_stops_on_a_busy_state_dir_and_clears_a_crashed_runs_mounts(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """A second `drumsd bench` on the same --state-dir stops before it mounts anything (a tmpfs
+    stacked on the first's, then unmounted with everything under it, took the first's slots).
+    Under a free lock, what a crashed run left mounted there is unmounted before the new tmpfs."""
+    from drumsd.bench import runtime as bench_runtime
+    from drumsd.cli import build_parser
+    from drumsd.linux import mounts, syscalls
+
+    state = tmp_path / "state"
+    events: list[tuple[str, str]] = []
+    left = [f"{state}/slots/a/root", str(state)]  # a crashed run's tmpfs and a slot's root
+    monkeypatch.setattr(
+        syscalls, "mount", lambda src, target, *rest: events.append(("mount", target))
+    )
+
+    def under(p: Path) -> list[str]:
+        return list(left) if not any(e[0] == "mount" for e in events) else [str(p)]
+
+    def apply(ops: list[Any]) -> None:
+        for op in ops:
+            events.append((op.kind, op.target))
+            if op.target in left:
+                left.remove(op.target)
+
+    monkeypatch.setattr(mounts, "mounts_under", under)
+    monkeypatch.setattr(mounts, "apply", apply)
+    monkeypatch.setattr(bench_runtime, "_run_bench", lambda args: events.append(("run", "")) or 0)
+    args = build_parser()[0].parse_args(["bench", "--forks", "--state-dir", str(state)])
+
+    with bench_dir_lock(state, "--state-dir"):
+        assert bench_runtime.main_bench(args) == 1
+    err = capsys.readouterr().err
+    assert f"drumsd bench: another drumsd bench is running on {state}" in err, err
+    assert events == []  # nothing mounted, unmounted or run
+
+    assert bench_runtime.main_bench(args) == 0
+    assert events == [
+        ("umount", f"{state}/slots/a/root"),
+        ("umount", str(state)),
+        ("mount", str(state)),
+        ("run", ""),
+        ("umount", str(state)),
+    ]
+    assert "unmounted 2 mount(s) an earlier run left under" in capsys.readouterr().err

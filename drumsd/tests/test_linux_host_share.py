@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from drumsd.linux.host_share import ClaimError, KsmShare, UidRanges, bind_listener, hold_dir
+from drumsd.linux.host_share import (
+    ClaimError,
+    KsmShare,
+    UidRanges,
+    bind_listener,
+    hold_dir,
+    lock_holder,
+)
 
 
 def test_two_daemons_never_share_a_uid_range(tmp_path: Path) -> None:
@@ -105,10 +112,20 @@ def test_a_dir_is_held_once(tmp_path: Path) -> None:
             text=True,
         )
         assert probe.returncode != 0
-        assert f"in use by another drumsd (pid {os.getpid()})" in probe.stderr
+        assert f"in use by another drumsd (pid {os.getpid()}: " in probe.stderr
     finally:
         os.close(fd)
     os.close(hold_dir(tmp_path, "state_dir"))  # released with the fd
+
+
+def test_a_locks_holder_is_named_by_its_command_or_as_exited(tmp_path: Path) -> None:
+    lock = tmp_path / ".drumsd.lock"
+    alive = lock_holder(str(os.getpid()), lock)
+    assert alive == f"pid {os.getpid()}: {' '.join(sys.orig_argv)}", alive
+    gone = lock_holder("4194305", lock, proc=tmp_path)  # no such pid under this "proc"
+    assert gone.startswith("pid 4194305, which has exited: a process it started holds the lock")
+    assert f"`fuser -v {lock}`" in gone
+    assert lock_holder("", lock) == "pid ?"
 
 
 def test_a_bound_port_refuses_a_second_bind() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -124,6 +125,70 @@ class BenchError(RuntimeError):
     """The bench could not run (what failed and where to look)."""
 
 
+# The bench locks this process holds (fd -> dir): the daemons a bench starts inherit them, so
+# a lock stays held while anything of the run is alive.
+_HELD_LOCKS: dict[int, Path] = {}
+
+
+def lock_file_of(path: Path) -> Path:
+    """A bench's lock on `path`: a file beside it, never under a tmpfs the bench mounts there."""
+    return path.parent / f".{path.name}.bench-lock"
+
+
+@contextlib.contextmanager
+def bench_dir_lock(path: Path, flag: str) -> Iterator[int]:
+    """One run at a time on `path` (the state dir or root a bench mounts, fills and removes): an
+    exclusive flock on `lock_file_of(path)` for the run, inherited by the daemons it starts. A
+    second run on the same dir, or a bench on a live daemon's state_dir (its
+    `host_share.hold_dir` lock), stops here with a BenchError naming the holder and `flag`,
+    before it removes or unmounts anything. Yields the lock's fd."""
+    from drumsd.linux.host_share import ClaimError, hold_dir, lock_holder
+
+    path.mkdir(parents=True, exist_ok=True)
+    lock = lock_file_of(path)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(os.pread(fd, 64, 0).decode(errors="replace").strip(), lock)
+            raise BenchError(
+                f"another drumsd bench is running on {path} ({holder}); wait for it to end, "
+                f"or give this run another {flag}"
+            ) from None
+        try:
+            os.close(hold_dir(path, flag, claimant="bench"))  # no daemon lives there
+        except ClaimError as exc:
+            raise BenchError(str(exc)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD_LOCKS[fd] = path
+        try:
+            yield fd
+        finally:
+            del _HELD_LOCKS[fd]
+    finally:
+        os.close(fd)
+
+
+def held_bench_locks() -> tuple[int, ...]:
+    """The fds of the dir locks this process holds as a bench, for its daemons to inherit."""
+    return tuple(_HELD_LOCKS)
+
+
+def clear_leftovers(path: Path) -> int:
+    """Unmount what an earlier run that crashed left mounted at or under `path` (deepest first);
+    only under the dir's bench lock, which proves no run of it is alive. Returns how many."""
+    from drumsd.linux import mounts
+
+    left = mounts.mounts_under(path)
+    for target in left:
+        mounts.apply([mounts.MountOp("umount", target)])
+    if left:
+        stderr_progress(f"unmounted {len(left)} mount(s) an earlier run left under {path}")
+    return len(left)
+
+
 def mount_state_tmpfs(state_dir: Path, what: str) -> None:
     """A tmpfs at `state_dir` (`what` is kept there, for the message); a refused mount is a
     BenchError naming --state-on-disk."""
@@ -150,6 +215,7 @@ def state_on_tmpfs(state_dir: Path, enabled: bool = True) -> Iterator[None]:
         return
     from drumsd.linux import mounts
 
+    clear_leftovers(state_dir)  # a tmpfs stacked on a crashed run's would hide it
     mount_state_tmpfs(state_dir, "the bench's state")
     try:
         yield

@@ -37,7 +37,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench.common import QUIET_WINDOW_S, Progress, add_host_args
+from drumsd.bench.common import (
+    QUIET_WINDOW_S,
+    Progress,
+    add_host_args,
+    bench_dir_lock,
+    clear_leftovers,
+)
 from drumsd.bench.common import BenchError as BenchError
 from drumsd.bench.episode_options import EpisodeBenchOptions
 from drumsd.bench.episodes_host import (
@@ -402,6 +408,7 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
 
     image = find_image(opts.image, opts.cache_root)
     state = opts.state_root / "boot"
+    clear_leftovers(state)
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)
     walls: list[float] = []
@@ -574,7 +581,12 @@ def run_episode_bench(opts: EpisodeBenchOptions, progress: Progress) -> dict[str
     if os.geteuid() != 0:
         raise BenchError("drumsd bench episodes runs real desktops: run it as root")
     tasks = task_mix(opts)
-    opts.state_root.mkdir(parents=True, exist_ok=True)
+    # One run per state root: a second would remove and unmount the first's daemons' dirs.
+    with bench_dir_lock(opts.state_root, "--state-root"):
+        return _run_locked(opts, tasks, progress)
+
+
+def _run_locked(opts: EpisodeBenchOptions, tasks: list[str], progress: Progress) -> dict[str, Any]:
     results: dict[str, Any] = {
         "host": {
             "cpus": os.cpu_count(),

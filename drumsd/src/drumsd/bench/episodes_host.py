@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drumsd.bench.common import BenchError, mount_state_tmpfs
+from drumsd.bench.common import (
+    BenchError,
+    clear_leftovers,
+    held_bench_locks,
+    mount_state_tmpfs,
+)
 from drumsd.bench.episode_options import EpisodeBenchOptions
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -152,6 +157,7 @@ class BenchDaemon:
         cls, name: str, opts: EpisodeBenchOptions, overrides: dict[str, Any]
     ) -> BenchDaemon:
         d = opts.state_root / name
+        clear_leftovers(d)  # a crashed run's tmpfs (the root's bench lock is held)
         shutil.rmtree(d, ignore_errors=True)
         (d / "state").mkdir(parents=True, mode=0o755)
         d.chmod(0o755)
@@ -211,6 +217,9 @@ class BenchDaemon:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=self.account.join,  # before exec: nothing it starts escapes
+                # The run's bench lock, held while the daemon lives: a run that dies leaves
+                # its daemon's dirs alone until the daemon is gone too.
+                pass_fds=held_bench_locks(),
             )
         deadline = t0 + template_limit_s
         image = self.config["default_image"]

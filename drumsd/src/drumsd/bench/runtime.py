@@ -36,6 +36,7 @@ from drumsd.bench.common import (
     BenchError,
     Progress,
     add_host_args,
+    bench_dir_lock,
     fork_breakdown,
     host_facts,
     ksm_saved_mib,
@@ -445,7 +446,10 @@ def fork_queues(text: str) -> tuple[int, ...]:
 def main_bench(args: argparse.Namespace) -> int:
     """`drumsd bench`: the state dir on a tmpfs for the run unless --state-on-disk."""
     try:
-        with state_on_tmpfs(args.state_dir, args.state_tmpfs):
+        with (
+            bench_dir_lock(args.state_dir, "--state-dir"),
+            state_on_tmpfs(args.state_dir, args.state_tmpfs),
+        ):
             return _run_bench(args)
     except BenchError as exc:
         print(f"drumsd bench: {exc}", file=sys.stderr)

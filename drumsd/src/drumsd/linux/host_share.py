@@ -30,25 +30,41 @@ class ClaimError(Exception):
 # ---------------------------------------------------------------- dirs and the port
 
 
-def hold_dir(path: Path, what: str) -> int:
+def hold_dir(path: Path, what: str, claimant: str = "daemon") -> int:
     """An exclusive flock on `path/.drumsd.lock`, held until the returned fd is closed (the
-    process exiting releases it, so a kill -9 leaves nothing stale)."""
+    process exiting releases it, so a kill -9 leaves nothing stale). A daemon's dirs and a
+    bench's (`claimant`) take the same lock, so neither runs on the other's."""
     lock = path / LOCK_NAME
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        holder = lock_holder(os.pread(fd, 64, 0).decode(errors="replace").strip(), lock)
         os.close(fd)
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             raise ClaimError(
-                f"{what} {path} is in use by another drumsd (pid {holder}); stop it, or give "
-                f"this daemon its own {what}"
+                f"{what} {path} is in use by another drumsd ({holder}); stop it, or give "
+                f"this {claimant} its own {what}"
             ) from None
         raise ClaimError(f"{what} {path}: cannot lock {lock}: {exc.strerror}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def lock_holder(pid_text: str, lock: Path, proc: Path = Path("/proc")) -> str:
+    """Who holds `lock`, from the pid its file records: the pid and its command line, or that
+    it exited and a process it started (which inherited the lock) holds it now."""
+    if not pid_text.isdigit():
+        return "pid ?"
+    try:
+        cmd = (proc / pid_text / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return (
+            f"pid {pid_text}, which has exited: a process it started holds the lock; "
+            f"`fuser -v {lock}` names it"
+        )
+    return f"pid {pid_text}: {cmd}" if cmd else f"pid {pid_text}"
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -183,6 +183,7 @@ def test_fork_bench_rounds_set_queue_width_and_boost(monkeypatch: Any) -> None:
     from types import SimpleNamespace
 
     import trio
+    import trio.lowlevel
     from drumsd.bench import forks
 
     seen: list[tuple[int, bool, object]] = []
@@ -216,6 +217,7 @@ def test_fork_bench_warm_modes_encode_on_fresh_parents(monkeypatch: Any) -> None
     from types import SimpleNamespace
 
     import trio
+    import trio.lowlevel
     from drumsd.bench import forks
 
     seen: list[tuple[str, bool, bool]] = []
@@ -441,3 +443,101 @@ def test_the_runtime_bench_stops_on_a_busy_state_dir_and_clears_a_crashed_runs_m
         ("umount", str(state)),
     ]
     assert "unmounted 2 mount(s) an earlier run left under" in capsys.readouterr().err
+
+
+def test_a_progress_line_to_a_closed_pipe_never_cuts_the_run_short(monkeypatch: Any) -> None:
+    from drumsd.bench.common import progress_line, stderr_progress
+
+    class ClosedPipe:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stderr", ClosedPipe())
+    progress_line("bench episodes: [ramp] failed; daemon log kept")  # no BrokenPipeError
+    stderr_progress("restores ...")
+
+
+@pytest.mark.parametrize("under_trio", [False, True])
+def test_sigterm_and_sighup_stop_a_bench_through_its_cleanup(
+    tmp_path: Path, under_trio: bool
+) -> None:
+    """A bench killed with SIGTERM (or its terminal gone, SIGHUP) runs its finally blocks, as
+    on Ctrl-C, in plain code and inside trio.run: the daemons it started are stopped and its
+    mounts undone, where the default ended it at once and left them behind."""
+    import signal
+    import textwrap
+
+    marker = tmp_path / "cleaned"
+    body = "trio.run(trio.sleep_forever)" if under_trio else "while True: time.sleep(0.05)"
+    script = textwrap.dedent(
+        f"""
+        import sys, time, trio
+        from pathlib import Path
+        from drumsd.bench.common import stopped_by_signals
+        try:
+            with stopped_by_signals():
+                try:
+                    print("ready", flush=True)
+                    {body}
+                finally:
+                    Path({str(marker)!r}).write_text("yes")
+        except KeyboardInterrupt:
+            sys.exit(130)
+        """
+    )
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        marker.unlink(missing_ok=True)
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        child.send_signal(sig)
+        assert child.wait(timeout=20) == 130, sig
+        assert marker.read_text() == "yes", sig
+
+
+def test_a_bench_runtime_sweeps_what_it_holds_even_when_the_run_is_cancelled(
+    monkeypatch: Any,
+) -> None:
+    """The sweep at the end runs shielded: a run stopped by Ctrl-C or SIGTERM (trio cancels
+    the run's tasks) still kills the desktops its runtime restored."""
+    import contextlib
+
+    import trio
+    import trio.lowlevel
+    from drumsd.bench.common import bench_runtime
+    from drumsd.runtime import linux as runtime_linux
+
+    sweeps: list[tuple[list[str], bool]] = []
+
+    class Runtime:
+        async def sweep(self, live: list[str], *, own: bool = False) -> list[str]:
+            await trio.lowlevel.checkpoint()  # raises Cancelled unless shielded
+            sweeps.append((live, own))
+            return []
+
+    @contextlib.asynccontextmanager
+    async def fake_open(cfg: Any) -> Any:
+        yield Runtime()
+
+    monkeypatch.setattr(runtime_linux, "open_linux_runtime", fake_open)
+
+    async def run() -> None:
+        with trio.CancelScope() as scope:
+            async with bench_runtime(None):  # type: ignore[arg-type]
+                scope.cancel()
+                await trio.sleep(1)
+        assert scope.cancelled_caught
+
+    trio.run(run)
+    assert sweeps == [([], False), ([], True)]
+
+
+def test_an_interrupt_is_told_apart_from_a_failure_in_a_trio_exception_group() -> None:
+    from drumsd.bench.common import was_interrupted
+
+    assert was_interrupted(KeyboardInterrupt())
+    assert was_interrupted(BaseExceptionGroup("nursery", [KeyboardInterrupt()]))
+    assert not was_interrupted(BaseExceptionGroup("n", [KeyboardInterrupt(), OSError("disk")]))
+    assert not was_interrupted(ValueError("x"))

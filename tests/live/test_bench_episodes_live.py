@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from drumsd.bench.common import lock_file_of
 from live_daemon import mounts_under, require_live
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +42,7 @@ def test_bench_episodes_runs_both_paths_and_cleans_up(tmp_path: Path) -> None:
     finally:
         if not mounts_under(state_root):
             shutil.rmtree(state_root, ignore_errors=True)
+        lock_file_of(state_root).unlink(missing_ok=True)  # the run's lock, beside the root
     assert done.returncode == 0, done.stderr[-4000:]
     assert "verify p50" in done.stdout and "features off" in done.stdout, done.stdout
     result = json.loads(out.read_text())
@@ -93,6 +95,7 @@ def test_bench_episodes_ramp_profile_places_the_steps_among_the_daemons_processe
     finally:
         if not mounts_under(state_root):
             shutil.rmtree(state_root, ignore_errors=True)
+        lock_file_of(state_root).unlink(missing_ok=True)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "slow steps, profiled" in done.stdout, done.stdout
     level = json.loads(out.read_text())["ramp"]["levels"][0]

@@ -10,14 +10,18 @@ import fcntl
 import json
 import math
 import os
+import signal
 import statistics
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drumsd.core.seams import SlotHandle, SlotLimits
+
+if TYPE_CHECKING:
+    from drumsd.runtime.linux import LinuxRuntime, LinuxRuntimeConfig
 
 Progress = Callable[[str], None]
 QUIET_WINDOW_S = 0.5
@@ -103,7 +107,47 @@ def ksm_saved_mib() -> float:
 
 def stderr_progress(msg: str) -> None:
     """A bench's progress line, on stderr (its table goes to stdout)."""
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
+    progress_line(f"bench: {msg}")
+
+
+def progress_line(text: str) -> None:
+    """A line on stderr. One that cannot be written (stderr a closed pipe, as after `| head`)
+    is dropped: a progress line must never cut a run's cleanup short (it once skipped a
+    daemon's stop and left the daemon running)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def was_interrupted(exc: BaseException) -> bool:
+    """Ctrl-C or a stopping signal (`stopped_by_signals`), alone or as all that a trio nursery's
+    exception group holds."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(KeyboardInterrupt)[1] is None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop a bench as Ctrl-C does, so its cleanup runs (daemons stopped,
+    slots destroyed, mounts undone): Python's default for them ends the process at once and
+    left the daemons and their mounts behind. The SIGINT handler in place takes the signal
+    (trio's delivers KeyboardInterrupt at a safe point); without one, KeyboardInterrupt."""
+
+    def as_interrupt(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, as_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def host_facts(state_dir: Path | None = None) -> dict[str, Any]:
@@ -187,6 +231,25 @@ def clear_leftovers(path: Path) -> int:
     if left:
         stderr_progress(f"unmounted {len(left)} mount(s) an earlier run left under {path}")
     return len(left)
+
+
+@contextlib.asynccontextmanager
+async def bench_runtime(cfg: LinuxRuntimeConfig) -> AsyncIterator[LinuxRuntime]:
+    """The Linux runtime a bench runs on: what an earlier run left
+    is swept first, and at the end whatever the runtime still holds, shielded from the
+    cancellation that ends the run: a run stopped by Ctrl-C or SIGTERM left its restored
+    desktops running in their cgroups, their state dir unmounted under them."""
+    import trio
+
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async with open_linux_runtime(cfg) as rt:
+        await rt.sweep([])
+        try:
+            yield rt
+        finally:
+            with trio.CancelScope(shield=True):
+                await rt.sweep([], own=True)
 
 
 def mount_state_tmpfs(state_dir: Path, what: str) -> None:

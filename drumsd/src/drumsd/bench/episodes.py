@@ -42,7 +42,11 @@ from drumsd.bench.common import (
     Progress,
     add_host_args,
     bench_dir_lock,
+    bench_runtime,
     clear_leftovers,
+    progress_line,
+    stopped_by_signals,
+    was_interrupted,
 )
 from drumsd.bench.common import BenchError as BenchError
 from drumsd.bench.episode_options import EpisodeBenchOptions
@@ -264,23 +268,32 @@ def run_episodes(
         todo.put(tasks[i % len(tasks)])
     done: list[dict[str, Any]] = []
     lock = threading.Lock()
+    stopping = threading.Event()  # the run was stopped (Ctrl-C, SIGTERM): its daemon goes away
 
     def worker() -> None:
         with drums.connect(daemon.url, token=daemon.token) as client:
-            while True:
+            while not stopping.is_set():
                 try:
                     task_id = todo.get_nowait()
                 except queue.Empty:
                     return
-                rec = run_episode(client, task_id, opts.steps, cpu)
+                try:
+                    rec = run_episode(client, task_id, opts.steps, cpu)
+                except Exception:
+                    if stopping.is_set():
+                        return  # the daemon stopped under the episode, not a bench failure
+                    raise
                 with lock:
                     done.append(rec)
 
     threads = [threading.Thread(target=worker) for _ in range(max(1, opts.concurrency))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        stopping.set()
     return done
 
 
@@ -404,7 +417,7 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
 
     from drumsd.linux import mounts
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig
 
     image = find_image(opts.image, opts.cache_root)
     state = opts.state_root / "boot"
@@ -418,8 +431,7 @@ def cold_boots(opts: EpisodeBenchOptions, progress: Progress) -> dict[str, Any]:
 
     async def boot_all() -> None:
         cfg = LinuxRuntimeConfig(state_dir=state, criu=opts.criu, ksm=False)
-        async with open_linux_runtime(cfg) as rt:
-            await rt.sweep([])
+        async with bench_runtime(cfg) as rt:
             for i in range(opts.cold_boots):
                 progress(f"[boot per episode] cold boot {i + 1}/{opts.cold_boots} ...")
                 c0, own0 = host_busy_s(), account.usage_s()
@@ -734,13 +746,21 @@ def main_episode_bench(args: argparse.Namespace) -> int:
     opts = EpisodeBenchOptions(**values, tasks=tuple(args.task), ramp=ramp)
 
     def progress(msg: str) -> None:
-        print(f"bench episodes: {msg}", file=sys.stderr, flush=True)
+        progress_line(f"bench episodes: {msg}")
 
     try:
-        results = run_episode_bench(opts, progress)
+        with stopped_by_signals():
+            results = run_episode_bench(opts, progress)
     except BenchError as exc:
         print(f"drumsd bench episodes: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if not was_interrupted(exc):
+            raise
+        progress_line(
+            "drumsd bench episodes: stopped; its daemons were stopped, their state unmounted"
+        )
+        return 130
     print(render_ramp_table(results["ramp"]) if "ramp" in results else render_table(results))
     args.out.write_text(json.dumps(results, indent=1))
     print(f"results written to {args.out}")

@@ -51,6 +51,7 @@ from drumsd.bench.common import (
     KSM_DIR,
     MIB,
     Progress,
+    bench_runtime,
     fork_breakdown,
     host_facts,
     ksm_saved_mib,
@@ -503,7 +504,7 @@ async def run_rounds(
 
 async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig
     from drumsd.runtime.linux.ksm import KsmBoost
 
     image = find_image(opts.image, opts.cache_root)
@@ -526,8 +527,7 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
     }
     ck_dir = opts.state_dir / "checkpoints" / f"bench-forks-{uuid.uuid4().hex[:6]}"
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in modes_of(opts)}
-    async with open_linux_runtime(cfg) as rt:
-        await rt.sweep([])
+    async with bench_runtime(cfg) as rt:
         progress(f"template of {image.profile} with {list(opts.apps)} ...")
         ref = await rt.make_template(
             image.root, image.sha256, "bench-forks", ck_dir / "template", apps=opts.apps

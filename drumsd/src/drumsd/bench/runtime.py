@@ -37,14 +37,18 @@ from drumsd.bench.common import (
     Progress,
     add_host_args,
     bench_dir_lock,
+    bench_runtime,
     fork_breakdown,
     host_facts,
     ksm_saved_mib,
     meminfo_mib,
+    progress_line,
     slot_anon_mib,
     state_on_tmpfs,
     stderr_progress,
+    stopped_by_signals,
     summarize,
+    was_interrupted,
 )
 from drumsd.bench.forks import ForkBenchOptions, main_fork_bench, parse_queues
 from drumsd.bench.saves import SaveBenchOptions, main_save_bench
@@ -154,7 +158,7 @@ def render_table(r: dict[str, Any]) -> str:
 
 async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
@@ -176,8 +180,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
     lim = opts.limits
     ck_dir = opts.state_dir / "checkpoints" / f"bench-{uuid.uuid4().hex[:6]}"
 
-    async with open_linux_runtime(base_cfg) as rt:
-        await rt.sweep([])
+    async with bench_runtime(base_cfg) as rt:
         progress(f"cold boot x{opts.cold_boots} of image {image.profile} ...")
         boots = []
         for _ in range(opts.cold_boots):
@@ -267,7 +270,7 @@ async def run_bench(opts: BenchOptions, progress: Progress = print) -> dict[str,
             ksm_sleep_millisecs=10,
             spares_per_checkpoint=2,
         )
-        async with open_linux_runtime(cfg) as rt:
+        async with bench_runtime(cfg) as rt:
             progress(
                 f"memory of {opts.idle_slots} idle slots with KSM (up to "
                 f"{opts.ksm_wait_s:.0f} s to merge) ..."
@@ -447,6 +450,7 @@ def main_bench(args: argparse.Namespace) -> int:
     """`drumsd bench`: the state dir on a tmpfs for the run unless --state-on-disk."""
     try:
         with (
+            stopped_by_signals(),
             bench_dir_lock(args.state_dir, "--state-dir"),
             state_on_tmpfs(args.state_dir, args.state_tmpfs),
         ):
@@ -454,6 +458,11 @@ def main_bench(args: argparse.Namespace) -> int:
     except BenchError as exc:
         print(f"drumsd bench: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        if not was_interrupted(exc):
+            raise
+        progress_line(f"drumsd bench: stopped; its desktops killed, {args.state_dir} unmounted")
+        return 130
 
 
 def _run_bench(args: argparse.Namespace) -> int:

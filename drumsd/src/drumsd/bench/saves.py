@@ -31,6 +31,7 @@ from drumsd.bench.common import (
     CACHE_ROOT,
     CRIU,
     Progress,
+    bench_runtime,
     host_facts,
     options_json,
     publish,
@@ -131,7 +132,7 @@ def summarize_mode(rounds: list[dict[str, Any]]) -> dict[str, float]:
 
 async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> dict[str, Any]:
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
@@ -146,9 +147,8 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
     ck_dir = opts.state_dir / "checkpoints" / f"bench-saves-{uuid.uuid4().hex[:6]}"
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     failed: dict[str, list[str]] = {m: [] for m in MODES}
-    async with open_linux_runtime(cfg) as rt:
+    async with bench_runtime(cfg) as rt:
         try:
-            await rt.sweep([])
             progress(f"template of {image.profile} with {list(opts.apps)} ...")
             template = await rt.make_template(
                 image.root, image.sha256, "bench-saves", ck_dir / "template", apps=opts.apps

@@ -42,6 +42,7 @@ from drumsd.bench.common import (
     CACHE_ROOT,
     CRIU,
     Progress,
+    bench_runtime,
     percentile,
     publish,
     stderr_progress,
@@ -141,7 +142,7 @@ async def run_screenshot_bench(
     opts: ShotBenchOptions, progress: Progress = print
 ) -> dict[str, Any]:
     from drumsd.linux.image import find_image
-    from drumsd.runtime.linux import LinuxRuntimeConfig, open_linux_runtime
+    from drumsd.runtime.linux import LinuxRuntimeConfig
 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +159,7 @@ async def run_screenshot_bench(
             for name, (spec, f, one) in VARIANTS.items()
         },
     }
-    async with open_linux_runtime(cfg) as rt:
-        await rt.sweep([])
+    async with bench_runtime(cfg) as rt:
         progress(f"template of {image.profile} (cold boot, quiesce, dump) ...")
         ref = await rt.make_template(image.root, image.sha256, "bench", ck_dir / "template")
         h = await rt.restore("bench-shots", ref, BENCH_LIMITS)

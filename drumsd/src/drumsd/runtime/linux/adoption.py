@@ -74,11 +74,13 @@ class Adoption:
                 cleaned.append(name)
         return cleaned
 
-    async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
+    async def sweep(self, live_slot_ids: Sequence[str], *, own: bool = False) -> list[str]:
+        """Kill and remove the instances no live slot claims; with `own`, this runtime's own
+        too (a bench that was stopped: nothing of it may outlive it)."""
         live = set(live_slot_ids)
 
         def go() -> list[str]:
-            keep = self._owned_in_memory()
+            keep = set() if own else self._owned_in_memory()
             cleaned: list[str] = []
             base = self.state_dir / "slots"
             names = set(self.driver.slot_names())

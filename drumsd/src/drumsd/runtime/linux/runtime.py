@@ -254,8 +254,8 @@ class LinuxRuntime:
     async def adopt(self, handle: SlotHandle) -> bool:
         return await self.adoption.adopt(handle)
 
-    async def sweep(self, live_slot_ids: Sequence[str]) -> list[str]:
-        return await self.adoption.sweep(live_slot_ids)
+    async def sweep(self, live_slot_ids: Sequence[str], *, own: bool = False) -> list[str]:
+        return await self.adoption.sweep(live_slot_ids, own=own)
 
     # ------------------------------------------------------------------ spares, KSM, bench
 

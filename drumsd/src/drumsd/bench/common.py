@@ -235,10 +235,10 @@ def clear_leftovers(path: Path) -> int:
 
 @contextlib.asynccontextmanager
 async def bench_runtime(cfg: LinuxRuntimeConfig) -> AsyncIterator[LinuxRuntime]:
-    """The Linux runtime a bench runs on: what an earlier run left
-    is swept first, and at the end whatever the runtime still holds, shielded from the
-    cancellation that ends the run: a run stopped by Ctrl-C or SIGTERM left its restored
-    desktops running in their cgroups, their state dir unmounted under them."""
+    """The Linux runtime a bench runs on: what an earlier run left is swept first, and at the
+    end whatever the runtime still holds, shielded from the cancellation that ends the run (a
+    run stopped by Ctrl-C or SIGTERM left its restored desktops running in their cgroups,
+    their state dir unmounted under them)."""
     import trio
 
     from drumsd.runtime.linux import open_linux_runtime

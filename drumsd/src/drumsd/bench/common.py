@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -186,26 +185,21 @@ def bench_dir_lock(path: Path, flag: str) -> Iterator[int]:
     second run on the same dir, or a bench on a live daemon's state_dir (its
     `host_share.hold_dir` lock), stops here with a BenchError naming the holder and `flag`,
     before it removes or unmounts anything. Yields the lock's fd."""
-    from drumsd.linux.host_share import ClaimError, hold_dir, lock_holder
+    from drumsd.linux.host_share import ClaimError, LockBusy, hold_dir, hold_lock_file
 
     path.mkdir(parents=True, exist_ok=True)
-    lock = lock_file_of(path)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = lock_holder(os.pread(fd, 64, 0).decode(errors="replace").strip(), lock)
-            raise BenchError(
-                f"another drumsd bench is running on {path} ({holder}); wait for it to end, "
-                f"or give this run another {flag}"
-            ) from None
+        fd = hold_lock_file(lock_file_of(path))
+    except LockBusy as busy:
+        raise BenchError(
+            f"another drumsd bench is running on {path} ({busy.holder}); wait for it to end, "
+            f"or give this run another {flag}"
+        ) from None
+    try:
         try:
             os.close(hold_dir(path, flag, claimant="bench"))  # no daemon lives there
         except ClaimError as exc:
             raise BenchError(str(exc)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         _HELD_LOCKS[fd] = path
         try:
             yield fd

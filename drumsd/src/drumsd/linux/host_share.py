@@ -34,7 +34,28 @@ def hold_dir(path: Path, what: str, claimant: str = "daemon") -> int:
     """An exclusive flock on `path/.drumsd.lock`, held until the returned fd is closed (the
     process exiting releases it, so a kill -9 leaves nothing stale). A daemon's dirs and a
     bench's (`claimant`) take the same lock, so neither runs on the other's."""
-    lock = path / LOCK_NAME
+    try:
+        return hold_lock_file(path / LOCK_NAME)
+    except LockBusy as busy:
+        raise ClaimError(
+            f"{what} {path} is in use by another drumsd ({busy.holder}); stop it, or give "
+            f"this {claimant} its own {what}"
+        ) from None
+    except OSError as exc:
+        raise ClaimError(f"{what} {path}: cannot lock {exc.filename}: {exc.strerror}") from None
+
+
+class LockBusy(Exception):
+    """Another process holds the lock file; `holder` says who (`lock_holder`)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def hold_lock_file(lock: Path) -> int:
+    """An exclusive flock on `lock` (created if missing) that records this process's pid, held
+    until the returned fd is closed. LockBusy when another process holds it."""
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -42,11 +63,8 @@ def hold_dir(path: Path, what: str, claimant: str = "daemon") -> int:
         holder = lock_holder(os.pread(fd, 64, 0).decode(errors="replace").strip(), lock)
         os.close(fd)
         if exc.errno in (errno.EAGAIN, errno.EACCES):
-            raise ClaimError(
-                f"{what} {path} is in use by another drumsd ({holder}); stop it, or give "
-                f"this {claimant} its own {what}"
-            ) from None
-        raise ClaimError(f"{what} {path}: cannot lock {lock}: {exc.strerror}") from None
+            raise LockBusy(holder) from None
+        raise OSError(exc.errno, exc.strerror, str(lock)) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd

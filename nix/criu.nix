@@ -1,6 +1,6 @@
-# CRIU 4.2.1 on top of nixpkgs' criu derivation (the build recipe stays nixpkgs'; only the source
-# changes). 4.2.1 is the first release that dumps TCP/UDP sockets on Linux >= 6.16, and the version
-# proven to checkpoint and restore drums desktops (see docs/nix.md, "CRIU").
+# CRIU 4.2.1 on top of nixpkgs' criu derivation (the build recipe stays nixpkgs'; the source and
+# the patches change). 4.2.1 is the first release that dumps TCP/UDP sockets on Linux >= 6.16,
+# and the version proven to checkpoint and restore drums desktops (see docs/nix.md, "CRIU").
 { criu, fetchzip }:
 criu.overrideAttrs (
   old:
@@ -18,8 +18,11 @@ criu.overrideAttrs (
       url = "https://github.com/checkpoint-restore/criu/archive/refs/tags/v${version}.tar.gz";
       hash = "sha256-Njk3RNxmKiFEu5nnVuY16XaJQxkgBL2hf7YU5XFh67Y=";
     };
-    # Patches in nixpkgs target its own CRIU version (backports that 4.2.1 already has).
-    patches = [ ];
+    # drums' one patch, the file host preparation applies too (it replaces nixpkgs' patches,
+    # backports 4.2.1 already has): `criu dump --track-mem-uffd-wp` reads which pages were
+    # written since drumsd write-protected them (a WP_ASYNC userfaultfd; PAGEMAP_SCAN) and dumps
+    # the others as in-parent holes: incremental dumps on kernels without soft-dirty tracking.
+    patches = [ ../drumsd/src/drumsd/linux/criu-track-mem-uffd-wp.patch ];
     # nixpkgs' postPatch bakes its own version into the Makefile's head-name; keep ours. Its
     # other edits still apply: Documentation/Makefile's `2>/dev/null` and `-m custom.xsl`, the
     # Makefile's head-name line and images/google/protobuf/ are all in the 4.2.1 tree.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -125,14 +126,16 @@ def test_parse_meminfo() -> None:
     assert info == {"MemTotal": 24576000 * 1024, "HugePages_Total": 0}
 
 
-def test_criu_cache_layout_is_keyed_by_the_tarball_hash(tmp_path: Path) -> None:
-    paths = hostprep.CriuPaths(tmp_path)
-    assert paths.binary == tmp_path / "criu" / f"4.2.1-{hostprep.CRIU_SHA256[:12]}" / "criu"
+def test_criu_cache_layout_is_keyed_by_the_tarball_and_patch_hashes(tmp_path: Path) -> None:
+    paths = hostprep.CriuPaths.for_patch(tmp_path)
+    patch_sha = hashlib.sha256(hostprep.CRIU_PATCH.read_bytes()).hexdigest()
+    key = f"4.2.1-{hostprep.CRIU_SHA256[:12]}-{patch_sha[:8]}"
+    assert paths.binary == tmp_path / "criu" / key / "criu"
 
 
 def test_ensure_criu_is_a_fast_noop_when_built(tmp_path: Path) -> None:
     """A cached binary is linked and returned without apt, downloads or make."""
-    binary = hostprep.CriuPaths(tmp_path).binary
+    binary = hostprep.CriuPaths.for_patch(tmp_path).binary
     binary.parent.mkdir(parents=True)
     binary.write_text("#!/bin/sh\necho Version: 4.2.1\n")
     binary.chmod(0o755)

@@ -6,6 +6,7 @@ attribute names are not checked here (docs/nix.md). A clone without ../shared sk
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -114,6 +115,22 @@ def test_output_attributes(attr: str, expected: str) -> None:
     result = nix("eval", "--raw", f"{REPO}#{attr}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == expected
+
+
+def test_the_flake_criu_is_patched_with_the_file_host_preparation_applies() -> None:
+    """One patch file for both builds: the flake's criu carries drumsd's packaged patch only."""
+    patch = REPO / "drumsd/src/drumsd/linux/criu-track-mem-uffd-wp.patch"
+    result = nix(
+        "eval",
+        "--json",
+        f"{REPO}#packages.x86_64-linux.criu.patches",
+        "--apply",
+        'map (p: [ (baseNameOf p) (builtins.hashFile "sha256" p) ])',
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout) == [
+        [patch.name, hashlib.sha256(patch.read_bytes()).hexdigest()]
+    ]
 
 
 def test_the_app_runs_the_drumsd_binary() -> None:

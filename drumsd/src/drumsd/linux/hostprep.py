@@ -1,8 +1,9 @@
 """Host preparation: build the pinned CRIU and the desktop images, idempotently and cached.
 
 Debian 12's own criu (3.17) fails on current kernels and 4.1 cannot dump sockets on Linux >= 6.16,
-so drums builds CRIU 4.2.1 from Debian sid's source tarball, pinned by sha256. Everything lands
-under a cache root (default /var/cache/drums) keyed by content, so a second run is a no-op.
+so drums builds CRIU 4.2.1 from Debian sid's source tarball, pinned by sha256, with one patch of its
+own (criu-track-mem-uffd-wp.patch, beside this module). Everything lands under a cache root
+(default /var/cache/drums) keyed by content, so a second run is a no-op.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ CRIU_TARBALL = f"criu_{CRIU_VERSION}.orig.tar.xz"
 CRIU_SHA256 = "29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9"
 # Used only when `apt-get source` cannot fetch it (the hash pins the content either way).
 CRIU_POOL_URL = f"http://deb.debian.org/debian/pool/main/c/criu/{CRIU_TARBALL}"
+# drums' one patch to CRIU (nix/criu.nix applies the same file): `criu dump --track-mem-uffd-wp`
+# makes incremental dumps from userfaultfd write-protect bits where the kernel has no soft-dirty.
+# Part of the package, so the wheel ships it; its hash is part of the install dir's name.
+CRIU_PATCH = Path(__file__).with_name("criu-track-mem-uffd-wp.patch")
 
 # Packages needed to build CRIU (from the measured recipe in shared/notes/criu-desktop.md).
 CRIU_BUILD_DEPS: tuple[str, ...] = (
@@ -49,6 +54,7 @@ CRIU_BUILD_DEPS: tuple[str, ...] = (
     "pkg-config",
     "libnftables-dev",
     "libaio-dev",
+    "patch",  # applies CRIU_PATCH
 )
 
 # What the daemon itself calls on the host (besides CRIU).
@@ -80,11 +86,22 @@ class HostPrepError(RuntimeError):
     """A host preparation step failed; the message says which and what to do next."""
 
 
+def criu_build_key(patch: bytes) -> str:
+    """The name of a build's install dir: CRIU's version, its tarball's hash and the patch's
+    hash, so a host whose build predates a change to either builds again (the old dir stays)."""
+    return f"{CRIU_VERSION}-{CRIU_SHA256[:12]}-{hashlib.sha256(patch).hexdigest()[:8]}"
+
+
 @dataclass(frozen=True)
 class CriuPaths:
-    """Where one pinned CRIU build lives under the cache root."""
+    """Where one pinned, patched CRIU build lives under the cache root."""
 
     cache_root: Path
+    build_key: str  # criu_build_key of the patch the build applies
+
+    @classmethod
+    def for_patch(cls, cache_root: Path, patch: Path = CRIU_PATCH) -> CriuPaths:
+        return cls(cache_root, criu_build_key(read_patch(patch)))
 
     @property
     def base(self) -> Path:
@@ -92,7 +109,7 @@ class CriuPaths:
 
     @property
     def install_dir(self) -> Path:
-        return self.base / f"{CRIU_VERSION}-{CRIU_SHA256[:12]}"
+        return self.base / self.build_key
 
     @property
     def binary(self) -> Path:
@@ -101,6 +118,16 @@ class CriuPaths:
     @property
     def tarball(self) -> Path:
         return self.base / "src" / CRIU_TARBALL
+
+
+def read_patch(patch: Path) -> bytes:
+    try:
+        return patch.read_bytes()
+    except FileNotFoundError:
+        raise HostPrepError(
+            f"{patch} is missing: drumsd's package ships CRIU's patch beside hostprep.py. "
+            "Reinstall drumsd (from a wheel or the repository, not a copy of the .py files)."
+        ) from None
 
 
 def sha256_file(path: Path) -> str:
@@ -232,15 +259,38 @@ def _point_link(link: Path, target: Path) -> None:
     os.replace(tmp, link)
 
 
+def _apply_patch(srcdir: Path, patch: Path, progress: Progress) -> None:
+    """Apply drums' patch to the unpacked tree; one that does not apply stops the build, leaving
+    the installed CRIU and its link as they were."""
+    progress(f"criu: applying {patch.name}")
+    try:
+        _run(
+            ["patch", "-p1", "--forward", "--batch", "-d", str(srcdir), "-i", str(patch)],
+            progress,
+        )
+    except HostPrepError as exc:
+        raise HostPrepError(
+            f"{patch} does not apply to CRIU {CRIU_VERSION} ({CRIU_TARBALL}); nothing was "
+            f"installed. If CRIU_VERSION or CRIU_SHA256 changed, remake the patch against the "
+            f"new tree (unpack the tarball and run `patch -p1 --dry-run -i {patch}` in it to see "
+            f"the failing hunks); otherwise the packaged patch is damaged: reinstall drumsd.\n"
+            f"{exc}"
+        ) from exc
+
+
 def ensure_criu(
-    cache_root: Path = DEFAULT_CACHE_ROOT, progress: Progress = print, link: Path = CRIU_LINK
+    cache_root: Path = DEFAULT_CACHE_ROOT,
+    progress: Progress = print,
+    link: Path = CRIU_LINK,
+    patch: Path = CRIU_PATCH,
 ) -> Path:
     """Return the path of the pinned CRIU binary, building and linking it only if needed.
 
-    The binary lives at <cache_root>/criu/<version>-<sha12>/criu and `link` points at it. A host
-    that already has both is left untouched (a few stat calls).
+    The binary lives at <cache_root>/criu/<version>-<sha12>-<patch sha8>/criu (criu_build_key)
+    and `link` points at it. A host that already has both is left untouched (reading the patch
+    and a few stat calls).
     """
-    paths = CriuPaths(cache_root)
+    paths = CriuPaths.for_patch(cache_root, patch)
     binary = paths.binary
     if binary.is_file() and os.access(binary, os.X_OK):
         if not _link_is(link, binary):
@@ -249,7 +299,7 @@ def ensure_criu(
         return binary
 
     started = time.monotonic()
-    progress(f"criu: building {CRIU_VERSION} into {paths.install_dir}")
+    progress(f"criu: building {CRIU_VERSION} with {patch.name} into {paths.install_dir}")
     ensure_apt_packages(CRIU_BUILD_DEPS, progress)
     tarball = _fetch_tarball(paths, progress)
     build_root = paths.base / "build"
@@ -259,6 +309,7 @@ def ensure_criu(
         with tarfile.open(tarball) as tar:
             tar.extractall(tmp, filter="tar")
         (srcdir,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        _apply_patch(srcdir, patch, progress)
         jobs = str(max(1, min(os.cpu_count() or 1, 8)))
         progress(f"criu: make -j{jobs} criu (about 20 s on 2 cores)")
         _run(["make", f"-j{jobs}", "criu"], progress, cwd=srcdir)

@@ -1,10 +1,12 @@
-"""Saves that store what changed (issue 35): the pure half (CRIU pagemap images, shared address
-ranges, extents, the manifest, the depth bound) and the file work on synthetic checkpoint dirs
-(a chain of deltas assembled byte for byte after its parents are deleted, the upper's unchanged
-files hard-linked, what a checkpoint alone holds)."""
+"""Saves that store what changed (issue 35): the pure half (CRIU pagemap images read and written,
+shared address ranges, extents, a tracked dump made whole, the manifest, the depth bound) and the
+file work on synthetic checkpoint dirs (a chain of deltas, compared or tracked, assembled byte for
+byte after its parents are deleted, the upper's unchanged files hard-linked, what a checkpoint
+alone holds)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -12,20 +14,27 @@ import shutil
 from pathlib import Path
 
 import pytest
+from drumsd.core.criu_wire import varint_bytes
 from drumsd.core.save_delta import (
     MANIFEST,
     PAGE,
     PE_PARENT,
     PE_PRESENT,
     SOURCES,
+    Entry,
     Extent,
     Manifest,
     PageImage,
+    Pagemap,
     Run,
+    TrackedPagemap,
     compose,
+    compose_tracked,
     delta_depth,
+    encode_pagemap,
     merge,
     parse_pagemap,
+    parse_tracked_pagemap,
     shared_ranges,
     slice_extents,
 )
@@ -36,18 +45,9 @@ from harness import create, open_api
 MAGICS = bytes.fromhex("1943565425400856")  # CRIU's two magics, as a real pagemap image starts
 
 
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def message(**fields: int) -> bytes:
     numbers = {"pages_id": 1, "vaddr": 1, "compat": 2, "in_parent": 3, "flags": 4, "nr": 5}
-    body = b"".join(varint(numbers[k] << 3) + varint(v) for k, v in fields.items())
+    body = b"".join(varint_bytes(numbers[k] << 3) + varint_bytes(v) for k, v in fields.items())
     return len(body).to_bytes(4, "little") + body
 
 
@@ -130,6 +130,108 @@ def test_compose_rebuilds_the_new_image_from_the_parent_and_the_pack() -> None:
     assert sum(e.length for e in extents if e.source == "c.pack") == 3 * PAGE
 
 
+def test_a_whole_pagemap_written_reads_back_as_the_same_runs() -> None:
+    pm = Pagemap(
+        3, (Run(0x1000, 2, 0), Run(0x3000, 1, 2 * PAGE), Run(0x7F0000000000, 300, 3 * PAGE))
+    )
+    data = encode_pagemap(pm)
+    # CRIU's framing; compat_nr_pages too: protobuf-c refuses an entry without it (required)
+    assert data == MAGICS + message(pages_id=3) + b"".join(
+        message(vaddr=r.vaddr, compat=r.pages, flags=PE_PRESENT, nr=r.pages) for r in pm.runs
+    )
+    assert parse_pagemap(data) == pm
+    assert parse_tracked_pagemap(data).entries == tuple(
+        Entry(r.vaddr, r.pages, False) for r in pm.runs
+    )
+    with pytest.raises(ValueError, match="not the next"):  # an image holds no offsets
+        encode_pagemap(Pagemap(1, (Run(0x1000, 1, PAGE),)))
+
+
+def test_a_tracked_pagemap_keeps_the_entries_in_the_parent() -> None:
+    lazy = 1 << 1
+    data = pagemap(
+        4, [(0x1000, 2, PE_PARENT), (0x3000, 1, PE_PRESENT | lazy), (0x9000, 0, PE_PRESENT)]
+    ) + message(vaddr=0x5000, compat=3, in_parent=1)  # an old image's in_parent, no flags
+    tracked = parse_tracked_pagemap(data)
+    assert tracked.pages_name == "pages-4.img"
+    assert tracked.entries == (
+        Entry(0x1000, 2, True),
+        Entry(0x3000, 1, False),
+        Entry(0x5000, 3, True),
+    )
+    assert tracked.in_parent and tracked.fresh_size == PAGE
+    with pytest.raises(ValueError, match="in a parent image"):
+        parse_pagemap(data)  # the comparison still refuses it
+    for flags, why in ((PE_PARENT | PE_PRESENT, "both"), (lazy, "neither")):
+        with pytest.raises(ValueError, match=why):
+            parse_tracked_pagemap(pagemap(1, [(0x1000, 1, flags)]))
+
+
+# The parent of the tracked-pagemap tests: two runs adjacent in memory, one apart
+_PARENT = Pagemap(1, (Run(0x10000, 4, 0), Run(0x14000, 2, 4 * PAGE), Run(0x40000, 3, 6 * PAGE)))
+
+
+def _tracked() -> tuple[TrackedPagemap, bytes]:
+    """Pages over both adjacent parent runs and over the third are the parent's; one page among
+    them and two the parent never had are in CRIU's pages image."""
+    entries = (
+        Entry(0x11000, 4, True),
+        Entry(0x15000, 1, False),
+        Entry(0x40000, 3, True),
+        Entry(0x80000, 2, False),
+    )
+    return TrackedPagemap(2, entries), random.Random(8).randbytes(3 * PAGE)
+
+
+@pytest.mark.parametrize(
+    "parent_extents",
+    [
+        [Extent("c0.pages-1.img", 0, 9 * PAGE)],  # a full parent
+        [Extent("c0.pages-1.img", 0, 3 * PAGE), Extent("b.pack.zst", 0, 6 * PAGE)],  # a delta
+    ],
+)
+def test_a_tracked_image_is_made_whole_from_its_parents_image(
+    parent_extents: list[Extent],
+) -> None:
+    rnd = random.Random(9)
+    sources = {e.source: rnd.randbytes(e.offset + e.length) for e in parent_extents}
+    parent = _materialize(parent_extents, sources)
+    tracked, fresh = _tracked()
+    made = compose_tracked(tracked, _PARENT, parent_extents, "c1.pack.zst", 5 * PAGE)
+    sources["c1.pack.zst"] = b"\0" * 5 * PAGE + fresh  # the pack already held 5 pages
+    whole = parent[PAGE : 5 * PAGE] + fresh[:PAGE] + parent[6 * PAGE :] + fresh[PAGE:]
+    assert _materialize(list(made.extents), sources) == whole
+    assert made.fresh == ((0, 3 * PAGE),)
+    assert made.pagemap == Pagemap(
+        2,
+        (
+            Run(0x11000, 4, 0),
+            Run(0x15000, 1, 4 * PAGE),
+            Run(0x40000, 3, 5 * PAGE),
+            Run(0x80000, 2, 8 * PAGE),
+        ),
+    )
+    if len(parent_extents) == 2:  # the parent's first run is sliced across its two files
+        assert made.extents[:2] == (
+            Extent("c0.pages-1.img", PAGE, 2 * PAGE),
+            Extent("b.pack.zst", 0, 2 * PAGE),
+        )
+
+
+def test_a_page_marked_in_the_parent_that_the_parent_lacks_is_refused() -> None:
+    whole = [Extent("c0.pages-1.img", 0, 9 * PAGE)]
+    for entry in (Entry(0x16000, 1, True), Entry(0x15000, 2, True), Entry(0xF000, 2, True)):
+        gap = TrackedPagemap(2, (entry,))
+        with pytest.raises(ValueError, match=r"0x(16|f)000 .* does not hold it"):
+            compose_tracked(gap, _PARENT, whole, "c1.pack.zst", 0)
+    holed = Pagemap(1, (Run(0x10000, 1, 0), Run(0x12000, 1, PAGE)))  # a page apart
+    two = [Extent("c0.pages-1.img", 0, 2 * PAGE)]
+    with pytest.raises(ValueError, match=r"0x11000 .* does not hold it"):
+        compose_tracked(TrackedPagemap(2, (Entry(0x10000, 3, True),)), holed, two, "p", 0)
+    with pytest.raises(ValueError, match="its pagemap says"):  # a parent's short image
+        compose_tracked(_tracked()[0], _PARENT, [Extent("c0.pages-1.img", 0, PAGE)], "p", 0)
+
+
 def test_manifest_round_trips_and_refuses_what_would_read_outside_its_dir() -> None:
     m = Manifest("st-1", 2, {"pages-1.img": PageImage(8192, 42, (Extent("a.pack.zst", 0, 8192),))})
     assert Manifest.from_json(json.loads(json.dumps(m.to_json()))) == m
@@ -144,6 +246,9 @@ def test_manifest_round_trips_and_refuses_what_would_read_outside_its_dir() -> N
         Manifest.from_json(short)
     with pytest.raises(ValueError, match="version"):
         Manifest.from_json({"version": 99})
+    untaken = Manifest("st-1", 1, {"pages-1.img": PageImage(4096, None, (Extent("a", 0, 4096),))})
+    assert untaken.to_json()["images"]["pages-1.img"]["crc32"] is None  # a tracked image's
+    assert Manifest.from_json(json.loads(json.dumps(untaken.to_json()))) == untaken
 
 
 def test_the_chain_is_bounded() -> None:
@@ -255,6 +360,176 @@ def test_a_changed_source_fails_assembly_with_the_file_named(tmp_path: Path) -> 
     missing = "pages/c0.pages-1.img is missing: pages.json names it"
     assert save_delta.delta_problems(tmp_path / "c1") == [missing]
     assert missing in checkpoint_files.dump_problems(tmp_path / "c1", {})  # adoption checks it
+
+
+def _memory(images: Path) -> dict[str, dict[int, bytes]]:
+    """What each pagemap of a dump's images/ restores: address -> page."""
+    out: dict[str, dict[int, bytes]] = {}
+    for path in sorted(images.glob("pagemap-*.img")):
+        pm = parse_pagemap(path.read_bytes(), path.name)
+        data = (images / pm.pages_name).read_bytes()
+        out[path.name] = {
+            r.vaddr + k * PAGE: data[r.offset + k * PAGE : r.offset + (k + 1) * PAGE]
+            for r in pm.runs
+            for k in range(r.pages)
+        }
+    return out
+
+
+def _tracked_dump(
+    dest: Path,
+    cp_id: str,
+    procs: dict[str, dict[int, bytes]],
+    parent_procs: dict[str, dict[int, bytes]],
+    parent: Path,
+) -> None:
+    """A dump as drums' CRIU writes it tracking memory against `parent`: per process the pages
+    equal to the parent's at their address are entries in the parent (neighbours joined), the
+    others present, their bytes alone in a pages image (of another id than the parent's)."""
+    _dump(dest, cp_id, procs, {})
+    images = dest / "images"
+    for full in images.glob("pages-*.img"):
+        full.unlink()
+    for n, (proc, pages) in enumerate(sorted(procs.items()), start=11):
+        entries: list[tuple[int, int, int]] = []
+        data = b""
+        for vaddr in sorted(pages):
+            same = parent_procs.get(proc, {}).get(vaddr) == pages[vaddr]
+            flags = PE_PARENT if same else PE_PRESENT
+            last = entries[-1] if entries else None
+            if last and last[2] == flags and last[0] + last[1] * PAGE == vaddr:
+                entries[-1] = (last[0], last[1] + 1, flags)
+            else:
+                entries.append((vaddr, 1, flags))
+            data += b"" if same else pages[vaddr]
+        (images / f"pagemap-{proc}.img").write_bytes(pagemap(n, entries))
+        (images / f"pages-{n}.img").write_bytes(data)
+    (images / save_delta.PARENT_LINK).symlink_to(parent / "images")
+
+
+def test_a_chain_of_tracked_dumps_assembles_to_what_full_dumps_hold(tmp_path: Path) -> None:
+    rnd = random.Random(3)
+    procs = {
+        "1": {0x1000 * i: rnd.randbytes(PAGE) for i in range(1, 120)},
+        "52": {0x400000 + 0x1000 * i: rnd.randbytes(PAGE) for i in range(200)},
+    }
+    _dump(tmp_path / "c0", "c0", procs, {})
+    for gen in (1, 2):  # the second against a delta: its image is the parent's extents
+        before = {proc: dict(pages) for proc, pages in procs.items()}
+        for _ in range(6):
+            procs["52"][rnd.choice(sorted(procs["52"]))] = rnd.randbytes(PAGE)
+        procs["1"][0x900000 + gen * 0x1000] = rnd.randbytes(PAGE)  # the parent never had it
+        procs["1"].pop(rnd.choice(sorted(procs["1"])))
+        _dump(tmp_path / f"full{gen}", f"full{gen}", procs, {})  # what CRIU would write untracked
+        dest, parent = tmp_path / f"c{gen}", tmp_path / f"c{gen - 1}"
+        _tracked_dump(dest, f"c{gen}", procs, before, parent)
+        written = sum(len(b) for b in _page_images(dest).values())
+        stats = save_delta.store_tracked(dest, parent, f"c{gen}", max_depth=8)
+        assert stats is not None and (stats.parent, stats.depth) == (f"c{gen - 1}", gen)
+        assert stats.pages_fresh == written <= 7 * PAGE
+        assert stats.pages_bytes == sum(map(len, _page_images(tmp_path / f"full{gen}").values()))
+        assert _page_images(dest) == {}  # CRIU's partial images are gone
+        assert not (dest / "images" / save_delta.PARENT_LINK).is_symlink()
+        assert save_delta.delta_problems(dest) == []
+        crcs = [i["crc32"] for i in json.loads((dest / MANIFEST).read_text())["images"].values()]
+        assert crcs == [None, None]
+    shutil.rmtree(tmp_path / "c0")
+    shutil.rmtree(tmp_path / "c1")
+    out = tmp_path / "copy"
+    shutil.copytree(tmp_path / "c2" / "images", out)
+    assert save_delta.assemble(tmp_path / "c2", out) == 2
+    expected = {f"pagemap-{proc}.img": pages for proc, pages in procs.items()}
+    assert _memory(out) == _memory(tmp_path / "full2" / "images") == expected
+
+
+def test_a_tracked_image_has_no_crc_for_assembly_to_check(tmp_path: Path) -> None:
+    """The price of not reading the parent's pages: a parent's file changed in place goes
+    unnoticed by a tracked image, where a compared one's CRC catches it."""
+    procs = {"1": {0x1000 * i: bytes([i]) * PAGE for i in range(1, 9)}}
+    _dump(tmp_path / "c0", "c0", procs, {})
+    changed = {"1": {**procs["1"], 0x3000: b"z" * PAGE}}
+    _tracked_dump(tmp_path / "c1", "c1", changed, procs, tmp_path / "c0")
+    assert save_delta.store_tracked(tmp_path / "c1", tmp_path / "c0", "c1", 8)
+    with open(tmp_path / "c1" / SOURCES / "c0.pages-1.img", "r+b") as f:
+        f.write(b"?")  # the page at 0x1000
+    out = tmp_path / "copy"
+    shutil.copytree(tmp_path / "c1" / "images", out)
+    assert save_delta.assemble(tmp_path / "c1", out) == 1
+    assert _memory(out)["pagemap-1.img"][0x1000] == b"?" + b"\x01" * (PAGE - 1)
+
+
+def test_a_tracked_dump_with_nothing_in_the_parent_is_stored_as_store_delta_stores_it(
+    tmp_path: Path,
+) -> None:
+    procs = {"1": {0x1000 * i: bytes([i]) * PAGE for i in range(1, 9)}}
+    _dump(tmp_path / "c0", "c0", procs, {"big": b"b" * 5000})
+    procs["1"][0x3000] = b"z" * PAGE
+    compared, tracked = tmp_path / "compared" / "c1", tmp_path / "tracked" / "c1"
+    for dest in (compared, tracked):
+        _dump(dest, "c1", procs, {"big": b"b" * 5000})
+    # CRIU found no parent pages to mark (a delta parent's images/ holds none) but left its link
+    (tracked / "images" / save_delta.PARENT_LINK).symlink_to(tmp_path / "c0" / "images")
+    a = save_delta.store_delta(compared, tmp_path / "c0", "c1", 8)
+    b = save_delta.store_tracked(tracked, tmp_path / "c0", "c1", 8)
+    assert a is not None and b is not None and a.pages_fresh == PAGE
+    assert dataclasses.replace(a, diff_s=0, diff_cpu_s=0) == dataclasses.replace(
+        b, diff_s=0, diff_cpu_s=0
+    )
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    assert files(compared) == files(tracked)
+    assert not (tracked / "images" / save_delta.PARENT_LINK).is_symlink()
+    _dump(tmp_path / "c2", "c2", procs, {})  # a parent that cannot serve: left full, as there
+    assert save_delta.store_tracked(tmp_path / "c2", tmp_path / "gone", "c2", 8) is None
+    assert _page_images(tmp_path / "c2") == {"pages-1.img": b"".join(procs["1"].values())}
+    assert not (tmp_path / "c2" / SOURCES).exists()
+
+
+def test_a_tracked_dump_that_cannot_be_stored_against_its_parent_is_refused(
+    tmp_path: Path,
+) -> None:
+    procs = {"1": {0x1000 * i: bytes([i]) * PAGE for i in range(1, 9)}}
+    _dump(tmp_path / "c0", "c0", procs, {})
+    _dump(tmp_path / "other", "other", {"1": {0x1000: b"o" * PAGE}}, {})
+    changed = {"1": {**procs["1"], 0x3000: b"z" * PAGE}}
+
+    def tracked(name: str) -> Path:
+        _tracked_dump(tmp_path / name, name, changed, procs, tmp_path / "c0")
+        return tmp_path / name
+
+    with pytest.raises(ValueError, match=r"depth 0, the bound is 0.*dump again"):
+        save_delta.store_tracked(tracked("a"), tmp_path / "c0", "a", 0)
+    with pytest.raises(ValueError, match=r"CRIU tracked against .*c0/images"):
+        save_delta.store_tracked(tracked("b"), tmp_path / "other", "b", 8)
+    dest = tracked("c")
+    (dest / "images" / save_delta.PARENT_LINK).unlink()
+    with pytest.raises(ValueError, match="it does not read"):
+        save_delta.store_tracked(dest, tmp_path / "gone", "c", 8)
+    with pytest.raises(ValueError, match=r"0x2000 .* does not hold it"):
+        save_delta.store_tracked(dest, tmp_path / "other", "c", 8)
+    # left as CRIU wrote it, for the caller to discard
+    assert not (dest / SOURCES).exists() and not (dest / MANIFEST).exists()
+    assert sorted(p.name for p in (dest / "images").iterdir()) == [
+        "inventory.img",
+        "pagemap-1.img",
+        "pages-11.img",
+    ]
+
+
+def test_a_parent_is_tracked_against_only_where_the_dump_can_be_stored(tmp_path: Path) -> None:
+    procs = {"1": {0x1000: b"a" * PAGE}}
+    _dump(tmp_path / "c0", "c0", procs, {})
+    _dump(tmp_path / "c1", "c1", procs, {})
+    assert save_delta.store_delta(tmp_path / "c1", tmp_path / "c0", "c1", 8)
+    assert save_delta.tracked_parent_ok(tmp_path / "c0", 8)
+    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 0)  # deltas off
+    assert save_delta.tracked_parent_ok(tmp_path / "c1", 2)
+    assert not save_delta.tracked_parent_ok(tmp_path / "c1", 1)  # its chain at the bound
+    assert not save_delta.tracked_parent_ok(tmp_path / "gone", 8)
+    (tmp_path / "c0" / "images" / "pagemap-1.img").unlink()
+    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 8)
 
 
 def test_upper_files_are_linked_only_when_equal_in_everything(tmp_path: Path) -> None:

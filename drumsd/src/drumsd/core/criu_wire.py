@@ -1,9 +1,9 @@
-"""CRIU's image framing, read without CRIU (pure): two 4-byte magics, then protobuf messages each
-after a little-endian u32 size; fields as protobuf varints."""
+"""CRIU's image framing, read and written without CRIU (pure): two 4-byte magics, then protobuf
+messages each after a little-endian u32 size; fields as protobuf varints."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 def read_varint(data: bytes, at: int) -> tuple[int, int]:
@@ -34,3 +34,34 @@ def image_messages(data: bytes, what: str) -> Iterator[bytes]:
             raise ValueError(f"{what}: truncated entry")
         yield data[at : at + size]
         at += size
+
+
+# CRIU's criu/include/magic.h: most images start with the common magic, then their own
+IMG_COMMON_MAGIC = 0x54564319
+PAGEMAP_MAGIC = 0x56084025
+
+
+def varint_bytes(value: int) -> bytes:
+    """`value` as a protobuf varint (what `read_varint` reads)."""
+    if value < 0:
+        raise ValueError(f"a varint is unsigned: {value}")
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def varint_message(fields: Iterable[tuple[int, int]]) -> bytes:
+    """A protobuf message of varint fields, (field number, value) in the order given."""
+    return b"".join(varint_bytes(number << 3) + varint_bytes(value) for number, value in fields)
+
+
+def image_bytes(magic: int, messages: Iterable[bytes]) -> bytes:
+    """A CRIU image `image_messages` reads: the common magic, `magic`, the size-prefixed
+    `messages`."""
+    out = bytearray(IMG_COMMON_MAGIC.to_bytes(4, "little") + magic.to_bytes(4, "little"))
+    for message in messages:
+        out += len(message).to_bytes(4, "little") + message
+    return bytes(out)

@@ -2,12 +2,15 @@
 pagemap images read, the address ranges a new dump shares with its parent's found, and the
 manifest saying where every byte of each page image lives.
 
-This kernel has no soft-dirty tracking, so CRIU writes every page at each dump; what is stored is
-then reduced by content: a page equal to the parent's at the same address is not stored again but
-referenced in a file the parent holds. Every reference is flattened to the files holding the
-bytes (hard links in the checkpoint's own `pages/`), so a checkpoint never reads its parent's
-directory at restore and deleting a parent leaves its children whole. The depth bound keeps the
-number of files a page image is spread over, and the dead pages they pin, bounded."""
+This kernel has no soft-dirty tracking, so a plain dump holds every page; what is stored is then
+reduced by content: a page equal to the parent's at the same address is not stored again but
+referenced in a file the parent holds. drums' CRIU can instead track writes since the restore
+(--track-mem-uffd-wp): the pages not written are marked as the parent's and left out of its pages
+image, and the whole image is composed from the parent's without comparing (`compose_tracked`).
+Every reference is flattened to the files holding the bytes (hard links in the checkpoint's own
+`pages/`), so a checkpoint never reads its parent's directory at restore and deleting a parent
+leaves its children whole. The depth bound keeps the number of files a page image is spread over,
+and the dead pages they pin, bounded."""
 
 from __future__ import annotations
 
@@ -16,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from drumsd.core.criu_wire import image_messages, read_varint
+from drumsd.core.criu_wire import (
+    PAGEMAP_MAGIC,
+    image_bytes,
+    image_messages,
+    read_varint,
+    varint_message,
+)
 
 PAGE = 4096
 MANIFEST = "pages.json"  # in the checkpoint dir, beside images/ (absent: a full checkpoint)
@@ -63,11 +72,11 @@ def _varint_fields(message: bytes, what: str) -> dict[int, int]:
     return fields
 
 
-def parse_pagemap(data: bytes, what: str = "pagemap") -> Pagemap:
-    """A CRIU pagemap image: PagemapHead {1 pages_id}, then PagemapEntry {1 vaddr,
-    2 compat_nr_pages, 3 in_parent, 4 flags, 5 nr_pages}. Only present entries hold pages in
-    the pages image, in order. An entry already in a parent image is refused (ValueError): such
-    a dump was made against CRIU's own parent images, which this store does not keep."""
+def _pagemap_entries(data: bytes, what: str) -> tuple[int, list[tuple[int, int, int]]]:
+    """A CRIU pagemap image's pages_id and entries (vaddr, pages, flags): PagemapHead
+    {1 pages_id}, then PagemapEntry {1 vaddr, 2 compat_nr_pages, 3 in_parent, 4 flags,
+    5 nr_pages}. An old image's in_parent reads as PE_PARENT and no flags as PE_PRESENT, as
+    CRIU reads them (its init_compat_pagemap_entry)."""
     messages = image_messages(data, what)
     head = next(messages, None)
     if head is None:
@@ -75,18 +84,93 @@ def parse_pagemap(data: bytes, what: str = "pagemap") -> Pagemap:
     pages_id = _varint_fields(head, what).get(1)
     if pages_id is None:
         raise ValueError(f"{what}: head without pages_id")
-    runs: list[Run] = []
-    offset = 0
+    entries = []
     for message in messages:
         f = _varint_fields(message, what)
-        flags = f.get(4, PE_PRESENT)
-        if f.get(3) or flags & PE_PARENT:
+        flags = (f.get(4, 0) | PE_PARENT) if f.get(3) else f.get(4, PE_PRESENT)
+        entries.append((f.get(1, 0), f.get(5, f.get(2, 0)), flags))
+    return pages_id, entries
+
+
+def parse_pagemap(data: bytes, what: str = "pagemap") -> Pagemap:
+    """A CRIU pagemap image (`_pagemap_entries`). Only present entries hold pages in the pages
+    image, in order. An entry already in a parent image is refused (ValueError): such a dump is
+    read with `parse_tracked_pagemap`, and made whole before it is compared."""
+    pages_id, entries = _pagemap_entries(data, what)
+    runs: list[Run] = []
+    offset = 0
+    for vaddr, pages, flags in entries:
+        if flags & PE_PARENT:
             raise ValueError(f"{what}: an entry is in a parent image")
-        pages = f.get(5, f.get(2, 0))
         if flags & PE_PRESENT and pages:
-            runs.append(Run(f.get(1, 0), pages, offset))
+            runs.append(Run(vaddr, pages, offset))
             offset += pages * PAGE
     return Pagemap(pages_id, tuple(runs))
+
+
+def encode_pagemap(pagemap: Pagemap) -> bytes:
+    """`pagemap` as a CRIU pagemap image, every entry present: what `parse_pagemap` reads back
+    as the same runs. The image holds no offsets, so each run must start where the one before
+    it ends in the pages image (ValueError otherwise). compat_nr_pages is written too: protobuf
+    requires it, and a reader that knows only it gets the count."""
+    messages = [varint_message([(1, pagemap.pages_id)])]
+    offset = 0
+    for r in pagemap.runs:
+        if r.offset != offset or r.pages <= 0:
+            raise ValueError(f"run at {r.vaddr:#x}: not the next {r.pages} pages of the image")
+        compat = r.pages if r.pages < 1 << 32 else 0
+        messages.append(varint_message([(1, r.vaddr), (2, compat), (4, PE_PRESENT), (5, r.pages)]))
+        offset += r.pages * PAGE
+    return image_bytes(PAGEMAP_MAGIC, messages)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a pagemap written with memory tracking."""
+
+    vaddr: int
+    pages: int
+    in_parent: bool  # its pages are the parent's; else the next ones of the dump's pages image
+
+
+@dataclass(frozen=True)
+class TrackedPagemap:
+    """A pagemap CRIU wrote tracking memory against the parent's images (--prev-images-dir): the
+    pages not written since the restore are entries in the parent, left out of its pages image."""
+
+    pages_id: int
+    entries: tuple[Entry, ...]
+
+    @property
+    def pages_name(self) -> str:
+        return f"pages-{self.pages_id}.img"
+
+    @property
+    def in_parent(self) -> bool:
+        return any(e.in_parent for e in self.entries)
+
+    @property
+    def fresh_size(self) -> int:
+        """Bytes of the pages image CRIU wrote: the entries not in the parent."""
+        return sum(e.pages for e in self.entries if not e.in_parent) * PAGE
+
+
+def parse_tracked_pagemap(data: bytes, what: str = "pagemap") -> TrackedPagemap:
+    """A CRIU pagemap image (`_pagemap_entries`) whose entries may be in the parent (PE_PARENT,
+    or an old image's in_parent). PE_LAZY beside PE_PRESENT is present. ValueError for an entry
+    that is both in the parent and present, or neither (a lazy dump's, served by a page
+    server): the whole image made from it could not say where those pages are."""
+    pages_id, raw = _pagemap_entries(data, what)
+    entries: list[Entry] = []
+    for vaddr, pages, flags in raw:
+        if not pages:
+            continue
+        in_parent, present = bool(flags & PE_PARENT), bool(flags & PE_PRESENT)
+        if in_parent == present:
+            how = "both present and in" if present else "neither present nor in"
+            raise ValueError(f"{what}: the entry at {vaddr:#x} is {how} a parent image")
+        entries.append(Entry(vaddr, pages, in_parent))
+    return TrackedPagemap(pages_id, tuple(entries))
 
 
 def shared_ranges(new: Sequence[Run], parent: Sequence[Run]) -> list[tuple[int, int, int]]:
@@ -129,12 +213,13 @@ def merge(extents: Sequence[Extent]) -> list[Extent]:
     return out
 
 
-def slice_extents(extents: Sequence[Extent], offset: int, length: int) -> list[Extent]:
-    """Bytes [offset, offset + length) of the file `extents` make, as extents of its sources."""
-    starts, at = [], 0
-    for e in extents:
-        starts.append(at)
-        at += e.length
+def slice_extents(
+    extents: Sequence[Extent], offset: int, length: int, starts: Sequence[int] | None = None
+) -> list[Extent]:
+    """Bytes [offset, offset + length) of the file `extents` make, as extents of its sources.
+    `starts`: where each extent starts in the file (`extent_starts`), when slicing it often."""
+    starts = extent_starts(extents) if starts is None else starts
+    at = starts[-1] + extents[-1].length if extents else 0
     if offset < 0 or offset + length > at:
         raise ValueError(f"range {offset}+{length} is outside a file of {at} bytes")
     out: list[Extent] = []
@@ -145,6 +230,14 @@ def slice_extents(extents: Sequence[Extent], offset: int, length: int) -> list[E
         out.append(Extent(e.source, e.offset + into, take))
         offset, length, k = offset + take, length - take, k + 1
     return out
+
+
+def extent_starts(extents: Sequence[Extent]) -> list[int]:
+    starts, at = [], 0
+    for e in extents:
+        starts.append(at)
+        at += e.length
+    return starts
 
 
 def compose(
@@ -189,6 +282,68 @@ def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class TrackedImage:
+    """A tracked dump's page image made whole: what a full dump would have written, held as
+    extents over the parent's files and the pack."""
+
+    pagemap: Pagemap  # every entry present, over the whole image (`encode_pagemap` writes it)
+    extents: tuple[Extent, ...]
+    fresh: tuple[tuple[int, int], ...]  # (offset, length) of CRIU's pages image for the pack
+
+
+def compose_tracked(
+    tracked: TrackedPagemap,
+    parent: Pagemap,
+    parent_extents: Sequence[Extent],
+    pack: str,
+    pack_offset: int,
+) -> TrackedImage:
+    """The whole page image of `tracked`: its entries' pages in entry order, those in the
+    parent sliced from the parent's image (its `parent` pagemap over its `parent_extents`),
+    the others the next bytes of CRIU's pages image, appended whole to `pack` at `pack_offset`.
+    ValueError when a page in the parent is not in the parent's pagemap, or the parent's
+    extents are not its pagemap's size: the dump cannot be made whole from this parent."""
+    held = sum(e.length for e in parent_extents)
+    if held != parent.size:
+        raise ValueError(
+            f"{parent.pages_name} of the parent is {held} bytes, its pagemap says {parent.size}"
+        )
+    runs = sorted(parent.runs, key=lambda r: r.vaddr)
+    starts = [r.vaddr for r in runs]
+    held_at = extent_starts(parent_extents)
+    full: list[Run] = []
+    extents: list[Extent] = []
+    offset = fresh = 0
+    for e in tracked.entries:
+        full.append(Run(e.vaddr, e.pages, offset))
+        offset += e.pages * PAGE
+        if not e.in_parent:
+            extents.append(Extent(pack, pack_offset + fresh, e.pages * PAGE))
+            fresh += e.pages * PAGE
+            continue
+        at, end = e.vaddr, e.vaddr + e.pages * PAGE
+        k = bisect.bisect_right(starts, at) - 1
+        while at < end:  # through the parent's runs covering it, one after another
+            if (
+                not 0 <= k < len(runs)
+                or not runs[k].vaddr <= at < runs[k].vaddr + runs[k].pages * PAGE
+            ):
+                raise ValueError(
+                    f"{tracked.pages_name}: the page at {at:#x} is marked in the parent, whose "
+                    f"{parent.pages_name} does not hold it"
+                )
+            r = runs[k]
+            take = min(end, r.vaddr + r.pages * PAGE) - at
+            extents += slice_extents(parent_extents, r.offset + at - r.vaddr, take, held_at)
+            at, k = at + take, k + 1
+    return TrackedImage(
+        Pagemap(tracked.pages_id, tuple(full)),
+        tuple(merge(extents)),
+        ((0, fresh),) if fresh else (),
+    )
+
+
 def delta_depth(parent_depth: int, max_depth: int) -> int | None:
     """The depth of a save stored against a parent at `parent_depth` (0: a full checkpoint), or
     None: store it full (max_depth 0 turns deltas off; a chain at its bound starts again)."""
@@ -199,7 +354,9 @@ def delta_depth(parent_depth: int, max_depth: int) -> int | None:
 @dataclass(frozen=True)
 class PageImage:
     size: int
-    crc32: int  # of the whole image as CRIU wrote it: the assembled copy is checked against it
+    # Of the whole image as CRIU wrote it: the assembled copy is checked against it. None: not
+    # taken (a tracked dump's whole image was never read: the parent's pages would have to be).
+    crc32: int | None
     extents: tuple[Extent, ...]
 
 
@@ -247,7 +404,8 @@ class Manifest:
             size = int(img["size"])
             if sum(e.length for e in extents) != size:
                 raise ValueError(f"{MANIFEST}: the extents of {name} do not add up to {size}")
-            images[name] = PageImage(size, int(img["crc32"]), extents)
+            crc = img["crc32"]
+            images[name] = PageImage(size, None if crc is None else int(crc), extents)
         return cls(str(data["parent"]), int(data["depth"]), images)
 
 

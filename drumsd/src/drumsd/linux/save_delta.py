@@ -1,8 +1,8 @@
 """Saves stored as what changed since their parent (issue 35), the OS half: a fresh dump's page
-images reduced to the pages its parent does not hold (compared byte for byte), its upper layer's
-unchanged files hard-linked to the parent's, and a delta checkpoint's page images assembled for
-a restore (checked against the CRC of what CRIU wrote). Layout and rules:
-`drumsd.core.save_delta`."""
+images reduced to the pages its parent does not hold (compared byte for byte, or as CRIU's memory
+tracking marked them), its upper layer's unchanged files hard-linked to the parent's, and a delta
+checkpoint's page images assembled for a restore (checked against what CRIU wrote: its size, and
+its CRC where one was taken). Layout and rules: `drumsd.core.save_delta`."""
 
 from __future__ import annotations
 
@@ -30,16 +30,22 @@ from drumsd.core.save_delta import (
     Extent,
     Manifest,
     PageImage,
+    TrackedPagemap,
     compose,
+    compose_tracked,
     compressed,
     delta_depth,
+    encode_pagemap,
     full_source,
     parse_pagemap,
+    parse_tracked_pagemap,
     shared_ranges,
     slice_extents,
 )
 
 Buffer = bytes | bytearray | mmap.mmap
+# A page image stored: its name, its extents, the ranges of CRIU's file of it for the pack
+Stored = tuple[str, PageImage, list[tuple[int, int]]]
 
 _CHUNK = 1 << 20
 _BIG = 256 * PAGE  # compared at once: most of an image is equal
@@ -140,15 +146,27 @@ def store_delta(
     except (OSError, zstandard.ZstdError):
         _discard_delta(dest)  # the dump is still whole: it stays a full checkpoint
         return None
-    upper_bytes, linked = link_unchanged(dest / "upper", parent / "upper") if upper else (0, 0)
+    linked = link_unchanged(dest / "upper", parent / "upper") if upper else (0, 0)
+    return _stats(par, depth, manifest, pack_name, stored, linked, t0, cpu0)
+
+
+def _stats(
+    par: _Parent,
+    depth: int,
+    manifest: Manifest,
+    pack_name: str,
+    stored: int,
+    upper: tuple[int, int],
+    t0: float,
+    cpu0: float,
+) -> DeltaStats:
     return DeltaStats(
         par.id,
         depth,
         sum(i.size for i in manifest.images.values()),
         manifest.stored_bytes(pack_name),
         stored,
-        upper_bytes,
-        linked,
+        *upper,
         time.monotonic() - t0,
         time.thread_time() - cpu0,
     )
@@ -168,10 +186,108 @@ def link_upper(stats: DeltaStats, dest: Path, parent: Path) -> DeltaStats:
     )
 
 
-def _store_pages(dest: Path, par: _Parent, parent: Path, pack_name: str, depth: int) -> Manifest:
+PARENT_LINK = "parent"  # what CRIU leaves in images/ given --prev-images-dir (CR_PARENT_LINK)
+
+
+def tracked_parent_ok(parent: Path, max_depth: int) -> bool:
+    """Whether a dump may track memory against the checkpoint in `parent` (CRIU given
+    `parent/images` as --prev-images-dir) and `store_tracked` store it: the checkpoint reads,
+    its chain is below `max_depth`, its images/ holds pagemaps. A delta parent's images/ holds
+    its pagemaps but not its pages images: CRIU then cannot open the parent's pages, marks none
+    as the parent's and writes every present page; `store_tracked` compares those as
+    `store_delta` does."""
+    try:
+        par = _Parent(parent)
+        pagemaps = any((parent / "images").glob("pagemap*.img"))
+    except (OSError, ValueError, KeyError):
+        return False
+    return pagemaps and delta_depth(par.depth, max_depth) is not None
+
+
+def store_tracked(
+    dest: Path, parent: Path, checkpoint_id: str, max_depth: int, *, upper: bool = True
+) -> DeltaStats | None:
+    """`store_delta` for a dump CRIU made tracking memory against `parent/images`: a page image
+    with pages marked as the parent's is made whole without comparing (`compose_tracked`): its
+    extents are the parent's files and this save's pack (all of CRIU's pages image of it), its
+    pagemap rewritten as the whole image's, CRIU's partial pages image deleted; every other
+    image is compared as `store_delta` does, and a dump marking no page as the parent's is
+    stored exactly as `store_delta` stores it (None: left full). The `images/parent` link CRIU
+    leaves goes. A dump with pages marked as the parent's restores only beside that parent's
+    images as CRIU wrote it: when it cannot be stored against `parent` (unreadable, its chain
+    at `max_depth`, a page the parent's pagemap lacks, a short file) ValueError or OSError
+    names the dump and why; the caller discards it and dumps again without tracking."""
+    t0, cpu0 = time.monotonic(), time.thread_time()
+    tracked = _tracked_pagemaps(dest / "images")
+    if not tracked:
+        stats = store_delta(dest, parent, checkpoint_id, max_depth, upper=upper)
+        (dest / "images" / PARENT_LINK).unlink(missing_ok=True)
+        return stats
+    why = (
+        f"{dest}: the dump marks pages of {', '.join(sorted(tracked))} as the parent's, "
+        f"but it cannot be stored against {parent}"
+    )
+    again = "as CRIU wrote it, it restores only beside that parent's images: dump again"
+    link = dest / "images" / PARENT_LINK
+    if link.is_symlink() and os.path.realpath(link) != os.path.realpath(parent / "images"):
+        raise ValueError(f"{why}: CRIU tracked against {os.readlink(link)}; {again}")
+    try:
+        par = _Parent(parent)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{why}: it does not read ({exc!r}); {again}") from exc
+    depth = delta_depth(par.depth, max_depth)
+    if depth is None:
+        raise ValueError(
+            f"{why}: its chain is at depth {par.depth}, the bound is {max_depth} (track only "
+            f"against a parent tracked_parent_ok accepts); {again}"
+        )
+    pack_name = f"{checkpoint_id}{PACK_SUFFIX}"
+    try:
+        manifest = _store_pages(dest, par, parent, pack_name, depth, tracked)
+        pack = dest / SOURCES / pack_name
+        stored = pack.stat().st_size if pack.exists() else 0
+    except ValueError as exc:
+        _discard_delta(dest)
+        raise ValueError(f"{why}: {exc}; {again}") from exc
+    except (OSError, zstandard.ZstdError) as exc:
+        _discard_delta(dest)
+        raise OSError(getattr(exc, "errno", None) or errno.EIO, f"{why}: {exc}; {again}") from exc
+    link.unlink(missing_ok=True)
+    linked = link_unchanged(dest / "upper", parent / "upper") if upper else (0, 0)
+    return _stats(par, depth, manifest, pack_name, stored, linked, t0, cpu0)
+
+
+def _tracked_pagemaps(images: Path) -> dict[str, TrackedPagemap]:
+    """The pagemaps of a dump marking pages as the parent's, by file name. ValueError for one
+    neither reader takes: it may mark some, and left as it is it would not restore."""
+    out: dict[str, TrackedPagemap] = {}
+    for path in sorted(images.glob("pagemap*.img")):
+        data = path.read_bytes()
+        try:
+            pagemap = parse_tracked_pagemap(data, str(path))
+        except ValueError as exc:
+            try:  # one whose entries are all present or none's is store_delta's to leave
+                parse_pagemap(data, str(path))
+            except ValueError:
+                raise exc from None
+            continue
+        if pagemap.in_parent:
+            out[path.name] = pagemap
+    return out
+
+
+def _store_pages(
+    dest: Path,
+    par: _Parent,
+    parent: Path,
+    pack_name: str,
+    depth: int,
+    tracked: Mapping[str, TrackedPagemap] | None = None,
+) -> Manifest:
     sources = dest / SOURCES
     sources.mkdir()
     images: dict[str, PageImage] = {}
+    whole: dict[str, bytes] = {}  # a tracked image's pagemap rewritten, by file name
     zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, threads=_ZSTD_THREADS)
     with (
         _Sources(par.path) as old,
@@ -182,12 +298,17 @@ def _store_pages(dest: Path, par: _Parent, parent: Path, pack_name: str, depth: 
         fresh = 0  # bytes written to the pack so far, uncompressed: the extents' offsets
         for pagemap in sorted((dest / "images").glob("pagemap*.img")):
             with _Sources(lambda name: dest / "images" / name) as new:
-                stored = _store_image(new, pagemap, par, parent, old, pack_name, fresh, aside)
+                stored: Stored | None
+                if tracked and pagemap.name in tracked:
+                    stored, whole[pagemap.name] = _store_tracked_image(
+                        new, tracked[pagemap.name], pagemap.name, par, parent, pack_name, fresh
+                    )
+                else:
+                    stored = _store_image(new, pagemap, par, parent, old, pack_name, fresh, aside)
                 if stored is not None:
                     name, image, ranges = stored
-                    data = new[name]
                     for off, length in ranges:
-                        pack.write(data[off : off + length])
+                        pack.write(new[name][off : off + length])
                         fresh += length
                     images[name] = image
     manifest = Manifest(par.id, depth, images)
@@ -195,17 +316,23 @@ def _store_pages(dest: Path, par: _Parent, parent: Path, pack_name: str, depth: 
         os.link(par.path(source), sources / source)
     if pack_name not in manifest.sources():
         (sources / pack_name).unlink()
+    for name, data in whole.items():
+        (dest / "images" / f".{name}.tmp").write_bytes(data)
     tmp = dest / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest.to_json()))
     os.replace(tmp, dest / MANIFEST)
+    for name in whole:  # the manifest holds the whole images they describe now
+        os.replace(dest / "images" / f".{name}.tmp", dest / "images" / name)
     for name in images:  # the manifest holds them now
-        (dest / "images" / name).unlink()
+        (dest / "images" / name).unlink(missing_ok=True)  # a tracked one may be all the parent's
     return manifest
 
 
 def _discard_delta(dest: Path) -> None:
     (dest / MANIFEST).unlink(missing_ok=True)
     (dest / f".{MANIFEST}.tmp").unlink(missing_ok=True)
+    for tmp in (dest / "images").glob(".pagemap*.img.tmp"):
+        tmp.unlink()
     if (dest / SOURCES).is_dir():
         for f in (dest / SOURCES).iterdir():
             f.unlink()
@@ -221,7 +348,7 @@ def _store_image(
     pack_name: str,
     pack_at: int,
     aside: Executor | None = None,
-) -> tuple[str, PageImage, list[tuple[int, int]]] | None:
+) -> Stored | None:
     """One page image (mapped from `images`) as extents, with the ranges of it to append to the
     pack (at `pack_at`, uncompressed); None: left as CRIU wrote it. Its CRC is taken in
     `aside` while the pages are compared here."""
@@ -250,6 +377,34 @@ def _store_image(
     finally:  # the mapping stays open until its CRC is done, whatever happened here
         if crc is not None:
             crc.exception()
+
+
+def _store_tracked_image(
+    images: _Sources,
+    tracked: TrackedPagemap,
+    pagemap: str,
+    par: _Parent,
+    parent: Path,
+    pack_name: str,
+    pack_at: int,
+) -> tuple[Stored, bytes]:
+    """One page image CRIU wrote tracking memory, made whole over the parent's image (its
+    pagemap of the same name): (its name, the image, the ranges of CRIU's pages image for the
+    pack at `pack_at`) and its whole pagemap, encoded. ValueError or OSError when the parent
+    cannot give the pages marked as its own, or CRIU's pages image is not what its pagemap says.
+    No CRC: the whole image's would read every page of the parent's the tracking spared."""
+    if tracked.fresh_size:
+        held = len(images[tracked.pages_name])
+        if held != tracked.fresh_size:
+            raise ValueError(
+                f"{tracked.pages_name} is {held} bytes, {pagemap} says {tracked.fresh_size}"
+            )
+    before = parse_pagemap(
+        (parent / "images" / pagemap).read_bytes(), f"{parent / 'images' / pagemap}"
+    )
+    made = compose_tracked(tracked, before, par.extents(before.pages_name), pack_name, pack_at)
+    image = PageImage(made.pagemap.size, None, made.extents)
+    return (tracked.pages_name, image, list(made.fresh)), encode_pagemap(made.pagemap)
 
 
 class _Sources:
@@ -329,7 +484,8 @@ def _equal_blocks(
 
 def assemble(checkpoint: Path, out: Path) -> int:
     """Write a delta checkpoint's page images into `out` (a copy of its images/), each checked
-    against the CRC of the image CRIU wrote; the number written (0 for a full checkpoint).
+    against the size of the image CRIU wrote and its CRC where the manifest has one; the number
+    written (0 for a full checkpoint).
     OSError naming the file when a source is missing or short, or an image does not check."""
     try:
         manifest = read_manifest(checkpoint)
@@ -353,11 +509,13 @@ def assemble(checkpoint: Path, out: Path) -> int:
                             _send(fds[e.source], f.fileno(), e, held)
                     f.flush()
                     size = f.tell()
-                with open(out / name, "rb") as f:
-                    crc = (
-                        zlib.crc32(mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)) if size else 0
+                if size != image.size:
+                    raise OSError(
+                        errno.EIO,
+                        f"{checkpoint}: page image {name} assembled from {MANIFEST} is {size} "
+                        f"bytes, the dump's was {image.size}: a file under pages/ was changed",
                     )
-                if size != image.size or crc != image.crc32:
+                if image.crc32 is not None and _crc32(out / name, size) != image.crc32:
                     raise OSError(
                         errno.EIO,
                         f"{checkpoint}: page image {name} assembled from {MANIFEST} does not "
@@ -369,6 +527,13 @@ def assemble(checkpoint: Path, out: Path) -> int:
         for fd in fds.values():
             os.close(fd)
     return len(manifest.images)
+
+
+def _crc32(path: Path, size: int) -> int:
+    if not size:
+        return 0
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as m:
+        return zlib.crc32(m)
 
 
 def _send(src: int, dst: int, e: Extent, held: Path) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+from drumsd.linux.write_track import criu_tracks_writes
 from gate_daemons import create, destroy, execute, put_file, settled_gates, shared_daemon, state_of
-from live_daemon import http_client, require_live
+from live_daemon import CRIU, http_client, require_live
 
 
 def _save(http: Any, slot_id: str) -> dict[str, Any]:
@@ -73,6 +74,9 @@ def test_a_save_after_one_document_changed_stores_what_changed_and_restores_whol
         destroy(http, first["id"])
         meta = _meta(state, a["id"])
         assert meta["delta"] is not None and meta["delta"]["depth"] == 1, meta
+        # drums' CRIU tracked the writes since the restore from the template (a full
+        # checkpoint): it wrote those pages only, and the save restores whole all the same
+        assert meta["tracked"] is criu_tracks_writes(CRIU), meta
         # stored: what this save alone holds; the API's size_mib says the same
         full = _full_bytes(state, a["id"])
         assert a["size_mib"] * (1 << 20) < 0.3 * full, (a["size_mib"], full, meta["delta"])

@@ -436,6 +436,12 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "app, e.g. --image office --app 'libreoffice --calc --norestore')",
     )
     parser.add_argument("--save-rounds", type=int, default=saves.rounds)
+    parser.add_argument(
+        "--save-no-ksm",
+        action="store_true",
+        help="--saves with KSM off: ksmd's merges count as writes to write tracking, so a "
+        "merged desktop's tracked save writes more",
+    )
 
 
 def fork_queues(text: str) -> tuple[int, ...]:
@@ -506,6 +512,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                 apps=tuple(args.app),
                 rounds=max(1, args.save_rounds),
                 out=args.out,
+                ksm=not args.save_no_ksm,
             )
         )
     profiles = ("hardened", "trusted") if args.profile == "both" else (args.profile,)

@@ -58,6 +58,7 @@ class SaveBenchOptions:
     apps: Sequence[str] = ("libreoffice --calc --norestore",)
     rounds: int = 5
     out: Path = Path("bench-saves.json")
+    ksm: bool = True  # a merge by ksmd counts as a write to write tracking (write_track.py)
 
 
 async def _change_document(rt: Any, h: SlotHandle, line: str) -> None:
@@ -92,6 +93,7 @@ async def one_save(
         "dump_s": float(meta["dump_s"]),
         "bytes": state_files.dir_usage(dest).apparent_bytes,
     }
+    got["tracked"] = int(bool(meta.get("tracked")))  # CRIU wrote only the written pages
     if meta.get("delta"):
         d = meta["delta"]
         keys = ["diff_s", "diff_cpu_s", "pages_bytes", "pages_fresh", "pages_stored"]
@@ -137,7 +139,11 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
     image = find_image(opts.image, opts.cache_root)
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     cfg = LinuxRuntimeConfig(
-        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
+        state_dir=opts.state_dir,
+        criu=opts.criu,
+        profile=opts.profile,
+        spares_per_checkpoint=0,
+        ksm=opts.ksm,
     )
     results: dict[str, Any] = {
         "host": host_facts(opts.state_dir),

@@ -310,6 +310,13 @@ class LinuxConfig(Block):
         "the same content, 3.7 MiB less per dump of a base desktop (none on an office desktop "
         "with an app drawn over the whole screen); false = dumps write them (for comparison)",
     )
+    track_writes: bool = Field(
+        default=True,
+        description="each restored tree is armed for write tracking (a userfaultfd write-protect "
+        "the kernel resolves by itself) so a save stores only the pages written since the "
+        "restore without CRIU reading the rest; needs drums' CRIU build (setup builds it), "
+        "else saves compare pages instead; false = never armed (for comparison)",
+    )
 
 
 class Config(Block):

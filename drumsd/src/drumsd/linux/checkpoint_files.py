@@ -55,6 +55,29 @@ def image_names(dest: Path) -> list[str]:
     return sorted(p.name for p in (dest / "images").iterdir())
 
 
+def holds_stopped_task(images: Path) -> bool:
+    """Whether a dump holds a task that was stopped (SIGSTOP, a shell's ^Z) when dumped: a
+    restore that leaves the tree stopped could not tell it from the rest when it resumes
+    them. True when a core image cannot be read (the careful answer)."""
+    try:
+        tasks = criu.parse_pstree((images / "pstree.img").read_bytes())
+        return any(
+            criu.task_state((images / f"core-{t.pid}.img").read_bytes()) == criu.TASK_STOPPED
+            for t in tasks
+        )
+    except (OSError, ValueError):
+        return True
+
+
+def checkpoint_id(dest: Path) -> str | None:
+    """The id in a checkpoint's meta.json; None when it has none or cannot be read."""
+    try:
+        found = json.loads((dest / "meta.json").read_text()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(found) if found is not None else None
+
+
 def finish_dump(script: Path) -> None:
     script.unlink()
 

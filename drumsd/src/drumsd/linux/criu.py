@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from drumsd.core.criu_wire import read_varint
+from drumsd.core.criu_wire import image_messages, read_varint
 
 GHOST_LIMIT = "64M"
 DUMP_LOG_LEVEL = 4  # a dump's log at debug unless the config says otherwise (it is read on failure)
@@ -30,7 +30,11 @@ def dump_argv(
     externals: Mapping[str, str] | None = None,
     log: str = "dump.log",
     log_level: int | None = None,
+    track_parent: Path | None = None,
 ) -> list[str]:
+    """With `track_parent` (the images of the checkpoint an armed tree was restored from,
+    `write_track.py`), drums' CRIU writes only the pages written since the restore and marks
+    the rest as that parent's."""
     argv = [
         str(criu),
         "dump",
@@ -51,6 +55,8 @@ def dump_argv(
     ]
     if leave_running:
         argv.append("--leave-running")
+    if track_parent is not None:
+        argv += ["--track-mem-uffd-wp", "--prev-images-dir", str(track_parent)]
     for path, key in (externals or {}).items():
         argv += ["--external", f"mnt[{path}]:{key}"]
     return argv
@@ -255,3 +261,37 @@ def threads_without_core(dumped: Sequence[DumpedTask], images: Sequence[str]) ->
     wait, as a shell's loop often is, is whole."""
     names = set(images)
     return [tid for t in dumped for tid in t.thread_ids if f"core-{tid}.img" not in names]
+
+
+TASK_STOPPED = 3  # CoreEntry.tc.task_state of a task dumped stopped (compel's task-state.h)
+
+
+def task_state(core: bytes) -> int | None:
+    """The task_state of a CRIU core-<pid>.img (CoreEntry field 3, TaskCoreEntry field 1);
+    None for a thread's core, which has none. ValueError when it is not such an image."""
+    (entry,) = list(image_messages(core, "core image"))[:1] or [b""]
+    for number, value in _fields(entry):
+        if number == 3 and isinstance(value, bytes):
+            for inner, state in _fields(value):
+                if inner == 1 and isinstance(state, int):
+                    return state
+    return None
+
+
+def _fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """A protobuf message's fields: varints as ints, length-delimited ones as bytes."""
+    at = 0
+    while at < len(message):
+        key, at = read_varint(message, at)
+        kind = key & 7
+        if kind == 0:
+            value, at = read_varint(message, at)
+            yield key >> 3, value
+        elif kind == 2:
+            size, at = read_varint(message, at)
+            yield key >> 3, message[at : at + size]
+            at += size
+        elif kind in (1, 5):
+            at += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"core image: unexpected wire type {kind}")

@@ -24,7 +24,7 @@ import trio
 from drumsd.core.config import Config
 from drumsd.core.seams import SlotLimits
 from drumsd.guest import protocol
-from drumsd.linux import mounts
+from drumsd.linux import mounts, write_track
 
 AGENT_SOCK = protocol.SOCKET_PATH.lstrip("/")
 READY_FILE = protocol.READY_PATH.lstrip("/")
@@ -73,6 +73,7 @@ class LinuxRuntimeConfig:
     images_tmpfs_mib: int = _MODEL.linux.images_tmpfs_mib
     screen_grab: str = _MODEL.linux.screen_grab  # "full": every grab takes the path before
     shm_holes: bool = _MODEL.linux.shm_holes  # zero SysV shm pages made holes before a dump
+    track_writes: bool = _MODEL.linux.track_writes  # restored trees armed (write_track.py)
     agent_ready_timeout_s: float = _MODEL.linux.agent_ready_timeout_s
     restore_timeout_s: float = _MODEL.linux.restore_timeout_s
     dump_timeout_s: float = _MODEL.linux.dump_timeout_s
@@ -116,6 +117,7 @@ class LinuxRuntimeConfig:
             images_tmpfs_mib=linux.images_tmpfs_mib,
             screen_grab=linux.screen_grab,
             shm_holes=linux.shm_holes,
+            track_writes=linux.track_writes,
             agent_ready_timeout_s=linux.agent_ready_timeout_s,
             restore_timeout_s=linux.restore_timeout_s,
             dump_timeout_s=linux.dump_timeout_s,
@@ -200,6 +202,8 @@ class Instance:
     phases: dict[str, float] = field(default_factory=dict)
     uid_index: int | None = None  # hardened: the slot's host uid range
     born: float = field(default_factory=time.monotonic)
+    # The daemon's userfaultfds of the tree's processes (linux.track_writes): closed with it.
+    write_track: write_track.Armed | None = None
 
     @property
     def sock(self) -> str:

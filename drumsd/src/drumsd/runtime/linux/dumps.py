@@ -44,6 +44,7 @@ class _DumpRun:
     dump_s: float
     sampled_s: float
     shm: shm_zero.Punched | None = None  # the zero pages made holes before criu ran
+    tracked: bool = False  # only the pages written since the restore (write_track.py)
 
 
 class Dumper:
@@ -87,18 +88,23 @@ class Dumper:
             async def hash_upper() -> None:
                 hashed.append(await run_stoppable(tree_sha256, upper, what=f"hashing {upper}"))
 
+            store = save_delta.store_tracked if run.tracked else save_delta.store_delta
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hash_upper)
-                delta = await trio.to_thread.run_sync(
-                    functools.partial(
-                        save_delta.store_delta,
-                        dest,
-                        against.dir,
-                        checkpoint_id,
-                        against.max_depth,
-                        upper=False,
+                try:
+                    delta = await trio.to_thread.run_sync(
+                        functools.partial(
+                            store, dest, against.dir, checkpoint_id, against.max_depth, upper=False
+                        )
                     )
-                )
+                except (OSError, ValueError) as exc:  # tracked: not restorable without it
+                    await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+                    raise RuntimeError_(
+                        "runtime_error",
+                        f"the save of instance {inst.iid} could not be stored against "
+                        f"{against.dir.name}: {exc}; save again (a full dump is taken when "
+                        "linux.track_writes is false)",
+                    ) from exc
             upper_sha = hashed[0]
             if delta is not None:
                 delta = await trio.to_thread.run_sync(
@@ -119,6 +125,7 @@ class Dumper:
             # files the post-dump copy linked as unchanged since the restore (None: it did not)
             "upper_links": links,
             "shm_holes": run.shm.as_meta() if run.shm else None,  # None: not done
+            "tracked": run.tracked,  # CRIU wrote only the pages written since the restore
             "tree_sample_s": round(run.sampled_s, 4),  # the two samples it is checked against
             "processes": len(dumped),
             "threads": sum(len(t.threads) for t in dumped),
@@ -174,13 +181,35 @@ class Dumper:
         script = await trio.to_thread.run_sync(
             checkpoint_files.prepare_dump, dest, inst.paths.upper, links
         )
-        run = await self._run_criu(inst, dest, script, leave_running)
+        track = await trio.to_thread.run_sync(self.track_parent, inst, against)
+        run = await self._run_criu(inst, dest, script, leave_running, track)
+        if run.tracked and run.returncode != 0:  # never a lost save: once more, untracked
+            errors = await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+            log_event("tracked_dump_failed", iid=inst.iid, errors=errors[-3:])
+            script = await trio.to_thread.run_sync(
+                checkpoint_files.prepare_dump, dest, inst.paths.upper, links
+            )
+            run = await self._run_criu(inst, dest, script, leave_running, None)
         return run, await self._check(inst, dest, run, leave_running), script
 
+    @staticmethod
+    def track_parent(inst: Instance, against: SaveParent | None) -> Path | None:
+        """The parent images a dump of `inst` may refer its unwritten pages to: those of the
+        checkpoint its armed tree was restored from, when the save is stored against it."""
+        armed = inst.write_track
+        if against is None or armed is None or not armed.fds:
+            return None
+        if checkpoint_files.checkpoint_id(against.dir) != armed.checkpoint_id:
+            return None
+        if not save_delta.tracked_parent_ok(against.dir, against.max_depth):
+            return None
+        return against.dir / "images"
+
     async def _run_criu(
-        self, inst: Instance, dest: Path, script: Path, leave_running: bool
+        self, inst: Instance, dest: Path, script: Path, leave_running: bool, track: Path | None
     ) -> _DumpRun:
-        """criu dump with no agent call open (the gate), between two samples of the tree."""
+        """criu dump with no agent call open (the gate), between two samples of the tree;
+        with `track`, only the pages written since the restore."""
         _, launcher = self.sup.running()
         argv = criu.dump_argv(
             self.config.criu,
@@ -190,6 +219,7 @@ class Dumper:
             leave_running=leave_running,
             externals=await trio.to_thread.run_sync(self._procview_binds, inst),
             log_level=self.config.criu_log_level,
+            track_parent=track,
         )
         t0 = time.monotonic()
         async with inst.gate.dump():
@@ -202,7 +232,8 @@ class Dumper:
             t1 = time.monotonic()
             after = await trio.to_thread.run_sync(self._slot_processes, inst)
             sampled_s += time.monotonic() - t1
-        return _DumpRun(done.returncode, before, after, time.monotonic() - t0, sampled_s, shm)
+        took = time.monotonic() - t0
+        return _DumpRun(done.returncode, before, after, took, sampled_s, shm, track is not None)
 
     def shm_holes(self, inst: Instance) -> shm_zero.Punched | None:
         """The slot frozen for a moment and the zero pages of its SysV shared memory made

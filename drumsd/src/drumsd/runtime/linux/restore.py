@@ -12,7 +12,16 @@ import trio
 
 from drumsd.core import host_limits as core_limits
 from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotLimits
-from drumsd.linux import cgroups, criu, host_limits, procfs, procview, slot_fs
+from drumsd.linux import (
+    cgroups,
+    checkpoint_files,
+    criu,
+    host_limits,
+    procfs,
+    procview,
+    slot_fs,
+    write_track,
+)
 from drumsd.linux.exec_helper import helper_argv, lo_up_script
 from drumsd.linux.process_trees import (
     cpu_seconds,
@@ -127,6 +136,7 @@ class Restorer:
         if self.config.restore_cpu_weight is not None:
             self.driver.set_shares(inst.cgroups, self.config.restore_cpu_weight)
         work = inst.paths.rw / "criu"
+        track = await trio.to_thread.run_sync(self._tracks, images)
         argv = helper_argv(
             self.fs.helper,
             self.driver.procs_files(inst.cgroups),
@@ -138,6 +148,7 @@ class Restorer:
                 inst.paths.root,
                 work / "pid",
                 externals=self._procview,
+                leave_stopped=track,
                 log_level=self.config.criu_log_level,
                 lo_up_script=lo_up_script(self.fs.helper) if self.config.netns_fast else None,
             ),
@@ -166,6 +177,8 @@ class Restorer:
                 raise self._limit_error(inst, outcome.limit)
             return False
         inst.pid, inst.pidfd, inst.starttime = outcome.pid, outcome.pidfd, outcome.starttime
+        if track:
+            await self._arm(inst)
         try:
             await self._start(inst, limits, freeze)
         except RuntimeError_ as exc:
@@ -180,6 +193,28 @@ class Restorer:
         inst.phases["restore_cpu"] = round(done.cpu_s + cpu_seconds(ticks), 4)
         self.sup.watch(inst)
         return True
+
+    def _tracks(self, images: Path) -> bool:
+        """Whether this restore leaves the tree stopped for `_arm`: on, drums' CRIU, and no
+        task dumped stopped (resuming the tree would resume it too)."""
+        if not self.config.track_writes or not write_track.criu_tracks_writes(self.config.criu):
+            return False
+        return not checkpoint_files.holds_stopped_task(images)
+
+    async def _arm(self, inst: Instance) -> None:
+        """The tree CRIU left stopped armed for write tracking, then resumed (whatever the
+        arming did: a process it missed only makes its pages count as written)."""
+        pids = await trio.to_thread.run_sync(self.driver.pids, inst.cgroups)
+        try:
+            armed = await trio.to_thread.run_sync(
+                write_track.arm_tree, inst.checkpoint_id, pids, abandon_on_cancel=False
+            )
+            inst.write_track = armed
+            inst.phases["arm"] = round(armed.took_s, 4)
+            if armed.failed:
+                log_event("arm_partial", iid=inst.iid, **armed.as_meta())
+        finally:
+            await trio.to_thread.run_sync(write_track.resume, pids)
 
     @staticmethod
     def _limit_error(inst: Instance, hit: core_limits.LimitHit) -> RuntimeError_:

@@ -153,12 +153,14 @@ class Supervision:
 
     def teardown(self, inst: Instance, pidfd: int) -> None:
         """Blocking: kill the tree, reap, remove cgroups and mounts. Nothing remains. `pidfd`
-        (from `own_pidfd`) is closed here."""
+        (from `own_pidfd`) is closed here, and the tree's userfaultfds."""
         try:
             kill_tree(self.driver, inst.cgroups, inst.pid, pidfd)
         finally:
             if pidfd >= 0:
                 close_fd(pidfd)
+            if inst.write_track is not None:  # after the kill: no protections to undo
+                inst.write_track.close()
         self.fs.teardown(inst.paths)
         if not inst.watched and inst.pidfd >= 0:  # a watched pidfd is closed by its watcher
             close_fd(inst.pidfd)

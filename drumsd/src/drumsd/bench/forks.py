@@ -89,6 +89,7 @@ class ForkBenchOptions:
     queues: tuple[int, ...] = ()  # restore queue widths compared instead of the boost
     warm: bool = False  # the parent's screen encoded before the prefork or not, not the boost
     out: Path = Path("bench-forks.json")
+    track_writes: bool = True  # children armed for write tracking (linux.track_writes)
 
 
 def modes_of(opts: ForkBenchOptions) -> tuple[str, ...]:
@@ -512,7 +513,11 @@ async def run_fork_bench(opts: ForkBenchOptions, progress: Progress = print) -> 
     # The daemon's defaults (KSM on at the quiet rate, the boost as configured), no spares: a
     # fork here is N restores, as a fork of a fresh prefork is.
     cfg = LinuxRuntimeConfig(
-        state_dir=opts.state_dir, criu=opts.criu, profile=opts.profile, spares_per_checkpoint=0
+        state_dir=opts.state_dir,
+        criu=opts.criu,
+        profile=opts.profile,
+        spares_per_checkpoint=0,
+        track_writes=opts.track_writes,
     )
     boost = KsmBoost(cfg.ksm_boost_s, cfg.ksm_boost_pages_to_scan, cfg.ksm_boost_sleep_millisecs)
     results: dict[str, Any] = {

@@ -59,6 +59,7 @@ class SaveBenchOptions:
     rounds: int = 5
     out: Path = Path("bench-saves.json")
     ksm: bool = True  # a merge by ksmd counts as a write to write tracking (write_track.py)
+    track_writes: bool = True  # the saved desktop armed (linux.track_writes): a tracked delta
 
 
 async def _change_document(rt: Any, h: SlotHandle, line: str) -> None:
@@ -144,6 +145,7 @@ async def run_save_bench(opts: SaveBenchOptions, progress: Progress = print) -> 
         profile=opts.profile,
         spares_per_checkpoint=0,
         ksm=opts.ksm,
+        track_writes=opts.track_writes,
     )
     results: dict[str, Any] = {
         "host": host_facts(opts.state_dir),

@@ -312,10 +312,10 @@ class LinuxConfig(Block):
     )
     track_writes: bool = Field(
         default=True,
-        description="each restored tree is armed for write tracking (a userfaultfd write-protect "
-        "the kernel resolves by itself) so a save stores only the pages written since the "
-        "restore without CRIU reading the rest; needs drums' CRIU build (setup builds it), "
-        "else saves compare pages instead; false = never armed (for comparison)",
+        description="each restored tree is armed for write tracking (a userfaultfd "
+        "write-protect the kernel resolves by itself) so a save stores only the pages written "
+        "since the restore without CRIU reading the rest; needs drums' CRIU build (setup builds "
+        "it), else saves compare pages instead; false = never armed (for comparison)",
     )
 
 

@@ -1,7 +1,7 @@
 """hostprep builds CRIU with drums' patch (--track-mem-uffd-wp): the install dir is keyed by the
 patch's bytes, the patch is applied to the unpacked tree before make, and one that does not apply
-stops the build with what to do. The last tests apply the packaged patch for real to the cached
-Debian tarball."""
+stops the build with what to do. tests/nix/test_nix_criu_source.py applies the packaged patch for
+real to the cached Debian tarball."""
 
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 from drumsd.linux import hostprep
-
-ORIG = Path(os.environ.get("DRUMS_CACHE", "/var/cache/drums")) / "criu" / "src"
-ORIG /= hostprep.CRIU_TARBALL
 
 
 def test_the_build_key_changes_with_the_patch_bytes() -> None:
@@ -120,38 +117,3 @@ def test_a_patch_that_does_not_apply_stops_the_build_and_says_what_to_do(
     assert [argv[0] for argv, _ in build.calls] == ["patch"], "make never ran"
     assert not hostprep.CriuPaths.for_patch(tmp_path / "cache").binary.exists()
     assert not link.is_symlink()
-
-
-@pytest.fixture(scope="module")
-def orig() -> Path:
-    if not ORIG.exists():
-        message = f"{ORIG} is not cached (scripts/prepare-host.sh caches it)"
-        if os.environ.get("DRUMS_CI") == "1":
-            pytest.fail(f"DRUMS_CI=1 but {message}")
-        pytest.skip(message)
-    return ORIG
-
-
-@pytest.fixture
-def srcdir(orig: Path, tmp_path: Path) -> Path:
-    with tarfile.open(orig) as tar:
-        tar.extractall(tmp_path, filter="tar")
-    return tmp_path / f"criu-{hostprep.CRIU_VERSION}"
-
-
-@pytest.mark.integration  # /usr/bin/patch on the host's cached tarball
-def test_the_packaged_patch_applies_to_the_pinned_tarball(srcdir: Path) -> None:
-    messages: list[str] = []
-    hostprep._apply_patch(srcdir, hostprep.CRIU_PATCH, messages.append)
-    assert messages[0] == f"criu: applying {hostprep.CRIU_PATCH.name}"
-    assert "track-mem-uffd-wp" in (srcdir / "criu" / "config.c").read_text()
-    assert not list(srcdir.rglob("*.rej")), "no hunk was rejected"
-
-
-@pytest.mark.integration
-def test_the_packaged_patch_applied_twice_fails_with_the_message(srcdir: Path) -> None:
-    """--forward: a tree that already has the patch is refused, not reversed."""
-    hostprep._apply_patch(srcdir, hostprep.CRIU_PATCH, lambda m: None)
-    with pytest.raises(hostprep.HostPrepError, match=r"does not apply to CRIU 4\.2\.1") as raised:
-        hostprep._apply_patch(srcdir, hostprep.CRIU_PATCH, lambda m: None)
-    assert "previously applied" in str(raised.value)

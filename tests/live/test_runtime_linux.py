@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from drumsd.core.seams import CheckpointRef, RuntimeError_, SlotHandle, SlotLimits
+from drumsd.core.seams import CheckpointRef, RuntimeError_, SaveParent, SlotHandle, SlotLimits
+from drumsd.linux import save_delta
+from drumsd.linux.write_track import criu_tracks_writes
 
 pytestmark = pytest.mark.live
 
@@ -215,6 +217,35 @@ async def test_capture_then_create_from_the_saved_state(rt, template, state_dir)
     assert await rt.read_file(h, "/home/user/Desktop/note.txt", 1024) == b"changed after capture\n"
     await rt.destroy("live-c2")
     await rt.destroy("live-c")
+
+
+async def test_a_tracked_save_that_cannot_be_stored_is_dumped_again_untracked(
+    rt, template, state_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Write tracking never loses a save: a tracked dump whose store fails (here made to) is
+    discarded and the tree dumped again untracked, compared against the same parent; the save
+    restores with what was written."""
+    if not criu_tracks_writes(CRIU):
+        pytest.skip(f"needs drums' CRIU at {CRIU} (scripts/setup.sh builds it)")
+    h = await rt.restore("live-t", template, LIMITS)
+    await rt.write_file(h, "/home/user/Desktop/note.txt", b"tracked or not\n")
+
+    refused: list[object] = []
+
+    def refuse(*args: object, **kw: object) -> None:
+        refused.append(args)
+        raise ValueError("made to fail by the test")
+
+    monkeypatch.setattr(save_delta, "store_tracked", refuse)
+    dest = state_dir / "ck" / f"track-{uuid.uuid4().hex[:6]}"
+    ck = await rt.capture(h, "live-t-save", dest, parent=SaveParent(template.dir, 8))
+    meta = json.loads((ck.dir / "meta.json").read_text())
+    assert len(refused) == 1, "the tracked dump came first"
+    assert meta["tracked"] is False and meta["delta"]["parent"] == template.id, meta
+    h2 = await rt.restore("live-t2", ck, LIMITS)
+    assert await rt.read_file(h2, "/home/user/Desktop/note.txt", 1024) == b"tracked or not\n"
+    await rt.destroy("live-t2")
+    await rt.destroy("live-t")
 
 
 async def test_a_dump_that_misses_a_process_of_the_slot_is_refused(rt, template, state_dir) -> None:

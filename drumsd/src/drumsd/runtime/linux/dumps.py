@@ -62,6 +62,7 @@ class Dumper:
         leave_running: bool,
         parent: str | None,
         store_against: SaveParent | None = None,
+        track: bool = True,
     ) -> CheckpointRef:
         """criu dump of `inst` into `dest`, checked against the tree sampled before and after
         it (refused, and the dump discarded, when it misses a process or thread), stored as
@@ -73,7 +74,9 @@ class Dumper:
                 "invalid_request",
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
-        run, dumped, script = await self._dump_checked(inst, dest, leave_running, store_against)
+        run, dumped, script = await self._dump_checked(
+            inst, dest, leave_running, store_against, track
+        )
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         links = await trio.to_thread.run_sync(upper_links.read_stats, dest)
         upper = dest / "upper"
@@ -89,6 +92,7 @@ class Dumper:
                 hashed.append(await run_stoppable(tree_sha256, upper, what=f"hashing {upper}"))
 
             store = save_delta.store_tracked if run.tracked else save_delta.store_delta
+            failed: Exception | None = None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(hash_upper)
                 try:
@@ -97,14 +101,20 @@ class Dumper:
                             store, dest, against.dir, checkpoint_id, against.max_depth, upper=False
                         )
                     )
-                except (OSError, ValueError) as exc:  # tracked: not restorable without it
-                    await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+                except (OSError, ValueError) as exc:  # only a tracked dump's store raises
+                    failed = exc
+            if failed is not None:  # not restorable without its parent's images as they were
+                await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
+                if not leave_running:  # the tree went with its dump
                     raise RuntimeError_(
                         "runtime_error",
                         f"the save of instance {inst.iid} could not be stored against "
-                        f"{against.dir.name}: {exc}; save again (a full dump is taken when "
-                        "linux.track_writes is false)",
-                    ) from exc
+                        f"{against.dir.name}: {failed}; save again",
+                    ) from failed
+                log_event("tracked_store_failed", iid=inst.iid, error=str(failed))
+                return await self.dump(  # never a lost save: dumped again, untracked
+                    inst, checkpoint_id, dest, image_sha256, leave_running, parent, against, False
+                )
             upper_sha = hashed[0]
             if delta is not None:
                 delta = await trio.to_thread.run_sync(
@@ -146,12 +156,17 @@ class Dumper:
         )
 
     async def _dump_checked(
-        self, inst: Instance, dest: Path, leave_running: bool, against: SaveParent | None
+        self,
+        inst: Instance,
+        dest: Path,
+        leave_running: bool,
+        against: SaveParent | None,
+        track: bool,
     ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
         """The dump, tried a second time when CRIU refused an inotify watch whose dentry the
         kernel had evicted, after the slot's names were looked up again (dentries.py)."""
         try:
-            return await self._dump_once(inst, dest, leave_running, against)
+            return await self._dump_once(inst, dest, leave_running, against, track)
         except RuntimeError_ as exc:
             inodes = set(exc.detail.get("inotify_inodes", ()))
             if not inodes:
@@ -167,10 +182,15 @@ class Dumper:
                 inodes=sorted(inodes),
                 looked_up=len(found),
             )
-        return await self._dump_once(inst, dest, leave_running, against)
+        return await self._dump_once(inst, dest, leave_running, against, track)
 
     async def _dump_once(
-        self, inst: Instance, dest: Path, leave_running: bool, against: SaveParent | None
+        self,
+        inst: Instance,
+        dest: Path,
+        leave_running: bool,
+        against: SaveParent | None,
+        track: bool,
     ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
         """criu dump into `dest` and its check: (the run, the dumped tasks, the post-dump
         script); a typed error with `dest` discarded when it fails. A save stored against a
@@ -181,8 +201,8 @@ class Dumper:
         script = await trio.to_thread.run_sync(
             checkpoint_files.prepare_dump, dest, inst.paths.upper, links
         )
-        track = await trio.to_thread.run_sync(self.track_parent, inst, against)
-        run = await self._run_criu(inst, dest, script, leave_running, track)
+        tracked = await trio.to_thread.run_sync(self.track_parent, inst, against) if track else None
+        run = await self._run_criu(inst, dest, script, leave_running, tracked)
         if run.tracked and run.returncode != 0:  # never a lost save: once more, untracked
             errors = await trio.to_thread.run_sync(checkpoint_files.discard_failed_dump, dest)
             log_event("tracked_dump_failed", iid=inst.iid, errors=errors[-3:])

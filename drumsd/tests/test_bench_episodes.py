@@ -32,7 +32,7 @@ def test_features_are_tagged_by_issue_and_chosen_by_it() -> None:
     }, "the default path before: issue 33's switches only, as before"
     off35 = be.features_off("35")
     assert off35 == {
-        "linux": {"screen_grab": "full", "track_writes": False},
+        "linux": {"screen_grab": "full"},
         "save_delta_depth": 0,
         "ksm": {"boost_s": 0.0},
     }

@@ -220,13 +220,23 @@ async def test_capture_then_create_from_the_saved_state(rt, template, state_dir)
 
 
 async def test_a_tracked_save_that_cannot_be_stored_is_dumped_again_untracked(
-    rt, template, state_dir, monkeypatch: pytest.MonkeyPatch
+    template, state_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Write tracking never loses a save: a tracked dump whose store fails (here made to) is
     discarded and the tree dumped again untracked, compared against the same parent; the save
     restores with what was written."""
     if not criu_tracks_writes(CRIU):
         pytest.skip(f"needs drums' CRIU at {CRIU} (scripts/setup.sh builds it)")
+    from drumsd.runtime.linux import open_linux_runtime
+
+    async with open_linux_runtime(_config(state_dir, track_writes=True)) as rt:
+        await _save_through_a_failed_store(rt, template, state_dir, monkeypatch)
+        await rt.sweep([])
+
+
+async def _save_through_a_failed_store(
+    rt, template: CheckpointRef, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     h = await rt.restore("live-t", template, LIMITS)
     await rt.write_file(h, "/home/user/Desktop/note.txt", b"tracked or not\n")
 

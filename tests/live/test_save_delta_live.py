@@ -64,7 +64,7 @@ def _restores_with(http: Any, state_id: str, text: str) -> str:
 
 def test_a_save_after_one_document_changed_stores_what_changed_and_restores_whole() -> None:
     require_live()
-    daemon = shared_daemon("hardened")
+    daemon = shared_daemon("tracked", linux={"track_writes": True})
     state = state_of(daemon)
     with http_client(daemon) as http:
         first = create(http)

@@ -119,8 +119,6 @@ FEATURES: tuple[FeatureSwitch, ...] = (
     FeatureSwitch("delta_saves", 35, {"save_delta_depth": 0}),
     # ksmd's boost after spare refills back to back (and forks)
     FeatureSwitch("ksm_boost", 35, {"ksm": {"boost_s": 0.0}}),
-    # restored trees armed for write tracking, so saves dump only the written pages
-    FeatureSwitch("track_writes", 35, {"linux": {"track_writes": False}}),
 )
 FEATURE_ISSUES = ("33", "35", "all")
 

@@ -89,7 +89,7 @@ class ForkBenchOptions:
     queues: tuple[int, ...] = ()  # restore queue widths compared instead of the boost
     warm: bool = False  # the parent's screen encoded before the prefork or not, not the boost
     out: Path = Path("bench-forks.json")
-    track_writes: bool = True  # children armed for write tracking (linux.track_writes)
+    track_writes: bool = False  # children armed for write tracking (linux.track_writes)
 
 
 def modes_of(opts: ForkBenchOptions) -> tuple[str, ...]:

@@ -410,10 +410,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "answer and memory --fork-settle-s later (JSON to --out)",
     )
     parser.add_argument(
-        "--no-track-writes",
+        "--track-writes",
         action="store_true",
-        help="--forks and --saves with linux.track_writes off: restored trees not armed for "
-        "write tracking (its cost on a fork, and a save compared page by page instead)",
+        help="--forks and --saves with linux.track_writes on: restored trees armed for write "
+        "tracking (its cost on a fork; a delta save dumped tracked instead of compared)",
     )
     parser.add_argument("--fork-width", type=int, default=forks.width)
     parser.add_argument("--fork-rounds", type=int, default=forks.rounds)
@@ -505,7 +505,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                 queues=args.fork_queue,
                 warm=args.fork_warm,
                 out=args.out,
-                track_writes=not args.no_track_writes,
+                track_writes=args.track_writes,
             )
         )
     if args.saves:
@@ -520,7 +520,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                 rounds=max(1, args.save_rounds),
                 out=args.out,
                 ksm=not args.save_no_ksm,
-                track_writes=not args.no_track_writes,
+                track_writes=args.track_writes,
             )
         )
     profiles = ("hardened", "trusted") if args.profile == "both" else (args.profile,)

@@ -59,7 +59,7 @@ class SaveBenchOptions:
     rounds: int = 5
     out: Path = Path("bench-saves.json")
     ksm: bool = True  # a merge by ksmd counts as a write to write tracking (write_track.py)
-    track_writes: bool = True  # the saved desktop armed (linux.track_writes): a tracked delta
+    track_writes: bool = False  # the saved desktop armed (linux.track_writes): a tracked delta
 
 
 async def _change_document(rt: Any, h: SlotHandle, line: str) -> None:

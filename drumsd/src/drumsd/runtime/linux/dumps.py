@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,9 @@ class _DumpRun:
     tracked: bool = False  # only the pages written since the restore (write_track.py)
 
 
+_Dumped = tuple[_DumpRun, list[criu.DumpedTask], Path]  # the run, its tasks, its script
+
+
 class Dumper:
     def __init__(self, config: LinuxRuntimeConfig, sup: Supervision) -> None:
         self.config = config
@@ -75,7 +79,8 @@ class Dumper:
                 f"{dest} already holds a checkpoint; pick a new checkpoint id or delete it",
             )
         run, dumped, script = await self._dump_checked(
-            inst, dest, leave_running, store_against, track
+            inst,
+            functools.partial(self._dump_once, inst, dest, leave_running, store_against, track),
         )
         await trio.to_thread.run_sync(checkpoint_files.finish_dump, script)
         links = await trio.to_thread.run_sync(upper_links.read_stats, dest)
@@ -156,17 +161,13 @@ class Dumper:
         )
 
     async def _dump_checked(
-        self,
-        inst: Instance,
-        dest: Path,
-        leave_running: bool,
-        against: SaveParent | None,
-        track: bool,
-    ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
-        """The dump, tried a second time when CRIU refused an inotify watch whose dentry the
-        kernel had evicted, after the slot's names were looked up again (dentries.py)."""
+        self, inst: Instance, once: Callable[[], Awaitable[_Dumped]]
+    ) -> _Dumped:
+        """The dump (`once`), tried a second time when CRIU refused an inotify watch whose
+        dentry the kernel had evicted, after the slot's names were looked up again
+        (dentries.py)."""
         try:
-            return await self._dump_once(inst, dest, leave_running, against, track)
+            return await once()
         except RuntimeError_ as exc:
             inodes = set(exc.detail.get("inotify_inodes", ()))
             if not inodes:
@@ -182,7 +183,7 @@ class Dumper:
                 inodes=sorted(inodes),
                 looked_up=len(found),
             )
-        return await self._dump_once(inst, dest, leave_running, against, track)
+        return await once()
 
     async def _dump_once(
         self,
@@ -191,7 +192,7 @@ class Dumper:
         leave_running: bool,
         against: SaveParent | None,
         track: bool,
-    ) -> tuple[_DumpRun, list[criu.DumpedTask], Path]:
+    ) -> _Dumped:
         """criu dump into `dest` and its check: (the run, the dumped tasks, the post-dump
         script); a typed error with `dest` discarded when it fails. A save stored against a
         parent links the upper's files unchanged since the restore (`upper_links`)."""

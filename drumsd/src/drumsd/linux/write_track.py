@@ -20,6 +20,7 @@ import errno
 import fcntl
 import functools
 import os
+import platform
 import signal
 import struct
 import subprocess
@@ -98,7 +99,9 @@ class Armed:
 @functools.cache
 def criu_tracks_writes(criu: Path) -> bool:
     """Whether `criu` is drums' build with `--track-mem-uffd-wp` (a stock CRIU refuses the
-    option)."""
+    option) on a host whose processes this module can arm (x86-64)."""
+    if platform.machine() != "x86_64":
+        return False
     try:
         done = subprocess.run(
             [str(criu), "--track-mem-uffd-wp", "--version"],

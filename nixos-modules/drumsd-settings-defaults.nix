@@ -134,6 +134,7 @@
     images_tmpfs_mib = 8192;
     screen_grab = "damage";
     shm_holes = true;
+    track_writes = false;
   };
   drain_timeout_s = 10.0;
   body_timeout_s = 30.0;

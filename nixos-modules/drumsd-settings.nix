@@ -663,6 +663,11 @@ in
           default = defaults.linux.shm_holes;
           description = "before a dump, the slot is frozen for a moment and the all-zero pages of its System V shared memory (Xvfb's framebuffer) are made holes, which CRIU does not write: the same content, 3.7 MiB less per dump of a base desktop (none on an office desktop with an app drawn over the whole screen); false = dumps write them (for comparison)";
         };
+        track_writes = mkOption {
+          type = types.bool;
+          default = defaults.linux.track_writes;
+          description = "true = each restored tree (a spare too) is armed for write tracking (a userfaultfd write-protect the kernel resolves by itself) so a save stores only the pages written since the restore without CRIU reading the rest (office: a delta save 1.10-1.14x a full one's time instead of 1.66-1.70x); it costs every restore (~10 ms of CPU on office, and a fork of 16 osworld desktops took 7.4 s instead of 5.1 s), so it is for save-heavy runs (tree search); needs drums' CRIU build (setup builds it)";
+        };
       };
     };
   };

@@ -523,13 +523,15 @@ def test_a_parent_is_tracked_against_only_where_the_dump_can_be_stored(tmp_path:
     _dump(tmp_path / "c0", "c0", procs, {})
     _dump(tmp_path / "c1", "c1", procs, {})
     assert save_delta.store_delta(tmp_path / "c1", tmp_path / "c0", "c1", 8)
-    assert save_delta.tracked_parent_ok(tmp_path / "c0", 8)
-    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 0)  # deltas off
-    assert save_delta.tracked_parent_ok(tmp_path / "c1", 2)
-    assert not save_delta.tracked_parent_ok(tmp_path / "c1", 1)  # its chain at the bound
-    assert not save_delta.tracked_parent_ok(tmp_path / "gone", 8)
+    assert save_delta.tracked_parent_ok(tmp_path / "c0", 8, restored_from="c0")
+    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 0, restored_from="c0")  # deltas off
+    assert save_delta.tracked_parent_ok(tmp_path / "c1", 2, restored_from="c1")
+    assert not save_delta.tracked_parent_ok(
+        tmp_path / "c1", 1, restored_from="c1"
+    )  # its chain at the bound
+    assert not save_delta.tracked_parent_ok(tmp_path / "gone", 8, restored_from="gone")
     (tmp_path / "c0" / "images" / "pagemap-1.img").unlink()
-    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 8)
+    assert not save_delta.tracked_parent_ok(tmp_path / "c0", 8, restored_from="c0")
 
 
 def test_upper_files_are_linked_only_when_equal_in_everything(tmp_path: Path) -> None:

@@ -36,6 +36,24 @@ def image_messages(data: bytes, what: str) -> Iterator[bytes]:
         at += size
 
 
+def message_fields(message: bytes, what: str) -> Iterator[tuple[int, int | bytes]]:
+    """A protobuf message's fields in order: (number, value), a varint as an int and a
+    length-delimited field as its bytes. CRIU's images use no other wire type here: ValueError."""
+    at = 0
+    while at < len(message):
+        key, at = read_varint(message, at)
+        kind = key & 7
+        if kind == 0:
+            value, at = read_varint(message, at)
+            yield key >> 3, value
+        elif kind == 2:
+            size, at = read_varint(message, at)
+            yield key >> 3, message[at : at + size]
+            at += size
+        else:
+            raise ValueError(f"{what}: unexpected wire type {kind}")
+
+
 # CRIU's criu/include/magic.h: most images start with the common magic, then their own
 IMG_COMMON_MAGIC = 0x54564319
 PAGEMAP_MAGIC = 0x56084025

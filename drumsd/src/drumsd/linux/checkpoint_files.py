@@ -69,15 +69,6 @@ def holds_stopped_task(images: Path) -> bool:
         return True
 
 
-def checkpoint_id(dest: Path) -> str | None:
-    """The id in a checkpoint's meta.json; None when it has none or cannot be read."""
-    try:
-        found = json.loads((dest / "meta.json").read_text()).get("id")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return str(found) if found is not None else None
-
-
 def finish_dump(script: Path) -> None:
     script.unlink()
 

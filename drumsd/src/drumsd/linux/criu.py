@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from drumsd.core.criu_wire import image_messages, read_varint
+from drumsd.core.criu_wire import image_messages, message_fields, read_varint
 
 GHOST_LIMIT = "64M"
 DUMP_LOG_LEVEL = 4  # a dump's log at debug unless the config says otherwise (it is read on failure)
@@ -184,41 +184,23 @@ class DumpedTask:
 
 
 def parse_pstree(data: bytes) -> list[DumpedTask]:
-    """CRIU's pstree.img: two 4-byte magics, then entries of a little-endian u32 size and a
-    protobuf PstreeEntry (1 pid, 2 ppid, 3 pgid, 4 sid, 5 threads; threads packed or not)."""
-    if len(data) < 8:
-        raise ValueError(f"pstree.img is {len(data)} bytes: not a CRIU image")
+    """CRIU's pstree.img (`image_messages`): PstreeEntry messages (1 pid, 2 ppid, 3 pgid,
+    4 sid, 5 threads; threads packed or not)."""
     tasks: list[DumpedTask] = []
-    at = 8
-    while at < len(data):
-        if at + 4 > len(data):
-            raise ValueError("pstree.img: truncated entry size")
-        size = int.from_bytes(data[at : at + 4], "little")
-        at += 4
-        entry, at = data[at : at + size], at + size
-        if len(entry) != size:
-            raise ValueError("pstree.img: truncated entry")
+    for entry in image_messages(data, "pstree.img"):
         fields: dict[int, int] = {}
         threads: list[int] = []
-        i = 0
-        while i < len(entry):
-            key, i = read_varint(entry, i)
-            number, wire = key >> 3, key & 7
-            if wire == 0:
-                value, i = read_varint(entry, i)
+        for number, value in message_fields(entry, "pstree.img"):
+            if isinstance(value, int):
                 if number == 5:
                     threads.append(value)
                 else:
                     fields[number] = value
-            elif wire == 2:
-                length, i = read_varint(entry, i)
-                chunk, i = entry[i : i + length], i + length
-                j = 0
-                while number == 5 and j < len(chunk):
-                    value, j = read_varint(chunk, j)
-                    threads.append(value)
-            else:
-                raise ValueError(f"pstree.img: unexpected wire type {wire}")
+                continue
+            j = 0
+            while number == 5 and j < len(value):
+                thread, j = read_varint(value, j)
+                threads.append(thread)
         tasks.append(DumpedTask(fields.get(1, 0), fields.get(2, 0), tuple(threads)))
     return tasks
 
@@ -269,29 +251,10 @@ TASK_STOPPED = 3  # CoreEntry.tc.task_state of a task dumped stopped (compel's t
 def task_state(core: bytes) -> int | None:
     """The task_state of a CRIU core-<pid>.img (CoreEntry field 3, TaskCoreEntry field 1);
     None for a thread's core, which has none. ValueError when it is not such an image."""
-    (entry,) = list(image_messages(core, "core image"))[:1] or [b""]
-    for number, value in _fields(entry):
+    entry = next(image_messages(core, "core image"), b"")
+    for number, value in message_fields(entry, "core image"):
         if number == 3 and isinstance(value, bytes):
-            for inner, state in _fields(value):
+            for inner, state in message_fields(value, "core image"):
                 if inner == 1 and isinstance(state, int):
                     return state
     return None
-
-
-def _fields(message: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """A protobuf message's fields: varints as ints, length-delimited ones as bytes."""
-    at = 0
-    while at < len(message):
-        key, at = read_varint(message, at)
-        kind = key & 7
-        if kind == 0:
-            value, at = read_varint(message, at)
-            yield key >> 3, value
-        elif kind == 2:
-            size, at = read_varint(message, at)
-            yield key >> 3, message[at : at + size]
-            at += size
-        elif kind in (1, 5):
-            at += 8 if kind == 1 else 4
-        else:
-            raise ValueError(f"core image: unexpected wire type {kind}")

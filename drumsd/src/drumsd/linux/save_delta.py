@@ -189,10 +189,11 @@ def link_upper(stats: DeltaStats, dest: Path, parent: Path) -> DeltaStats:
 PARENT_LINK = "parent"  # what CRIU leaves in images/ given --prev-images-dir (CR_PARENT_LINK)
 
 
-def tracked_parent_ok(parent: Path, max_depth: int) -> bool:
-    """Whether a dump may track memory against the checkpoint in `parent` (CRIU given
-    `parent/images` as --prev-images-dir) and `store_tracked` store it: the checkpoint reads,
-    its chain is below `max_depth`, its images/ holds pagemaps. A delta parent's images/ holds
+def tracked_parent_ok(parent: Path, max_depth: int, *, restored_from: str) -> bool:
+    """Whether a dump of a tree armed when restored from checkpoint `restored_from` may track
+    memory against the checkpoint in `parent` (CRIU given `parent/images` as --prev-images-dir)
+    and `store_tracked` store it: it is that checkpoint and reads, its chain is below
+    `max_depth`, its images/ holds pagemaps. A delta parent's images/ holds
     its pagemaps but not its pages images: CRIU then cannot open the parent's pages, marks none
     as the parent's and writes every present page; `store_tracked` compares those as
     `store_delta` does."""
@@ -201,7 +202,9 @@ def tracked_parent_ok(parent: Path, max_depth: int) -> bool:
         pagemaps = any((parent / "images").glob("pagemap*.img"))
     except (OSError, ValueError, KeyError):
         return False
-    return pagemaps and delta_depth(par.depth, max_depth) is not None
+    if par.id != restored_from or not pagemaps:
+        return False
+    return delta_depth(par.depth, max_depth) is not None
 
 
 def store_tracked(

@@ -220,9 +220,10 @@ class Dumper:
         armed = inst.write_track
         if against is None or armed is None or not armed.fds:
             return None
-        if checkpoint_files.checkpoint_id(against.dir) != armed.checkpoint_id:
-            return None
-        if not save_delta.tracked_parent_ok(against.dir, against.max_depth):
+        restored_from = armed.checkpoint_id
+        if not save_delta.tracked_parent_ok(
+            against.dir, against.max_depth, restored_from=restored_from
+        ):
             return None
         return against.dir / "images"
 

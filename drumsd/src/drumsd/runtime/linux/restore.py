@@ -136,7 +136,7 @@ class Restorer:
         if self.config.restore_cpu_weight is not None:
             self.driver.set_shares(inst.cgroups, self.config.restore_cpu_weight)
         work = inst.paths.rw / "criu"
-        track = await trio.to_thread.run_sync(self._tracks, images)
+        track = self.config.track_writes and await trio.to_thread.run_sync(self._tracks, images)
         argv = helper_argv(
             self.fs.helper,
             self.driver.procs_files(inst.cgroups),
@@ -195,11 +195,11 @@ class Restorer:
         return True
 
     def _tracks(self, images: Path) -> bool:
-        """Whether this restore leaves the tree stopped for `_arm`: on, drums' CRIU, and no
-        task dumped stopped (resuming the tree would resume it too). A spare is armed too (it
-        is armed before it runs at all, then frozen): arming costs a restore ~10 ms of CPU for
-        an office desktop's ten processes."""
-        if not self.config.track_writes or not write_track.criu_tracks_writes(self.config.criu):
+        """Whether this restore, with linux.track_writes on, leaves the tree stopped for `_arm`:
+        drums' CRIU, and no task dumped stopped (resuming the tree would resume it too). A
+        spare is armed too (it is armed before it runs at all, then frozen): arming costs a
+        restore ~10 ms of CPU for an office desktop's ten processes."""
+        if not write_track.criu_tracks_writes(self.config.criu):
             return False
         return not checkpoint_files.holds_stopped_task(images)
 

@@ -258,6 +258,43 @@ def test_fork_bench_warm_modes_encode_on_fresh_parents(monkeypatch: Any) -> None
     assert destroyed == ["p-0m0", "p-0m1", "p-1m0", "p-1m1"]
 
 
+def test_fork_bench_tracking_modes_switch_the_restorers_setting(monkeypatch: Any) -> None:
+    """--fork-tracking: the boost on in both modes, the restorer armed only in "tracked", its
+    other settings as configured."""
+    from dataclasses import dataclass
+    from types import SimpleNamespace
+
+    import trio
+    from drumsd.bench import forks
+
+    @dataclass(frozen=True)
+    class Cfg:
+        track_writes: bool = False
+        max_attempts: int = 3
+
+    seen: list[tuple[bool, bool, int]] = []
+
+    async def fake_round(rt: Any, *_a: Any, encode: bool = False) -> dict[str, Any]:
+        cfg = rt.restorer.config
+        seen.append((_a[-1], cfg.track_writes, cfg.max_attempts))
+        return dict(FAKE_FORK_ROUND)
+
+    monkeypatch.setattr(forks, "one_round", fake_round)
+    opts = forks.ForkBenchOptions(tracking=True, rounds=2)
+    assert forks.modes_of(opts) == ("untracked", "tracked")
+
+    async def run() -> None:
+        rt = SimpleNamespace(
+            restorer=SimpleNamespace(limiter=trio.CapacityLimiter(4), config=Cfg()),
+            ksm=SimpleNamespace(boost_rate=None),
+        )
+        rounds: dict[str, list[Any]] = {m: [] for m in forks.modes_of(opts)}
+        await forks.run_rounds(rt, None, None, opts, "B", rounds, lambda _m: None)
+
+    trio.run(run)
+    assert seen == [(True, False, 3), (True, True, 3), (True, True, 3), (True, False, 3)]
+
+
 def test_fork_bench_cpu_by_phase() -> None:
     """Each phase's CPU is the difference of the marks around it, per part; "fork" spans all."""
     from drumsd.bench.forks import cpu_by_phase

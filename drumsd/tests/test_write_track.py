@@ -21,6 +21,8 @@ MAPS = """\
 7f0000021000-7f0004000000 ---p 00000000 00:00 0
 7f0004000000-7f0004800000 rw-s 00000000 00:01 1234                       /SYSV00000000 (deleted)
 7f0005000000-7f0005001000 rw-s 00000000 00:01 77                         /dev/zero (deleted)
+7f0006000000-7f0006100000 r-xp 00000000 00:00 0
+7f0006100000-7f0006200000 r-xp 00000000 fe:00 4242                       /usr/lib/libjit.so
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
 7ffd00100000-7ffd00104000 r--p 00000000 00:00 0                          [vvar]
 7ffd00104000-7ffd00106000 r-xp 00000000 00:00 0                          [vdso]
@@ -29,11 +31,14 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 
 
 def test_accessible_private_mappings_are_armed_neighbours_at_once() -> None:
-    # shared memory, PROT_NONE and the kernel's own are left out (a write there counts)
+    # shared memory, PROT_NONE, a file's read-only text and data (whose read faults would lose
+    # their fault-around) and the kernel's own are left out (a write there counts as written);
+    # anonymous code (a JIT's) is armed
     assert write_track.armed_ranges(MAPS) == [
-        (0x55D0C0A00000, 0x55D0C0A02000),
+        (0x55D0C0A01000, 0x55D0C0A02000),
         (0x55D0C2000000, 0x55D0C2100000),
         (0x7F0000000000, 0x7F0000021000),
+        (0x7F0006000000, 0x7F0006100000),
         (0x7FFD00000000, 0x7FFD00021000),
     ]
 

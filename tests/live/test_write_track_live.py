@@ -139,7 +139,9 @@ def test_a_tracked_dump_stored_as_a_delta_restores_the_memory_byte_for_byte(
     """drums' CRIU against a real process: a full dump, a restore left stopped and armed, a
     third of 18 MiB written, a tracked dump against the full one (CRIU writes only those),
     stored as a delta (store_tracked) and assembled: the process restored from it holds
-    exactly the memory it had when dumped."""
+    exactly the memory it had when dumped. Then once more from that delta: the second tracked
+    dump refers to a parent whose images/ holds pagemaps but no pages images (its pages live
+    in its parent's and its own pack), and CRIU still writes only what was written."""
     if os.geteuid() != 0 or not criu_tracks_writes(CRIU):
         pytest.skip(f"needs root and drums' CRIU at {CRIU} (scripts/setup.sh builds it)")
     flag = tmp_path / "flag"
@@ -161,43 +163,59 @@ def test_a_tracked_dump_stored_as_a_delta_restores_the_memory_byte_for_byte(
         (parent / "meta.json").write_text(json.dumps({"id": "parent"}))
         _criu("dump", "-t", str(pid), "-D", str(parent / "images"), "-o", "dump.log")
         proc.wait()
-        _criu(
-            "restore", "-D", str(parent / "images"), "-o", "restore.log", "--restore-detached",
-            "--leave-stopped", "--pidfile", str(tmp_path / "pid1"),
-        )  # fmt: skip
-        pid = int((tmp_path / "pid1").read_text())
-        armed = write_track.arm_tree("parent", [pid])
-        write_track.resume([pid])
-        assert armed.failed == {}, armed.failed
-        os.kill(pid, signal.SIGUSR1)
-        _wait_for(flag, "wrote")
-        os.kill(pid, signal.SIGSTOP)  # nothing moves from here to the dump
-        time.sleep(0.05)
-        before = _private_memory(pid)
-        child = tmp_path / "child"
-        (child / "images").mkdir(parents=True)
-        _criu(
-            "dump", "-t", str(pid), "-D", str(child / "images"), "-o", "dump.log",
-            "--track-mem-uffd-wp", "--prev-images-dir", str(parent / "images"),
-        )  # fmt: skip
-        armed.close()
-        _gone(pid)
-        written = sum(p.stat().st_size for p in (child / "images").glob("pages-*.img"))
         whole = sum(p.stat().st_size for p in (parent / "images").glob("pages-*.img"))
-        assert written < 0.4 * whole, (written, whole)  # ~6 of 32+ MiB, not all of it
-        stats = save_delta.store_tracked(child, parent, "child", 8)
-        assert stats is not None and stats.depth == 1
-        restored = tmp_path / "restore-images"
-        shutil.copytree(child / "images", restored)
-        assert save_delta.assemble(child, restored) >= 1
-        _criu(
-            "restore", "-D", str(restored), "-o", "restore.log", "--restore-detached",
-            "--leave-stopped", "--pidfile", str(tmp_path / "pid2"),
-        )  # fmt: skip
-        pid = int((tmp_path / "pid2").read_text())
-        assert _private_memory(pid) == before
+        pid = _restore_stopped(parent / "images", tmp_path / "pid1")
+        for depth, name in enumerate(("child", "grandchild"), 1):
+            pid, written = _tracked_generation(tmp_path, pid, parent, name, depth)
+            assert written < 0.4 * whole, (name, written, whole)  # ~6 of 32+ MiB, not all
+            parent = tmp_path / name
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
+
+
+def _restore_stopped(images: Path, pidfile: Path) -> int:
+    _criu(
+        "restore", "-D", str(images), "-o", "restore.log", "--restore-detached",
+        "--leave-stopped", "--pidfile", str(pidfile),
+    )  # fmt: skip
+    return int(pidfile.read_text())
+
+
+def _tracked_generation(
+    tmp_path: Path, pid: int, parent: Path, name: str, depth: int
+) -> tuple[int, int]:
+    """`pid`, restored stopped from `parent`, armed, made to write, dumped tracked into
+    `name`, stored and restored: (the restored pid, holding the same memory; the bytes of
+    pages CRIU wrote)."""
+    parent_id = json.loads((parent / "meta.json").read_text())["id"]
+    armed = write_track.arm_tree(parent_id, [pid])
+    write_track.resume([pid])
+    assert armed.failed == {}, armed.failed
+    flag = tmp_path / "flag"
+    flag.write_text("")
+    os.kill(pid, signal.SIGUSR1)
+    _wait_for(flag, "wrote")
+    os.kill(pid, signal.SIGSTOP)  # nothing moves from here to the dump
+    time.sleep(0.05)
+    before = _private_memory(pid)
+    child = tmp_path / name
+    (child / "images").mkdir(parents=True)
+    (child / "meta.json").write_text(json.dumps({"id": name}))
+    _criu(
+        "dump", "-t", str(pid), "-D", str(child / "images"), "-o", "dump.log",
+        "--track-mem-uffd-wp", "--prev-images-dir", str(parent / "images"),
+    )  # fmt: skip
+    armed.close()
+    _gone(pid)
+    written = sum(p.stat().st_size for p in (child / "images").glob("pages-*.img"))
+    stats = save_delta.store_tracked(child, parent, name, 8)
+    assert stats is not None and stats.depth == depth
+    restored = tmp_path / f"{name}-restore-images"
+    shutil.copytree(child / "images", restored)
+    assert save_delta.assemble(child, restored) >= 1
+    pid = _restore_stopped(restored, tmp_path / f"{name}.pid")
+    assert _private_memory(pid) == before
+    return pid, written

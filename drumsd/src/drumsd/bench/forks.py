@@ -24,7 +24,9 @@ its rounds, so two widths are compared in one run, rounds interleaved. With `war
 (`--fork-warm`) the modes are the parent's screen encoded before its prefork is dumped (the
 supervisor's way, `ops_fork.encode_screen`: the children inherit the encoded image; every other
 mode does it too) or not, the boost on in both; each round then forks a parent freshly
-restored from the template, so one round's encode does not reach the next round's dump.
+restored from the template, so one round's encode does not reach the next round's dump. With
+`tracking` (`--fork-tracking`) the modes are the children armed for write tracking or not
+(`linux.track_writes`, the restorer's setting switched before each round), the boost on in both.
 """
 
 # Small /proc and sysfs reads stay inline (microseconds).
@@ -38,7 +40,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,7 @@ from drumsd.runtime.ops_fork import encode_screen
 
 MODES = ("boost off", "boost on")
 WARM_MODES = ("screen cold", "screen encoded")
+TRACK_MODES = ("untracked", "tracked")
 # Issue 35: a fork of 16 of a live office desktop, all answering, within 2.5 s and 1 GiB of
 # memory 10 s later; of the osworld desktop with an app open, 4 s and 2 GiB.
 TARGETS = {"osworld": (4.0, 2048.0)}
@@ -90,13 +93,16 @@ class ForkBenchOptions:
     warm: bool = False  # the parent's screen encoded before the prefork or not, not the boost
     out: Path = Path("bench-forks.json")
     track_writes: bool = False  # children armed for write tracking (linux.track_writes)
+    tracking: bool = False  # armed and not armed compared, not the boost
 
 
 def modes_of(opts: ForkBenchOptions) -> tuple[str, ...]:
-    """The modes a run compares: the boost off and on, one restore queue width each, or the
-    parent's screen encoded before the prefork or not."""
+    """The modes a run compares: the boost off and on, one restore queue width each, the
+    parent's screen encoded before the prefork or not, or the children armed or not."""
     if opts.queues:
         return tuple(f"queue {n}" for n in opts.queues)
+    if opts.tracking:
+        return TRACK_MODES
     return WARM_MODES if opts.warm else MODES
 
 
@@ -479,11 +485,15 @@ async def run_rounds(
     `new_parent`, each round forks a parent of its own (destroyed after it)."""
     modes = modes_of(opts)
     configured = rt.restorer.limiter.total_tokens
+    restorer_cfg = rt.restorer.config if opts.tracking else None
     for r in range(opts.rounds):
         for i, mode in enumerate(modes if r % 2 == 0 else modes[::-1]):
             on, queue = mode_settings(mode)
             rt.ksm.boost_rate = boost if on else None
             rt.restorer.limiter.total_tokens = queue or configured
+            if restorer_cfg is not None:
+                track = mode == "tracked"
+                rt.restorer.config = replace(restorer_cfg, track_writes=track)
             progress(f"round {r + 1}/{opts.rounds}: fork of {opts.width}, {mode} ...")
             tag = f"{r}m{i}"
             forked = parent if new_parent is None else await new_parent(tag)

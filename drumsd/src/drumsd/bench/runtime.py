@@ -432,6 +432,12 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
         "way: the children inherit the image) against not, instead of the boost (on in both; "
         "a fresh parent each round)",
     )
+    parser.add_argument(
+        "--fork-tracking",
+        action="store_true",
+        help="compare children armed for write tracking (linux.track_writes) against not, "
+        "instead of the boost (on in both; rounds interleaved)",
+    )
     saves = SaveBenchOptions()
     parser.add_argument(
         "--saves",
@@ -506,6 +512,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                 warm=args.fork_warm,
                 out=args.out,
                 track_writes=args.track_writes,
+                tracking=args.fork_tracking,
             )
         )
     if args.saves:

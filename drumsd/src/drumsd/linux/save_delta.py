@@ -193,10 +193,10 @@ def tracked_parent_ok(parent: Path, max_depth: int, *, restored_from: str) -> bo
     """Whether a dump of a tree armed when restored from checkpoint `restored_from` may track
     memory against the checkpoint in `parent` (CRIU given `parent/images` as --prev-images-dir)
     and `store_tracked` store it: it is that checkpoint and reads, its chain is below
-    `max_depth`, its images/ holds pagemaps. A delta parent's images/ holds
-    its pagemaps but not its pages images: CRIU then cannot open the parent's pages, marks none
-    as the parent's and writes every present page; `store_tracked` compares those as
-    `store_delta` does."""
+    `max_depth`, its images/ holds pagemaps. A delta parent's images/ holds its whole pagemaps
+    but not its pages images: CRIU reads only the pagemaps of a parent while dumping (a
+    missing image opens as an empty one), so a chain of tracked saves writes only what each
+    generation wrote (`tests/live/test_write_track_live.py`)."""
     try:
         par = _Parent(parent)
         pagemaps = any((parent / "images").glob("pagemap*.img"))

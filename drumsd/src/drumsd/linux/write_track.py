@@ -152,7 +152,13 @@ def arm(pid: int) -> int:
 
 def armed_ranges(maps: str) -> list[tuple[int, int]]:
     """The ranges of /proc/<pid>/maps text to arm: private, accessible, not the kernel's
-    special mappings; neighbours joined (one registration spans them)."""
+    special mappings, and not a file's read-only text or data; neighbours joined (one
+    registration spans them).
+
+    A file mapping that cannot be written holds few anonymous pages (a library's relocated
+    RELRO), and registering it costs every later read fault its fault-around (the kernel maps
+    one page per fault in a write-protect range, not 16): a desktop's many libraries then fault
+    page by page after the restore. Such pages count as written instead."""
     out: list[tuple[int, int]] = []
     for line in maps.splitlines():
         parts = line.split(maxsplit=5)
@@ -161,6 +167,8 @@ def armed_ranges(maps: str) -> list[tuple[int, int]]:
         perms = parts[1]
         name = parts[5].strip() if len(parts) > 5 else ""
         if perms[3] != "p" or name in _SPECIAL or perms[:3] == "---":
+            continue
+        if perms[1] != "w" and name and not name.startswith("["):
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         if out and out[-1][1] == lo:

@@ -23,6 +23,9 @@ criu.overrideAttrs (
     # written since drumsd write-protected them (a WP_ASYNC userfaultfd; PAGEMAP_SCAN) and dumps
     # the others as in-parent holes: incremental dumps on kernels without soft-dirty tracking.
     patches = [ ../drumsd/src/drumsd/linux/criu-track-mem-uffd-wp.patch ];
+    # Its kerndat cache (what it learnt of the kernel, ~30 ms a run to probe again) in a dir
+    # drumsd keeps on a tmpfs whatever /run is: hostprep's CRIU_MAKE_VARS, the same value.
+    makeFlags = (old.makeFlags or [ ]) ++ [ "RUNDIR=/dev/shm/drums-criu" ];
     # nixpkgs' postPatch bakes its own version into the Makefile's head-name; keep ours. Its
     # other edits still apply: Documentation/Makefile's `2>/dev/null` and `-m custom.xsl`, the
     # Makefile's head-name line and images/google/protobuf/ are all in the 4.2.1 tree.

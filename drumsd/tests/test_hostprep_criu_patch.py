@@ -20,6 +20,7 @@ def test_the_build_key_changes_with_the_patch_bytes() -> None:
     assert len(key.rsplit("-", 1)[1]) == 8
     assert hostprep.criu_build_key(b"--- a/x\n+++ b/x\n") == key
     assert hostprep.criu_build_key(b"--- a/x\n+++ b/y\n") != key
+    assert hostprep.criu_build_key(b"--- a/x\n+++ b/x\n", ("RUNDIR=/run",)) != key
 
 
 def test_a_new_patch_is_a_new_install_dir(tmp_path: Path) -> None:

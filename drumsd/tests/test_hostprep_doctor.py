@@ -128,8 +128,8 @@ def test_parse_meminfo() -> None:
 
 def test_criu_cache_layout_is_keyed_by_the_tarball_and_patch_hashes(tmp_path: Path) -> None:
     paths = hostprep.CriuPaths.for_patch(tmp_path)
-    patch_sha = hashlib.sha256(hostprep.CRIU_PATCH.read_bytes()).hexdigest()
-    key = f"4.2.1-{hostprep.CRIU_SHA256[:12]}-{patch_sha[:8]}"
+    built_with = hostprep.CRIU_PATCH.read_bytes() + b"\0RUNDIR=/dev/shm/drums-criu"
+    key = f"4.2.1-{hostprep.CRIU_SHA256[:12]}-{hashlib.sha256(built_with).hexdigest()[:8]}"
     assert paths.binary == tmp_path / "criu" / key / "criu"
 
 

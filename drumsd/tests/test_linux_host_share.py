@@ -1,5 +1,6 @@
 """Host-wide claims of daemons side by side (issue 14 findings 4, 5 and 12's KSM part): uid
-ranges never overlap, KSM knobs come back only when the last daemon leaves, dirs lock once."""
+ranges never overlap, KSM knobs come back only when the last daemon leaves, dirs lock once;
+CRIU's kerndat cache dir is the daemon user's alone."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from drumsd.linux.host_share import (
     KsmShare,
     UidRanges,
     bind_listener,
+    ensure_criu_cache_dir,
     hold_dir,
     lock_holder,
 )
@@ -136,3 +138,38 @@ def test_a_bound_port_refuses_a_second_bind() -> None:
             bind_listener("127.0.0.1", sock.getsockname()[1])
     finally:
         sock.close()
+
+
+def test_the_criu_cache_dir_is_made_ours_alone(tmp_path: Path) -> None:
+    """Made 0700; anything else in its place (a file, a link, an open dir) replaced, since CRIU
+    trusts what it reads there; a half-written cache left by a dead CRIU removed, a fresh one
+    (a CRIU writing it now) kept."""
+    d = tmp_path / "drums-criu"
+    assert ensure_criu_cache_dir(d) is None
+    assert d.is_dir() and d.stat().st_mode & 0o777 == 0o700
+    (d / "criu.kdat").write_bytes(b"k")
+    assert ensure_criu_cache_dir(d) is None
+    assert (d / "criu.kdat").read_bytes() == b"k"  # ours: the cache stays
+    d.chmod(0o777)
+    assert ensure_criu_cache_dir(d) is None
+    assert d.stat().st_mode & 0o777 == 0o700 and not (d / "criu.kdat").exists()
+    for planted in ("file", "link"):
+        os.rmdir(d)
+        if planted == "file":
+            d.write_text("not a dir")
+        else:
+            (tmp_path / "elsewhere").mkdir(mode=0o700)
+            d.symlink_to(tmp_path / "elsewhere")
+        assert ensure_criu_cache_dir(d) is None
+        assert d.is_dir() and not d.is_symlink(), planted
+    assert (tmp_path / "elsewhere").is_dir()  # a link's target is not touched
+    tmp = d / "criu.kdat.tmp"
+    tmp.write_bytes(b"")
+    assert ensure_criu_cache_dir(d, now=tmp.stat().st_mtime + 1) is None
+    assert tmp.exists()
+    assert ensure_criu_cache_dir(d, now=tmp.stat().st_mtime + 120) is None
+    assert not tmp.exists()
+    blocked = tmp_path / "ro"
+    blocked.mkdir(mode=0o500)
+    if os.geteuid() != 0:  # root writes anyway
+        assert "ro/drums-criu" in (ensure_criu_cache_dir(blocked / "drums-criu") or "")

@@ -133,6 +133,17 @@ def test_the_flake_criu_is_patched_with_the_file_host_preparation_applies() -> N
     ]
 
 
+def test_the_flake_criu_keeps_its_kerndat_cache_where_host_preparation_builds_it_to() -> None:
+    """Both builds set the same RUNDIR (drumsd makes that dir, criu.KDAT_DIR)."""
+    from drumsd.linux import hostprep
+
+    result = nix("eval", "--json", f"{REPO}#packages.x86_64-linux.criu.makeFlags")
+    assert result.returncode == 0, result.stderr[-2000:]
+    flags = json.loads(result.stdout)
+    assert set(hostprep.CRIU_MAKE_VARS) <= set(flags), flags
+    assert any(f.startswith("PREFIX=") for f in flags), flags  # nixpkgs' own flags kept
+
+
 def test_the_app_runs_the_drumsd_binary() -> None:
     result = nix("eval", "--raw", f"{REPO}#apps.x86_64-linux.drumsd.program")
     assert result.returncode == 0, result.stderr[-2000:]

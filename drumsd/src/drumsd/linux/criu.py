@@ -17,6 +17,11 @@ from pathlib import Path
 from drumsd.core.criu_wire import image_messages, message_fields, read_varint
 
 GHOST_LIMIT = "64M"
+# Where drums' CRIU build keeps its kerndat cache (its RUNDIR: hostprep and nix/criu.nix build
+# with it; host_share.ensure_criu_cache_dir makes it root's). A stock CRIU keeps it in /run, only
+# when /run is a tmpfs: on a host whose /run is not, every CRIU run probes the kernel again
+# (~30 ms of a ~43 ms dump of one process, measured on this kind of host).
+KDAT_DIR = Path("/dev/shm/drums-criu")
 DUMP_LOG_LEVEL = 4  # a dump's log at debug unless the config says otherwise (it is read on failure)
 
 

@@ -14,7 +14,9 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -186,6 +188,52 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- CRIU's kerndat cache
+
+KDAT_STALE_S = 60.0  # a half-written cache older than this was left by a CRIU that died
+
+
+def ensure_criu_cache_dir(path: Path, now: float | None = None) -> str | None:
+    """`path` (criu.KDAT_DIR, drums' CRIU build's RUNDIR) made a dir of this user's alone (0700),
+    where CRIU keeps what it learnt of the kernel between runs instead of probing it at each
+    dump and restore. Anything else in its place (a file, a link, another user's dir: it lies
+    in a world-writable /dev/shm, and CRIU trusts the cache it reads) is removed first, and so
+    is a half-written cache a killed CRIU left (CRIU creates it exclusively: left, it stops
+    every later save of the cache). Shared by the daemons of one host. None when ready, else
+    why not: CRIU then probes the kernel each run, as before."""
+    try:
+        st = _lstat(path)
+        if st is not None and not _ours(st):
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        if st is None or not _ours(st):
+            with contextlib.suppress(FileExistsError):  # another daemon made it just now
+                path.mkdir(mode=0o700)
+            st = _lstat(path)
+            if st is None or not _ours(st):  # someone else's again, made meanwhile
+                return f"{path}: not a dir of uid {os.geteuid()} with mode 0700"
+        tmp = path / "criu.kdat.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            if (now if now is not None else time.time()) - tmp.stat().st_mtime > KDAT_STALE_S:
+                tmp.unlink()
+    except OSError as exc:
+        return f"{path}: {exc}"
+    return None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _ours(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
 
 
 KSMD_NICE = 5  # what the kernel gives its KSM thread (mm/ksm.c: set_user_nice(current, 5))

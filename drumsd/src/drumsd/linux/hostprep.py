@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from drumsd.linux.criu import KDAT_DIR
+
 Progress = Callable[[str], None]
 
 DEFAULT_CACHE_ROOT = Path("/var/cache/drums")
@@ -36,6 +38,8 @@ CRIU_POOL_URL = f"http://deb.debian.org/debian/pool/main/c/criu/{CRIU_TARBALL}"
 # makes incremental dumps from userfaultfd write-protect bits where the kernel has no soft-dirty.
 # Part of the package, so the wheel ships it; its hash is part of the install dir's name.
 CRIU_PATCH = Path(__file__).with_name("criu-track-mem-uffd-wp.patch")
+# Its kerndat cache on a tmpfs whatever /run is (criu.KDAT_DIR; nix/criu.nix sets the same).
+CRIU_MAKE_VARS = (f"RUNDIR={KDAT_DIR}",)
 
 # Packages needed to build CRIU (from the measured recipe in shared/notes/criu-desktop.md).
 CRIU_BUILD_DEPS: tuple[str, ...] = (
@@ -86,10 +90,12 @@ class HostPrepError(RuntimeError):
     """A host preparation step failed; the message says which and what to do next."""
 
 
-def criu_build_key(patch: bytes) -> str:
-    """The name of a build's install dir: CRIU's version, its tarball's hash and the patch's
-    hash, so a host whose build predates a change to either builds again (the old dir stays)."""
-    return f"{CRIU_VERSION}-{CRIU_SHA256[:12]}-{hashlib.sha256(patch).hexdigest()[:8]}"
+def criu_build_key(patch: bytes, make_vars: tuple[str, ...] = CRIU_MAKE_VARS) -> str:
+    """The name of a build's install dir: CRIU's version, its tarball's hash and the hash of
+    the patch and the make variables, so a host whose build predates a change to any of them
+    builds again (the old dir stays)."""
+    built_with = patch + b"".join(b"\0" + v.encode() for v in make_vars)
+    return f"{CRIU_VERSION}-{CRIU_SHA256[:12]}-{hashlib.sha256(built_with).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True)
@@ -312,7 +318,7 @@ def ensure_criu(
         _apply_patch(srcdir, patch, progress)
         jobs = str(max(1, min(os.cpu_count() or 1, 8)))
         progress(f"criu: make -j{jobs} criu (about 20 s on 2 cores)")
-        _run(["make", f"-j{jobs}", "criu"], progress, cwd=srcdir)
+        _run(["make", f"-j{jobs}", "criu", *CRIU_MAKE_VARS], progress, cwd=srcdir)
         built = srcdir / "criu" / "criu"
         if not built.is_file():
             raise HostPrepError(f"make finished but {built} is missing; see the build output")

@@ -29,6 +29,7 @@ from drumsd.core.seams import (
 from drumsd.guest import protocol
 from drumsd.linux import (
     cgroups,
+    criu,
     host_limits,
     host_sampler,
     host_share,
@@ -320,6 +321,9 @@ class LinuxRuntime:
                 log_event("daemon_cpu_weight_unset", error=exc)
         await self._limit_group_memory()
         await self.size_host_limits()  # before the launcher: it and criu inherit RLIMIT_NOFILE
+        unready = await trio.to_thread.run_sync(host_share.ensure_criu_cache_dir, criu.KDAT_DIR)
+        if unready is not None:  # CRIU probes the kernel at each run, as a stock one on ext4
+            log_event("criu_cache_dir_unready", error=unready)
         self.sup.launcher = Launcher(self.config.max_concurrent_restores + 2)
         self.ksm.join()
         try:

@@ -33,13 +33,33 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 def test_accessible_private_mappings_are_armed_neighbours_at_once() -> None:
     # shared memory, PROT_NONE, a file's read-only text and data (whose read faults would lose
     # their fault-around) and the kernel's own are left out (a write there counts as written);
-    # anonymous code (a JIT's) is armed
+    # a RELRO (read-only, right before its file's data) and anonymous code (a JIT's) are armed
     assert write_track.armed_ranges(MAPS) == [
-        (0x55D0C0A01000, 0x55D0C0A02000),
+        (0x55D0C0A00000, 0x55D0C0A02000),
         (0x55D0C2000000, 0x55D0C2100000),
         (0x7F0000000000, 0x7F0000021000),
         (0x7F0006000000, 0x7F0006100000),
         (0x7FFD00000000, 0x7FFD00021000),
+    ]
+
+
+def test_of_a_librarys_read_only_mappings_only_its_relro_is_armed() -> None:
+    lib = "/usr/lib/x86_64-linux-gnu/libsoffice.so"
+    maps = f"""\
+7f1000000000-7f1000100000 r--p 00000000 fe:00 99 {lib}
+7f1000100000-7f1000400000 r-xp 00100000 fe:00 99 {lib}
+7f1000400000-7f1000500000 r--p 00400000 fe:00 99 {lib}
+7f1000500000-7f1000600000 r--p 00500000 fe:00 99 {lib}
+7f1000600000-7f1000610000 rw-p 00600000 fe:00 99 {lib}
+7f1000610000-7f1000620000 rw-p 00000000 00:00 0
+7f2000000000-7f2000001000 r--p 00000000 fe:00 7 /usr/lib/other.so
+7f2000001000-7f2000002000 rw-p 00000000 fe:00 8 /usr/lib/third.so
+"""
+    # the headers, text and read-only data are not; the RELRO joins its data and .bss; a
+    # read-only mapping followed by another file's data is not a RELRO
+    assert write_track.armed_ranges(maps) == [
+        (0x7F1000500000, 0x7F1000620000),
+        (0x7F2000001000, 0x7F2000002000),
     ]
 
 

@@ -315,9 +315,9 @@ class LinuxConfig(Block):
         description="true = each restored tree (a spare too) is armed for write tracking (a "
         "userfaultfd write-protect the kernel resolves by itself) so a save stores only the "
         "pages written since the restore without CRIU reading the rest (office: a delta save "
-        "1.10-1.14x a full one's time instead of 1.66-1.70x); it costs every restore (~10 ms "
-        "of the daemon's CPU on office, ~26 ms on osworld, whose fork of 16 took 5.00 s "
-        "instead of 4.43 s in the same run), so it is for save-heavy runs (tree search); needs "
+        "1.10-1.52x a full one's time instead of 1.66-1.92x); it costs every restore (~24 ms "
+        "of the daemon's CPU on office, ~40 ms on osworld, whose fork of 16 took 5.50 s "
+        "instead of 5.00 s in the same run), so it is for save-heavy runs (tree search); needs "
         "drums' CRIU build (setup builds it)",
     )
 

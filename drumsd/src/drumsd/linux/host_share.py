@@ -205,12 +205,11 @@ def ensure_criu_cache_dir(path: Path, now: float | None = None) -> str | None:
     why not: CRIU then probes the kernel each run, as before."""
     try:
         st = _lstat(path)
-        if st is not None and not _ours(st):
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(path)
-            else:
-                path.unlink()
         if st is None or not _ours(st):
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path)
+            elif st is not None:
+                path.unlink()
             with contextlib.suppress(FileExistsError):  # another daemon made it just now
                 path.mkdir(mode=0o700)
             st = _lstat(path)

@@ -173,13 +173,13 @@ def armed_ranges(maps: str) -> list[tuple[int, int]]:
         name = parts[5].strip() if len(parts) > 5 else ""
         rows.append((lo, hi, parts[1], (parts[3], parts[4]), name))
     out: list[tuple[int, int]] = []
-    for i, (lo, hi, perms, file_id, name) in enumerate(rows):
+    for (lo, hi, perms, file_id, name), nxt in zip(rows, [*rows[1:], None], strict=True):
         if perms[3] != "p" or name in _SPECIAL or perms[:3] == "---":
             continue
         if perms[1] != "w" and name and not name.startswith("["):
-            nxt_lo, _, nxt_perms, nxt_file, _ = rows[i + 1] if i + 1 < len(rows) else rows[i]
-            data = nxt_lo == hi and nxt_perms[1] == "w" and nxt_perms[3] == "p"
-            if not (data and nxt_file == file_id):
+            after_lo, _, after_perms, after_file, _ = nxt or (None, None, "----", None, None)
+            writable_data = after_perms[1] == "w" and after_perms[3] == "p"
+            if not (after_lo == hi and writable_data and after_file == file_id):  # a RELRO
                 continue  # a file's text or read-only data: nothing of its own to track
         if out and out[-1][1] == lo:
             out[-1] = (out[-1][0], hi)
